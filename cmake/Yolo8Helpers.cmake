@@ -1,0 +1,46 @@
+# Shared build settings for every target of the project.
+find_program(CCACHE_PROGRAM ccache)
+if(CCACHE_PROGRAM)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
+  # PCH and ccache get along only when ccache ignores the PCH timestamps.
+  set(ENV{CCACHE_SLOPPINESS} "pch_defines,time_macros,include_file_mtime,include_file_ctime")
+endif()
+
+set(YOLO8_WARNINGS -Wall -Wextra)
+
+# yolo8_library(NAME SOURCES ... [TORCH])
+#   A project library with warnings on; TORCH adds LibTorch and its precompiled header.
+function(yolo8_library name)
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${name} PRIVATE ${YOLO8_WARNINGS})
+  if(ARG_TORCH)
+    yolo8_use_torch(${name})
+  endif()
+endfunction()
+
+# Links LibTorch and reuses one precompiled <torch/torch.h> across targets.
+function(yolo8_use_torch target)
+  target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  target_compile_options(${target} PRIVATE ${TORCH_CXX_FLAGS_LIST})
+  target_precompile_headers(${target} REUSE_FROM yolo8_torch_pch)
+endfunction()
+
+# yolo8_test(NAME LABEL SOURCES ... LIBS ...)
+#   One GoogleTest executable; each TEST becomes a CTest test carrying LABEL (unit, golden, integration).
+function(yolo8_test name)
+  cmake_parse_arguments(ARG "NO_TORCH" "LABEL" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${YOLO8_WARNINGS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/tests)
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gmock GTest::gtest_main)
+  if(NOT ARG_NO_TORCH)
+    yolo8_use_torch(${name})
+  endif()
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS ${ARG_LABEL}
+    WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+    DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the missing Debian packages (idempotent), then configures and builds yolo8 into build/.
+# Usage: scripts/setup.sh [--no-build]   Env: BUILD_DIR (default build), BUILD_TYPE (default Release).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(cmake g++ ninja-build ccache pkg-config libtorch-dev libopencv-dev libcli11-dev libyaml-cpp-dev
+          libgtest-dev libgmock-dev nlohmann-json3-dev libcpp-httplib-dev libsqlite3-dev libbenchmark-dev)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi
+
+[[ "${1:-}" == "--no-build" ]] && exit 0
+
+build_dir=${BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" >/dev/null
+# Two LibTorch compilers at a time fit the 2-core / 24 GiB machines; more only thrash.
+cmake --build "$build_dir" -- -j "${BUILD_JOBS:-$(nproc)}"
