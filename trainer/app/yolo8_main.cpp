@@ -1,2 +1,22 @@
+// yolo8: the training command line. Every error is caught here once and becomes a message and an exit code.
+#include <exception>
 #include <iostream>
-int main() { std::cout << "yolo8\n"; return 0; }
+#include <string>
+#include <vector>
+
+#include "trainer/cli.h"
+#include "trainer/exit_codes.h"
+#include "trainer/settings.h"
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return yolo8::run_command_line(args);
+  } catch (const yolo8::SettingsError& error) {
+    std::cerr << "yolo8: " << error.what() << "\n";
+    return yolo8::kExitBadInput;
+  } catch (const std::exception& error) {
+    std::cerr << "yolo8: error: " << error.what() << "\n";
+    return yolo8::kExitFailure;
+  }
+}
