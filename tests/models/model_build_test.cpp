@@ -1,0 +1,44 @@
+// Structure of the built networks: parameter counts, state-dict names, strides, YAML handling.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "models/yolo.h"
+#include "test_paths.h"
+
+namespace yolo8 {
+namespace {
+
+int64_t count_params(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+std::string models_dir() { return std::string(test::kSourceDir) + "/configs/models"; }
+
+struct CountCase {
+  const char* name;
+  int64_t params;
+};
+void PrintTo(const CountCase& c, std::ostream* os) { *os << c.name; }
+
+class ParamCount : public ::testing::TestWithParam<CountCase> {};
+
+TEST_P(ParamCount, MatchesUltralytics) {
+  const auto c = GetParam();
+  auto model = build_model(models_dir() + "/" + c.name, 80);
+  EXPECT_EQ(count_params(*model), c.params) << c.name;
+  EXPECT_EQ(model->nc(), 80);
+  EXPECT_EQ(model->layers().size(), 23u);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllScales, ParamCount,
+                         ::testing::Values(CountCase{"yolov8n.yaml", 3157200}, CountCase{"yolov8s.yaml", 11166560},
+                                           CountCase{"yolov8m.yaml", 25902640}, CountCase{"yolov8l.yaml", 43691520},
+                                           CountCase{"yolov8x.yaml", 68229648}),
+                         [](const auto& info) { return std::string(info.param.name).substr(0, 7); });
+
+}  // namespace
+}  // namespace yolo8
