@@ -1,0 +1,274 @@
+#include "data/augment.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include <opencv2/imgproc.hpp>
+
+namespace yolo8::data {
+
+// ---------------------------------------------------------------------------------------------------- Rng
+
+namespace {
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Python's round(): half to even, which std::nearbyint does in the default rounding mode.
+int py_round(double v) { return static_cast<int>(std::nearbyint(v)); }
+}  // namespace
+
+uint64_t Rng::mix(uint64_t seed, uint64_t epoch, uint64_t index) {
+  return splitmix(splitmix(splitmix(seed) ^ epoch) ^ (index * 0xD1B54A32D192ED03ull));
+}
+
+double Rng::uniform(double a, double b) {
+  double u = static_cast<double>(gen_() >> 11) * 0x1.0p-53;
+  return a + (b - a) * u;
+}
+
+int64_t Rng::randint(int64_t n) {
+  if (n <= 1) return 0;
+  return std::min<int64_t>(n - 1, static_cast<int64_t>(uniform() * static_cast<double>(n)));
+}
+
+double Rng::beta(double a, double b) {
+  std::gamma_distribution<double> ga(a, 1.0), gb(b, 1.0);
+  double x = ga(gen_), y = gb(gen_);
+  return x / (x + y);
+}
+
+// ---------------------------------------------------------------------------------------------------- letterbox
+
+cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup, LetterboxInfo* info, int pad_value) {
+  if (img.empty() || out_h <= 0 || out_w <= 0) throw std::invalid_argument("letterbox: empty image or size");
+  const int h = img.rows, w = img.cols;
+  double r = std::min(static_cast<double>(out_h) / h, static_cast<double>(out_w) / w);
+  if (!scaleup) r = std::min(r, 1.0);
+  const int new_w = py_round(w * r), new_h = py_round(h * r);
+  const double dw = (out_w - new_w) / 2.0, dh = (out_h - new_h) / 2.0;
+  cv::Mat resized;
+  if (new_w != w || new_h != h)
+    cv::resize(img, resized, cv::Size(new_w, new_h), 0, 0, cv::INTER_LINEAR);
+  else
+    resized = img;
+  // The +-0.1 splits an odd padding one pixel more to the bottom/right, as the reference does.
+  const int top = py_round(dh - 0.1), bottom = py_round(dh + 0.1);
+  const int left = py_round(dw - 0.1), right = py_round(dw + 0.1);
+  cv::Mat out;
+  cv::copyMakeBorder(resized, out, top, bottom, left, right, cv::BORDER_CONSTANT,
+                     cv::Scalar::all(pad_value));
+  if (info) *info = LetterboxInfo{r, new_w, new_h, left, top};
+  return out;
+}
+
+cv::Mat resize_long_side(const cv::Mat& img, int imgsz, bool augment) {
+  const int h0 = img.rows, w0 = img.cols;
+  const double r = static_cast<double>(imgsz) / std::max(h0, w0);
+  if (r == 1.0) return img;
+  const int w = std::min(static_cast<int>(std::ceil(w0 * r)), imgsz);
+  const int h = std::min(static_cast<int>(std::ceil(h0 * r)), imgsz);
+  cv::Mat out;
+  cv::resize(img, out, cv::Size(w, h), 0, 0, (augment || r > 1) ? cv::INTER_LINEAR : cv::INTER_AREA);
+  return out;
+}
+
+std::vector<size_t> aspect_order(const std::vector<std::pair<int, int>>& hw) {
+  std::vector<size_t> order(hw.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return static_cast<double>(hw[a].first) / hw[a].second < static_cast<double>(hw[b].first) / hw[b].second;
+  });
+  return order;
+}
+
+std::vector<std::pair<int, int>> rect_batch_shapes(const std::vector<std::pair<int, int>>& hw, int batch, int imgsz,
+                                                   int stride, double pad) {
+  std::vector<std::pair<int, int>> shapes;
+  for (size_t start = 0; start < hw.size(); start += static_cast<size_t>(batch)) {
+    size_t end = std::min(hw.size(), start + static_cast<size_t>(batch));
+    double mini = 1e30, maxi = -1e30;
+    for (size_t i = start; i < end; ++i) {
+      double ar = static_cast<double>(hw[i].first) / hw[i].second;
+      mini = std::min(mini, ar);
+      maxi = std::max(maxi, ar);
+    }
+    double sh = 1.0, sw = 1.0;
+    if (maxi < 1) {
+      sh = maxi;
+    } else if (mini > 1) {
+      sw = 1.0 / mini;
+    }
+    auto side = [&](double s) { return static_cast<int>(std::ceil(s * imgsz / stride + pad)) * stride; };
+    shapes.emplace_back(side(sh), side(sw));
+  }
+  return shapes;
+}
+
+// ---------------------------------------------------------------------------------------------------- mosaic
+
+void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vector<PixBox>& boxes) {
+  const int s = imgsz, s2 = 2 * imgsz;
+  const int border = -s / 2;
+  // Centre drawn in [s/2, 3s/2), as the reference's uniform(-border, 2s + border).
+  const int xc = static_cast<int>(rng.uniform(-border, s2 + border));
+  const int yc = static_cast<int>(rng.uniform(-border, s2 + border));
+  canvas.create(s2, s2, CV_8UC3);
+  canvas.setTo(cv::Scalar::all(114));
+  boxes.clear();
+  for (int i = 0; i < 4; ++i) {
+    const cv::Mat& img = *tiles[i].img;
+    const int h = img.rows, w = img.cols;
+    int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
+    if (i == 0) {
+      x1a = std::max(xc - w, 0); y1a = std::max(yc - h, 0); x2a = xc; y2a = yc;
+      x1b = w - (x2a - x1a); y1b = h - (y2a - y1a); x2b = w; y2b = h;
+    } else if (i == 1) {
+      x1a = xc; y1a = std::max(yc - h, 0); x2a = std::min(xc + w, s2); y2a = yc;
+      x1b = 0; y1b = h - (y2a - y1a); x2b = std::min(w, x2a - x1a); y2b = h;
+    } else if (i == 2) {
+      x1a = std::max(xc - w, 0); y1a = yc; x2a = xc; y2a = std::min(s2, yc + h);
+      x1b = w - (x2a - x1a); y1b = 0; x2b = w; y2b = std::min(y2a - y1a, h);
+    } else {
+      x1a = xc; y1a = yc; x2a = std::min(xc + w, s2); y2a = std::min(s2, yc + h);
+      x1b = 0; y1b = 0; x2b = std::min(w, x2a - x1a); y2b = std::min(y2a - y1a, h);
+    }
+    if (x2a > x1a && y2a > y1a)
+      img(cv::Rect(x1b, y1b, x2b - x1b, y2b - y1b)).copyTo(canvas(cv::Rect(x1a, y1a, x2a - x1a, y2a - y1a)));
+    const float padw = static_cast<float>(x1a - x1b), padh = static_cast<float>(y1a - y1b);
+    for (PixBox b : *tiles[i].boxes) {
+      b.x1 = std::clamp(b.x1 + padw, 0.f, float(s2));
+      b.x2 = std::clamp(b.x2 + padw, 0.f, float(s2));
+      b.y1 = std::clamp(b.y1 + padh, 0.f, float(s2));
+      b.y2 = std::clamp(b.y2 + padh, 0.f, float(s2));
+      boxes.push_back(b);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- perspective
+
+bool box_candidate(const PixBox& before, const PixBox& after, double scale, double wh_thr, double ar_thr,
+                   double area_thr) {
+  const double eps = 1e-16;
+  const double w1 = (before.x2 - before.x1) * scale, h1 = (before.y2 - before.y1) * scale;
+  const double w2 = after.x2 - after.x1, h2 = after.y2 - after.y1;
+  const double ar = std::max(w2 / (h2 + eps), h2 / (w2 + eps));
+  return w2 > wh_thr && h2 > wh_thr && w2 * h2 / (w1 * h1 + eps) > area_thr && ar < ar_thr;
+}
+
+void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
+                        Rng& rng, cv::Mat& out) {
+  const int height = in.rows + 2 * border, width = in.cols + 2 * border;
+  cv::Matx33d C = cv::Matx33d::eye();
+  C(0, 2) = -in.cols / 2.0;
+  C(1, 2) = -in.rows / 2.0;
+  cv::Matx33d P = cv::Matx33d::eye();
+  P(2, 0) = rng.uniform(-cfg.perspective, cfg.perspective);
+  P(2, 1) = rng.uniform(-cfg.perspective, cfg.perspective);
+  const double a = rng.uniform(-cfg.degrees, cfg.degrees) * CV_PI / 180.0;
+  const double s = rng.uniform(1 - cfg.scale, 1 + cfg.scale);
+  cv::Matx33d R = cv::Matx33d::eye();
+  R(0, 0) = s * std::cos(a); R(0, 1) = s * std::sin(a);
+  R(1, 0) = -s * std::sin(a); R(1, 1) = s * std::cos(a);
+  cv::Matx33d S = cv::Matx33d::eye();
+  S(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  S(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  cv::Matx33d T = cv::Matx33d::eye();
+  T(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * width;
+  T(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * height;
+  const cv::Matx33d M = T * S * R * P * C;
+  const bool persp = cfg.perspective > 0;
+
+  if (border != 0 || cv::norm(M - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
+    if (persp) {
+      cv::warpPerspective(in, out, cv::Mat(M), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+                          cv::Scalar::all(114));
+    } else {
+      cv::Matx23d A(M(0, 0), M(0, 1), M(0, 2), M(1, 0), M(1, 1), M(1, 2));
+      cv::warpAffine(in, out, cv::Mat(A), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+                     cv::Scalar::all(114));
+    }
+  } else {
+    in.copyTo(out);
+  }
+
+  std::vector<PixBox> kept;
+  kept.reserve(boxes.size());
+  for (const PixBox& b : boxes) {
+    const double xs[4] = {b.x1, b.x2, b.x1, b.x2}, ys[4] = {b.y1, b.y2, b.y2, b.y1};
+    double x0 = 1e30, y0 = 1e30, x1 = -1e30, y1 = -1e30;
+    for (int k = 0; k < 4; ++k) {
+      double px = M(0, 0) * xs[k] + M(0, 1) * ys[k] + M(0, 2);
+      double py = M(1, 0) * xs[k] + M(1, 1) * ys[k] + M(1, 2);
+      if (persp) {
+        double pz = M(2, 0) * xs[k] + M(2, 1) * ys[k] + M(2, 2);
+        px /= pz;
+        py /= pz;
+      }
+      x0 = std::min(x0, px); x1 = std::max(x1, px);
+      y0 = std::min(y0, py); y1 = std::max(y1, py);
+    }
+    PixBox n{b.cls, static_cast<float>(std::clamp(x0, 0.0, double(width))),
+             static_cast<float>(std::clamp(y0, 0.0, double(height))),
+             static_cast<float>(std::clamp(x1, 0.0, double(width))),
+             static_cast<float>(std::clamp(y1, 0.0, double(height)))};
+    if (box_candidate(b, n, s)) kept.push_back(n);
+  }
+  boxes.swap(kept);
+}
+
+// ---------------------------------------------------------------------------------------------------- colour, flips
+
+void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rng) {
+  if (hgain <= 0 && sgain <= 0 && vgain <= 0) return;
+  const double r0 = rng.uniform(-1, 1) * hgain + 1;
+  const double r1 = rng.uniform(-1, 1) * sgain + 1;
+  const double r2 = rng.uniform(-1, 1) * vgain + 1;
+  cv::Mat lut(1, 256, CV_8UC3);
+  auto* p = lut.ptr<cv::Vec3b>();
+  for (int x = 0; x < 256; ++x) {
+    p[x][0] = static_cast<uchar>(std::fmod(x * r0, 180.0));
+    p[x][1] = static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0));
+    p[x][2] = static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0));
+  }
+  cv::Mat hsv;
+  cv::cvtColor(img, hsv, cv::COLOR_BGR2HSV);
+  cv::LUT(hsv, lut, hsv);
+  cv::cvtColor(hsv, img, cv::COLOR_HSV2BGR);
+}
+
+void flip_lr(cv::Mat& img, std::vector<PixBox>& boxes) {
+  cv::flip(img, img, 1);
+  const float w = static_cast<float>(img.cols);
+  for (auto& b : boxes) {
+    const float x1 = w - b.x2, x2 = w - b.x1;
+    b.x1 = x1;
+    b.x2 = x2;
+  }
+}
+
+void flip_ud(cv::Mat& img, std::vector<PixBox>& boxes) {
+  cv::flip(img, img, 0);
+  const float h = static_cast<float>(img.rows);
+  for (auto& b : boxes) {
+    const float y1 = h - b.y2, y2 = h - b.y1;
+    b.y1 = y1;
+    b.y2 = y2;
+  }
+}
+
+void mixup(cv::Mat& img, std::vector<PixBox>& boxes, const cv::Mat& other, const std::vector<PixBox>& other_boxes,
+           Rng& rng) {
+  if (other.size() != img.size() || other.type() != img.type())
+    throw std::invalid_argument("mixup: images differ in size or type");
+  const double r = rng.beta(32.0, 32.0);
+  cv::addWeighted(img, r, other, 1.0 - r, 0.0, img);
+  boxes.insert(boxes.end(), other_boxes.begin(), other_boxes.end());
+}
+
+}  // namespace yolo8::data

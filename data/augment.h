@@ -1,0 +1,82 @@
+#pragma once
+// Image transforms of the pipeline on BGR uint8 cv::Mat with boxes in pixels.
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "data/config.h"
+
+namespace yolo8::data {
+
+// Deterministic stream; one per sample, seeded from (seed, epoch, index) so thread timing never matters.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  static uint64_t mix(uint64_t seed, uint64_t epoch, uint64_t index);
+  double uniform(double a = 0.0, double b = 1.0);
+  int64_t randint(int64_t n);      // in [0, n)
+  bool chance(double p) { return p > 0.0 && uniform() < p; }
+  double beta(double a, double b);
+  std::mt19937_64& engine() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+// Box in pixels of the current image.
+struct PixBox {
+  float cls = 0.f;
+  float x1 = 0.f, y1 = 0.f, x2 = 0.f, y2 = 0.f;
+};
+
+struct LetterboxInfo {
+  double ratio = 1.0;        // resize gain of the letterbox itself
+  int new_w = 0, new_h = 0;  // resized size before padding
+  int left = 0, top = 0;     // padding added on the left / top
+};
+
+// Keep-ratio resize (bilinear) into out_h x out_w, centred, padded with 114; Ultralytics' LetterBox with auto=False.
+cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup = true, LetterboxInfo* info = nullptr,
+                  int pad_value = 114);
+
+// Resizes so the long side is imgsz (Ultralytics' load_image): bilinear when augmenting or enlarging, else area.
+cv::Mat resize_long_side(const cv::Mat& img, int imgsz, bool augment);
+
+// Rectangular batch shapes (h, w) for images given as (h, w), already in batch order (sorted by h/w):
+// ceil(shape * imgsz / stride + pad) * stride.
+std::vector<std::pair<int, int>> rect_batch_shapes(const std::vector<std::pair<int, int>>& hw, int batch, int imgsz,
+                                                   int stride, double pad);
+// Order of images sorted by aspect ratio h/w (stable).
+std::vector<size_t> aspect_order(const std::vector<std::pair<int, int>>& hw);
+
+struct Tile {
+  const cv::Mat* img = nullptr;       // resized image, BGR
+  const std::vector<PixBox>* boxes = nullptr;  // in pixels of img
+};
+
+// Mosaic of four tiles on a 2s x 2s canvas (fill 114) around a random centre; boxes shifted and clipped.
+void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vector<PixBox>& boxes);
+
+// Random perspective/affine: output (in.rows + 2 border) x (in.cols + 2 border); border = -imgsz/2 after mosaic.
+// Boxes are transformed (corners, min/max), clipped and filtered (w, h > 2 px, area ratio > 0.1, aspect < 100).
+void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
+                        Rng& rng, cv::Mat& out);
+
+// HSV gains through three lookup tables, in place.
+void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rng);
+
+void flip_lr(cv::Mat& img, std::vector<PixBox>& boxes);
+void flip_ud(cv::Mat& img, std::vector<PixBox>& boxes);
+
+// img = r * img + (1 - r) * other, r ~ Beta(32, 32); boxes of both kept.
+void mixup(cv::Mat& img, std::vector<PixBox>& boxes, const cv::Mat& other, const std::vector<PixBox>& other_boxes,
+           Rng& rng);
+
+// The candidate filter of random_perspective: before (scaled) vs after boxes.
+bool box_candidate(const PixBox& before, const PixBox& after, double scale, double wh_thr = 2.0,
+                   double ar_thr = 100.0, double area_thr = 0.1);
+
+}  // namespace yolo8::data
