@@ -1,0 +1,106 @@
+#include "trainer/train_step.h"
+
+#include <sstream>
+
+namespace yolo8 {
+
+void to_channels_last(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : module.parameters()) {
+    if (parameter.dim() == 4) parameter.set_data(parameter.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+}
+
+std::vector<int64_t> freeze_layer_indices(const std::string& freeze) {
+  std::string cleaned;
+  for (char c : freeze) cleaned += (c == '[' || c == ']' || c == ',') ? ' ' : c;
+  std::istringstream stream(cleaned);
+  std::vector<int64_t> values;
+  int64_t value = 0;
+  while (stream >> value) values.push_back(value);
+  const bool is_count = values.size() == 1 && freeze.find_first_of("[,") == std::string::npos;
+  if (!is_count) return values;
+  std::vector<int64_t> first_n;
+  for (int64_t i = 0; i < values[0]; ++i) first_n.push_back(i);
+  return first_n;
+}
+
+TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const TrainCoreConfig& config)
+    : config_(config), model_(std::move(model)), ema_model_(std::move(ema_model)) {
+  model_->to(config_.device);
+  ema_model_->to(config_.device);
+  if (config_.channels_last) {
+    to_channels_last(*model_);
+    to_channels_last(*ema_model_);
+  }
+  // The DFL projection is a constant of the head, never trained; frozen layers follow the setting.
+  for (auto& item : model_->named_parameters()) {
+    bool frozen = item.key().find(".dfl") != std::string::npos;
+    for (int64_t layer : config_.freeze_layers) {
+      frozen = frozen || item.key().rfind("model." + std::to_string(layer) + ".", 0) == 0;
+    }
+    item.value().set_requires_grad(!frozen);
+    if (!frozen) trainable_.push_back(item.value());
+  }
+  model_->train();
+  ema_ = std::make_unique<ModelEma>(ema_model_.ptr(), *model_);
+
+  built_ = build_optimizer(*model_, config_.optim, config_.shape);
+  schedule_ = std::make_unique<TrainSchedule>(config_.optim, built_.choice, config_.shape.batch,
+                                              config_.shape.epochs, config_.batches_per_epoch, config_.start_epoch);
+  LossConfig loss_config;
+  loss_config.nc = model_->nc();
+  const auto strides = model_->strides();
+  loss_config.strides.assign(strides.data_ptr<float>(), strides.data_ptr<float>() + strides.numel());
+  loss_config.box = config_.box;
+  loss_config.cls = config_.cls;
+  loss_config.dfl = config_.dfl;
+  loss_ = std::make_unique<DetectionLoss>(loss_config);
+}
+
+torch::Tensor TrainingCore::prepare_images(const torch::Tensor& images) const {
+  torch::Tensor batch = images.to(config_.device, /*non_blocking=*/true);
+  batch = batch.scalar_type() == torch::kUInt8 ? batch.to(torch::kFloat).div_(255.0) : batch.to(torch::kFloat);
+  return config_.channels_last ? batch.contiguous(torch::MemoryFormat::ChannelsLast) : batch.contiguous();
+}
+
+LossTargets TrainingCore::targets_from_labels(const torch::Tensor& labels) {
+  const torch::Tensor rows = labels.to(torch::kFloat).reshape({-1, 6});
+  return LossTargets{rows.select(1, 0), rows.select(1, 1), rows.slice(1, 2, 6)};
+}
+
+StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels) {
+  schedule_->begin_iteration(*built_.optimizer, epoch, ni);
+  const torch::Tensor batch = prepare_images(images);
+  LossTargets targets = targets_from_labels(labels.to(config_.device));
+  const std::vector<torch::Tensor> feats = model_->forward_maps(batch);
+  const LossOutput loss = (*loss_)(feats, targets);
+  loss.total.backward();
+  StepOutcome outcome;
+  outcome.loss_items = loss.items;
+  if (schedule_->should_step(ni)) {
+    optimizer_step();
+    schedule_->record_step(ni);
+    outcome.optimizer_stepped = true;
+  }
+  return outcome;
+}
+
+void TrainingCore::optimizer_step() {
+  torch::nn::utils::clip_grad_norm_(trainable_, config_.clip_norm);
+  built_.optimizer->step();
+  built_.optimizer->zero_grad();
+  ema_->update(*model_);
+}
+
+void TrainingCore::end_epoch() { schedule_->end_epoch(*built_.optimizer); }
+
+std::vector<double> TrainingCore::learning_rates() const {
+  std::vector<double> rates;
+  for (size_t group = 0; group < built_.optimizer->param_groups().size(); ++group) {
+    rates.push_back(group_lr(*built_.optimizer, group));
+  }
+  return rates;
+}
+
+}  // namespace yolo8
