@@ -5,8 +5,9 @@
 
 namespace yolo8::test {
 
-struct TinyNetImpl : torch::nn::Module {
-  TinyNetImpl() {
+struct TinyNetImpl : torch::nn::Cloneable<TinyNetImpl> {
+  TinyNetImpl() { reset(); }
+  void reset() override {
     conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).bias(false)));
     bn = register_module("bn", torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(4).eps(1e-3).momentum(0.03)));
     fc = register_module("fc", torch::nn::Linear(4, 2));
