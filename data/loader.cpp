@@ -1,0 +1,356 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <stdexcept>
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+namespace yolo8::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kImgMagic[4] = {'Y', '8', 'I', 'M'};
+
+std::string disk_cache_path(const std::string& image, int imgsz, bool augment) {
+  return image + ".s" + std::to_string(imgsz) + (augment ? "l" : "a") + ".y8img";
+}
+
+bool read_disk_cache(const std::string& path, cv::Mat& img, int& h0, int& w0) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  char magic[4];
+  int32_t hdr[4];
+  in.read(magic, 4);
+  in.read(reinterpret_cast<char*>(hdr), sizeof hdr);
+  if (!in || std::memcmp(magic, kImgMagic, 4) != 0 || hdr[0] <= 0 || hdr[1] <= 0 || hdr[0] > 65536 ||
+      hdr[1] > 65536)
+    return false;
+  cv::Mat m(hdr[0], hdr[1], CV_8UC3);
+  in.read(reinterpret_cast<char*>(m.data), static_cast<std::streamsize>(m.total() * m.elemSize()));
+  if (!in) return false;
+  img = m;
+  h0 = hdr[2];
+  w0 = hdr[3];
+  return true;
+}
+
+void write_disk_cache(const std::string& path, const cv::Mat& img, int h0, int w0) {
+  const std::string tmp = path + ".tmp" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  {
+    std::ofstream o(tmp, std::ios::binary);
+    if (!o) return;  // read-only folder: run without the disk cache
+    int32_t hdr[4] = {img.rows, img.cols, h0, w0};
+    o.write(kImgMagic, 4);
+    o.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
+    cv::Mat c = img.isContinuous() ? img : img.clone();
+    o.write(reinterpret_cast<const char*>(c.data), static_cast<std::streamsize>(c.total() * c.elemSize()));
+    if (!o) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
+std::vector<PixBox> to_pixels(const std::vector<BoxLabel>& labels, int w, int h, bool single_cls) {
+  std::vector<PixBox> out;
+  out.reserve(labels.size());
+  for (const auto& l : labels) {
+    out.push_back({single_cls ? 0.f : l.cls, (l.cx - l.w / 2) * w, (l.cy - l.h / 2) * h, (l.cx + l.w / 2) * w,
+                   (l.cy + l.h / 2) * h});
+  }
+  return out;
+}
+
+// Applies a letterbox's scale and offset to boxes.
+void letterbox_boxes(std::vector<PixBox>& boxes, const LetterboxInfo& lb, int w, int h) {
+  const float sx = static_cast<float>(lb.new_w) / w, sy = static_cast<float>(lb.new_h) / h;
+  for (auto& b : boxes) {
+    b.x1 = b.x1 * sx + lb.left;
+    b.x2 = b.x2 * sx + lb.left;
+    b.y1 = b.y1 * sy + lb.top;
+    b.y2 = b.y2 * sy + lb.top;
+  }
+}
+
+// BGR HWC -> RGB planes of the batch tensor, in one pass.
+void copy_to_planes(const cv::Mat& img, uint8_t* dst) {
+  const size_t plane = static_cast<size_t>(img.rows) * img.cols;
+  cv::Mat planes[3] = {cv::Mat(img.rows, img.cols, CV_8UC1, dst + 2 * plane),
+                       cv::Mat(img.rows, img.cols, CV_8UC1, dst + plane), cv::Mat(img.rows, img.cols, CV_8UC1, dst)};
+  cv::split(img, planes);
+}
+
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train)
+    : cfg_(cfg), aug_(aug), train_(train) {
+  if (!index) throw std::invalid_argument("DataLoader: no dataset index");
+  validate(cfg_);
+  validate(aug_);
+  records_ = index->records;
+  if (train_ && cfg_.fraction < 1.0)
+    records_.resize(static_cast<size_t>(std::llround(static_cast<double>(records_.size()) * cfg_.fraction)));
+  if (records_.empty()) throw std::runtime_error("DataLoader: the dataset has no usable images");
+  rect_ = !train_ || cfg_.rect;
+  mosaic_on_ = train_ && !rect_ && aug_.mosaic > 0;
+  if (rect_) {
+    std::vector<std::pair<int, int>> hw;
+    for (const auto& r : records_) hw.emplace_back(r.height, r.width);
+    rect_order_ = aspect_order(hw);
+    std::vector<std::pair<int, int>> sorted;
+    for (size_t i : rect_order_) sorted.push_back(hw[i]);
+    batch_shapes_ = rect_batch_shapes(sorted, cfg_.batch, cfg_.imgsz, cfg_.stride, train_ ? 0.0 : 0.5);
+  }
+  if (cfg_.cache == CacheMode::kRam) ram_cache_.resize(records_.size());
+  const int hw_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  workers_ = std::min(cfg_.workers, hw_threads);
+}
+
+DataLoader::~DataLoader() { stop_workers(); }
+
+int64_t DataLoader::num_batches() const {
+  return (static_cast<int64_t>(records_.size()) + cfg_.batch - 1) / cfg_.batch;
+}
+
+bool DataLoader::update_close_mosaic(int64_t epoch, int64_t epochs) {
+  set_mosaic(train_ && !rect_ && aug_.mosaic > 0 && epoch < epochs - aug_.close_mosaic);
+  return mosaic_on_;
+}
+
+void DataLoader::set_mosaic(bool on) { mosaic_on_ = on && train_ && !rect_; }
+
+std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
+  if (rect_) return rect_order_;
+  std::vector<size_t> order(records_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (train_ && cfg_.shuffle) {
+    Rng rng(Rng::mix(cfg_.seed, static_cast<uint64_t>(epoch), ~uint64_t{0}));
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.randint(i))]);
+  }
+  return order;
+}
+
+DataLoader::Loaded DataLoader::load_image(size_t i) const {
+  const bool augment = train_;
+  if (cfg_.cache == CacheMode::kRam) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (!ram_cache_[i].empty()) return {ram_cache_[i], records_[i].height, records_[i].width};
+  }
+  const auto& rec = records_[i];
+  Loaded out;
+  std::string disk;
+  if (cfg_.cache == CacheMode::kDisk) {
+    disk = disk_cache_path(rec.image, cfg_.imgsz, augment);
+    if (read_disk_cache(disk, out.img, out.h0, out.w0)) return out;
+  }
+  cv::Mat img = cv::imread(rec.image, cv::IMREAD_COLOR);
+  if (img.empty()) throw std::runtime_error(rec.image + ": image does not decode (changed since the check?)");
+  out.h0 = img.rows;
+  out.w0 = img.cols;
+  out.img = resize_long_side(img, cfg_.imgsz, augment);
+  if (!out.img.isContinuous()) out.img = out.img.clone();
+  if (cfg_.cache == CacheMode::kDisk) write_disk_cache(disk, out.img, out.h0, out.w0);
+  if (cfg_.cache == CacheMode::kRam) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    ram_cache_[i] = out.img;
+  }
+  return out;
+}
+
+Batch DataLoader::load_batch(int64_t epoch, int64_t batch_index) const {
+  return build_batch(epoch, batch_index, epoch_order(epoch), mosaic_on_);
+}
+
+Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool mosaic_on) const {
+  const size_t start = static_cast<size_t>(b) * static_cast<size_t>(cfg_.batch);
+  const size_t end = std::min(order.size(), start + static_cast<size_t>(cfg_.batch));
+  if (b < 0 || start >= end) throw std::out_of_range("DataLoader: batch index " + std::to_string(b) + " out of range");
+  const size_t n = end - start;
+  const int s = cfg_.imgsz;
+  int out_h = s, out_w = s;
+  if (rect_) std::tie(out_h, out_w) = batch_shapes_[static_cast<size_t>(b)];
+
+  std::vector<Loaded> loaded(n);
+  std::vector<std::vector<PixBox>> boxes(n);
+  for (size_t k = 0; k < n; ++k) {
+    loaded[k] = load_image(order[start + k]);
+    boxes[k] = to_pixels(records_[order[start + k]].boxes, loaded[k].img.cols, loaded[k].img.rows, cfg_.single_cls);
+  }
+
+  Batch batch;
+  batch.epoch = epoch;
+  batch.index = b;
+  auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
+#ifdef YOLO8_WITH_CUDA
+  if (torch::cuda::is_available()) u8 = u8.pinned_memory(true);
+#endif
+  batch.images = torch::empty({static_cast<int64_t>(n), 3, out_h, out_w}, u8);
+  batch.ratio_pad = torch::zeros({static_cast<int64_t>(n), 4}, torch::kFloat64);
+  auto rp = batch.ratio_pad.accessor<double, 2>();
+  std::vector<float> labels;
+
+  cv::Mat canvas, work, other;
+  std::vector<PixBox> bx, other_bx;
+  // Mosaic partners come from the same batch: its images are decoded once and each is a centre once.
+  auto make_train = [&](size_t k, Rng& rng, cv::Mat& out, std::vector<PixBox>& ob) {
+    if (mosaic_on && rng.chance(aug_.mosaic)) {
+      Tile tiles[4];
+      tiles[0] = {&loaded[k].img, &boxes[k]};
+      for (int t = 1; t < 4; ++t) {
+        size_t j = static_cast<size_t>(rng.randint(static_cast<int64_t>(n)));
+        tiles[t] = {&loaded[j].img, &boxes[j]};
+      }
+      mosaic4(tiles, s, rng, canvas, ob);
+      random_perspective(canvas, ob, aug_, -s / 2, rng, out);
+    } else {
+      LetterboxInfo lb;
+      cv::Mat lbimg = letterbox(loaded[k].img, s, s, true, &lb);
+      ob = boxes[k];
+      letterbox_boxes(ob, lb, loaded[k].img.cols, loaded[k].img.rows);
+      random_perspective(lbimg, ob, aug_, 0, rng, out);
+    }
+  };
+
+  for (size_t k = 0; k < n; ++k) {
+    const size_t rec = order[start + k];
+    Rng rng(Rng::mix(cfg_.seed, static_cast<uint64_t>(epoch), rec));
+    const Loaded& L = loaded[k];
+    double gain_h = static_cast<double>(L.img.rows) / L.h0, gain_w = static_cast<double>(L.img.cols) / L.w0;
+    double pad_w = 0, pad_h = 0;
+    if (rect_) {
+      LetterboxInfo lb;
+      work = letterbox(L.img, out_h, out_w, false, &lb);
+      bx = boxes[k];
+      letterbox_boxes(bx, lb, L.img.cols, L.img.rows);
+      gain_h *= static_cast<double>(lb.new_h) / L.img.rows;
+      gain_w *= static_cast<double>(lb.new_w) / L.img.cols;
+      pad_w = lb.left;
+      pad_h = lb.top;
+    } else {
+      make_train(k, rng, work, bx);
+      if (rng.chance(aug_.mixup)) {
+        make_train(static_cast<size_t>(rng.randint(static_cast<int64_t>(n))), rng, other, other_bx);
+        mixup(work, bx, other, other_bx, rng);
+      }
+    }
+    if (train_) {
+      augment_hsv(work, aug_.hsv_h, aug_.hsv_s, aug_.hsv_v, rng);
+      if (rng.chance(aug_.flipud)) flip_ud(work, bx);
+      if (rng.chance(aug_.fliplr)) flip_lr(work, bx);
+    }
+    copy_to_planes(work, batch.images[static_cast<int64_t>(k)].data_ptr<uint8_t>());
+    const float W = static_cast<float>(work.cols), H = static_cast<float>(work.rows);
+    for (const auto& p : bx) {
+      const float w = p.x2 - p.x1, h = p.y2 - p.y1;
+      if (w <= 0 || h <= 0) continue;
+      labels.insert(labels.end(), {static_cast<float>(k), p.cls, (p.x1 + w / 2) / W, (p.y1 + h / 2) / H, w / W, h / H});
+    }
+    rp[static_cast<int64_t>(k)][0] = gain_h;
+    rp[static_cast<int64_t>(k)][1] = gain_w;
+    rp[static_cast<int64_t>(k)][2] = pad_w;
+    rp[static_cast<int64_t>(k)][3] = pad_h;
+    batch.orig_shapes.emplace_back(L.h0, L.w0);
+    batch.paths.push_back(records_[rec].image);
+  }
+  const int64_t nl = static_cast<int64_t>(labels.size() / 6);
+  batch.labels = nl ? torch::from_blob(labels.data(), {nl, 6}, torch::kFloat32).clone() : torch::zeros({0, 6});
+  return batch;
+}
+
+// ---------------------------------------------------------------------------------------------------- threads
+
+void DataLoader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = false;
+  ready_.clear();
+}
+
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  stop_workers();
+  if (first_batch < 0 || first_batch > num_batches())
+    throw std::out_of_range("DataLoader: start batch " + std::to_string(first_batch) + " outside the epoch");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_ = epoch;
+    produce_next_ = consume_next_ = first_batch;
+    mosaic_epoch_ = mosaic_on_;
+    order_ = epoch_order(epoch);
+  }
+  for (int t = 0; t < workers_; ++t) threads_.emplace_back([this] { worker_loop(); });
+}
+
+void DataLoader::worker_loop() {
+  const int64_t nb = num_batches();
+  for (;;) {
+    int64_t b;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || (produce_next_ < nb && produce_next_ < consume_next_ + cfg_.prefetch); });
+      if (stop_) return;
+      b = produce_next_++;
+    }
+    Slot slot;
+    try {
+      slot.batch = build_batch(epoch_, b, order_, mosaic_epoch_);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_[b] = std::move(slot);
+    }
+    cv_.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  int64_t b;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (order_.empty()) throw std::logic_error("DataLoader: call start_epoch before next");
+    if (consume_next_ >= num_batches()) return std::nullopt;
+    b = consume_next_;
+  }
+  if (threads_.empty()) {
+    Batch out = build_batch(epoch_, b, order_, mosaic_epoch_);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++consume_next_;
+    return out;
+  }
+  Slot slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return ready_.count(b) > 0; });
+    slot = std::move(ready_[b]);
+    ready_.erase(b);
+    ++consume_next_;
+  }
+  cv_.notify_all();
+  if (slot.error) std::rethrow_exception(slot.error);
+  return std::move(slot.batch);
+}
+
+std::pair<int64_t, int64_t> DataLoader::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {epoch_, consume_next_};
+}
+
+}  // namespace yolo8::data

@@ -1,0 +1,104 @@
+#pragma once
+// Multi-threaded batch loader: deterministic batches for (seed, epoch) whatever the thread timing.
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "data/augment.h"
+#include "data/config.h"
+#include "data/dataset.h"
+
+namespace yolo8::data {
+
+struct Batch {
+  torch::Tensor images;     // B x 3 x H x W uint8, RGB, contiguous (pinned when CUDA is available)
+  torch::Tensor labels;     // N x 6 float32: image index in batch, class, cx, cy, w, h (normalised to H, W)
+  torch::Tensor ratio_pad;  // B x 4 float64: gain_h, gain_w, pad_w, pad_h (original pixels -> batch pixels)
+  std::vector<std::pair<int, int>> orig_shapes;  // (h, w) of the files
+  std::vector<std::string> paths;
+  int64_t epoch = 0;
+  int64_t index = 0;        // batch index within the epoch
+};
+
+class DataLoader {
+ public:
+  // train = augmentation (mosaic etc.) and shuffling; otherwise letterboxed rectangular batches (validation).
+  DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  int64_t size() const { return static_cast<int64_t>(records_.size()); }
+  int64_t num_batches() const;
+  int workers() const { return workers_; }
+
+  // Mosaic off for the last close_mosaic epochs; call before start_epoch. Returns whether mosaic is on.
+  bool update_close_mosaic(int64_t epoch, int64_t epochs);
+  void set_mosaic(bool on);
+  bool mosaic() const { return mosaic_on_; }
+
+  // Starts producing epoch `epoch` from batch `first_batch` (resuming mid-epoch continues there).
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // Next batch of the current epoch, or nullopt at its end. Rethrows loading errors with the file name.
+  std::optional<Batch> next();
+  // (epoch, next batch index) to store in a checkpoint.
+  std::pair<int64_t, int64_t> position() const;
+
+  // One batch built on the calling thread; identical to what the workers produce.
+  Batch load_batch(int64_t epoch, int64_t batch_index) const;
+
+ private:
+  struct Loaded {
+    cv::Mat img;          // resized so the long side is imgsz
+    int h0 = 0, w0 = 0;   // original size
+  };
+  Loaded load_image(size_t record) const;
+  std::vector<size_t> epoch_order(int64_t epoch) const;
+  void stop_workers();
+  void worker_loop();
+
+  std::vector<ImageRecord> records_;
+  LoaderConfig cfg_;
+  AugmentConfig aug_;
+  bool train_;
+  bool rect_;
+  int workers_ = 0;
+  bool mosaic_on_ = true;
+  std::vector<size_t> rect_order_;
+  std::vector<std::pair<int, int>> batch_shapes_;
+
+  mutable std::mutex cache_mu_;
+  mutable std::vector<cv::Mat> ram_cache_;
+
+  // Epoch state shared with the workers.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+  int64_t epoch_ = 0;
+  int64_t produce_next_ = 0;
+  int64_t consume_next_ = 0;
+  bool mosaic_epoch_ = true;
+  std::vector<size_t> order_;
+  struct Slot {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+  };
+  std::map<int64_t, Slot> ready_;
+
+  Batch build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool mosaic_on) const;
+};
+
+}  // namespace yolo8::data

@@ -1,0 +1,139 @@
+// Augmentation primitives: rect shapes, letterbox padding, flips, candidates, mosaic placement, RNG.
+#include <gtest/gtest.h>
+
+#include <opencv2/imgproc.hpp>
+
+#include "data/augment.h"
+
+namespace yolo8::data {
+namespace {
+
+TEST(RectShapes, ReferenceFormula) {
+  // Already sorted by h/w: 0.5, 0.6 | 1.333.
+  auto shapes = rect_batch_shapes({{200, 400}, {300, 500}, {400, 300}}, 2, 640, 32, 0.5);
+  ASSERT_EQ(shapes.size(), 2u);
+  EXPECT_EQ(shapes[0], std::make_pair(416, 672));
+  EXPECT_EQ(shapes[1], std::make_pair(672, 512));
+  auto train = rect_batch_shapes({{640, 640}}, 4, 640, 32, 0.0);
+  EXPECT_EQ(train[0], std::make_pair(640, 640));
+  auto order = aspect_order({{400, 300}, {200, 400}, {300, 500}});
+  EXPECT_EQ(order, (std::vector<size_t>{1, 2, 0}));
+}
+
+TEST(Letterbox, OddPaddingGoesBottomRight) {
+  cv::Mat img(51, 100, CV_8UC3, cv::Scalar(10, 20, 30));
+  LetterboxInfo lb;
+  cv::Mat out = letterbox(img, 64, 64, true, &lb);
+  EXPECT_EQ(out.size(), cv::Size(64, 64));
+  EXPECT_EQ(lb.new_w, 64);
+  EXPECT_EQ(lb.new_h, 33);
+  EXPECT_EQ(lb.top, 15);
+  EXPECT_EQ(out.at<cv::Vec3b>(14, 10), cv::Vec3b(114, 114, 114));
+  EXPECT_EQ(out.at<cv::Vec3b>(15, 10), cv::Vec3b(10, 20, 30));
+  EXPECT_EQ(out.at<cv::Vec3b>(47, 10), cv::Vec3b(10, 20, 30));
+  EXPECT_EQ(out.at<cv::Vec3b>(48, 10), cv::Vec3b(114, 114, 114));
+  // No upscaling when scaleup is off.
+  cv::Mat small(20, 10, CV_8UC3, cv::Scalar::all(0));
+  letterbox(small, 64, 64, false, &lb);
+  EXPECT_EQ(lb.ratio, 1.0);
+  EXPECT_EQ(lb.left, 27);
+}
+
+TEST(ResizeLongSide, CeilAndCap) {
+  cv::Mat img(300, 500, CV_8UC3, cv::Scalar::all(0));
+  cv::Mat r = resize_long_side(img, 640, true);
+  EXPECT_EQ(r.cols, 640);
+  EXPECT_EQ(r.rows, 384);
+  cv::Mat s = resize_long_side(img, 128, false);
+  EXPECT_EQ(s.cols, 128);
+  EXPECT_EQ(s.rows, 77);  // ceil(76.8)
+}
+
+TEST(Flips, BoxesFollowPixels) {
+  cv::Mat img(40, 60, CV_8UC3, cv::Scalar::all(0));
+  img(cv::Rect(5, 10, 10, 8)).setTo(cv::Scalar(255, 255, 255));
+  std::vector<PixBox> b = {{1, 5, 10, 15, 18}};
+  flip_lr(img, b);
+  EXPECT_FLOAT_EQ(b[0].x1, 45);
+  EXPECT_FLOAT_EQ(b[0].x2, 55);
+  EXPECT_EQ(img.at<cv::Vec3b>(12, 45)[0], 255);
+  EXPECT_EQ(img.at<cv::Vec3b>(12, 44)[0], 0);
+  flip_ud(img, b);
+  EXPECT_FLOAT_EQ(b[0].y1, 22);
+  EXPECT_FLOAT_EQ(b[0].y2, 30);
+  EXPECT_EQ(img.at<cv::Vec3b>(22, 50)[0], 255);
+  EXPECT_EQ(img.at<cv::Vec3b>(21, 50)[0], 0);
+}
+
+TEST(BoxCandidate, Thresholds) {
+  PixBox before{0, 0, 0, 100, 100};
+  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 50, 50}, 1.0));     // area ratio 0.25
+  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 30, 30}, 1.0));    // 0.09 <= 0.1
+  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 30, 30}, 0.5));     // before scaled to 50x50
+  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 2, 80}, 0.1));     // width not > 2 px
+  PixBox thin{0, 0, 0, 1000, 5};
+  EXPECT_FALSE(box_candidate(thin, {0, 0, 0, 1000, 5}, 1.0));     // aspect 200 >= 100
+}
+
+TEST(Rng, DeterministicPerSample) {
+  Rng a(Rng::mix(1, 2, 3)), b(Rng::mix(1, 2, 3)), c(Rng::mix(1, 2, 4)), d(Rng::mix(1, 3, 3));
+  double x = a.uniform(), y = b.uniform();
+  EXPECT_EQ(x, y);
+  EXPECT_NE(x, c.uniform());
+  EXPECT_NE(x, d.uniform());
+  for (int i = 0; i < 1000; ++i) {
+    double u = a.uniform(-2, 3);
+    ASSERT_GE(u, -2);
+    ASSERT_LT(u, 3);
+    int64_t k = a.randint(7);
+    ASSERT_GE(k, 0);
+    ASSERT_LT(k, 7);
+  }
+  double m = 0;
+  for (int i = 0; i < 2000; ++i) m += a.beta(32, 32);
+  EXPECT_NEAR(m / 2000, 0.5, 0.01);
+}
+
+TEST(Mosaic, TilesAndBoxesAgree) {
+  const int s = 64;
+  cv::Mat tiles_img[4];
+  std::vector<PixBox> tile_boxes[4];
+  const cv::Scalar colours[4] = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {255, 255, 0}};
+  Tile tiles[4];
+  for (int i = 0; i < 4; ++i) {
+    tiles_img[i] = cv::Mat(48, 64, CV_8UC3, cv::Scalar::all(40));
+    tiles_img[i](cv::Rect(20, 12, 24, 24)).setTo(colours[i]);
+    tile_boxes[i] = {{static_cast<float>(i), 20, 12, 44, 36}};
+    tiles[i] = {&tiles_img[i], &tile_boxes[i]};
+  }
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    Rng rng(seed);
+    cv::Mat canvas;
+    std::vector<PixBox> boxes;
+    mosaic4(tiles, s, rng, canvas, boxes);
+    ASSERT_EQ(canvas.size(), cv::Size(2 * s, 2 * s));
+    ASSERT_EQ(boxes.size(), 4u);
+    for (const auto& b : boxes) {
+      const int cls = static_cast<int>(b.cls);
+      const int w = static_cast<int>(b.x2 - b.x1), h = static_cast<int>(b.y2 - b.y1);
+      if (w <= 0 || h <= 0) continue;
+      cv::Mat roi = canvas(cv::Rect(static_cast<int>(b.x1), static_cast<int>(b.y1), w, h));
+      cv::Mat mask;
+      cv::inRange(roi, colours[cls], colours[cls], mask);
+      EXPECT_EQ(cv::countNonZero(mask), w * h) << "seed " << seed << " class " << cls;
+    }
+  }
+}
+
+TEST(Hsv, ZeroGainsLeaveImageAlone) {
+  cv::Mat img(8, 8, CV_8UC3, cv::Scalar(10, 200, 90));
+  cv::Mat copy = img.clone();
+  Rng rng(0);
+  augment_hsv(img, 0, 0, 0, rng);
+  EXPECT_EQ(cv::norm(img, copy, cv::NORM_INF), 0);
+  augment_hsv(img, 0.015, 0.7, 0.4, rng);
+  EXPECT_GT(cv::norm(img, copy, cv::NORM_INF), 0);
+}
+
+}  // namespace
+}  // namespace yolo8::data
