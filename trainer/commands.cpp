@@ -2,11 +2,42 @@
 
 #include <iostream>
 
+#include "trainer/engine.h"
 #include "trainer/exit_codes.h"
 #include "trainer/settings.h"
 
 namespace yolo8 {
 namespace {
+
+// Keys only one mode reads (`data synth train=N val=M`), taken out before the settings are resolved.
+std::map<std::string, std::string> take_keys(std::vector<std::pair<std::string, std::string>>& pairs,
+                                             const std::vector<std::string>& keys) {
+  std::map<std::string, std::string> taken;
+  std::vector<std::pair<std::string, std::string>> rest;
+  for (auto& pair : pairs) {
+    if (std::find(keys.begin(), keys.end(), pair.first) != keys.end()) {
+      taken[pair.first] = pair.second;
+    } else {
+      rest.push_back(pair);
+    }
+  }
+  pairs = rest;
+  return taken;
+}
+
+int parse_count(const std::map<std::string, std::string>& keys, const std::string& key, int fallback) {
+  const auto found = keys.find(key);
+  if (found == keys.end()) return fallback;
+  Settings scratch;
+  set_setting(scratch, "epochs", found->second, "command line");  // reuse the integer check
+  if (scratch.epochs < 0) throw SettingsError("setting '" + key + "' must be >= 0");
+  return scratch.epochs;
+}
+
+[[maybe_unused]] int needs_opencv(const std::string& mode) {
+  std::cerr << "yolo8: mode '" << mode << "' reads images and needs OpenCV, which this build was made without\n";
+  return kExitBadInput;
+}
 
 int not_built(const std::string& what) {
   std::cerr << "yolo8: " << what << " is not built yet\n";
@@ -16,7 +47,41 @@ int not_built(const std::string& what) {
 }  // namespace
 
 int run_mode(const CommandLine& command) {
-  const Settings settings = resolve_settings(command.pairs, command.mode);
+  auto pairs = command.pairs;
+  if (command.mode == "data") {
+    if (command.action == "synth") {
+      const auto keys = take_keys(pairs, {"train", "val"});
+      Settings settings = resolve_settings(pairs, "data");
+      const int imgsz = settings.imgsz;
+#ifdef YOLO8_HAVE_DATA
+      return run_data_synth(settings.out, parse_count(keys, "train", 256), parse_count(keys, "val", 64), imgsz,
+                            settings.seed);
+#else
+      (void)keys;
+      (void)imgsz;
+      return needs_opencv("data");
+#endif
+    }
+    if (command.action != "check") {
+      throw SettingsError("`yolo8 data` needs an action: check (data=d.yaml) or synth (out=DIR train=N val=M)");
+    }
+    const Settings settings = resolve_settings(pairs, "data");
+#ifdef YOLO8_HAVE_DATA
+    return run_data_check(settings);
+#else
+    return needs_opencv("data");
+#endif
+  }
+  const Settings settings = resolve_settings(pairs, command.mode);
+#ifdef YOLO8_HAVE_DATA
+  if (settings.mode == "train") return run_train(settings);
+  if (settings.mode == "val") return run_val(settings);
+  if (settings.mode == "predict") return run_predict(settings);
+#else
+  if (settings.mode == "train" || settings.mode == "val" || settings.mode == "predict") {
+    return needs_opencv(settings.mode);
+  }
+#endif
   return not_built("mode '" + settings.mode + "'");
 }
 

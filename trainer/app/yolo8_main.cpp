@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainer/cli.h"
+#include "trainer/engine.h"
 #include "trainer/exit_codes.h"
 #include "trainer/settings.h"
 
@@ -13,6 +14,9 @@ int main(int argc, char** argv) {
   try {
     return yolo8::run_command_line(args);
   } catch (const yolo8::SettingsError& error) {
+    std::cerr << "yolo8: " << error.what() << "\n";
+    return yolo8::kExitBadInput;
+  } catch (const yolo8::DataError& error) {
     std::cerr << "yolo8: " << error.what() << "\n";
     return yolo8::kExitBadInput;
   } catch (const std::exception& error) {
