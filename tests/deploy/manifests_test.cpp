@@ -477,32 +477,53 @@ TEST(DeployManifests, KueueQueuesMirrorBaseAndBurst) {
     const std::string queue = dig(job.node, {"metadata", "labels", "kueue.x-k8s.io/queue-name"}).as<std::string>("");
     if (queue.empty()) continue;
     ++kueue_jobs;
-    EXPECT_NE(find_object("LocalQueue", job.ns(), queue), nullptr) << job.name();
+    const Object* lq = find_object("LocalQueue", job.ns(), queue);
+    ASSERT_NE(lq, nullptr) << job.name();
     EXPECT_TRUE(job.node["spec"]["suspend"].as<bool>(false)) << job.name();
+    // Kueue leaves a workload pending forever if its ClusterQueue does not cover a resource it requests.
+    const Object* cq = queues[lq->node["spec"]["clusterQueue"].as<std::string>()];
+    const auto covered = strings(cq->node["spec"]["resourceGroups"][0]["coveredResources"]);
+    for (const auto& c : job.node["spec"]["template"]["spec"]["containers"]) {
+      for (const char* kind : {"requests", "limits"}) {
+        for (const auto& res : dig(c, {"resources", kind})) {
+          EXPECT_TRUE(contains(covered, res.first.as<std::string>())) << res.first << " not covered by " << cq->name();
+        }
+      }
+    }
   }
   EXPECT_EQ(kueue_jobs, 1);
 }
 
-// Host memory per GPU is the same in the namespace quotas and the Kueue queues.
-TEST(DeployManifests, MemoryPerGpuAgreesBetweenQuotasAndQueues) {
-  std::set<double> per_gpu;
+// Host memory per GPU is the same in the namespace quotas and the Kueue queues; CPU per GPU the same
+// in every queue; every covered resource has a quota.
+TEST(DeployManifests, ResourcesPerGpuAgreeBetweenQuotasAndQueues) {
+  std::map<std::string, std::set<double>> per_gpu;
   for (const auto& rq : of_kind("ResourceQuota")) {
     const YAML::Node hard = rq.node["spec"]["hard"];
-    per_gpu.insert(quantity(hard["requests.memory"]) / quantity(hard["requests.nvidia.com/gpu"]));
+    per_gpu["memory"].insert(quantity(hard["requests.memory"]) / quantity(hard["requests.nvidia.com/gpu"]));
     EXPECT_EQ(quantity(hard["requests.memory"]), quantity(hard["limits.memory"])) << rq.ns();
   }
   for (const auto& q : of_kind("ClusterQueue")) {
+    SCOPED_TRACE(q.name());
+    const YAML::Node group = q.node["spec"]["resourceGroups"][0];
+    const auto covered = strings(group["coveredResources"]);
+    ASSERT_TRUE(contains(covered, "nvidia.com/gpu"));
+    const YAML::Node resources = group["flavors"][0]["resources"];
+    ASSERT_EQ(resources.size(), covered.size());
     for (const char* field : {"nominalQuota", "borrowingLimit"}) {
-      double gpus = 0, memory = 0;
-      for (const auto& res : q.node["spec"]["resourceGroups"][0]["flavors"][0]["resources"]) {
-        if (!res[field].IsDefined()) continue;
-        if (res["name"].as<std::string>() == "nvidia.com/gpu") gpus = quantity(res[field]);
-        if (res["name"].as<std::string>() == "memory") memory = quantity(res[field]);
+      std::map<std::string, double> amount;
+      for (size_t i = 0; i < resources.size(); ++i) {
+        EXPECT_EQ(resources[i]["name"].as<std::string>(), covered[i]) << "resources out of coveredResources order";
+        if (resources[i][field].IsDefined()) amount[covered[i]] = quantity(resources[i][field]);
       }
-      if (gpus > 0) per_gpu.insert(memory / gpus);
+      if (amount["nvidia.com/gpu"] == 0) continue;
+      for (const auto& [name, value] : amount) {
+        if (name != "nvidia.com/gpu") per_gpu[name].insert(value / amount["nvidia.com/gpu"]);
+      }
     }
   }
-  EXPECT_EQ(per_gpu.size(), 1u);
+  EXPECT_EQ(per_gpu["memory"].size(), 1u);
+  EXPECT_LE(per_gpu["cpu"].size(), 1u);
 }
 
 // The cluster and quotad must never disagree: once configs/quota-policy.yaml exists, the teams match it.
