@@ -22,12 +22,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// node[k1][k2]...; an undefined node when any key is missing (yaml-cpp throws on chained misses).
+YAML::Node dig(const YAML::Node& node, std::initializer_list<std::string> keys) {
+  YAML::Node current = node;
+  for (const auto& key : keys) {
+    const YAML::Node& view = current;  // const lookups never insert keys
+    if (!view.IsMap() || !view[key].IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
+    current.reset(view[key]);  // rebinds; operator= would overwrite the shared node
+  }
+  return current;
+}
+
 struct Object {
   std::string file;  // relative to deploy/
   YAML::Node node;
   std::string kind() const { return node["kind"].as<std::string>(""); }
-  std::string name() const { return node["metadata"]["name"].as<std::string>(""); }
-  std::string ns() const { return node["metadata"]["namespace"].as<std::string>(""); }
+  std::string name() const { return dig(node, {"metadata", "name"}).as<std::string>(""); }
+  std::string ns() const { return dig(node, {"metadata", "namespace"}).as<std::string>(""); }
 };
 
 fs::path deploy_dir() { return fs::path(test::kSourceDir) / "deploy"; }
@@ -108,17 +119,6 @@ int inventory_gpus(const YAML::Node& pol) {
   int total = 0;
   for (const auto& node : pol["inventory"]["nodes"]) total += node["gpus"].as<int>();
   return total;
-}
-
-// node[k1][k2]...; an undefined node when any key is missing (yaml-cpp throws on chained misses).
-YAML::Node dig(const YAML::Node& node, std::initializer_list<std::string> keys) {
-  YAML::Node current = node;
-  for (const auto& key : keys) {
-    const YAML::Node& view = current;  // const lookups never insert keys
-    if (!view.IsMap() || !view[key].IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
-    current.reset(view[key]);  // rebinds; operator= would overwrite the shared node
-  }
-  return current;
 }
 
 YAML::Node container(const YAML::Node& pod_spec, const std::string& name) {
