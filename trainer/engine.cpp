@@ -62,6 +62,7 @@ auto as_input_error(Function&& function) -> decltype(function()) {
 void configure_threads(const Settings& settings) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(settings.threads > 0 ? settings.threads : cores);
+  at::globalContext().setDeterministicAlgorithms(settings.deterministic, /*warn_only=*/true);
 }
 
 torch::Device pick_device(const Settings& settings) {
@@ -390,6 +391,10 @@ int run_train(const Settings& requested) {
     targets.optimizer = &core.optimizer();
     targets.device = device;
     const CheckpointState state = load_checkpoint(resume_path, targets);
+    if (settings.channels_last) {
+      to_channels_last(*core.model());  // loading may hand back contiguous tensors; the layout changes the maths
+      to_channels_last(*core.ema_model());
+    }
     core.schedule().restore(state.schedule);
     restore_torch_rng(state.rng);
     start_epoch = state.epoch;
@@ -439,6 +444,9 @@ int run_train(const Settings& requested) {
             << settings.nbs << "), " << settings.epochs << " epochs, " << torch::get_num_threads() << " threads, "
             << (device.is_cuda() ? "CUDA" : "CPU") << "\n";
 
+  // Test hook: behave as if SIGTERM arrived during global iteration N (0-based count of finished steps).
+  const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
+  const int64_t stop_at_iteration = stop_env ? std::atoll(stop_env) : -1;
   int epochs_without_improvement = 0;
   const double time_limit_s = settings.time * 3600.0;
   double images_seen = 0;
@@ -478,17 +486,18 @@ int run_train(const Settings& requested) {
                     static_cast<long long>(instances), static_cast<long long>(batch_data->images.size(2)));
       bar.update(done, fields);
       if (time_limit_s > 0 && seconds_since(run_start) > time_limit_s) request_stop(StopReason::kTimeLimit);
-      if (stop_requested()) {
+      if (stop_at_iteration >= 0 && ni + 1 >= stop_at_iteration) request_stop(StopReason::kSignal);
+      // A stop inside the epoch checkpoints here; on its last batch the epoch-end path below saves instead.
+      if (stop_requested() && i + 1 < batches_per_epoch) {
         bar.finish(fields);
         const auto stop_start = Clock::now();
-        const bool finished_epoch = i + 1 >= batches_per_epoch;
-        if (finished_epoch) core.end_epoch();
-        save(last_pt, finished_epoch ? epoch + 1 : epoch, finished_epoch ? 0 : i + 1, ni + 1, true, !finished_epoch);
-        std::cout << "Stopped (" << to_string(stop_reason()) << ") after epoch " << epoch + 1 << " batch " << i + 1
+        save(last_pt, epoch, i + 1, ni + 1, true, true);
+        std::cout << "Stopped (" << to_string(stop_reason()) << ") in epoch " << epoch + 1 << " after batch " << i + 1
                   << "; checkpoint " << last_pt.string() << " written in " << std::fixed << std::setprecision(2)
                   << seconds_since(stop_start) << " s. Resume with resume=" << last_pt.string() << "\n";
         return stop_reason() == StopReason::kTimeLimit ? kExitCompleted : kExitPreempted;
       }
+      if (stop_requested()) break;
       wait_start = Clock::now();
     }
     bar.finish("");
@@ -503,7 +512,8 @@ int run_train(const Settings& requested) {
     const bool final_epoch = epoch + 1 == settings.epochs;
     DetectionResults metrics;
     std::vector<double> val_loss = {0, 0, 0};
-    if (settings.val || final_epoch) {
+    // A pending stop skips validation: the grace period is for the checkpoint.
+    if ((settings.val || final_epoch) && !stop_requested()) {
       ValConfig val_config;
       val_config.single_cls = settings.single_cls;
       DetectionValidator validator(nc, names, val_config);
@@ -537,7 +547,8 @@ int run_train(const Settings& requested) {
       }
     }
     if (stop_requested()) {
-      std::cout << "Stopped (" << to_string(stop_reason()) << ") at the end of epoch " << epoch + 1 << "\n";
+      std::cout << "Stopped (" << to_string(stop_reason()) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
+                << last_pt.string() << "\n";
       return stop_reason() == StopReason::kTimeLimit ? kExitCompleted : kExitPreempted;
     }
     if (settings.patience > 0 && epochs_without_improvement >= settings.patience) {
