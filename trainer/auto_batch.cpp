@@ -1,11 +1,15 @@
 #include "trainer/auto_batch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 namespace yolo8 {
 
@@ -272,6 +276,130 @@ OomFallbackResult run_with_oom_fallback(int batch, const std::function<void(int 
   OomGuard guard(batch, device, std::move(report));
   guard.run(fn);
   return {guard.batch(), guard.halvings()};
+}
+
+namespace {
+
+void synchronize(const MemoryMeter& meter) {
+  if (meter.device().is_cuda()) {
+    torch::cuda::synchronize(meter.device().has_index() ? meter.device().index() : -1);
+  }
+}
+
+}  // namespace
+
+std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<void(int batch)>& step,
+                                       const std::vector<int>& batches, int imgsz,
+                                       const ProfileOptions& options) {
+  if (options.warmup_steps < 0 || options.timed_steps < 1) {
+    throw std::invalid_argument("profile: warmup steps must be >= 0 and timed steps >= 1");
+  }
+  std::vector<StepProfile> rows;
+  for (const int batch : batches) {
+    if (batch < 1) {
+      throw std::invalid_argument("profile: batch sizes must be >= 1, got " + std::to_string(batch));
+    }
+    StepProfile row;
+    row.batch = batch;
+    row.imgsz = imgsz;
+    std::vector<double> seconds;
+    try {
+      synchronize(meter);
+      meter.reset_peak();
+      for (int i = 0; i < options.warmup_steps + options.timed_steps; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        step(batch);
+        synchronize(meter);
+        if (i >= options.warmup_steps) {
+          seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+      }
+      const MemoryStats stats = meter.stats();
+      row.peak_bytes = stats.peak_bytes;
+      row.reserved_peak_bytes = stats.reserved_peak_bytes;
+      std::sort(seconds.begin(), seconds.end());
+      row.step_seconds = seconds[seconds.size() / 2];
+      row.images_per_second = row.step_seconds > 0.0 ? batch / row.step_seconds : 0.0;
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) {
+        throw;
+      }
+      row.out_of_memory = true;
+      release_cached_memory(meter.device());
+    }
+    rows.push_back(row);
+    if (row.out_of_memory && options.stop_at_out_of_memory) {
+      break;
+    }
+  }
+  return rows;
+}
+
+MemoryFit fit_profile(const std::vector<StepProfile>& rows) {
+  std::vector<MemorySample> samples;
+  int imgsz = 0;
+  for (const StepProfile& row : rows) {
+    if (row.out_of_memory) {
+      continue;
+    }
+    if (imgsz != 0 && row.imgsz != imgsz) {
+      throw std::invalid_argument("profile fit: rows mix image sizes " + std::to_string(imgsz) + " and " +
+                                  std::to_string(row.imgsz));
+    }
+    imgsz = row.imgsz;
+    samples.push_back({row.batch, row.peak_bytes});
+  }
+  if (samples.empty()) {
+    throw std::invalid_argument("profile fit: no batch fitted in memory");
+  }
+  return fit_memory(samples, {}, imgsz);
+}
+
+std::string format_profile_table(const std::string& variant, const std::vector<StepProfile>& rows) {
+  std::string text;
+  char line[160];
+  std::snprintf(line, sizeof(line), "%-10s %6s %6s %10s %12s %10s %10s\n", "variant", "imgsz", "batch",
+                "peak GiB", "reserved GiB", "ms/step", "images/s");
+  text += line;
+  for (const StepProfile& row : rows) {
+    if (row.out_of_memory) {
+      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10s %12s %10s %10s\n", variant.c_str(), row.imgsz,
+                    row.batch, "OOM", "-", "-", "-");
+    } else {
+      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10.3f %12.3f %10.1f %10.1f\n", variant.c_str(),
+                    row.imgsz, row.batch, row.peak_bytes / kBytesPerGib, row.reserved_peak_bytes / kBytesPerGib,
+                    row.step_seconds * 1000.0, row.images_per_second);
+    }
+    text += line;
+  }
+  return text;
+}
+
+std::string profile_json(const std::string& variant, const std::string& device,
+                         const std::vector<StepProfile>& rows) {
+  nlohmann::json out;
+  out["variant"] = variant;
+  out["device"] = device;
+  out["imgsz"] = rows.empty() ? 0 : rows.front().imgsz;
+  out["rows"] = nlohmann::json::array();
+  bool any_fit = false;
+  for (const StepProfile& row : rows) {
+    any_fit = any_fit || !row.out_of_memory;
+    out["rows"].push_back({{"batch", row.batch},
+                           {"imgsz", row.imgsz},
+                           {"out_of_memory", row.out_of_memory},
+                           {"peak_bytes", row.peak_bytes},
+                           {"reserved_peak_bytes", row.reserved_peak_bytes},
+                           {"step_seconds", row.step_seconds},
+                           {"images_per_second", row.images_per_second}});
+  }
+  if (any_fit) {
+    const MemoryFit fit = fit_profile(rows);
+    out["fit"] = {{"fixed_gib", fit.train.fixed_bytes / kBytesPerGib},
+                  {"per_image_gib", fit.train.per_image_bytes / kBytesPerGib},
+                  {"reference_imgsz", fit.reference_imgsz}};
+  }
+  return out.dump(2);
 }
 
 }  // namespace yolo8

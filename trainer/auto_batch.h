@@ -99,4 +99,39 @@ OomFallbackResult run_with_oom_fallback(int batch, const std::function<void(int 
                                         OomGuard::Report report = {},
                                         c10::Device device = c10::Device(c10::kCPU));
 
+// --- Profiler: peak memory and speed of a step at several batches (`yolo8 profile`). ---
+
+struct ProfileOptions {
+  int warmup_steps = 1;  // untimed, but their peak counts (the first step creates optimizer state)
+  int timed_steps = 3;
+  bool stop_at_out_of_memory = true;  // skip larger batches after the first that does not fit
+};
+
+struct StepProfile {
+  int batch = 0;
+  int imgsz = 0;
+  bool out_of_memory = false;
+  int64_t peak_bytes = 0;           // tensor memory (CUDA: allocated) peak over all steps at this batch
+  int64_t reserved_peak_bytes = 0;  // CUDA: the caching allocator's reserved peak; CPU: = peak_bytes
+  double step_seconds = 0.0;        // median over the timed steps
+  double images_per_second = 0.0;
+};
+
+// Runs `step(batch)` warmup + timed times for each batch; CUDA work is synchronised before each
+// clock read. Non-out-of-memory errors propagate.
+std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<void(int batch)>& step,
+                                       const std::vector<int>& batches, int imgsz,
+                                       const ProfileOptions& options = {});
+
+// Linear fit of the rows that fit in memory (at least one needed), at the rows' imgsz.
+MemoryFit fit_profile(const std::vector<StepProfile>& rows);
+
+// Fixed-width text table: batch, peak and reserved GiB, ms/step, images/s.
+std::string format_profile_table(const std::string& variant, const std::vector<StepProfile>& rows);
+
+// JSON text: {"variant", "imgsz", "device", "rows": [{batch, out_of_memory, peak_bytes, ...}],
+// "fit": {"fixed_gib", "per_image_gib", "reference_imgsz"}} (fit omitted when no row fits).
+std::string profile_json(const std::string& variant, const std::string& device,
+                         const std::vector<StepProfile>& rows);
+
 }  // namespace yolo8

@@ -8,56 +8,12 @@
 
 #include "trainer/auto_batch.h"
 #include "trainer/memory_meter.h"
+#include "memory_test_net.h"
 
 namespace yolo8 {
 namespace {
 
-// A few strided convs and a classifier: memory grows with batch and pixel count like a detector's.
-struct TinyNetImpl : torch::nn::Module {
-  TinyNetImpl()
-      : c1(register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)))),
-        c2(register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)))),
-        c3(register_module("c3", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).stride(2).padding(1)))),
-        head(register_module("head", torch::nn::Linear(64, 10))) {}
-  // x: [B, 3, H, W] -> logits [B, 10]
-  torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor y = torch::silu(c1->forward(x));
-    y = torch::silu(c2->forward(y));
-    y = torch::silu(c3->forward(y));
-    return head->forward(y.mean({2, 3}));
-  }
-  torch::nn::Conv2d c1, c2, c3;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(TinyNet);
-
-// One training step (forward, loss, backward, SGD with momentum) measured by the meter.
-struct Trainer {
-  explicit Trainer(int imgsz)
-      : imgsz(imgsz), optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)) {
-    torch::manual_seed(0);
-  }
-  int64_t train_step(int batch) {
-    return measure_peak_bytes(meter, [&] {
-      optimizer.zero_grad();
-      const torch::Tensor x = torch::randn({batch, 3, imgsz, imgsz});
-      const torch::Tensor target = torch::randint(0, 10, {batch}, torch::kLong);
-      torch::nn::functional::cross_entropy(net->forward(x), target).backward();
-      optimizer.step();
-    });
-  }
-  int64_t validation_step(int batch) {
-    return measure_peak_bytes(meter, [&] {
-      torch::NoGradGuard no_grad;
-      const torch::Tensor x = torch::randn({batch, 3, imgsz, imgsz});
-      net->forward(x).argmax(1);
-    });
-  }
-  int imgsz;
-  MemoryMeter meter;
-  TinyNet net;
-  torch::optim::SGD optimizer;
-};
+using test::TinyTrainer;
 
 class AutoBatchTest : public ::testing::Test {
  protected:
@@ -80,7 +36,7 @@ void expect_meaningful_choice(const AutoBatchResult& r, double budget) {
 TEST_F(AutoBatchTest, ChosenBatchFitsBudgetAtTwoImageSizes) {
   for (const int imgsz : {64, 96}) {
     SCOPED_TRACE("imgsz " + std::to_string(imgsz));
-    Trainer trainer(imgsz);
+    TinyTrainer trainer(imgsz);
     const int64_t one = trainer.train_step(1);  // also creates the optimizer state
     const double budget = 20.0 * static_cast<double>(one);
     AutoBatchOptions options;
@@ -99,7 +55,7 @@ TEST_F(AutoBatchTest, ChosenBatchFitsBudgetAtTwoImageSizes) {
 }
 
 TEST_F(AutoBatchTest, BudgetEnforcedByCapStillChoosesFittingBatch) {
-  Trainer trainer(64);
+  TinyTrainer trainer(64);
   const int64_t one = trainer.train_step(1);
   const double budget = 20.0 * static_cast<double>(one);
   set_cpu_memory_cap(static_cast<int64_t>(budget));  // a step over budget now fails for real
@@ -109,7 +65,7 @@ TEST_F(AutoBatchTest, BudgetEnforcedByCapStillChoosesFittingBatch) {
 }
 
 TEST_F(AutoBatchTest, ValidationAtTwiceTheBatchCounts) {
-  Trainer trainer(64);
+  TinyTrainer trainer(64);
   const int64_t one = trainer.train_step(1);
   const double budget = 20.0 * static_cast<double>(one);
   AutoBatchOptions options;
@@ -196,7 +152,7 @@ TEST_F(AutoBatchTest, InjectedOomHalvesAndSucceeds) {
 }
 
 TEST_F(AutoBatchTest, RealOomUnderCapHalvesAndTrains) {
-  Trainer trainer(64);
+  TinyTrainer trainer(64);
   trainer.train_step(1);
   const int64_t peak8 = trainer.train_step(8);
   set_cpu_memory_cap(peak8 + peak8 / 20);
