@@ -123,6 +123,7 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
         throw;
       }
       m.out_of_memory = true;
+      release_cached_memory(options.device);
       log("auto-batch: batch " + std::to_string(batch) + " ran out of memory: " + first_line(e.what()));
     }
     if (!m.out_of_memory) {

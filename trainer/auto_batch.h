@@ -47,6 +47,7 @@ struct AutoBatchOptions {
   StepFn validation_step;
   int validation_batch_factor = 2;
   int imgsz = 640;  // recorded in the fit; the steps run at whatever size they were built for
+  c10::Device device = c10::Device(c10::kCPU);  // its CUDA cache is emptied after an out-of-memory
   std::function<void(const std::string&)> log;  // progress lines; none when empty
 };
 
