@@ -241,6 +241,12 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
   return result;
 }
 
+std::string format_auto_batch_summary(const AutoBatchResult& result) {
+  return "memory budget " + gib(result.budget_bytes) + ": batch " + std::to_string(result.batch) + ", accumulate " +
+         std::to_string(result.accumulate) + ", predicted peak " + gib(result.predicted_peak_bytes) +
+         ", measured peak " + gib(static_cast<double>(result.measured_peak_bytes));
+}
+
 OomGuard::OomGuard(int batch, c10::Device device, Report report)
     : batch_(batch), device_(device), report_(std::move(report)) {
   if (batch < 1) {

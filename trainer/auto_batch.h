@@ -67,6 +67,9 @@ struct AutoBatchResult {
 // OutOfMemory when not even batch 1 fits; std::invalid_argument on bad options or budget.
 AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const AutoBatchOptions& options = {});
 
+// One line for the run log: budget, batch, accumulation, predicted and measured peak.
+std::string format_auto_batch_summary(const AutoBatchResult& result);
+
 // Halves the batch when a step runs out of memory, down to 1, then rethrows. Keeps the batch between
 // calls, so a trainer can guard every step of the first epoch with one guard.
 class OomGuard {

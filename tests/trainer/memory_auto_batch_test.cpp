@@ -91,6 +91,9 @@ TEST_F(AutoBatchTest, FractionOfBudgetHalvesTheLimit) {
   EXPECT_EQ(r.measured_peak_bytes, 2700);
   EXPECT_EQ(r.accumulate, 4);
   EXPECT_EQ(r.steps_down, 0);
+  const std::string summary = format_auto_batch_summary(r);
+  EXPECT_NE(summary.find("batch 17, accumulate 4"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("measured peak"), std::string::npos) << summary;
 }
 
 TEST_F(AutoBatchTest, InjectedOomDuringVerificationStepsDown) {
