@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
+
 #include <nlohmann/json.hpp>
 
 #include "memory_test_net.h"
@@ -43,6 +45,8 @@ TEST_F(MemoryProfileTest, PeaksGrowWithBatchAndFitIsLinear) {
   TinyTrainer larger(96);
   const auto rows96 = profile_steps(larger.meter, [&](int b) { larger.step(b); }, {1, 2, 4, 8}, 96, options);
   const MemoryFit fit96 = fit_profile(rows96);
+  std::cout << "per image: 64 px " << fit.train.per_image_bytes << " B, 96 px " << fit96.train.per_image_bytes
+            << " B, ratio " << fit96.train.per_image_bytes / fit.train.per_image_bytes << " (pixel ratio 2.25)\n";
   EXPECT_NEAR(fit.train.per_image_bytes * imgsz_scale(96, 64), fit96.train.per_image_bytes,
               0.15 * fit96.train.per_image_bytes);
 }
