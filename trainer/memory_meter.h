@@ -77,6 +77,4 @@ int64_t default_memory_budget_bytes(const c10::Device& device);
 // Returns cached, unused CUDA blocks to the driver after an out-of-memory; no-op on CPU.
 void release_cached_memory(const c10::Device& device);
 
-constexpr double kBytesPerGib = 1024.0 * 1024.0 * 1024.0;
-
 }  // namespace yolo8
