@@ -9,6 +9,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -328,6 +330,32 @@ int64_t cuda_device_total_bytes(int device) {
   throw std::runtime_error("cuda_device_total_bytes(cuda:" + std::to_string(device) +
                            "): this yolo8 build has no CUDA");
 #endif
+}
+
+void cap_memory_bytes(int64_t bytes, const c10::Device& device) {
+  if (bytes <= 0) {
+    throw std::invalid_argument("memory cap must be > 0 bytes, got " + std::to_string(bytes));
+  }
+  if (device.is_cpu()) {
+    install_cpu_memory_counter();
+    set_cpu_memory_cap(bytes);
+    return;
+  }
+  const int index = device.has_index() ? device.index() : 0;
+  const double total = static_cast<double>(cuda_device_total_bytes(index));
+  cap_process_memory(std::min(static_cast<double>(bytes) / total, 1.0), index);
+}
+
+int64_t default_memory_budget_bytes(const c10::Device& device) {
+  if (device.is_cuda()) {
+    return cuda_device_total_bytes(device.has_index() ? device.index() : 0);
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) {
+    throw std::runtime_error("cannot read the machine's physical memory size");
+  }
+  return static_cast<int64_t>(pages) * page_size;
 }
 
 void release_cached_memory(const c10::Device& device) {

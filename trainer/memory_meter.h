@@ -67,9 +67,14 @@ class MemoryMeter {
 void cap_process_memory(double fraction, int device);
 // Total memory of a CUDA device in bytes; throws in a build without CUDA.
 int64_t cuda_device_total_bytes(int device);
+// Caps memory of `device` at `bytes`: CUDA through cap_process_memory with bytes / device total
+// (at most 1), CPU through the instrumented allocator's cap (installing it). Throws
+// std::invalid_argument for bytes <= 0.
+void cap_memory_bytes(int64_t bytes, const c10::Device& device);
+// Budget when none is given (quota=off, gpu_mem=0): the CUDA device's total memory, or the
+// machine's physical memory on CPU.
+int64_t default_memory_budget_bytes(const c10::Device& device);
 // Returns cached, unused CUDA blocks to the driver after an out-of-memory; no-op on CPU.
 void release_cached_memory(const c10::Device& device);
-
-constexpr double kBytesPerGib = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace yolo8

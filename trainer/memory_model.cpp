@@ -7,8 +7,6 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "trainer/memory_meter.h"
-
 namespace yolo8 {
 
 double imgsz_scale(int imgsz, int reference_imgsz) {

@@ -1,13 +1,15 @@
 #pragma once
 // Linear memory model of a training step, fitted to measured peaks: peak(b) = fixed + per_image·b,
 // the per-image part scaling with the pixel count, (imgsz / reference)². Also the memory table
-// (configs/memory-table.yaml) that quotad's admission check reads.
+// (configs/memory-table.yaml) that quotad's admission check reads. Needs only yaml-cpp, no LibTorch.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace yolo8 {
+
+constexpr double kBytesPerGib = 1024.0 * 1024.0 * 1024.0;
 
 struct MemorySample {
   int batch = 0;

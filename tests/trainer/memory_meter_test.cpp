@@ -126,6 +126,15 @@ TEST_F(MemoryMeterTest, CapHitInsideForwardAndBackwardSurfacesAsOutOfMemory) {
   EXPECT_GT(conv->weight.grad().abs().sum().item<float>(), 0.0f);
 }
 
+TEST_F(MemoryMeterTest, CapInBytesAndDefaultBudget) {
+  MemoryMeter meter;
+  cap_memory_bytes(meter.current_bytes() + kMiB, c10::Device(c10::kCPU));
+  EXPECT_THROW(torch::empty({2 * kMiB}, torch::kUInt8), OutOfMemory);
+  EXPECT_THROW(cap_memory_bytes(0, c10::Device(c10::kCPU)), std::invalid_argument);
+  const int64_t ram = default_memory_budget_bytes(c10::Device(c10::kCPU));
+  EXPECT_GT(ram, int64_t{256} * kMiB);
+}
+
 TEST(OutOfMemoryTest, RecognisesMessagesAndTypes) {
   EXPECT_TRUE(is_out_of_memory(OutOfMemory("injected", 10)));
   EXPECT_NE(std::string(OutOfMemory("injected").what()).find("out of memory"), std::string::npos);

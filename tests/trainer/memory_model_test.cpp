@@ -4,7 +4,6 @@
 #include <fstream>
 
 #include "test_paths.h"
-#include "trainer/memory_meter.h"
 #include "trainer/memory_model.h"
 
 namespace yolo8 {
