@@ -88,6 +88,7 @@ class UpsampleImpl : public torch::nn::Module {
   explicit UpsampleImpl(double scale = 2.0, std::string mode = "nearest");
   // x: B×C×H×W -> B×C×(H·s)×(W·s)
   torch::Tensor forward(const torch::Tensor& x);
+  double scale() const { return scale_; }
 
  private:
   double scale_;

@@ -66,10 +66,14 @@ double model_gflops(DetectionModel& model, int64_t h, int64_t w) {
       }
       macs += static_cast<double>(anchors * 4 * kRegMax);  // DFL 1×1 conv
       cur = in[0];
-    } else if (auto up = std::dynamic_pointer_cast<UpsampleImpl>(rec.module_ptr)) {
-      cur = {in[0].h * 2, in[0].w * 2};
     } else if (rec.module == "nn.Upsample") {
-      cur = {in[0].h * 2, in[0].w * 2};
+      cur = in[0];
+      for (const auto& m : rec.module_ptr->modules(true)) {
+        if (auto up = std::dynamic_pointer_cast<UpsampleImpl>(m)) {
+          cur = {static_cast<int64_t>(static_cast<double>(cur.h) * up->scale()),
+                 static_cast<int64_t>(static_cast<double>(cur.w) * up->scale())};
+        }
+      }
     } else if (rec.module == "Concat") {
       cur = in[0];
     } else {
