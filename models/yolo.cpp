@@ -238,8 +238,23 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     torch::NoGradGuard no_grad;
     const bool was_training = is_training();
     eval();
-    const int64_t s = 256;
-    auto maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+    // A small probe is enough for P5 models; deeper ones (P6+) need Ultralytics' 256.
+    int64_t s = 64;
+    std::vector<torch::Tensor> maps;
+    try {
+      maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+      for (const auto& mp : maps) {
+        if (mp.size(2) <= 1) throw std::runtime_error("probe too small");  // a 1×1 map hides its true stride
+      }
+    } catch (const std::exception&) {
+      s = 256;
+      try {
+        maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("model config " + cfg_.source + ": the layers do not fit together (" +
+                                 std::string(e.what()).substr(0, 200) + ")");
+      }
+    }
     train(was_training);
     std::vector<double> st;
     for (const auto& mp : maps) st.push_back(static_cast<double>(s) / static_cast<double>(mp.size(2)));
