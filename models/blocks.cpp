@@ -85,15 +85,16 @@ torch::Tensor C2fImpl::forward(const torch::Tensor& x) {
   return cv2->forward(torch::cat(ys, 1));
 }
 
-SPPFImpl::SPPFImpl(int64_t c1, int64_t c2, int64_t k) : k_(k) {
+SPPFImpl::SPPFImpl(int64_t c1, int64_t c2, int64_t k) {
   const int64_t c_ = c1 / 2;
   cv1 = register_module("cv1", Conv(c1, c_, 1, 1));
   cv2 = register_module("cv2", Conv(c_ * 4, c2, 1, 1));
+  m = register_module("m", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(k).stride(1).padding(k / 2)));
 }
 
 torch::Tensor SPPFImpl::forward(const torch::Tensor& x) {
   std::vector<torch::Tensor> ys{cv1->forward(x)};
-  for (int i = 0; i < 3; ++i) ys.push_back(torch::max_pool2d(ys.back(), {k_, k_}, {1, 1}, {k_ / 2, k_ / 2}));
+  for (int i = 0; i < 3; ++i) ys.push_back(m->forward(ys.back()));
   return cv2->forward(torch::cat(ys, 1));
 }
 

@@ -22,6 +22,7 @@ class ConvImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   void fuse();
   bool fused() const { return fused_; }
+  bool has_act() const { return act_; }
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
 
@@ -66,9 +67,7 @@ class SPPFImpl : public torch::nn::Module {
   // x: B×c1×H×W -> B×c2×H×W
   torch::Tensor forward(const torch::Tensor& x);
   Conv cv1{nullptr}, cv2{nullptr};
-
- private:
-  int64_t k_ = 5;
+  torch::nn::MaxPool2d m{nullptr};
 };
 TORCH_MODULE(SPPF);
 
@@ -89,6 +88,7 @@ class UpsampleImpl : public torch::nn::Module {
   explicit UpsampleImpl(double scale = 2.0, std::string mode = "nearest");
   // x: B×C×H×W -> B×C×(H·s)×(W·s)
   torch::Tensor forward(const torch::Tensor& x);
+  double scale() const { return scale_; }
 
  private:
   double scale_;

@@ -363,6 +363,7 @@ LoadedModel model_from_state_dict_file(const std::string& path, int64_t nc_overr
     if (key.rfind("model.", 0) == 0) head = std::max<int64_t>(head, std::atoll(key.c_str() + 6));
   }
   if (tensors.empty()) throw std::runtime_error(path + ": not a model file (no tensors)");
+  if (head < 0) throw std::runtime_error(path + ": not a YOLOv8 detection state dict (no 'model.N.' weights)");
   const std::string cls_bias = "model." + std::to_string(head) + ".cv3.0.2.bias";
   if (!tensors.count(cls_bias) || !tensors.count("model.0.conv.weight")) {
     throw std::runtime_error(path + ": not a YOLOv8 detection state dict (no '" + cls_bias + "')");

@@ -48,6 +48,9 @@ struct Arg {
   std::string as_string() const { return node.IsScalar() ? node.Scalar() : std::string(); }
 };
 
+constexpr int64_t kMaxChannels = 8192;
+constexpr int64_t kMaxClasses = 100000;
+
 int64_t make_divisible(double x, int64_t divisor) {
   return static_cast<int64_t>(std::ceil(x / static_cast<double>(divisor))) * divisor;
 }
@@ -91,8 +94,13 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     if (m == "Detect" && i != n_layers - 1) fail("Detect must be the last layer");
     if (m != "Detect" && i == n_layers - 1) fail("the last layer must be Detect, got " + m);
 
+    // Bounds that no real YOLOv8 variant approaches; they stop corrupt configs from allocating gigabytes.
+    if (n > 64) fail("repeats " + std::to_string(n) + " is out of range (at most 64 after depth scaling)");
+    auto check_kernel = [&](int64_t k, int64_t s) {
+      if (k < 1 || k > 15 || s < 1 || s > 8) fail("kernel " + std::to_string(k) + " / stride " + std::to_string(s) + " out of range");
+    };
     auto scaled = [&](int64_t c2) {
-      if (c2 <= 0) fail("output channels must be positive");
+      if (c2 <= 0 || c2 > kMaxChannels) fail("output channels " + std::to_string(c2) + " out of range");
       return c2 != cfg_.nc ? make_divisible(static_cast<double>(std::min(c2, cfg_.max_channels)) * cfg_.width, 8) : c2;
     };
 
@@ -109,6 +117,8 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       const int64_t p = nargs > 3 && !arg(3).is_none() ? arg(3).as_int() : -1;
       const int64_t g = nargs > 4 ? arg(4).as_int() : 1, d = nargs > 5 ? arg(5).as_int() : 1;
       const bool act = nargs > 6 ? arg(6).as_bool() : true;
+      check_kernel(k, s);
+      if (g < 1 || c1 % g != 0 || c2 % g != 0 || d < 1 || d > 8 || p > 16) fail("Conv groups/dilation/padding out of range");
       shown = {std::to_string(c1), std::to_string(c2), std::to_string(k), std::to_string(s)};
       make_one = [=]() { return Conv(c1, c2, k, s, p, g, d, act).ptr(); };
     } else if (m == "Bottleneck") {
@@ -118,6 +128,7 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       const bool shortcut = nargs > 1 ? arg(1).as_bool() : true;
       const int64_t g = nargs > 2 ? arg(2).as_int() : 1;
       const double e = nargs > 4 ? arg(4).as_double() : 0.5;
+      if (g < 1 || !(e > 0 && e <= 4)) fail("Bottleneck groups/expansion out of range");
       shown = {std::to_string(c1), std::to_string(c2), shortcut ? "True" : "False"};
       make_one = [=]() { return Bottleneck(c1, c2, shortcut, g, 3, 3, e).ptr(); };
     } else if (m == "C2f") {
@@ -127,6 +138,7 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       const bool shortcut = nargs > 1 ? arg(1).as_bool() : false;
       const int64_t g = nargs > 2 ? arg(2).as_int() : 1;
       const double e = nargs > 3 ? arg(3).as_double() : 0.5;
+      if (g < 1 || !(e > 0 && e <= 4)) fail("C2f groups/expansion out of range");
       const int64_t reps = n;
       n = 1;
       shown = {std::to_string(c1), std::to_string(c2), std::to_string(reps), shortcut ? "True" : "False"};
@@ -136,13 +148,14 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       const int64_t c1 = in_ch(0);
       c2 = scaled(arg(0).as_int());
       const int64_t k = nargs > 1 ? arg(1).as_int() : 5;
-      if (k <= 0 || k % 2 == 0) fail("SPPF kernel must be odd and positive");
+      if (k <= 0 || k > 15 || k % 2 == 0) fail("SPPF kernel must be odd, 1..15");
       shown = {std::to_string(c1), std::to_string(c2), std::to_string(k)};
       make_one = [=]() { return SPPF(c1, c2, k).ptr(); };
     } else if (m == "nn.Upsample") {
       c2 = in_ch(0);
       if (nargs > 0 && !arg(0).is_none()) fail("nn.Upsample: only a scale factor is supported, size must be None");
       const double scale = nargs > 1 ? arg(1).as_double() : 2.0;
+      if (scale != 2.0 && scale != 1.0 && scale != 4.0) fail("nn.Upsample: scale factor must be 1, 2 or 4");
       const std::string mode = nargs > 2 ? arg(2).as_string() : "nearest";
       if (mode != "nearest") fail("nn.Upsample: only mode 'nearest' is supported");
       std::ostringstream sc;
@@ -161,6 +174,7 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     } else if (m == "Detect") {
       if (n != 1) fail("Detect cannot repeat");
       const int64_t nc = nargs > 0 ? arg(0).as_int() : cfg_.nc;
+      if (nc < 1 || nc > kMaxClasses) fail("Detect: class count " + std::to_string(nc) + " out of range");
       std::vector<int64_t> chs;
       for (size_t k = 0; k < from_abs.size(); ++k) chs.push_back(in_ch(k));
       detect_ = Detect(nc, chs);
@@ -224,8 +238,23 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     torch::NoGradGuard no_grad;
     const bool was_training = is_training();
     eval();
-    const int64_t s = 256;
-    auto maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+    // A small probe is enough for P5 models; deeper ones (P6+) need Ultralytics' 256.
+    int64_t s = 64;
+    std::vector<torch::Tensor> maps;
+    try {
+      maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+      for (const auto& mp : maps) {
+        if (mp.size(2) <= 1) throw std::runtime_error("probe too small");  // a 1×1 map hides its true stride
+      }
+    } catch (const std::exception&) {
+      s = 256;
+      try {
+        maps = forward_maps(torch::zeros({1, cfg_.ch, s, s}));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("model config " + cfg_.source + ": the layers do not fit together (" +
+                                 std::string(e.what()).substr(0, 200) + ")");
+      }
+    }
     train(was_training);
     std::vector<double> st;
     for (const auto& mp : maps) st.push_back(static_cast<double>(s) / static_cast<double>(mp.size(2)));

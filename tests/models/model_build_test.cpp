@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "models/model_info.h"
 #include "models/yolo.h"
 #include "test_paths.h"
 
@@ -21,6 +22,8 @@ std::string models_dir() { return std::string(test::kSourceDir) + "/configs/mode
 struct CountCase {
   const char* name;
   int64_t params;
+  double gflops;  // Ultralytics' figure at 640 (fused model)
+  int64_t layers;  // Ultralytics' module count before fusion
 };
 void PrintTo(const CountCase& c, std::ostream* os) { *os << c.name; }
 
@@ -32,12 +35,22 @@ TEST_P(ParamCount, MatchesUltralytics) {
   EXPECT_EQ(count_params(*model), c.params) << c.name;
   EXPECT_EQ(model->nc(), 80);
   EXPECT_EQ(model->layers().size(), 23u);
+  auto info = model_info(model, 640);
+  std::cout << c.name << ": " << info.layers << " layers, " << info.parameters << " parameters, " << info.gradients
+            << " gradients, " << info.gflops << " GFLOPs\n";
+  EXPECT_EQ(info.parameters, c.params);
+  EXPECT_EQ(info.layers, c.layers);
+  EXPECT_EQ(info.gradients, c.params - kRegMax);  // only the fixed DFL conv is frozen
+  EXPECT_NEAR(info.gflops, c.gflops, 0.1);
+  int64_t row_sum = 0;
+  for (const auto& r : info.rows) row_sum += r.params;
+  EXPECT_EQ(row_sum, c.params);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllScales, ParamCount,
-                         ::testing::Values(CountCase{"yolov8n.yaml", 3157200}, CountCase{"yolov8s.yaml", 11166560},
-                                           CountCase{"yolov8m.yaml", 25902640}, CountCase{"yolov8l.yaml", 43691520},
-                                           CountCase{"yolov8x.yaml", 68229648}),
+                         ::testing::Values(CountCase{"yolov8n.yaml", 3157200, 8.7, 225}, CountCase{"yolov8s.yaml", 11166560, 28.6, 225},
+                                           CountCase{"yolov8m.yaml", 25902640, 78.9, 295}, CountCase{"yolov8l.yaml", 43691520, 165.2, 365},
+                                           CountCase{"yolov8x.yaml", 68229648, 257.8, 365}),
                          [](const auto& info) { return std::string(info.param.name).substr(0, 7); });
 
 }  // namespace
