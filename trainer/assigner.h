@@ -36,7 +36,7 @@ class TaskAlignedAssigner {
   AssignerConfig config_;
 };
 
-// (A, 2) anchor centres x (B, M, 4) xyxy boxes -> (B, M, A) float mask: centre strictly inside the box.
+// (A, 2) anchor centres x (B, M, 4) xyxy boxes -> (B, M, A) bool: centre strictly inside the box (by > eps).
 torch::Tensor select_candidates_in_gts(const torch::Tensor& anchor_points, const torch::Tensor& gt_bboxes,
                                        double eps = 1e-9);
 
