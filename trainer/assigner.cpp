@@ -25,6 +25,22 @@ torch::Tensor select_candidates_in_gts(const torch::Tensor& anchor_points, const
   return inside;
 }
 
+namespace {
+// Per-key maximum of non-negative values (0 where a key has none), deterministic: sort, take segment heads.
+torch::Tensor segment_max(const torch::Tensor& keys, const torch::Tensor& values, int64_t size) {
+  auto out = torch::zeros({size}, values.options());
+  if (keys.numel() == 0) return out;
+  auto by_value = std::get<1>(torch::sort(values, /*stable=*/true, 0, /*descending=*/true));
+  auto by_key = std::get<1>(torch::sort(keys.index({by_value}), /*stable=*/true, 0, /*descending=*/false));
+  auto order = by_value.index({by_key});
+  auto k = keys.index({order});
+  auto head = torch::ones_like(k, torch::kBool);
+  head.slice(0, 1).copy_(k.slice(0, 1) != k.slice(0, 0, -1));
+  out.index_put_({k.index({head})}, values.index({order}).index({head}));
+  return out;
+}
+}  // namespace
+
 Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const torch::Tensor& pd_bboxes,
                                        const torch::Tensor& anchor_points, const torch::Tensor& gt_labels,
                                        const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt) const {
@@ -101,8 +117,8 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
   auto p_align = align_metric.index({pb, pm, pa});
   auto p_iou = overlaps.index({pb, pm, pa});
   auto gt_flat = pb * n_max + pm;
-  auto max_align = torch::zeros({bs * n_max}, align_metric.options()).scatter_reduce(0, gt_flat, p_align, "amax");
-  auto max_iou = torch::zeros({bs * n_max}, overlaps.options()).scatter_reduce(0, gt_flat, p_iou, "amax");
+  auto max_align = segment_max(gt_flat, p_align, bs * n_max);
+  auto max_iou = segment_max(gt_flat, p_iou, bs * n_max);
   auto norm = p_align * max_iou.index({gt_flat}) / (max_align.index({gt_flat}) + config_.eps);
   auto target_scores = torch::zeros({bs, na, num_classes_}, pd_scores.options());
   target_scores.index_put_({pb, pa, target_labels.index({pb, pa})}, norm);
