@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       auto mask_gt = gt_boxes.sum(2, true).gt(0).to(torch::kFloat32);
       auto anc_px = anchors.points * anchors.strides;
       const double t_assign = bench::median_ms(
-          [&] { assigner.assign(pd_scores, pd_boxes, anc_px, gt_labels, gt_boxes, mask_gt); }, args.iters,
+          [&] { assigner.assign(pd_scores, pd_boxes, anc_px, gt_labels, gt_boxes, mask_gt, {{80, 80}, {40, 40}, {20, 20}}); }, args.iters,
           args.warmup);
 
       std::vector<torch::Tensor> feats;

@@ -18,11 +18,34 @@ torch::Tensor select_candidates_in_gts(const torch::Tensor& anchor_points, const
   auto ax = anchor_points.select(1, 0).view({1, 1, -1});
   auto ay = anchor_points.select(1, 1).view({1, 1, -1});
   auto c = gt_bboxes.unsqueeze(-1).unbind(2);  // x1, y1, x2, y2 as (B, M, 1)
-  auto inside = (ax - c[0]).gt_(eps).to(torch::kBool);
-  inside.logical_and_((ay - c[1]).gt_(eps));
-  inside.logical_and_((c[2] - ax).gt_(eps));
-  inside.logical_and_((c[3] - ay).gt_(eps));
+  auto inside = torch::gt(ax - c[0], eps);
+  inside.logical_and_(torch::gt(ay - c[1], eps));
+  inside.logical_and_(torch::gt(c[2] - ax, eps));
+  inside.logical_and_(torch::gt(c[3] - ay, eps));
   return inside;
+}
+
+torch::Tensor select_candidates_in_gts_grid(const torch::Tensor& anchor_points, const torch::Tensor& gt_bboxes,
+                                            const std::vector<std::pair<int64_t, int64_t>>& level_hw, double eps) {
+  const auto bs = gt_bboxes.size(0);
+  const auto nb = gt_bboxes.size(1);
+  auto c = gt_bboxes.unsqueeze(-1).unbind(2);  // (B, M, 1) each
+  std::vector<torch::Tensor> levels;
+  int64_t offset = 0;
+  for (const auto& [h, w] : level_hw) {
+    // Column x values from the first row, row y values from the first column: the very same floats.
+    auto xs = anchor_points.narrow(0, offset, w).select(1, 0).view({1, 1, w});
+    auto ys = anchor_points.narrow(0, offset, h * w).select(1, 1).slice(0, 0, h * w, w).view({1, 1, h});
+    auto in_x = torch::gt(xs - c[0], eps).logical_and_(torch::gt(c[2] - xs, eps));  // (B, M, w)
+    auto in_y = torch::gt(ys - c[1], eps).logical_and_(torch::gt(c[3] - ys, eps));  // (B, M, h)
+    levels.push_back(in_y.unsqueeze(3).logical_and(in_x.unsqueeze(2)).view({bs, nb, h * w}));
+    offset += h * w;
+  }
+  if (offset != anchor_points.size(0)) {
+    throw std::invalid_argument("select_candidates_in_gts_grid: level sizes sum to " + std::to_string(offset) +
+                                " but there are " + std::to_string(anchor_points.size(0)) + " anchors");
+  }
+  return torch::cat(levels, 2);
 }
 
 namespace {
@@ -43,7 +66,8 @@ torch::Tensor segment_max(const torch::Tensor& keys, const torch::Tensor& values
 
 Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const torch::Tensor& pd_bboxes,
                                        const torch::Tensor& anchor_points, const torch::Tensor& gt_labels,
-                                       const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt) const {
+                                       const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt,
+                                       const std::vector<std::pair<int64_t, int64_t>>& level_hw) const {
   torch::NoGradGuard no_grad;
   const auto bs = pd_scores.size(0);
   const auto na = pd_scores.size(1);
@@ -59,7 +83,8 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
 
   // Candidate pairs: anchor centre inside a real GT box.
   auto real_gt = mask_gt.to(torch::kBool);                                  // (B, M, 1)
-  auto in_gts = select_candidates_in_gts(anchor_points, gt_bboxes);        // (B, M, A) bool
+  auto in_gts = level_hw.empty() ? select_candidates_in_gts(anchor_points, gt_bboxes)
+                                 : select_candidates_in_gts_grid(anchor_points, gt_bboxes, level_hw);  // (B, M, A)
   auto cand = in_gts.logical_and(real_gt).nonzero();                      // (K, 3): b, m, a
   auto cb = cand.select(1, 0);
   auto cm = cand.select(1, 1);

@@ -112,7 +112,7 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
 
   auto pred_bboxes = dist_to_bbox(dfl_decode(pred_distri, c.reg_max), anchor_points);  // xyxy, stride units
   auto asg = assigner_.assign(pred_scores.detach().sigmoid(), pred_bboxes.detach() * stride_tensor,
-                              anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt);
+                              anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt, hw);
 
   auto target_scores_sum = torch::clamp_min(asg.target_scores.sum(), 1);
   auto loss_cls = torch::binary_cross_entropy_with_logits(pred_scores, asg.target_scores, {}, {},

@@ -145,11 +145,26 @@ TEST(Assigner, SparseMatchesDenseTranscription) {
       auto in = make_inputs(4, 12, 5, seed);
       TaskAlignedAssigner assigner(5, cfg);
       auto got = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
+      auto got_grid = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes,
+                                      in.mask_gt, {{16, 20}, {8, 10}, {4, 5}});
       auto want = dense_assign(5, cfg, in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
       EXPECT_GT(got.fg_mask.sum().item<int64_t>(), 0);
       expect_same(got, want);
+      expect_same(got_grid, want);
     }
   }
+}
+
+TEST(Assigner, GridCandidateTestEqualsGeneric) {
+  auto in = make_inputs(3, 9, 2, 7);
+  // Boxes on exact anchor coordinates exercise the strict '> eps' edges.
+  in.gt_bboxes.index_put_({0, 0}, torch::tensor({4.f, 4.f, 20.f, 36.f}));
+  auto generic = select_candidates_in_gts(in.anchors, in.gt_bboxes);
+  auto grid = select_candidates_in_gts_grid(in.anchors, in.gt_bboxes, {{16, 20}, {8, 10}, {4, 5}});
+  EXPECT_TRUE(torch::equal(generic, grid));
+  EXPECT_GT(generic.sum().item<int64_t>(), 0);
+  EXPECT_TRUE(torch::equal(generic.to(torch::kFloat32), dense_candidates_in_gts(in.anchors, in.gt_bboxes)));
+  EXPECT_THROW(select_candidates_in_gts_grid(in.anchors, in.gt_bboxes, {{16, 20}}), std::invalid_argument);
 }
 
 TEST(Assigner, ConflictsResolveToHighestOverlap) {
