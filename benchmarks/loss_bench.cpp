@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
     TaskAlignedAssigner assigner(nc, cfg.assigner);
 
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("%-8s %14s %14s %14s %16s\n", "labels", "assigner_ms", "loss_fwd_ms", "loss_fwd_bwd_ms",
-                "assigner/fwd_bwd");
+    std::printf("%-7s %13s %13s %16s %10s %10s %12s %10s\n", "labels", "assigner_ms", "loss_fwd_ms",
+                "loss_fwd_bwd_ms", "asg_cpu", "fwd_cpu", "fwd_bwd_cpu", "asg/total");
     for (int64_t labels : {10, 200}) {
       auto s = make_setup(batch, nc, labels, imgsz);
       // Assigner alone on inputs shaped as the loss builds them.
@@ -57,31 +57,36 @@ int main(int argc, char** argv) {
       auto gt_boxes = gt.narrow(2, 1, 4);
       auto mask_gt = gt_boxes.sum(2, true).gt(0).to(torch::kFloat32);
       auto anc_px = anchors.points * anchors.strides;
-      const double t_assign = bench::median_ms(
+      const auto t_assign = bench::measure(
           [&] { assigner.assign(pd_scores, pd_boxes, anc_px, gt_labels, gt_boxes, mask_gt, {{80, 80}, {40, 40}, {20, 20}}); }, args.iters,
           args.warmup);
 
       std::vector<torch::Tensor> feats;
       for (auto& f : s.feats) feats.push_back(f.clone().requires_grad_(true));
-      const double t_fwd = bench::median_ms(
+      const auto t_fwd = bench::measure(
           [&] {
             torch::NoGradGuard ng;
             loss(feats, s.targets);
           },
           args.iters, args.warmup);
-      const double t_fwd_bwd = bench::median_ms(
+      const auto t_fwd_bwd = bench::measure(
           [&] {
             for (auto& f : feats) f.mutable_grad() = torch::Tensor();
             loss(feats, s.targets).total.backward();
           },
           args.iters, args.warmup);
-      std::printf("%-8lld %14.1f %14.1f %14.1f %16.2f\n", static_cast<long long>(labels), t_assign, t_fwd, t_fwd_bwd,
-                  t_assign / t_fwd_bwd);
+      const double share = t_assign.cpu_ms / t_fwd_bwd.cpu_ms;
+      std::printf("%-7lld %13.1f %13.1f %16.1f %10.1f %10.1f %12.1f %10.2f\n", static_cast<long long>(labels),
+                  t_assign.wall_ms, t_fwd.wall_ms, t_fwd_bwd.wall_ms, t_assign.cpu_ms, t_fwd.cpu_ms, t_fwd_bwd.cpu_ms,
+                  share);
       rows.push_back({{"labels_per_image", labels},
-                      {"assigner_ms", t_assign},
-                      {"loss_forward_ms", t_fwd},
-                      {"loss_forward_backward_ms", t_fwd_bwd},
-                      {"assigner_over_loss_fwd_bwd", t_assign / t_fwd_bwd}});
+                      {"assigner_ms", t_assign.wall_ms},
+                      {"loss_forward_ms", t_fwd.wall_ms},
+                      {"loss_forward_backward_ms", t_fwd_bwd.wall_ms},
+                      {"assigner_cpu_ms", t_assign.cpu_ms},
+                      {"loss_forward_cpu_ms", t_fwd.cpu_ms},
+                      {"loss_forward_backward_cpu_ms", t_fwd_bwd.cpu_ms},
+                      {"assigner_share_of_loss_fwd_bwd_cpu", share}});
     }
     nlohmann::json out = {{"benchmark", "loss_bench"},
                           {"batch", batch},

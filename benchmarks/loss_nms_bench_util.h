@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -51,17 +52,24 @@ inline Args parse_args(int argc, char** argv, const std::string& name) {
   return a;
 }
 
-// Median wall time of fn in milliseconds.
-inline double median_ms(const std::function<void()>& fn, int iters, int warmup) {
+struct Timing {
+  double wall_ms = 0;  // median wall time
+  double cpu_ms = 0;   // median process CPU time (all threads): steadier than wall time on a busy machine
+};
+
+inline Timing measure(const std::function<void()>& fn, int iters, int warmup) {
   for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t;
+  std::vector<double> wall, cpu;
   for (int i = 0; i < iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const auto c0 = std::clock();
     fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    cpu.push_back(1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC);
+    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
 inline void write_json(const std::string& path, const nlohmann::json& j) {
