@@ -102,8 +102,15 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
   auto anchor_points = anchors.points.to(opts.device());
   auto stride_tensor = anchors.strides.to(opts.device());
 
-  const double img_h = static_cast<double>(hw[0].first) * c.strides[0];
-  const double img_w = static_cast<double>(hw[0].second) * c.strides[0];
+  double img_h = static_cast<double>(hw[0].first) * c.strides[0];
+  double img_w = static_cast<double>(hw[0].second) * c.strides[0];
+  if (targets.image_hw.first != 0 || targets.image_hw.second != 0) {
+    if (targets.image_hw.first <= 0 || targets.image_hw.second <= 0) {
+      throw std::invalid_argument("loss targets: 'image_hw' must be positive");
+    }
+    img_h = static_cast<double>(targets.image_hw.first);
+    img_w = static_cast<double>(targets.image_hw.second);
+  }
   auto scale = torch::tensor({img_w, img_h, img_w, img_h}, opts);
   auto gt = pad_targets(targets, bs, scale);
   auto gt_labels = gt.narrow(2, 0, 1);
