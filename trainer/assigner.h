@@ -2,6 +2,9 @@
 // Task-aligned assignment of ground-truth boxes to anchors (TOOD / YOLOv8), batched.
 #include <torch/torch.h>
 
+#include <utility>
+#include <vector>
+
 namespace yolo8 {
 
 struct AssignerConfig {
@@ -25,9 +28,11 @@ class TaskAlignedAssigner {
 
   // pd_scores (B, A, nc) probabilities; pd_bboxes (B, A, 4) xyxy pixels; anchor_points (A, 2) pixels;
   // gt_labels (B, M, 1); gt_bboxes (B, M, 4) xyxy pixels; mask_gt (B, M, 1), 1 for real (non-padding) boxes.
+  // level_hw: when the anchors are row-major grids of these (h, w), the inside-box test runs per row and
+  // column (same result, much cheaper); empty for arbitrary anchors.
   Assignment assign(const torch::Tensor& pd_scores, const torch::Tensor& pd_bboxes, const torch::Tensor& anchor_points,
-                    const torch::Tensor& gt_labels, const torch::Tensor& gt_bboxes,
-                    const torch::Tensor& mask_gt) const;
+                    const torch::Tensor& gt_labels, const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt,
+                    const std::vector<std::pair<int64_t, int64_t>>& level_hw = {}) const;
 
   const AssignerConfig& config() const { return config_; }
 
@@ -36,8 +41,12 @@ class TaskAlignedAssigner {
   AssignerConfig config_;
 };
 
-// (A, 2) anchor centres x (B, M, 4) xyxy boxes -> (B, M, A) float mask: centre strictly inside the box.
+// (A, 2) anchor centres x (B, M, 4) xyxy boxes -> (B, M, A) bool: centre strictly inside the box (by > eps).
 torch::Tensor select_candidates_in_gts(const torch::Tensor& anchor_points, const torch::Tensor& gt_bboxes,
                                        double eps = 1e-9);
+// Same for anchors laid out as row-major grids of level_hw (as make_anchors builds them).
+torch::Tensor select_candidates_in_gts_grid(const torch::Tensor& anchor_points, const torch::Tensor& gt_bboxes,
+                                            const std::vector<std::pair<int64_t, int64_t>>& level_hw,
+                                            double eps = 1e-9);
 
 }  // namespace yolo8

@@ -102,8 +102,15 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
   auto anchor_points = anchors.points.to(opts.device());
   auto stride_tensor = anchors.strides.to(opts.device());
 
-  const double img_h = static_cast<double>(hw[0].first) * c.strides[0];
-  const double img_w = static_cast<double>(hw[0].second) * c.strides[0];
+  double img_h = static_cast<double>(hw[0].first) * c.strides[0];
+  double img_w = static_cast<double>(hw[0].second) * c.strides[0];
+  if (targets.image_hw.first != 0 || targets.image_hw.second != 0) {
+    if (targets.image_hw.first <= 0 || targets.image_hw.second <= 0) {
+      throw std::invalid_argument("loss targets: 'image_hw' must be positive");
+    }
+    img_h = static_cast<double>(targets.image_hw.first);
+    img_w = static_cast<double>(targets.image_hw.second);
+  }
   auto scale = torch::tensor({img_w, img_h, img_w, img_h}, opts);
   auto gt = pad_targets(targets, bs, scale);
   auto gt_labels = gt.narrow(2, 0, 1);
@@ -112,7 +119,7 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
 
   auto pred_bboxes = dist_to_bbox(dfl_decode(pred_distri, c.reg_max), anchor_points);  // xyxy, stride units
   auto asg = assigner_.assign(pred_scores.detach().sigmoid(), pred_bboxes.detach() * stride_tensor,
-                              anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt);
+                              anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt, hw);
 
   auto target_scores_sum = torch::clamp_min(asg.target_scores.sum(), 1);
   auto loss_cls = torch::binary_cross_entropy_with_logits(pred_scores, asg.target_scores, {}, {},

@@ -2,6 +2,7 @@
 // YOLOv8 detection loss: CIoU + DFL box terms and BCE class term over task-aligned targets.
 #include <torch/torch.h>
 
+#include <utility>
 #include <vector>
 
 #include "trainer/assigner.h"
@@ -26,6 +27,9 @@ struct LossTargets {
   torch::Tensor batch_idx;  // (N) or (N, 1) image index of each box
   torch::Tensor cls;        // (N) or (N, 1) class id
   torch::Tensor bboxes;     // (N, 4) centre-xywh normalised to [0, 1]
+  // Input image (height, width) in pixels that the boxes are normalised to; {0, 0}: first map size x its
+  // stride, as the reference derives it.
+  std::pair<int64_t, int64_t> image_hw = {0, 0};
 };
 
 struct LossOutput {
@@ -37,8 +41,7 @@ class DetectionLoss {
  public:
   explicit DetectionLoss(LossConfig config);
 
-  // feats: one raw head map per stride, (B, 4*reg_max + nc, H_i, W_i). The image size is taken as
-  // H_0 x W_0 times the first stride, as the reference does.
+  // feats: one raw head map per stride, (B, 4*reg_max + nc, H_i, W_i).
   LossOutput operator()(const std::vector<torch::Tensor>& feats, const LossTargets& targets) const;
 
   const LossConfig& config() const { return config_; }

@@ -38,7 +38,9 @@ LossFixture load_loss_fixture() {
   for (const auto& c : as_list(at(root, "cases"))) {
     LossCase lc;
     lc.feats = as_tensors(at(c, "feats"));
-    lc.targets = {at(c, "batch_idx").toTensor(), at(c, "cls").toTensor(), at(c, "bboxes").toTensor()};
+    auto hw = at(c, "imgsz_hw").toTensor();
+    lc.targets = {at(c, "batch_idx").toTensor(), at(c, "cls").toTensor(), at(c, "bboxes").toTensor(),
+                  {hw[0].item<int64_t>(), hw[1].item<int64_t>()}};
     lc.total = at(c, "loss_total").toTensor();
     lc.items = at(c, "loss_items").toTensor();
     lc.grads = as_tensors(at(c, "grads"));
@@ -77,9 +79,11 @@ TEST(LossGolden, FixtureMatchesConstants) {
 TEST(LossGolden, ItemsTotalAndGradientsMatchReference) {
   auto fx = load_loss_fixture();
   DetectionLoss loss(fx.config);
-  for (size_t ci = 0; ci < fx.cases.size(); ++ci) {
-    SCOPED_TRACE("case " + std::to_string(ci));
-    const auto& lc = fx.cases[ci];
+  for (size_t ci = 0; ci < 2 * fx.cases.size(); ++ci) {
+    // Each case twice: image size given explicitly, then derived from the maps.
+    SCOPED_TRACE("case " + std::to_string(ci % fx.cases.size()) + (ci < fx.cases.size() ? "" : " (derived size)"));
+    auto lc = fx.cases[ci % fx.cases.size()];
+    if (ci >= fx.cases.size()) lc.targets.image_hw = {0, 0};
     auto r = run(loss, lc);
     expect_rel(r.out.total.item<double>(), lc.total.item<double>(), 1e-4, "total");
     ASSERT_EQ(r.out.items.numel(), 3);

@@ -94,6 +94,18 @@ TEST(DetectionLoss, TargetOrderWithinBatchDoesNotMatterAcrossImages) {
   EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-7));
 }
 
+TEST(DetectionLoss, ImageSizeScalesTheTargets) {
+  auto c = first_case();
+  DetectionLoss loss(base_config());
+  auto derived = loss(c.feats, c.targets).items;
+  auto same = c.targets;
+  same.image_hw = {128, 160};  // what the maps imply
+  EXPECT_TRUE(torch::equal(loss(c.feats, same).items, derived));
+  auto other = c.targets;
+  other.image_hw = {96, 120};
+  EXPECT_GT((loss(c.feats, other).items - derived).abs().max().item<double>(), 1e-6);
+}
+
 TEST(DetectionLoss, PadTargetsGroupsPerImage) {
   LossTargets t{torch::tensor({1.f, 0.f, 1.f}), torch::tensor({3.f, 2.f, 1.f}),
                 torch::tensor({{0.5f, 0.5f, 0.2f, 0.2f}, {0.25f, 0.25f, 0.5f, 0.5f}, {0.1f, 0.1f, 0.1f, 0.1f}})};
@@ -113,6 +125,9 @@ TEST(DetectionLoss, RejectsBadInput) {
   EXPECT_THROW(loss(c.feats, bad), std::invalid_argument);
   std::vector<torch::Tensor> two(c.feats.begin(), c.feats.begin() + 2);
   EXPECT_THROW(loss(two, c.targets), std::invalid_argument);
+  auto sized = c.targets;
+  sized.image_hw = {-1, 160};
+  EXPECT_THROW(loss(c.feats, sized), std::invalid_argument);
   auto cfg = base_config();
   cfg.nc = 5;  // channel count no longer matches the maps
   DetectionLoss wrong_nc(cfg);
