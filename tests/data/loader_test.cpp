@@ -169,10 +169,16 @@ TEST(Loader, CloseMosaic) {
   EXPECT_EQ(without[0].images.sizes(), with[0].images.sizes());
 }
 
-TEST(Loader, ValidationRectBatchesMapBack) {
-  auto idx = index_of(synth_yaml(), "val");
+class ValidationLoader : public ::testing::TestWithParam<int> {};
+
+// imgsz 128 on 128-px files: plain decode; imgsz 64 on 256-px JPEGs: reduced (1/4) JPEG decode.
+TEST_P(ValidationLoader, RectBatchesMapBack) {
+  const int imgsz = GetParam();
+  std::string yaml = synth_yaml();
+  if (imgsz == 64) yaml = synthesize_dataset(scratch_dir("synth_large"), 2, 10, 256, 5).yaml_path;
+  auto idx = index_of(yaml, "val");
   LoaderConfig cfg;
-  cfg.imgsz = 128;
+  cfg.imgsz = imgsz;
   cfg.batch = 4;
   cfg.workers = 2;
   DataLoader dl(idx, cfg, AugmentConfig{}, false);
@@ -182,7 +188,7 @@ TEST(Loader, ValidationRectBatchesMapBack) {
   for (const auto& b : batches) {
     EXPECT_EQ(b.images.size(2) % 32, 0);
     EXPECT_EQ(b.images.size(3) % 32, 0);
-    EXPECT_LE(std::max(b.images.size(2), b.images.size(3)), 128 + 32);
+    EXPECT_LE(std::max(b.images.size(2), b.images.size(3)), imgsz + 32);
     for (size_t k = 0; k < b.paths.size(); ++k) {
       double ar = static_cast<double>(b.orig_shapes[k].first) / b.orig_shapes[k].second;
       EXPECT_GE(ar, prev_ar);  // sorted by aspect ratio
@@ -203,6 +209,7 @@ TEST(Loader, ValidationRectBatchesMapBack) {
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(Sizes, ValidationLoader, ::testing::Values(128, 64));
 
 // Colour-coded rectangles: class c is drawn in colour c; after augmentation each box must be filled with its
 // colour and the colour must not appear outside the boxes of its class.

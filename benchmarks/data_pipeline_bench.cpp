@@ -1,0 +1,175 @@
+// Augmented training images/s of the data pipeline (mosaic, perspective, HSV, flips, batch tensors) on a synthetic
+// set, for imgsz 640 and 320 and 1 / 2 worker threads, plus a per-stage profile on one thread.
+// Usage: data_pipeline_bench [--json PATH] [--images N] [--epochs E] [--dir DIR] [--cache none|ram]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "data/loader.h"
+#include "data/synth.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+using namespace yolo8::data;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Row {
+  int imgsz, workers;
+  std::string cache;
+  double images_per_s, per_core;
+};
+
+// Stage costs in ms per training image on one thread (what a worker spends).
+std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int imgsz, int n) {
+  AugmentConfig aug;
+  std::vector<std::pair<std::string, double>> out;
+  std::vector<cv::Mat> imgs;
+  std::vector<std::vector<PixBox>> boxes(4);
+  auto t0 = Clock::now();
+  std::vector<cv::Mat> raw;
+  for (int i = 0; i < n; ++i) raw.push_back(cv::imread(idx.records[i % idx.records.size()].image, cv::IMREAD_COLOR));
+  out.emplace_back("decode (imread)", seconds_since(t0) * 1e3 / n);
+  t0 = Clock::now();
+  for (int i = 0; i < n; ++i) imgs.push_back(resize_long_side(raw[i], imgsz, true));
+  out.emplace_back("resize long side", seconds_since(t0) * 1e3 / n);
+  Rng rng(1);
+  cv::Mat canvas, warped;
+  std::vector<PixBox> bx;
+  double t_mosaic = 0, t_warp = 0, t_hsv = 0, t_flip = 0, t_tensor = 0;
+  torch::Tensor dst = torch::empty({3, imgsz, imgsz}, torch::kUInt8);
+  for (int i = 0; i < n; ++i) {
+    Tile tiles[4];
+    for (int t = 0; t < 4; ++t) tiles[t] = {&imgs[(i + t) % n], &boxes[t]};
+    auto t1 = Clock::now();
+    mosaic4(tiles, imgsz, rng, canvas, bx);
+    t_mosaic += seconds_since(t1);
+    t1 = Clock::now();
+    random_perspective(canvas, bx, aug, -imgsz / 2, rng, warped);
+    t_warp += seconds_since(t1);
+    t1 = Clock::now();
+    augment_hsv(warped, aug.hsv_h, aug.hsv_s, aug.hsv_v, rng);
+    t_hsv += seconds_since(t1);
+    t1 = Clock::now();
+    flip_lr(warped, bx);
+    t_flip += seconds_since(t1);
+    t1 = Clock::now();
+    const size_t plane = static_cast<size_t>(imgsz) * imgsz;
+    uint8_t* d = dst.data_ptr<uint8_t>();
+    cv::Mat planes[3] = {cv::Mat(imgsz, imgsz, CV_8UC1, d + 2 * plane), cv::Mat(imgsz, imgsz, CV_8UC1, d + plane),
+                         cv::Mat(imgsz, imgsz, CV_8UC1, d)};
+    cv::split(warped, planes);
+    t_tensor += seconds_since(t1);
+  }
+  out.emplace_back("mosaic (canvas + copy)", t_mosaic * 1e3 / n);
+  out.emplace_back("random perspective (warpAffine)", t_warp * 1e3 / n);
+  out.emplace_back("HSV (cvtColor + LUT)", t_hsv * 1e3 / n);
+  out.emplace_back("flip", t_flip * 1e3 / n);
+  out.emplace_back("to CHW RGB tensor", t_tensor * 1e3 / n);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path, dir = (std::filesystem::temp_directory_path() / "yolo8_data_bench").string();
+  int n_images = 96, epochs = 2;
+  CacheMode cache = CacheMode::kNone;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + ": value missing");
+      return argv[++i];
+    };
+    if (a == "--json") json_path = val();
+    else if (a == "--images") n_images = std::stoi(val());
+    else if (a == "--epochs") epochs = std::stoi(val());
+    else if (a == "--dir") dir = val();
+    else if (a == "--cache") cache = parse_cache_mode(val());
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  torch::set_num_threads(1);
+  cv::setNumThreads(0);  // the loader's threads are the only parallelism
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<Row> rows;
+  std::vector<std::pair<int, std::vector<std::pair<std::string, double>>>> profiles;
+  for (int imgsz : {640, 320}) {
+    const std::string sub = dir + "/s" + std::to_string(imgsz);
+    std::string yaml = sub + "/data.yaml";
+    if (!std::filesystem::exists(yaml)) yaml = synthesize_dataset(sub, n_images, 1, imgsz, 0).yaml_path;
+    CheckOptions co;
+    auto idx = std::make_shared<DatasetIndex>(build_split_index(load_data_yaml(yaml), "train", co));
+    profiles.emplace_back(imgsz, profile(*idx, imgsz, std::min<int>(64, static_cast<int>(idx->records.size()))));
+    for (int workers : {1, 2}) {
+      LoaderConfig cfg;
+      cfg.imgsz = imgsz;
+      cfg.batch = 16;
+      cfg.workers = workers;
+      cfg.cache = cache;
+      DataLoader dl(idx, cfg, AugmentConfig{}, true);
+      dl.start_epoch(0);  // warm-up epoch (page cache, allocator, RAM cache)
+      while (dl.next()) {
+      }
+      int64_t images = 0;
+      auto t0 = Clock::now();
+      for (int e = 1; e <= epochs; ++e) {
+        dl.start_epoch(e);
+        while (auto b = dl.next()) images += b->images.size(0);
+      }
+      const double ips = images / seconds_since(t0);
+      rows.push_back({imgsz, dl.workers(), to_string(cache), ips, ips / std::min<unsigned>(dl.workers(), cores)});
+    }
+  }
+
+  std::printf("data pipeline: %d synthetic images, batch 16, cache %s, %u hardware threads\n", n_images,
+              to_string(cache).c_str(), cores);
+  std::printf("%-6s %-8s %-12s %-14s %-22s\n", "imgsz", "workers", "images/s", "per core", "vs reference/core");
+  for (const auto& r : rows) {
+    const double ref = r.imgsz == 640 ? 100.0 : 260.0;
+    std::printf("%-6d %-8d %-12.1f %-14.1f %.2fx\n", r.imgsz, r.workers, r.images_per_s, r.per_core, r.per_core / ref);
+  }
+  for (const auto& [imgsz, stages] : profiles) {
+    std::printf("stages at %d (ms per image, one thread):\n", imgsz);
+    double total = 0;
+    for (const auto& [name, ms] : stages) {
+      std::printf("  %-34s %7.3f\n", name.c_str(), ms);
+      total += ms;
+    }
+    std::printf("  %-34s %7.3f\n", "total", total);
+  }
+  if (!json_path.empty()) {
+    std::ofstream j(json_path);
+    j << "{\n  \"benchmark\": \"data_pipeline\",\n  \"images\": " << n_images << ",\n  \"cores\": " << cores
+      << ",\n  \"results\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      j << "    {\"imgsz\": " << r.imgsz << ", \"workers\": " << r.workers << ", \"cache\": \"" << r.cache
+        << "\", \"images_per_s\": " << r.images_per_s << ", \"images_per_s_per_core\": " << r.per_core
+        << ", \"reference_per_core\": " << (r.imgsz == 640 ? 100 : 260) << "}" << (i + 1 < rows.size() ? "," : "")
+        << "\n";
+    }
+    j << "  ],\n  \"stages_ms\": {";
+    for (size_t p = 0; p < profiles.size(); ++p) {
+      j << (p ? ", " : "") << "\"" << profiles[p].first << "\": {";
+      for (size_t s = 0; s < profiles[p].second.size(); ++s)
+        j << (s ? ", " : "") << "\"" << profiles[p].second[s].first << "\": " << profiles[p].second[s].second;
+      j << "}";
+    }
+    j << "}\n}\n";
+  }
+  return 0;
+}
