@@ -112,7 +112,6 @@ DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig c
     records_.resize(static_cast<size_t>(std::llround(static_cast<double>(records_.size()) * cfg_.fraction)));
   if (records_.empty()) throw std::runtime_error("DataLoader: the dataset has no usable images");
   rect_ = !train_ || cfg_.rect;
-  mosaic_on_ = train_ && !rect_ && aug_.mosaic > 0;
   if (rect_) {
     std::vector<std::pair<int, int>> hw;
     for (const auto& r : records_) hw.emplace_back(r.height, r.width);
@@ -133,11 +132,9 @@ int64_t DataLoader::num_batches() const {
 }
 
 bool DataLoader::update_close_mosaic(int64_t epoch, int64_t epochs) {
-  set_mosaic(train_ && !rect_ && aug_.mosaic > 0 && epoch < epochs - aug_.close_mosaic);
-  return mosaic_on_;
+  closed_ = epoch >= epochs - aug_.close_mosaic;
+  return mosaic();
 }
-
-void DataLoader::set_mosaic(bool on) { mosaic_on_ = on && train_ && !rect_; }
 
 std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
   if (rect_) return rect_order_;
@@ -186,10 +183,10 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
 }
 
 Batch DataLoader::load_batch(int64_t epoch, int64_t batch_index) const {
-  return build_batch(epoch, batch_index, epoch_order(epoch), mosaic_on_);
+  return build_batch(epoch, batch_index, epoch_order(epoch), closed_);
 }
 
-Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool mosaic_on) const {
+Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool closed) const {
   const size_t start = static_cast<size_t>(b) * static_cast<size_t>(cfg_.batch);
   const size_t end = std::min(order.size(), start + static_cast<size_t>(cfg_.batch));
   if (b < 0 || start >= end) throw std::out_of_range("DataLoader: batch index " + std::to_string(b) + " out of range");
@@ -221,7 +218,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
   std::vector<PixBox> bx, other_bx;
   // Mosaic partners come from the same batch: its images are decoded once and each is a centre once.
   auto make_train = [&](size_t k, Rng& rng, cv::Mat& out, std::vector<PixBox>& ob) {
-    if (mosaic_on && rng.chance(aug_.mosaic)) {
+    if (!closed && rng.chance(aug_.mosaic)) {
       Tile tiles[4];
       tiles[0] = {&loaded[k].img, &boxes[k]};
       for (int t = 1; t < 4; ++t) {
@@ -256,7 +253,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
       pad_h = lb.top;
     } else {
       make_train(k, rng, work, bx);
-      if (rng.chance(aug_.mixup)) {
+      if (!closed && rng.chance(aug_.mixup)) {
         make_train(static_cast<size_t>(rng.randint(static_cast<int64_t>(n))), rng, other, other_bx);
         mixup(work, bx, other, other_bx, rng);
       }
@@ -308,7 +305,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_ = epoch;
     produce_next_ = consume_next_ = first_batch;
-    mosaic_epoch_ = mosaic_on_;
+    closed_epoch_ = closed_;
     order_ = epoch_order(epoch);
   }
   for (int t = 0; t < workers_; ++t) threads_.emplace_back([this] { worker_loop(); });
@@ -326,7 +323,7 @@ void DataLoader::worker_loop() {
     }
     Slot slot;
     try {
-      slot.batch = build_batch(epoch_, b, order_, mosaic_epoch_);
+      slot.batch = build_batch(epoch_, b, order_, closed_epoch_);
     } catch (...) {
       slot.error = std::current_exception();
     }
@@ -347,7 +344,7 @@ std::optional<Batch> DataLoader::next() {
     b = consume_next_;
   }
   if (threads_.empty()) {
-    Batch out = build_batch(epoch_, b, order_, mosaic_epoch_);
+    Batch out = build_batch(epoch_, b, order_, closed_epoch_);
     std::lock_guard<std::mutex> lock(mu_);
     ++consume_next_;
     return out;
@@ -368,6 +365,17 @@ std::optional<Batch> DataLoader::next() {
 std::pair<int64_t, int64_t> DataLoader::position() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {epoch_, consume_next_};
+}
+
+std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::string& split, const LoaderConfig& cfg,
+                                        const AugmentConfig& aug, bool train, std::ostream* log) {
+  CheckOptions opts;
+  opts.workers = std::max(1, cfg.workers);
+  auto index = std::make_shared<DatasetIndex>(build_split_index(spec, split, opts));
+  if (log) print_report(*log, split, *index, 20);
+  if (index->records.empty())
+    throw std::runtime_error(spec.yaml_path + ": split '" + split + "' has no usable images");
+  return std::make_unique<DataLoader>(index, cfg, aug, train);
 }
 
 }  // namespace yolo8::data
