@@ -64,7 +64,7 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
   Rng rng(1);
   cv::Mat canvas, warped;
   std::vector<PixBox> bx;
-  double t_mosaic = 0, t_warp = 0, t_hsv = 0, t_flip = 0, t_tensor = 0;
+  double t_mosaic = 0, t_warp = 0, t_hsv = 0, t_tensor = 0;
   torch::Tensor dst = torch::empty({3, imgsz, imgsz}, torch::kUInt8);
   for (int i = 0; i < n; ++i) {
     Tile tiles[4];
@@ -73,14 +73,11 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
     mosaic4(tiles, imgsz, rng, canvas, bx);
     t_mosaic += (thread_cpu() - t1);
     t1 = thread_cpu();
-    random_perspective(canvas, bx, aug, -imgsz / 2, rng, warped);
+    random_perspective(canvas, bx, aug, -imgsz / 2, rng, warped, (i & 1) != 0);
     t_warp += (thread_cpu() - t1);
     t1 = thread_cpu();
     augment_hsv(warped, aug.hsv_h, aug.hsv_s, aug.hsv_v, rng);
     t_hsv += (thread_cpu() - t1);
-    t1 = thread_cpu();
-    flip_lr(warped, bx);
-    t_flip += (thread_cpu() - t1);
     t1 = thread_cpu();
     const size_t plane = static_cast<size_t>(imgsz) * imgsz;
     uint8_t* d = dst.data_ptr<uint8_t>();
@@ -90,9 +87,8 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
     t_tensor += (thread_cpu() - t1);
   }
   out.emplace_back("mosaic (canvas + copy)", t_mosaic * 1e3 / n);
-  out.emplace_back("random perspective (warpAffine)", t_warp * 1e3 / n);
+  out.emplace_back("perspective + flip (one warpAffine)", t_warp * 1e3 / n);
   out.emplace_back("HSV (cvtColor + LUT)", t_hsv * 1e3 / n);
-  out.emplace_back("flip", t_flip * 1e3 / n);
   out.emplace_back("to CHW RGB tensor", t_tensor * 1e3 / n);
   return out;
 }

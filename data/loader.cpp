@@ -217,7 +217,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
   cv::Mat canvas, work, other;
   std::vector<PixBox> bx, other_bx;
   // Mosaic partners come from the same batch: its images are decoded once and each is a centre once.
-  auto make_train = [&](size_t k, Rng& rng, cv::Mat& out, std::vector<PixBox>& ob) {
+  auto make_train = [&](size_t k, Rng& rng, cv::Mat& out, std::vector<PixBox>& ob, bool lr, bool ud) {
     if (!closed && rng.chance(aug_.mosaic)) {
       Tile tiles[4];
       tiles[0] = {&loaded[k].img, &boxes[k]};
@@ -226,13 +226,13 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
         tiles[t] = {&loaded[j].img, &boxes[j]};
       }
       mosaic4(tiles, s, rng, canvas, ob);
-      random_perspective(canvas, ob, aug_, -s / 2, rng, out);
+      random_perspective(canvas, ob, aug_, -s / 2, rng, out, lr, ud);
     } else {
       LetterboxInfo lb;
       cv::Mat lbimg = letterbox(loaded[k].img, s, s, true, &lb);
       ob = boxes[k];
       letterbox_boxes(ob, lb, loaded[k].img.cols, loaded[k].img.rows);
-      random_perspective(lbimg, ob, aug_, 0, rng, out);
+      random_perspective(lbimg, ob, aug_, 0, rng, out, lr, ud);
     }
   };
 
@@ -252,14 +252,16 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
       pad_w = lb.left;
       pad_h = lb.top;
     } else {
-      make_train(k, rng, work, bx);
+      // Flips are drawn first and folded into the warps (of both mixup images: the blend is flipped as one).
+      const bool ud = rng.chance(aug_.flipud), lr = rng.chance(aug_.fliplr);
+      make_train(k, rng, work, bx, lr, ud);
       if (!closed && rng.chance(aug_.mixup)) {
-        make_train(static_cast<size_t>(rng.randint(static_cast<int64_t>(n))), rng, other, other_bx);
+        make_train(static_cast<size_t>(rng.randint(static_cast<int64_t>(n))), rng, other, other_bx, lr, ud);
         mixup(work, bx, other, other_bx, rng);
       }
     }
-    if (train_) {
-      augment_hsv(work, aug_.hsv_h, aug_.hsv_s, aug_.hsv_v, rng);
+    if (train_) augment_hsv(work, aug_.hsv_h, aug_.hsv_s, aug_.hsv_v, rng);
+    if (train_ && rect_) {
       if (rng.chance(aug_.flipud)) flip_ud(work, bx);
       if (rng.chance(aug_.fliplr)) flip_lr(work, bx);
     }

@@ -125,6 +125,35 @@ TEST(Mosaic, TilesAndBoxesAgree) {
   }
 }
 
+// Flips folded into the warp equal a separate cv::flip, pixels and boxes.
+TEST(Perspective, FoldedFlipsEqualSeparateFlips) {
+  cv::Mat img(48, 64, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(255));
+  // Smooth: the warp's 1/32-px fixed-point grid rounds mirrored coordinates differently.
+  cv::GaussianBlur(img, img, cv::Size(9, 9), 3);
+  AugmentConfig cfg;
+  cfg.degrees = 10;
+  for (int mode = 1; mode < 4; ++mode) {
+    const bool lr = mode & 1, ud = mode & 2;
+    std::vector<PixBox> b1 = {{0, 10, 8, 30, 30}}, b2 = b1;
+    Rng r1(9), r2(9);
+    cv::Mat a, b;
+    random_perspective(img, b1, cfg, 0, r1, a, lr, ud);
+    random_perspective(img, b2, cfg, 0, r2, b);
+    if (ud) flip_ud(b, b2);
+    if (lr) flip_lr(b, b2);
+    EXPECT_LE(cv::norm(a, b, cv::NORM_INF), 2) << "mode " << mode;
+    EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / a.total(), 0.5) << "mode " << mode;
+    ASSERT_EQ(b1.size(), b2.size());
+    for (size_t i = 0; i < b1.size(); ++i) {
+      EXPECT_NEAR(b1[i].x1, b2[i].x1, 1e-3);
+      EXPECT_NEAR(b1[i].y1, b2[i].y1, 1e-3);
+      EXPECT_NEAR(b1[i].x2, b2[i].x2, 1e-3);
+      EXPECT_NEAR(b1[i].y2, b2[i].y2, 1e-3);
+    }
+  }
+}
+
 TEST(Hsv, ZeroGainsLeaveImageAlone) {
   cv::Mat img(8, 8, CV_8UC3, cv::Scalar(10, 200, 90));
   cv::Mat copy = img.clone();
