@@ -119,13 +119,32 @@ int main(int argc, char** argv) {
   cv::setNumThreads(0);  // the loader's threads are the only parallelism
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<Row> rows;
+  struct Verify {
+    int imgsz;
+    double verify_ms, cached_ms;
+    bool cache_hit;
+  };
+  std::vector<Verify> verify;
   std::vector<std::pair<int, std::vector<std::pair<std::string, double>>>> profiles;
   for (int imgsz : {640, 320}) {
     const std::string sub = dir + "/s" + std::to_string(imgsz);
     std::string yaml = sub + "/data.yaml";
     if (!std::filesystem::exists(yaml)) yaml = synthesize_dataset(sub, n_images, 1, imgsz, 0).yaml_path;
     CheckOptions co;
-    auto idx = std::make_shared<DatasetIndex>(build_split_index(load_data_yaml(yaml), "train", co));
+    // Verification cost: header size + reduced grayscale decode, one thread, then the cached index.
+    co.workers = 1;
+    co.use_cache = false;
+    const DatasetSpec spec = load_data_yaml(yaml);
+    double c0 = cpu_seconds();
+    DatasetIndex fresh = build_split_index(spec, "train", co);
+    const double verify_ms = (cpu_seconds() - c0) * 1e3 / std::max<int64_t>(1, fresh.summary.files);
+    co.use_cache = true;
+    co.workers = 2;
+    build_split_index(spec, "train", co);  // writes the cache
+    auto t0 = Clock::now();
+    auto idx = std::make_shared<DatasetIndex>(build_split_index(spec, "train", co));
+    const double cached_ms = seconds_since(t0) * 1e3 / std::max<size_t>(1, idx->records.size());
+    verify.push_back({imgsz, verify_ms, cached_ms, idx->from_cache});
     profiles.emplace_back(imgsz, profile(*idx, imgsz, std::min<int>(64, static_cast<int>(idx->records.size()))));
     for (int workers : {1, 2}) {
       LoaderConfig cfg;
@@ -169,6 +188,9 @@ int main(int argc, char** argv) {
     }
     std::printf("  %-34s %7.3f\n", "total", total);
   }
+  for (const auto& v : verify)
+    std::printf("verify at %d: %.3f CPU ms per image (header + reduced decode), cached index %.4f ms per image%s\n",
+                v.imgsz, v.verify_ms, v.cached_ms, v.cache_hit ? "" : " (cache MISSED)");
   if (!json_path.empty()) {
     std::ofstream j(json_path);
     j << "{\n  \"benchmark\": \"data_pipeline\",\n  \"images\": " << n_images << ",\n  \"cores\": " << cores
@@ -187,6 +209,10 @@ int main(int argc, char** argv) {
         j << (s ? ", " : "") << "\"" << profiles[p].second[s].first << "\": " << profiles[p].second[s].second;
       j << "}";
     }
+    j << "},\n  \"verify_ms_per_image\": {";
+    for (size_t v = 0; v < verify.size(); ++v)
+      j << (v ? ", " : "") << "\"" << verify[v].imgsz << "\": {\"check\": " << verify[v].verify_ms
+        << ", \"cached\": " << verify[v].cached_ms << "}";
     j << "}\n}\n";
   }
   return 0;
