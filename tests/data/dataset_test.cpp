@@ -82,13 +82,13 @@ TEST(DataYaml, TxtListRelativeToItsFolder) {
   EXPECT_EQ(files[1], dir + "/images/x/b.png");
 }
 
-TEST(LabelPath, LastImagesFolderBecomesLabels) {
+TEST(DataLabelPath, LastImagesFolderBecomesLabels) {
   EXPECT_EQ(label_path_for("/d/images/train/images/a.jpg"), "/d/images/train/labels/a.txt");
   EXPECT_EQ(label_path_for("/d/images/a.b.png"), "/d/labels/a.b.txt");
   EXPECT_EQ(label_path_for("/d/pics/a.png"), "/d/pics/a.txt");
 }
 
-TEST(Config, ValidateNamesTheKey) {
+TEST(DataConfig, ValidateNamesTheKey) {
   LoaderConfig l;
   l.imgsz = 100;
   try {
@@ -141,7 +141,7 @@ std::string make_messy_dataset() {
   return dir;
 }
 
-TEST(CheckDataset, MessyDatasetExactSummary) {
+TEST(DataCheckDataset, MessyDatasetExactSummary) {
   auto dir = make_messy_dataset();
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;
@@ -193,7 +193,7 @@ TEST(CheckDataset, MessyDatasetExactSummary) {
   EXPECT_NE(os.str().find("multi.txt:2"), std::string::npos) << os.str();
 }
 
-TEST(CheckDataset, NothingUsableReturnsFalse) {
+TEST(DataCheckDataset, NothingUsableReturnsFalse) {
   auto dir = scratch_dir("all_bad");
   write_text(dir + "/images/train/a.jpg", "garbage");
   write_image(dir + "/images/train/b.png", 5, 5);
@@ -203,7 +203,7 @@ TEST(CheckDataset, NothingUsableReturnsFalse) {
   EXPECT_NE(os.str().find("no usable images"), std::string::npos);
 }
 
-TEST(CheckDataset, TxtListWithMissingImage) {
+TEST(DataCheckDataset, TxtListWithMissingImage) {
   auto dir = scratch_dir("txt_missing");
   write_image(dir + "/images/a.png", 20, 20);
   write_text(dir + "/val.txt", "images/a.png\nimages/gone.png\n");
@@ -213,7 +213,7 @@ TEST(CheckDataset, TxtListWithMissingImage) {
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
 }
 
-TEST(CheckDataset, CacheHitAndInvalidation) {
+TEST(DataCheckDataset, CacheHitAndInvalidation) {
   auto dir = make_messy_dataset();
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;

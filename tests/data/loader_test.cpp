@@ -51,7 +51,7 @@ void expect_same(const std::vector<Batch>& a, const std::vector<Batch>& b) {
   }
 }
 
-TEST(Synth, DeterministicAndValid) {
+TEST(DataSynth, DeterministicAndValid) {
   auto a = scratch_dir("synth_a"), b = scratch_dir("synth_b");
   auto ra = synthesize_dataset(a, 6, 2, 96, 3);
   auto rb = synthesize_dataset(b, 6, 2, 96, 3);
@@ -74,7 +74,7 @@ TEST(Synth, DeterministicAndValid) {
   EXPECT_EQ(load_data_yaml(ra.yaml_path).names, synth_class_names());
 }
 
-TEST(Loader, SameBatchesWhateverTheWorkerCount) {
+TEST(DataLoader, SameBatchesWhateverTheWorkerCount) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -114,7 +114,7 @@ TEST(Loader, SameBatchesWhateverTheWorkerCount) {
   EXPECT_NE(other[0].paths, runs[0][0].paths);
 }
 
-TEST(Loader, ResumeMidEpoch) {
+TEST(DataLoader, ResumeMidEpoch) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -134,7 +134,7 @@ TEST(Loader, ResumeMidEpoch) {
   EXPECT_THROW(full.start_epoch(2, 99), std::out_of_range);
 }
 
-TEST(Loader, CachesGiveTheSameBatches) {
+TEST(DataLoader, CachesGiveTheSameBatches) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 96;
@@ -153,7 +153,7 @@ TEST(Loader, CachesGiveTheSameBatches) {
   expect_same(ref, run_epoch(disk, 0));  // second pass served from the files
 }
 
-TEST(Loader, CloseMosaic) {
+TEST(DataLoader, CloseMosaic) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -169,10 +169,10 @@ TEST(Loader, CloseMosaic) {
   EXPECT_EQ(without[0].images.sizes(), with[0].images.sizes());
 }
 
-class ValidationLoader : public ::testing::TestWithParam<int> {};
+class DataValidationLoader : public ::testing::TestWithParam<int> {};
 
 // imgsz 128 on 128-px files: plain decode; imgsz 64 on 256-px JPEGs: reduced (1/4) JPEG decode.
-TEST_P(ValidationLoader, RectBatchesMapBack) {
+TEST_P(DataValidationLoader, RectBatchesMapBack) {
   const int imgsz = GetParam();
   std::string yaml = synth_yaml();
   if (imgsz == 64) yaml = synthesize_dataset(scratch_dir("synth_large"), 2, 10, 256, 5).yaml_path;
@@ -209,7 +209,7 @@ TEST_P(ValidationLoader, RectBatchesMapBack) {
     }
   }
 }
-INSTANTIATE_TEST_SUITE_P(Sizes, ValidationLoader, ::testing::Values(128, 64));
+INSTANTIATE_TEST_SUITE_P(DataSizes, DataValidationLoader, ::testing::Values(128, 64));
 
 // Colour-coded rectangles: class c is drawn in colour c; after augmentation each box must be filled with its
 // colour and the colour must not appear outside the boxes of its class.
@@ -288,7 +288,7 @@ Consistency check_colours(const std::vector<Batch>& batches) {
   return c;
 }
 
-TEST(AugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
+TEST(DataAugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   auto idx = index_of(colour_dataset(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -312,7 +312,7 @@ TEST(AugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   EXPECT_LT(c.outside_px, c.colour_px * 0.03);  // only slivers whose boxes were filtered
 }
 
-TEST(AugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
+TEST(DataAugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   auto idx = index_of(colour_dataset(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -338,7 +338,7 @@ TEST(AugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   EXPECT_LT(c.outside_px, c.colour_px * 0.03);
 }
 
-TEST(Loader, MakeLoaderReportsAndBuilds) {
+TEST(DataLoader, MakeLoaderReportsAndBuilds) {
   std::ostringstream log;
   LoaderConfig cfg;
   cfg.imgsz = 64;
@@ -354,7 +354,7 @@ TEST(Loader, MakeLoaderReportsAndBuilds) {
                std::runtime_error);
 }
 
-TEST(Loader, BadInputs) {
+TEST(DataLoader, BadInputs) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 100;
