@@ -162,7 +162,7 @@ bool box_candidate(const PixBox& before, const PixBox& after, double scale, doub
 }
 
 void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
-                        Rng& rng, cv::Mat& out) {
+                        Rng& rng, cv::Mat& out, bool flip_lr, bool flip_ud) {
   const int height = in.rows + 2 * border, width = in.cols + 2 * border;
   cv::Matx33d C = cv::Matx33d::eye();
   C(0, 2) = -in.cols / 2.0;
@@ -181,15 +181,29 @@ void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const Aug
   cv::Matx33d T = cv::Matx33d::eye();
   T(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * width;
   T(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * height;
-  const cv::Matx33d M = T * S * R * P * C;
+  cv::Matx33d M = T * S * R * P * C;
   const bool persp = cfg.perspective > 0;
+  // Pixel centres flip as x -> W - 1 - x (cv::flip), box edges as x -> W - x.
+  cv::Matx33d Fimg = cv::Matx33d::eye(), Fbox = cv::Matx33d::eye();
+  if (flip_lr) {
+    Fimg(0, 0) = Fbox(0, 0) = -1;
+    Fimg(0, 2) = width - 1;
+    Fbox(0, 2) = width;
+  }
+  if (flip_ud) {
+    Fimg(1, 1) = Fbox(1, 1) = -1;
+    Fimg(1, 2) = height - 1;
+    Fbox(1, 2) = height;
+  }
+  const cv::Matx33d Mi = Fimg * M;
+  M = Fbox * M;
 
-  if (border != 0 || cv::norm(M - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
+  if (border != 0 || flip_lr || flip_ud || cv::norm(Mi - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
     if (persp) {
-      cv::warpPerspective(in, out, cv::Mat(M), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+      cv::warpPerspective(in, out, cv::Mat(Mi), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
                           cv::Scalar::all(114));
     } else {
-      cv::Matx23d A(M(0, 0), M(0, 1), M(0, 2), M(1, 0), M(1, 1), M(1, 2));
+      cv::Matx23d A(Mi(0, 0), Mi(0, 1), Mi(0, 2), Mi(1, 0), Mi(1, 1), Mi(1, 2));
       cv::warpAffine(in, out, cv::Mat(A), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
                      cv::Scalar::all(114));
     }

@@ -62,8 +62,9 @@ void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vec
 
 // Random perspective/affine: output (in.rows + 2 border) x (in.cols + 2 border); border = -imgsz/2 after mosaic.
 // Boxes are transformed (corners, min/max), clipped and filtered (w, h > 2 px, area ratio > 0.1, aspect < 100).
+// flip_lr / flip_ud fold the flips into the same warp (identical to cv::flip afterwards, one pass less).
 void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
-                        Rng& rng, cv::Mat& out);
+                        Rng& rng, cv::Mat& out, bool flip_lr = false, bool flip_ud = false);
 
 // HSV gains through three lookup tables, in place.
 void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rng);

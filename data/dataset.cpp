@@ -210,11 +210,14 @@ const char* problem_name(Problem p) {
     case Problem::kLabelUnreadable: return "label_unreadable";
     case Problem::kDuplicate: return "duplicate_rows";
     case Problem::kPolygon: return "polygon_rows";
+    case Problem::kJpegTruncated: return "jpeg_truncated";
   }
   return "unknown";
 }
 
-bool problem_skips_image(Problem p) { return p != Problem::kDuplicate && p != Problem::kPolygon; }
+bool problem_skips_image(Problem p) {
+  return p != Problem::kDuplicate && p != Problem::kPolygon && p != Problem::kJpegTruncated;
+}
 
 int64_t CheckSummary::skipped_total() const {
   int64_t n = 0;
@@ -324,6 +327,10 @@ void check_image(const std::string& path, FileResult& r) {
   }
   r.record.width = w;
   r.record.height = h;
+  // libjpeg decodes a cut-off file with grey filling the rest; train on it, but say so.
+  const size_t n = bytes.size();
+  if (n >= 4 && bytes[0] == 0xFF && bytes[1] == 0xD8 && !(bytes[n - 2] == 0xFF && bytes[n - 1] == 0xD9))
+    add(Problem::kJpegTruncated, "JPEG has no end marker (truncated?); used as decoded");
 }
 
 bool parse_number(const std::string& tok, double& v) {
@@ -429,14 +436,15 @@ FileResult check_file(const std::string& path, const CheckOptions& opts) {
   r.record.image = path;
   r.record.label = label_path_for(path);
   check_image(path, r);
-  if (r.issues.empty()) check_labels(r.record.label, opts, r);
+  if (std::none_of(r.issues.begin(), r.issues.end(), [](const Issue& i) { return problem_skips_image(i.problem); }))
+    check_labels(r.record.label, opts, r);
   r.usable = std::none_of(r.issues.begin(), r.issues.end(), [](const Issue& i) { return problem_skips_image(i.problem); });
   return r;
 }
 
 // ---------------------------------------------------------------------------------------------------- cache
 
-constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '2'};
+constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '3'};
 
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   auto p = static_cast<const unsigned char*>(data);
@@ -544,7 +552,7 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
     for (auto& i : idx.issues) {
       i.file = r.str(); i.line = static_cast<int>(r.i64());
       auto p = r.i64();
-      if (p < 0 || p > static_cast<int64_t>(Problem::kPolygon)) return false;
+      if (p < 0 || p > static_cast<int64_t>(Problem::kJpegTruncated)) return false;
       i.problem = static_cast<Problem>(p);
       i.message = r.str();
     }

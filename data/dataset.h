@@ -44,7 +44,7 @@ struct ImageRecord {
   std::vector<BoxLabel> boxes;           // empty = background
 };
 
-// Why an image was left out (or, for kDuplicate / kPolygon, only noted).
+// Why an image was left out (or, for kDuplicate / kPolygon / kJpegTruncated, only noted).
 enum class Problem {
   kImageMissing,
   kImageCorrupt,
@@ -58,6 +58,7 @@ enum class Problem {
   kLabelUnreadable,
   kDuplicate,   // not a skip: duplicate rows dropped
   kPolygon,     // not a skip: polygon rows turned into boxes
+  kJpegTruncated,  // not a skip: JPEG without its end marker, used as decoded
 };
 const char* problem_name(Problem p);
 bool problem_skips_image(Problem p);

@@ -44,10 +44,11 @@ class DataLoader {
   int64_t num_batches() const;
   int workers() const { return workers_; }
 
-  // Mosaic off for the last close_mosaic epochs; call before start_epoch. Returns whether mosaic is on.
+  // Mosaic and mixup off for the last close_mosaic epochs, as the reference does; call before start_epoch.
+  // Returns whether mosaic is on.
   bool update_close_mosaic(int64_t epoch, int64_t epochs);
-  void set_mosaic(bool on);
-  bool mosaic() const { return mosaic_on_; }
+  void set_mosaic(bool on) { closed_ = !on; }  // false = closed: neither mosaic nor mixup
+  bool mosaic() const { return train_ && !rect_ && aug_.mosaic > 0 && !closed_; }
 
   // Starts producing epoch `epoch` from batch `first_batch` (resuming mid-epoch continues there).
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
@@ -75,7 +76,7 @@ class DataLoader {
   bool train_;
   bool rect_;
   int workers_ = 0;
-  bool mosaic_on_ = true;
+  bool closed_ = false;
   std::vector<size_t> rect_order_;
   std::vector<std::pair<int, int>> batch_shapes_;
 
@@ -90,7 +91,7 @@ class DataLoader {
   int64_t epoch_ = 0;
   int64_t produce_next_ = 0;
   int64_t consume_next_ = 0;
-  bool mosaic_epoch_ = true;
+  bool closed_epoch_ = false;
   std::vector<size_t> order_;
   struct Slot {
     std::optional<Batch> batch;
@@ -98,7 +99,13 @@ class DataLoader {
   };
   std::map<int64_t, Slot> ready_;
 
-  Batch build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool mosaic_on) const;
+  Batch build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool closed) const;
 };
+
+// The trainer's entry point: verifies (or reads the cached index of) one split of a data.yaml, prints its report
+// to `log` when given, and returns a loader; throws naming the split when no usable image is left.
+// train = augmented, shuffled batches; otherwise validation batches (letterbox, rectangular, sorted).
+std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::string& split, const LoaderConfig& cfg,
+                                        const AugmentConfig& aug, bool train, std::ostream* log = nullptr);
 
 }  // namespace yolo8::data

@@ -24,6 +24,9 @@ const std::vector<std::string>& synth_class_names() {
 
 namespace {
 
+// Anti-aliased edges and rounded centres reach about a pixel past the geometric outline.
+constexpr double kAaMargin = 1.0;
+
 struct Obj {
   int cls;
   cv::Rect2d box;
@@ -68,7 +71,7 @@ cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size,
   if (cls == 0) {
     const double r = size / 2;
     cv::circle(img, cv::Point(cvRound(cx), cvRound(cy)), cvRound(r), col, cv::FILLED, cv::LINE_AA);
-    return clip(cx - r, cy - r, cx + r, cy + r);
+    return clip(cx - r - kAaMargin, cy - r - kAaMargin, cx + r + kAaMargin, cy + r + kAaMargin);
   }
   if (cls == 1) {
     const double ar = rng.uniform(0.55, 1.8);
@@ -86,7 +89,7 @@ cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size,
     }
     cv::fillConvexPoly(img, pts, col, cv::LINE_AA);
     cv::Rect b = cv::boundingRect(pts);
-    return clip(b.x, b.y, b.x + b.width, b.y + b.height);
+    return clip(b.x - kAaMargin, b.y - kAaMargin, b.x + b.width + kAaMargin, b.y + b.height + kAaMargin);
   }
   if (cls == 3) {
     // Scratch: a thin, slightly bent stroke across the object's box.
@@ -114,7 +117,7 @@ cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size,
     y0 = std::min(y0, oy - ay); y1 = std::max(y1, oy + ay);
   }
   cv::addWeighted(layer, 0.8, img, 0.2, 0, img);
-  return clip(x0, y0, x1, y1);
+  return clip(x0 - 1.5 * kAaMargin, y0 - 1.5 * kAaMargin, x1 + 1.5 * kAaMargin, y1 + 1.5 * kAaMargin);
 }
 
 int64_t make_image(const std::string& img_path, const std::string& lbl_path, int imgsz, uint64_t seed) {

@@ -8,7 +8,7 @@
 namespace yolo8::data {
 namespace {
 
-TEST(RectShapes, ReferenceFormula) {
+TEST(DataRectShapes, ReferenceFormula) {
   // Already sorted by h/w: 0.5, 0.6 | 1.333.
   auto shapes = rect_batch_shapes({{200, 400}, {300, 500}, {400, 300}}, 2, 640, 32, 0.5);
   ASSERT_EQ(shapes.size(), 2u);
@@ -20,7 +20,7 @@ TEST(RectShapes, ReferenceFormula) {
   EXPECT_EQ(order, (std::vector<size_t>{1, 2, 0}));
 }
 
-TEST(Letterbox, OddPaddingGoesBottomRight) {
+TEST(DataLetterbox, OddPaddingGoesBottomRight) {
   cv::Mat img(51, 100, CV_8UC3, cv::Scalar(10, 20, 30));
   LetterboxInfo lb;
   cv::Mat out = letterbox(img, 64, 64, true, &lb);
@@ -39,7 +39,7 @@ TEST(Letterbox, OddPaddingGoesBottomRight) {
   EXPECT_EQ(lb.left, 27);
 }
 
-TEST(ResizeLongSide, CeilAndCap) {
+TEST(DataResizeLongSide, CeilAndCap) {
   cv::Mat img(300, 500, CV_8UC3, cv::Scalar::all(0));
   cv::Mat r = resize_long_side(img, 640, true);
   EXPECT_EQ(r.cols, 640);
@@ -49,7 +49,7 @@ TEST(ResizeLongSide, CeilAndCap) {
   EXPECT_EQ(s.rows, 77);  // ceil(76.8)
 }
 
-TEST(Flips, BoxesFollowPixels) {
+TEST(DataFlips, BoxesFollowPixels) {
   cv::Mat img(40, 60, CV_8UC3, cv::Scalar::all(0));
   img(cv::Rect(5, 10, 10, 8)).setTo(cv::Scalar(255, 255, 255));
   std::vector<PixBox> b = {{1, 5, 10, 15, 18}};
@@ -65,7 +65,7 @@ TEST(Flips, BoxesFollowPixels) {
   EXPECT_EQ(img.at<cv::Vec3b>(21, 50)[0], 0);
 }
 
-TEST(BoxCandidate, Thresholds) {
+TEST(DataBoxCandidate, Thresholds) {
   PixBox before{0, 0, 0, 100, 100};
   EXPECT_TRUE(box_candidate(before, {0, 0, 0, 50, 50}, 1.0));     // area ratio 0.25
   EXPECT_FALSE(box_candidate(before, {0, 0, 0, 30, 30}, 1.0));    // 0.09 <= 0.1
@@ -75,7 +75,7 @@ TEST(BoxCandidate, Thresholds) {
   EXPECT_FALSE(box_candidate(thin, {0, 0, 0, 1000, 5}, 1.0));     // aspect 200 >= 100
 }
 
-TEST(Rng, DeterministicPerSample) {
+TEST(DataRng, DeterministicPerSample) {
   Rng a(Rng::mix(1, 2, 3)), b(Rng::mix(1, 2, 3)), c(Rng::mix(1, 2, 4)), d(Rng::mix(1, 3, 3));
   double x = a.uniform(), y = b.uniform();
   EXPECT_EQ(x, y);
@@ -94,7 +94,7 @@ TEST(Rng, DeterministicPerSample) {
   EXPECT_NEAR(m / 2000, 0.5, 0.01);
 }
 
-TEST(Mosaic, TilesAndBoxesAgree) {
+TEST(DataMosaic, TilesAndBoxesAgree) {
   const int s = 64;
   cv::Mat tiles_img[4];
   std::vector<PixBox> tile_boxes[4];
@@ -125,7 +125,36 @@ TEST(Mosaic, TilesAndBoxesAgree) {
   }
 }
 
-TEST(Hsv, ZeroGainsLeaveImageAlone) {
+// Flips folded into the warp equal a separate cv::flip, pixels and boxes.
+TEST(DataPerspective, FoldedFlipsEqualSeparateFlips) {
+  cv::Mat img(48, 64, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(255));
+  // Smooth: the warp's 1/32-px fixed-point grid rounds mirrored coordinates differently.
+  cv::GaussianBlur(img, img, cv::Size(9, 9), 3);
+  AugmentConfig cfg;
+  cfg.degrees = 10;
+  for (int mode = 1; mode < 4; ++mode) {
+    const bool lr = mode & 1, ud = mode & 2;
+    std::vector<PixBox> b1 = {{0, 10, 8, 30, 30}}, b2 = b1;
+    Rng r1(9), r2(9);
+    cv::Mat a, b;
+    random_perspective(img, b1, cfg, 0, r1, a, lr, ud);
+    random_perspective(img, b2, cfg, 0, r2, b);
+    if (ud) flip_ud(b, b2);
+    if (lr) flip_lr(b, b2);
+    EXPECT_LE(cv::norm(a, b, cv::NORM_INF), 2) << "mode " << mode;
+    EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / a.total(), 0.5) << "mode " << mode;
+    ASSERT_EQ(b1.size(), b2.size());
+    for (size_t i = 0; i < b1.size(); ++i) {
+      EXPECT_NEAR(b1[i].x1, b2[i].x1, 1e-3);
+      EXPECT_NEAR(b1[i].y1, b2[i].y1, 1e-3);
+      EXPECT_NEAR(b1[i].x2, b2[i].x2, 1e-3);
+      EXPECT_NEAR(b1[i].y2, b2[i].y2, 1e-3);
+    }
+  }
+}
+
+TEST(DataHsv, ZeroGainsLeaveImageAlone) {
   cv::Mat img(8, 8, CV_8UC3, cv::Scalar(10, 200, 90));
   cv::Mat copy = img.clone();
   Rng rng(0);

@@ -1,6 +1,7 @@
 // data.yaml parsing, label paths, verification of a dataset seeded with every kind of bad file, index cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -82,13 +83,13 @@ TEST(DataYaml, TxtListRelativeToItsFolder) {
   EXPECT_EQ(files[1], dir + "/images/x/b.png");
 }
 
-TEST(LabelPath, LastImagesFolderBecomesLabels) {
+TEST(DataLabelPath, LastImagesFolderBecomesLabels) {
   EXPECT_EQ(label_path_for("/d/images/train/images/a.jpg"), "/d/images/train/labels/a.txt");
   EXPECT_EQ(label_path_for("/d/images/a.b.png"), "/d/labels/a.b.txt");
   EXPECT_EQ(label_path_for("/d/pics/a.png"), "/d/pics/a.txt");
 }
 
-TEST(Config, ValidateNamesTheKey) {
+TEST(DataConfig, ValidateNamesTheKey) {
   LoaderConfig l;
   l.imgsz = 100;
   try {
@@ -121,6 +122,16 @@ std::string make_messy_dataset() {
   write_text(lb + "bg_empty.txt", "\n");
   write_image(im + "tol.png", 40, 40);
   write_text(lb + "tol.txt", "0 1.0005 0.5 0.2 0.2\n");
+  {
+    // A JPEG cut in half still decodes: used, with a note.
+    cv::Mat m(64, 64, CV_8UC3);
+    cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));
+    std::vector<uchar> buf;
+    cv::imencode(".jpg", m, buf);
+    std::ofstream(im + "truncated.jpg", std::ios::binary).write(reinterpret_cast<const char*>(buf.data()),
+                                                                 static_cast<std::streamsize>(buf.size() / 2));
+    write_text(lb + "truncated.txt", "2 0.5 0.5 0.3 0.3\n");
+  }
   write_text(im + "corrupt.jpg", "this is not a jpeg");
   write_text(lb + "corrupt.txt", "0 0.5 0.5 0.2 0.2\n");
   write_image(im + "tiny.png", 8, 30);
@@ -141,7 +152,7 @@ std::string make_messy_dataset() {
   return dir;
 }
 
-TEST(CheckDataset, MessyDatasetExactSummary) {
+TEST(DataCheckDataset, MessyDatasetExactSummary) {
   auto dir = make_messy_dataset();
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;
@@ -149,9 +160,9 @@ TEST(CheckDataset, MessyDatasetExactSummary) {
   opts.use_cache = false;
   DatasetIndex idx = build_split_index(spec, "train", opts);
   const auto& s = idx.summary;
-  EXPECT_EQ(s.files, 15);
-  EXPECT_EQ(s.images, 6);
-  EXPECT_EQ(s.instances, 5);
+  EXPECT_EQ(s.files, 16);
+  EXPECT_EQ(s.images, 7);
+  EXPECT_EQ(s.instances, 6);
   EXPECT_EQ(s.backgrounds, 2);
   EXPECT_EQ(s.missing_labels, 1);
   EXPECT_EQ(s.duplicates_removed, 1);
@@ -161,7 +172,10 @@ TEST(CheckDataset, MessyDatasetExactSummary) {
       {"label_class", 1},     {"label_out_of_range", 1}, {"label_non_finite", 1}, {"label_size", 1}};
   EXPECT_EQ(s.skipped, expected);
   EXPECT_EQ(s.skipped_total(), 9);
-  EXPECT_EQ(idx.issues.size(), 12u);  // 10 row/file problems + 1 duplicate + 1 polygon note
+  EXPECT_EQ(idx.issues.size(), 13u);  // 10 row/file problems + duplicate, polygon and truncated-JPEG notes
+  EXPECT_EQ(std::count_if(idx.issues.begin(), idx.issues.end(),
+                          [](const Issue& i) { return i.problem == Problem::kJpegTruncated; }),
+            1);
 
   // Problems carry file and line.
   bool saw_multi_line3 = false;
@@ -189,11 +203,11 @@ TEST(CheckDataset, MessyDatasetExactSummary) {
   }
   std::ostringstream os;
   EXPECT_TRUE(check_dataset(dir + "/data.yaml", os, 2, false));
-  EXPECT_NE(os.str().find("6 images"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("7 images"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("multi.txt:2"), std::string::npos) << os.str();
 }
 
-TEST(CheckDataset, NothingUsableReturnsFalse) {
+TEST(DataCheckDataset, NothingUsableReturnsFalse) {
   auto dir = scratch_dir("all_bad");
   write_text(dir + "/images/train/a.jpg", "garbage");
   write_image(dir + "/images/train/b.png", 5, 5);
@@ -203,7 +217,7 @@ TEST(CheckDataset, NothingUsableReturnsFalse) {
   EXPECT_NE(os.str().find("no usable images"), std::string::npos);
 }
 
-TEST(CheckDataset, TxtListWithMissingImage) {
+TEST(DataCheckDataset, TxtListWithMissingImage) {
   auto dir = scratch_dir("txt_missing");
   write_image(dir + "/images/a.png", 20, 20);
   write_text(dir + "/val.txt", "images/a.png\nimages/gone.png\n");
@@ -213,7 +227,7 @@ TEST(CheckDataset, TxtListWithMissingImage) {
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
 }
 
-TEST(CheckDataset, CacheHitAndInvalidation) {
+TEST(DataCheckDataset, CacheHitAndInvalidation) {
   auto dir = make_messy_dataset();
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;
@@ -235,7 +249,7 @@ TEST(CheckDataset, CacheHitAndInvalidation) {
   write_text(dir + "/labels/train/arity.txt", "0 0.5 0.5 0.2 0.2\n");
   DatasetIndex c = build_split_index(spec, "train", opts);
   EXPECT_FALSE(c.from_cache);
-  EXPECT_EQ(c.summary.images, 7);
+  EXPECT_EQ(c.summary.images, 8);
   EXPECT_EQ(c.summary.skipped.at("label_arity"), 1);
   // So does a new label file for a background image.
   write_text(dir + "/labels/train/bg_missing.txt", "1 0.5 0.5 0.5 0.5\n");

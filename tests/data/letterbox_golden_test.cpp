@@ -24,7 +24,7 @@ torch::Tensor get(const c10::impl::GenericDict& d, const std::string& key) {
   return {};
 }
 
-TEST(LetterboxGolden, MatchesReferenceByteForByte) {
+TEST(DataLetterboxGolden, MatchesReferenceByteForByte) {
   auto dict = load_fixture("letterbox_case.pt");
   torch::Tensor src = get(dict, "image_hwc_bgr");
   torch::Tensor expected = get(dict, "output_hwc_bgr");

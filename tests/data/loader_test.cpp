@@ -51,7 +51,7 @@ void expect_same(const std::vector<Batch>& a, const std::vector<Batch>& b) {
   }
 }
 
-TEST(Synth, DeterministicAndValid) {
+TEST(DataSynth, DeterministicAndValid) {
   auto a = scratch_dir("synth_a"), b = scratch_dir("synth_b");
   auto ra = synthesize_dataset(a, 6, 2, 96, 3);
   auto rb = synthesize_dataset(b, 6, 2, 96, 3);
@@ -74,7 +74,7 @@ TEST(Synth, DeterministicAndValid) {
   EXPECT_EQ(load_data_yaml(ra.yaml_path).names, synth_class_names());
 }
 
-TEST(Loader, SameBatchesWhateverTheWorkerCount) {
+TEST(DataLoader, SameBatchesWhateverTheWorkerCount) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -114,7 +114,7 @@ TEST(Loader, SameBatchesWhateverTheWorkerCount) {
   EXPECT_NE(other[0].paths, runs[0][0].paths);
 }
 
-TEST(Loader, ResumeMidEpoch) {
+TEST(DataLoader, ResumeMidEpoch) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -134,7 +134,7 @@ TEST(Loader, ResumeMidEpoch) {
   EXPECT_THROW(full.start_epoch(2, 99), std::out_of_range);
 }
 
-TEST(Loader, CachesGiveTheSameBatches) {
+TEST(DataLoader, CachesGiveTheSameBatches) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 96;
@@ -153,7 +153,7 @@ TEST(Loader, CachesGiveTheSameBatches) {
   expect_same(ref, run_epoch(disk, 0));  // second pass served from the files
 }
 
-TEST(Loader, CloseMosaic) {
+TEST(DataLoader, CloseMosaic) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -169,10 +169,16 @@ TEST(Loader, CloseMosaic) {
   EXPECT_EQ(without[0].images.sizes(), with[0].images.sizes());
 }
 
-TEST(Loader, ValidationRectBatchesMapBack) {
-  auto idx = index_of(synth_yaml(), "val");
+class DataValidationLoader : public ::testing::TestWithParam<int> {};
+
+// imgsz 128 on 128-px files: plain decode; imgsz 64 on 256-px JPEGs: reduced (1/4) JPEG decode.
+TEST_P(DataValidationLoader, RectBatchesMapBack) {
+  const int imgsz = GetParam();
+  std::string yaml = synth_yaml();
+  if (imgsz == 64) yaml = synthesize_dataset(scratch_dir("synth_large"), 2, 10, 256, 5).yaml_path;
+  auto idx = index_of(yaml, "val");
   LoaderConfig cfg;
-  cfg.imgsz = 128;
+  cfg.imgsz = imgsz;
   cfg.batch = 4;
   cfg.workers = 2;
   DataLoader dl(idx, cfg, AugmentConfig{}, false);
@@ -182,7 +188,7 @@ TEST(Loader, ValidationRectBatchesMapBack) {
   for (const auto& b : batches) {
     EXPECT_EQ(b.images.size(2) % 32, 0);
     EXPECT_EQ(b.images.size(3) % 32, 0);
-    EXPECT_LE(std::max(b.images.size(2), b.images.size(3)), 128 + 32);
+    EXPECT_LE(std::max(b.images.size(2), b.images.size(3)), imgsz + 32);
     for (size_t k = 0; k < b.paths.size(); ++k) {
       double ar = static_cast<double>(b.orig_shapes[k].first) / b.orig_shapes[k].second;
       EXPECT_GE(ar, prev_ar);  // sorted by aspect ratio
@@ -203,6 +209,7 @@ TEST(Loader, ValidationRectBatchesMapBack) {
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(DataSizes, DataValidationLoader, ::testing::Values(128, 64));
 
 // Colour-coded rectangles: class c is drawn in colour c; after augmentation each box must be filled with its
 // colour and the colour must not appear outside the boxes of its class.
@@ -281,7 +288,7 @@ Consistency check_colours(const std::vector<Batch>& batches) {
   return c;
 }
 
-TEST(AugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
+TEST(DataAugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   auto idx = index_of(colour_dataset(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -305,7 +312,7 @@ TEST(AugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   EXPECT_LT(c.outside_px, c.colour_px * 0.03);  // only slivers whose boxes were filtered
 }
 
-TEST(AugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
+TEST(DataAugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   auto idx = index_of(colour_dataset(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 128;
@@ -331,7 +338,60 @@ TEST(AugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   EXPECT_LT(c.outside_px, c.colour_px * 0.03);
 }
 
-TEST(Loader, BadInputs) {
+TEST(DataLoader, MakeLoaderReportsAndBuilds) {
+  std::ostringstream log;
+  LoaderConfig cfg;
+  cfg.imgsz = 64;
+  cfg.batch = 8;
+  cfg.workers = 1;
+  auto dl = make_loader(load_data_yaml(synth_yaml()), "val", cfg, AugmentConfig{}, false, &log);
+  EXPECT_EQ(dl->size(), 10);
+  EXPECT_NE(log.str().find("val: 10 files, 10 images"), std::string::npos) << log.str();
+  auto dir = scratch_dir("empty_split");
+  write_text(dir + "/images/train/a.jpg", "garbage");
+  write_text(dir + "/data.yaml", "train: images/train\nnames: [a]\n");
+  EXPECT_THROW(make_loader(load_data_yaml(dir + "/data.yaml"), "train", cfg, AugmentConfig{}, true),
+               std::runtime_error);
+}
+
+TEST(DataLoader, SingleClsFractionAndRectTraining) {
+  auto idx = index_of(synth_yaml(), "train");
+  LoaderConfig cfg;
+  cfg.imgsz = 64;
+  cfg.batch = 4;
+  cfg.workers = 2;
+  cfg.single_cls = true;
+  cfg.fraction = 0.5;
+  DataLoader dl(idx, cfg, AugmentConfig{}, true);
+  EXPECT_EQ(dl.size(), 12);
+  auto batches = run_epoch(dl, 0);
+  int64_t n_labels = 0;
+  for (const auto& b : batches) {
+    n_labels += b.labels.size(0);
+    if (b.labels.size(0)) {
+      EXPECT_EQ(b.labels.select(1, 1).abs().max().item<float>(), 0.f);
+    }
+  }
+  EXPECT_GT(n_labels, 0);
+
+  cfg.single_cls = false;
+  cfg.fraction = 1.0;
+  cfg.rect = true;
+  DataLoader rect(idx, cfg, AugmentConfig{}, true);
+  EXPECT_FALSE(rect.mosaic());
+  auto e0 = run_epoch(rect, 0), e1 = run_epoch(rect, 1);
+  ASSERT_EQ(e0.size(), e1.size());
+  bool any_diff = false;
+  for (size_t i = 0; i < e0.size(); ++i) {
+    EXPECT_EQ(e0[i].paths, e1[i].paths);  // rectangular batches keep their order
+    EXPECT_EQ(e0[i].images.size(2) % 32, 0);
+    EXPECT_EQ(e0[i].images.size(3) % 32, 0);
+    any_diff = any_diff || !torch::equal(e0[i].images, e1[i].images);  // colour and flips still vary
+  }
+  EXPECT_TRUE(any_diff);
+}
+
+TEST(DataLoader, BadInputs) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
   cfg.imgsz = 100;

@@ -4,14 +4,20 @@
 #include <fstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "test_paths.h"
 
 namespace yolo8::test {
 
-// A fresh, empty folder under the build tree.
+// A fresh, empty folder under the build tree, private to the running test (ctest -j runs tests side by side).
 inline std::string scratch_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path p = fs::path(kBinaryDir) / "test_scratch" / "data" / name;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string test = info ? std::string(info->test_suite_name()) + "." + info->name() : "global";
+  for (auto& c : test)
+    if (c == '/') c = '_';
+  fs::path p = fs::path(kBinaryDir) / "test_scratch" / "data" / test / name;
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
