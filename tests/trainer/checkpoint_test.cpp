@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
+#include <type_traits>
 
 #include "tests/trainer/tiny_net.h"
 #include "trainer/checkpoint.h"
@@ -34,6 +36,20 @@ void expect_modules_bitwise(const torch::nn::Module& a, const torch::nn::Module&
   for (size_t i = 0; i < ta.size(); ++i) {
     EXPECT_EQ(ta[i].first, tb[i].first);
     EXPECT_TRUE(bitwise_equal(ta[i].second, tb[i].second)) << ta[i].first;
+  }
+}
+
+// The optimizer's state key for a parameter: LibTorch 1.13 uses the TensorImpl address as text, later versions
+// may key by pointer.
+template <typename Map>
+typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
   }
 }
 
@@ -139,6 +155,7 @@ TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
   // Optimizer hyper-parameters and per-parameter state.
   auto& oa = *a.built.optimizer;
   auto& ob = *b.built.optimizer;
+  size_t compared = 0;
   for (size_t g = 0; g < 3; ++g) {
     EXPECT_EQ(group_lr(oa, g), group_lr(ob, g));
     EXPECT_EQ(group_momentum(oa, g), group_momentum(ob, g));
@@ -147,10 +164,11 @@ TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
     const auto& pb = ob.param_groups()[g].params();
     ASSERT_EQ(pa.size(), pb.size());
     for (size_t i = 0; i < pa.size(); ++i) {
-      const auto ka = c10::guts::to_string(pa[i].unsafeGetTensorImpl());
-      const auto kb = c10::guts::to_string(pb[i].unsafeGetTensorImpl());
+      const auto ka = state_key(oa.state(), pa[i]);
+      const auto kb = state_key(ob.state(), pb[i]);
       ASSERT_EQ(oa.state().count(ka), ob.state().count(kb));
       if (!oa.state().count(ka)) continue;
+      ++compared;
       if (GetParam() == "SGD") {
         auto& sa = static_cast<torch::optim::SGDParamState&>(*oa.state().at(ka));
         auto& sb = static_cast<torch::optim::SGDParamState&>(*ob.state().at(kb));
@@ -170,6 +188,7 @@ TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
       }
     }
   }
+  EXPECT_EQ(compared, a.net->parameters().size());  // every parameter has state after a step
   // Pending (accumulated, not yet stepped) gradients came back too.
   ASSERT_TRUE(a.net->conv->weight.grad().defined());
   EXPECT_TRUE(bitwise_equal(a.net->conv->weight.grad(), b.net->conv->weight.grad()));
