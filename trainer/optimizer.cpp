@@ -39,10 +39,15 @@ void check_group(const torch::optim::Optimizer& optimizer, size_t group) {
 }
 
 template <typename Options>
-Options* options_as(const torch::optim::Optimizer& optimizer, size_t group) {
+const Options* options_as(const torch::optim::Optimizer& optimizer, size_t group) {
   check_group(optimizer, group);
-  auto& opts = const_cast<torch::optim::Optimizer&>(optimizer).param_groups()[group].options();
-  return dynamic_cast<Options*>(&opts);
+  return dynamic_cast<const Options*>(&optimizer.param_groups()[group].options());
+}
+
+template <typename Options>
+Options* options_as(torch::optim::Optimizer& optimizer, size_t group) {
+  check_group(optimizer, group);
+  return dynamic_cast<Options*>(&optimizer.param_groups()[group].options());
 }
 
 [[noreturn]] void unsupported() {
