@@ -130,9 +130,17 @@ ParamGroups split_param_groups(const torch::nn::Module& model) {
 
 BuiltOptimizer build_optimizer(torch::nn::Module& model, const OptimSettings& settings, const RunShape& shape) {
   validate(settings);
+  return build_optimizer_with(model, resolve_optimizer(settings, shape), plan_batch(settings, shape.batch));
+}
+
+BuiltOptimizer build_optimizer_with(torch::nn::Module& model, const OptimizerChoice& choice, const BatchPlan& plan) {
+  if (!(choice.lr >= 0.0)) throw std::invalid_argument("optimizer: lr must be >= 0");
+  if (choice.name == "SGD" && !(choice.momentum > 0.0)) {
+    throw std::invalid_argument("momentum: SGD with Nesterov needs momentum > 0");
+  }
   BuiltOptimizer out;
-  out.plan = plan_batch(settings, shape.batch);
-  out.choice = resolve_optimizer(settings, shape);
+  out.plan = plan;
+  out.choice = choice;
   out.groups = split_param_groups(model);
   const auto& c = out.choice;
   const std::array<double, 3> decay = {0.0, out.plan.weight_decay, 0.0};

@@ -110,6 +110,7 @@ TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
   st.global_iteration = 10;
   st.batch = 16;
   st.schedule = a.schedule->state();
+  st.optimizer_choice = a.built.choice;
   st.best_fitness = 0.123456789012345;
   st.has_best_fitness = true;
   st.settings_text = "optimizer: " + GetParam() + "\nlr0: 0.01\n";
@@ -141,6 +142,10 @@ TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
   EXPECT_EQ(got.schedule.accumulate, st.schedule.accumulate);
   EXPECT_EQ(got.schedule.last_opt_step, st.schedule.last_opt_step);
   EXPECT_EQ(got.schedule.optimizer_steps, st.schedule.optimizer_steps);
+  EXPECT_EQ(got.optimizer_choice.name, GetParam());
+  EXPECT_EQ(got.optimizer_choice.lr, a.built.choice.lr);
+  EXPECT_EQ(got.optimizer_choice.momentum, a.built.choice.momentum);
+  EXPECT_EQ(got.optimizer_choice.warmup_bias_lr, a.built.choice.warmup_bias_lr);
   EXPECT_EQ(got.best_fitness, st.best_fitness);
   EXPECT_TRUE(got.has_best_fitness);
   EXPECT_EQ(got.settings_text, st.settings_text);
