@@ -1,9 +1,7 @@
 #include "trainer/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -284,6 +282,13 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
   counters.insert("has_best_fitness", state.has_best_fitness);
   root.insert("state", counters);
 
+  auto choice = new_dict();
+  choice.insert("name", state.optimizer_choice.name);
+  choice.insert("lr", state.optimizer_choice.lr);
+  choice.insert("momentum", state.optimizer_choice.momentum);
+  choice.insert("warmup_bias_lr", state.optimizer_choice.warmup_bias_lr);
+  root.insert("optimizer_choice", choice);
+
   root.insert("model", tensor_dict(state_tensors(*sources.model)));
   if (sources.include_grads) {
     std::vector<std::pair<std::string, torch::Tensor>> grads;
@@ -375,6 +380,14 @@ CheckpointState decode_checkpoint(const std::vector<char>& bytes, const Checkpoi
         s.schedule.optimizer_steps < 0) {
       throw std::runtime_error("checkpoint " + origin + ": state counters are out of range");
     }
+  }
+  {
+    const GenericDict c = r.sub("optimizer_choice");
+    Reader cr{c, origin, "optimizer_choice: "};
+    s.optimizer_choice.name = cr.text("name");
+    s.optimizer_choice.lr = cr.real("lr");
+    s.optimizer_choice.momentum = cr.real("momentum");
+    s.optimizer_choice.warmup_bias_lr = cr.real("warmup_bias_lr");
   }
   {
     const auto cpu = r.get("rng_torch_cpu");

@@ -27,6 +27,7 @@ struct CheckpointState {
   int64_t global_iteration = 0;    // global index of the next iteration
   int64_t batch = 0;               // batch size the run used
   ScheduleState schedule;          // scheduler epoch, accumulate, last optimizer step, optimizer steps
+  OptimizerChoice optimizer_choice;  // `auto` resolved once; a resume reuses it (see build_optimizer_with)
   double best_fitness = 0.0;
   bool has_best_fitness = false;
   std::string settings_text;       // the run settings as YAML or JSON text

@@ -39,10 +39,15 @@ void check_group(const torch::optim::Optimizer& optimizer, size_t group) {
 }
 
 template <typename Options>
-Options* options_as(const torch::optim::Optimizer& optimizer, size_t group) {
+const Options* options_as(const torch::optim::Optimizer& optimizer, size_t group) {
   check_group(optimizer, group);
-  auto& opts = const_cast<torch::optim::Optimizer&>(optimizer).param_groups()[group].options();
-  return dynamic_cast<Options*>(&opts);
+  return dynamic_cast<const Options*>(&optimizer.param_groups()[group].options());
+}
+
+template <typename Options>
+Options* options_as(torch::optim::Optimizer& optimizer, size_t group) {
+  check_group(optimizer, group);
+  return dynamic_cast<Options*>(&optimizer.param_groups()[group].options());
 }
 
 [[noreturn]] void unsupported() {
@@ -125,9 +130,17 @@ ParamGroups split_param_groups(const torch::nn::Module& model) {
 
 BuiltOptimizer build_optimizer(torch::nn::Module& model, const OptimSettings& settings, const RunShape& shape) {
   validate(settings);
+  return build_optimizer_with(model, resolve_optimizer(settings, shape), plan_batch(settings, shape.batch));
+}
+
+BuiltOptimizer build_optimizer_with(torch::nn::Module& model, const OptimizerChoice& choice, const BatchPlan& plan) {
+  if (!(choice.lr >= 0.0)) throw std::invalid_argument("optimizer: lr must be >= 0");
+  if (choice.name == "SGD" && !(choice.momentum > 0.0)) {
+    throw std::invalid_argument("momentum: SGD with Nesterov needs momentum > 0");
+  }
   BuiltOptimizer out;
-  out.plan = plan_batch(settings, shape.batch);
-  out.choice = resolve_optimizer(settings, shape);
+  out.plan = plan;
+  out.choice = choice;
   out.groups = split_param_groups(model);
   const auto& c = out.choice;
   const std::array<double, 3> decay = {0.0, out.plan.weight_decay, 0.0};

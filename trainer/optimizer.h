@@ -82,6 +82,8 @@ struct BuiltOptimizer {
 
 // Builds the three-group optimizer for `model` (SGD with Nesterov, Adam or AdamW, no decay outside group 1).
 BuiltOptimizer build_optimizer(torch::nn::Module& model, const OptimSettings& settings, const RunShape& shape);
+// The same with an already resolved choice (a resumed run keeps the checkpoint's, even with another batch size).
+BuiltOptimizer build_optimizer_with(torch::nn::Module& model, const OptimizerChoice& choice, const BatchPlan& plan);
 
 // Hyper-parameters of one param group; "momentum" is SGD momentum or Adam/AdamW beta1.
 double group_lr(const torch::optim::Optimizer& optimizer, size_t group);

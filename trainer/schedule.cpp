@@ -97,6 +97,19 @@ BatchPlan TrainSchedule::change_batch(torch::optim::Optimizer& optimizer, int64_
   return plan;
 }
 
+double recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
+                             double max_norm) {
+  std::vector<torch::Tensor> with_grad;
+  for (const auto& p : model.parameters()) {
+    if (p.grad().defined()) with_grad.push_back(p);
+  }
+  const double norm = with_grad.empty() ? 0.0 : torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
+  optimizer.step();
+  optimizer.zero_grad();
+  if (ema != nullptr) ema->update(model);
+  return norm;
+}
+
 void TrainSchedule::restore(const ScheduleState& state) {
   if (state.accumulate < 1) throw std::invalid_argument("schedule state: accumulate must be >= 1");
   if (state.optimizer_steps < 0) throw std::invalid_argument("schedule state: optimizer_steps must be >= 0");

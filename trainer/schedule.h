@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 
+#include "trainer/ema.h"
 #include "trainer/optimizer.h"
 
 namespace yolo8 {
@@ -66,6 +67,11 @@ class TrainSchedule {
   std::array<double, 3> initial_lr_;
   ScheduleState state_;
 };
+
+// The reference's optimizer step: clip the total gradient norm to `max_norm`, step, zero the gradients and update
+// the EMA (when given). Returns the gradient norm before clipping. The caller then calls schedule.record_step(ni).
+double recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
+                             double max_norm = 10.0);
 
 // numpy.interp with two support points, same arithmetic (exact end points).
 double interp2(double x, double x0, double x1, double y0, double y1);

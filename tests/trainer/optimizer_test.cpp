@@ -114,6 +114,24 @@ TEST(Optimizer, BuildsThreeGroupsWithDecayOnlyOnWeights) {
   }
 }
 
+TEST(Optimizer, ResumedChoiceSurvivesAnotherBatch) {
+  OptimSettings s;  // auto
+  test::TinyNet net;
+  const auto first = build_optimizer(*net, s, RunShape{6400, 16, 100, 4});  // 10000 iterations -> AdamW
+  ASSERT_EQ(first.choice.name, "AdamW");
+  // A changed run shape can flip `auto` (101 epochs -> 10100 iterations -> SGD); the stored choice keeps AdamW.
+  ASSERT_EQ(resolve_optimizer(s, RunShape{6400, 16, 101, 4}).name, "SGD");
+  const auto resumed = build_optimizer_with(*net, first.choice, plan_batch(s, 128));
+  EXPECT_NE(dynamic_cast<torch::optim::AdamW*>(resumed.optimizer.get()), nullptr);
+  EXPECT_DOUBLE_EQ(group_lr(*resumed.optimizer, 0), first.choice.lr);
+  EXPECT_DOUBLE_EQ(group_weight_decay(*resumed.optimizer, kDecayGroup), 0.001);  // 0.0005 * 128 * 1 / 64
+  EXPECT_EQ(resumed.plan.accumulate, 1);
+  OptimizerChoice unresolved{"auto", 0.01, 0.9, 0.0};
+  EXPECT_THROW(build_optimizer_with(*net, unresolved, plan_batch(s, 16)), std::invalid_argument);
+  OptimizerChoice no_momentum{"SGD", 0.01, 0.0, 0.0};
+  EXPECT_THROW(build_optimizer_with(*net, no_momentum, plan_batch(s, 16)), std::invalid_argument);
+}
+
 TEST(Optimizer, BadSettingsNameTheKey) {
   OptimSettings s;
   s.optimizer = "lion";
