@@ -146,7 +146,7 @@ std::optional<Engine::Placement> Engine::place(const Lease& l, int64_t now_ms,
       const auto& g = policy_.gpus[d];
       if (!free_by_node.count(g.node)) node_order.push_back(g.node);
       auto& v = free_by_node[g.node];
-      if (count[d] == 0 && g.memory_gib + kEps >= l.req.memory_gib) v.push_back(int(d));
+      if (count[d] == 0 && g.memory_gib + kEps >= l.memory_gib) v.push_back(int(d));
     }
     const size_t need = size_t(l.gpus);
     // best fit: the node with the fewest free GPUs that still holds the whole lease
@@ -421,6 +421,8 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     const double avail = l.shared ? l.memory_gib : policy_.max_gpu_memory_gib();
     const int per_gpu = req.batch > 0 ? (req.batch + l.gpus - 1) / l.gpus : 1;
     const double need = policy_.memory_table.estimate_gib(req.model, req.imgsz, per_gpu);
+    // whole-GPU leases only go to GPUs big enough for the estimate
+    if (!l.shared) l.memory_gib = std::max(l.memory_gib, need);
     if (need > avail + kEps) {
       r.max_batch = policy_.memory_table.max_batch(req.model, req.imgsz, avail) * l.gpus;
       r.needed_gib = need;

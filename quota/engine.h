@@ -50,7 +50,7 @@ struct Lease {
   LeaseState state = LeaseState::kQueued;
   Outcome outcome = Outcome::kNone;
   int gpus = 1;
-  double memory_gib = 0;  // allocated per GPU
+  double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
   bool shared = false;
   std::vector<int> devices;  // indices into Policy::gpus
   bool over_base = false;    // granted beyond the team's base (a burst lease)

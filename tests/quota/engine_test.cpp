@@ -290,6 +290,20 @@ TEST(Engine, AdmissionRefusesWhatCannotFitWithTheLargestBatch) {
   EXPECT_EQ(e.acquire(shared, kOutsideWindow).kind, Kind::kGranted);
 }
 
+TEST(Engine, WholeGpuLeasesLandOnGpusBigEnoughForTheEstimate) {
+  Engine e(testing::example_policy());
+  auto small = e.acquire(req("team-cv", "alice", 1, "yolov8n"), kOutsideWindow);  // best fit: the 24 GiB node
+  EXPECT_EQ(e.policy().gpus.at(size_t(e.find(small.lease_id)->devices.at(0))).node, "node-c");
+  auto r = req("team-cv", "alice", 1, "yolov8m");
+  r.batch = 64;  // 2.5 + 0.33 * 64 = 23.6 GiB fits 24
+  auto fits = e.acquire(r, kOutsideWindow);
+  EXPECT_EQ(e.policy().gpus.at(size_t(e.find(fits.lease_id)->devices.at(0))).node, "node-c");
+  r.batch = 96;  // 34.2 GiB: only the 80 GiB nodes
+  auto big = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(big.kind, Kind::kGranted);
+  EXPECT_DOUBLE_EQ(e.policy().gpus.at(size_t(e.find(big.lease_id)->devices.at(0))).memory_gib, 80);
+}
+
 TEST(Engine, SharedLeasesNeverExceedGpuMemory) {
   Engine e(testing::example_policy());
   std::vector<int> devices;
