@@ -179,9 +179,23 @@ json QuotaService::lease_view(const Lease& l, int64_t now_ms) const {
   return j;
 }
 
-ApiResponse QuotaService::handle(const ApiRequest& req) {
+ApiResponse QuotaService::handle(const ApiRequest& req_in) {
   ApiResponse r;
   try {
+    ApiRequest req = req_in;
+    // in-process callers may pass "path?k=v&k2=v2"
+    if (const auto q = req.path.find('?'); q != std::string::npos) {
+      std::string rest = req.path.substr(q + 1);
+      req.path.resize(q);
+      size_t pos = 0;
+      while (pos <= rest.size()) {
+        const size_t amp = std::min(rest.find('&', pos), rest.size());
+        const std::string kv = rest.substr(pos, amp - pos);
+        const size_t eq = kv.find('=');
+        if (!kv.empty()) req.query[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+        pos = amp + 1;
+      }
+    }
     r = route(req);
   } catch (const RequestError& e) {
     r = error(400, e.what());
