@@ -19,6 +19,7 @@ struct QuotaClient::Http {
     client.set_read_timeout(5, 0);
     client.set_write_timeout(5, 0);
     client.set_keep_alive(true);
+    client.set_tcp_nodelay(true);
   }
   httplib::Client client;
 };

@@ -210,7 +210,9 @@ bool Engine::try_preempt(Lease& w, int64_t now_ms) {
   const Team& team = policy_.teams.at(w.req.team);
   const bool critical = w.req.priority == Priority::kCritical;
   const double mine = team_units(w.req.team, now_ms) + w.units(policy_);
-  if (!critical && mine > team.limit_at(now_ms) + kEps) return false;  // its own team's limit: just wait
+  // over its own team's limit, a request may only displace lower-priority work of its own team
+  const bool over_own = !critical && mine > team.limit_at(now_ms) + kEps;
+  const double must_free_own = over_own ? mine - team.limit_at(now_ms) : 0;
   const bool within_base = critical || mine <= team.base + kEps;
   std::map<std::string, bool> over_limit;
   for (const auto& [name, t] : policy_.teams) over_limit[name] = team_units(name, now_ms) > t.limit_at(now_ms) + kEps;
@@ -221,7 +223,7 @@ bool Engine::try_preempt(Lease& w, int64_t now_ms) {
     if (now_ms - v.granted_ms < int64_t(policy_.min_runtime_s) * 1000) continue;
     const bool lower = v.req.priority < w.req.priority;
     const bool reclaim = within_base && v.req.team != w.req.team && (v.over_base || over_limit[v.req.team]);
-    if (lower || reclaim) cands.push_back(&v);
+    if (over_own ? (lower && v.req.team == w.req.team) : (lower || reclaim)) cands.push_back(&v);
   }
   if (cands.empty()) return false;
   auto rank = [&](const Lease* v) {
@@ -233,25 +235,32 @@ bool Engine::try_preempt(Lease& w, int64_t now_ms) {
   std::stable_sort(cands.begin(), cands.end(), [&](const Lease* a, const Lease* b) { return rank(a) < rank(b); });
   std::set<int64_t> ignore;
   std::vector<const Lease*> victims;
+  auto enough = [&]() {
+    double freed_own = 0;
+    for (const Lease* v : victims) {
+      if (v->req.team == w.req.team && !v->emergency) freed_own += v->units(policy_);
+    }
+    return freed_own + kEps >= must_free_own && place(w, now_ms, ignore).has_value();
+  };
   bool fits = false;
   for (const Lease* v : cands) {
     ignore.insert(v->id);
     victims.push_back(v);
-    if (place(w, now_ms, ignore)) {
+    if (enough()) {
       fits = true;
       break;
     }
   }
   if (!fits) return false;
   // drop victims that turned out unnecessary
-  for (auto it = victims.begin(); it != victims.end();) {
-    ignore.erase((*it)->id);
-    if (place(w, now_ms, ignore)) {
-      it = victims.erase(it);
-    } else {
-      ignore.insert((*it)->id);
-      ++it;
-    }
+  for (size_t i = 0; i < victims.size();) {
+    const Lease* v = victims[i];
+    ignore.erase(v->id);
+    victims.erase(victims.begin() + long(i));
+    if (enough()) continue;
+    ignore.insert(v->id);
+    victims.insert(victims.begin() + long(i), v);
+    ++i;
   }
   w.waiting_on.clear();
   for (const Lease* cv : victims) {
