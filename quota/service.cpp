@@ -208,8 +208,7 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
   } catch (const std::exception& e) {
     r = error(500, e.what());
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  ++responses_by_status_[r.status];
+  if (r.status >= 0 && r.status < int(responses_by_status_.size())) ++responses_by_status_[size_t(r.status)];
   return r;
 }
 
@@ -385,17 +384,22 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
   };
   if (!store_ || !options_.reload_per_call) {
     // hot path: memory only; the sample reaches the database with the next batched flush
-    std::lock_guard<std::mutex> lk(mu_);
-    const Lease* l = engine_.find(id);
-    if (l == nullptr) return error(404, "unknown lease " + std::to_string(id));
-    if (!can_act(c, *l)) return error(403, c.name + " may not heartbeat lease " + std::to_string(id));
-    const int64_t now = clock_();
-    const HeartbeatResult h = engine_.heartbeat(id, t, now);
-    ++heartbeats_total_;
-    if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
-      pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
+    ApiResponse r;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const Lease* l = engine_.find(id);
+      if (l == nullptr) return error(404, "unknown lease " + std::to_string(id));
+      if (!can_act(c, *l)) return error(403, c.name + " may not heartbeat lease " + std::to_string(id));
+      const int64_t now = clock_();
+      const HeartbeatResult h = engine_.heartbeat(id, t, now);
+      ++heartbeats_total_;
+      if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
+        pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
+      }
+      r = fill(h, now);
     }
-    return fill(h, now);
+    if (options_.write_each_heartbeat) flush_heartbeats();
+    return r;
   }
   return locked([&] {
     const Lease* l = engine_.find(id);
@@ -563,8 +567,9 @@ std::string QuotaService::metrics_text() {
   os << "# HELP quota_emergency_grants_total Critical leases granted.\n# TYPE quota_emergency_grants_total counter\n";
   os << "quota_emergency_grants_total " << emergency_total_.load() << "\n";
   os << "# HELP quota_responses_total API responses by status.\n# TYPE quota_responses_total counter\n";
-  for (const auto& [code, count] : responses_by_status_) {
-    os << "quota_responses_total{code=\"" << code << "\"} " << count << "\n";
+  for (size_t code = 0; code < responses_by_status_.size(); ++code) {
+    const uint64_t count = responses_by_status_[code].load();
+    if (count > 0) os << "quota_responses_total{code=\"" << code << "\"} " << count << "\n";
   }
   return os.str();
 }

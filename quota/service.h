@@ -1,5 +1,6 @@
 #pragma once
 // The quota API as a transport-free router: the HTTP server and the embedded local mode both call handle().
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,7 @@ struct ServiceOptions {
   bool full_sync = false;        // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
   int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
+  bool write_each_heartbeat = false;  // commit every heartbeat sample at once instead of batching (benchmarks)
 };
 
 int64_t system_now_ms();
@@ -94,7 +96,7 @@ class QuotaService {
   std::atomic<uint64_t> heartbeats_total_{0};
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};
-  std::map<int, uint64_t> responses_by_status_;
+  std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
 };
 
 }  // namespace yolo8::quota
