@@ -1,6 +1,217 @@
-#include <iostream>
+// quotad: the GPU lease service (serve) and its admin verbs, which talk to a running server.
+#include <httplib.h>
+#include <signal.h>
 
-int main() {
-  std::cerr << "quotad: not built yet (see the quota issue)\n";
-  return 2;
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "quota/http_server.h"
+#include "quota/policy.h"
+#include "quota/service.h"
+#include "quota/sha256.h"
+
+using nlohmann::json;
+using namespace yolo8::quota;
+
+namespace {
+
+struct AdminArgs {
+  std::string server = "http://127.0.0.1:8470";
+  std::string token;
+  bool raw_json = false;
+};
+
+json admin_call(const AdminArgs& a, const std::string& method, const std::string& path, const std::string& body = "") {
+  httplib::Client cli(a.server);
+  cli.set_connection_timeout(5, 0);
+  cli.set_read_timeout(10, 0);
+  httplib::Headers h;
+  std::string token = a.token;
+  if (token.empty()) {
+    if (const char* t = std::getenv("QUOTAD_TOKEN")) token = t;
+  }
+  if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
+  auto res = method == "GET" ? cli.Get(path.c_str(), h) : cli.Post(path.c_str(), h, body, "application/json");
+  if (!res) throw std::runtime_error("cannot reach " + a.server + ": " + httplib::to_string(res.error()));
+  json j;
+  try {
+    j = json::parse(res->body);
+  } catch (const json::exception&) {
+    j = json{{"reason", res->body}};
+  }
+  if (res->status >= 400) {
+    throw std::runtime_error("HTTP " + std::to_string(res->status) + ": " + j.value("reason", res->body));
+  }
+  return j;
+}
+
+std::string fmt_ms(int64_t ms) {
+  if (ms <= 0) return "-";
+  const time_t s = time_t(ms / 1000);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", std::gmtime(&s));
+  return buf;
+}
+
+int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync,
+          int threads) {
+  Policy policy = load_policy(policy_path);
+  ServerOptions so;
+  parse_listen(listen, so.host, so.port);
+  so.threads = threads;
+  ServiceOptions opts;
+  opts.db_path = db;
+  opts.full_sync = full_sync;
+  // block the stop signals in every thread; the main thread waits for them
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  QuotaService service(std::move(policy), opts);
+  QuotaServer server(service, so);
+  const int port = server.start();
+  std::printf("quotad: serving %s (%d GPUs, %zu teams) on http://%s:%d, db %s\n", policy_path.c_str(),
+              service.policy().total_gpus(), service.policy().teams.size(), so.host.c_str(), port, db.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::printf("quotad: signal %d, stopping\n", sig);
+  server.stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"quotad: GPU leases with department quotas"};
+  app.require_subcommand(1);
+
+  std::string policy_path = "configs/quota-policy.yaml", db = "quotad.db", listen = "127.0.0.1:8470";
+  bool full_sync = false;
+  int threads = 32;
+  auto* serve_cmd = app.add_subcommand("serve", "run the service");
+  serve_cmd->add_option("--policy", policy_path, "policy YAML")->capture_default_str();
+  serve_cmd->add_option("--db", db, "SQLite database (created if missing)")->capture_default_str();
+  serve_cmd->add_option("--listen", listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
+  serve_cmd->add_flag("--sync-full", full_sync, "fsync every commit (survives power loss; slower)");
+  serve_cmd->add_option("--threads", threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
+
+  auto* check_cmd = app.add_subcommand("check-policy", "validate a policy file and print a summary");
+  check_cmd->add_option("policy", policy_path, "policy YAML")->required();
+
+  std::string token_text;
+  auto* hash_cmd = app.add_subcommand("hash-token", "print the SHA-256 of a token for the policy's users");
+  hash_cmd->add_option("token", token_text, "token")->required();
+
+  AdminArgs admin;
+  auto add_admin = [&](CLI::App* c) {
+    c->add_option("--server", admin.server, "quotad URL")->capture_default_str();
+    c->add_option("--token", admin.token, "bearer token (default: $QUOTAD_TOKEN)");
+    c->add_flag("--json", admin.raw_json, "print the raw JSON");
+  };
+  auto* teams_cmd = app.add_subcommand("teams", "usage per team");
+  add_admin(teams_cmd);
+  std::string state_filter;
+  auto* leases_cmd = app.add_subcommand("leases", "list leases");
+  add_admin(leases_cmd);
+  leases_cmd->add_option("--state", state_filter, "only this state (default: unfinished ones)");
+  int64_t approval_id = 0;
+  std::string note;
+  auto* approve_cmd = app.add_subcommand("approve", "approve a request (team lead or admin)");
+  add_admin(approve_cmd);
+  approve_cmd->add_option("id", approval_id, "approval id")->required();
+  approve_cmd->add_option("--note", note, "note for the audit log");
+  auto* reject_cmd = app.add_subcommand("reject", "reject a request (team lead or admin)");
+  add_admin(reject_cmd);
+  reject_cmd->add_option("id", approval_id, "approval id")->required();
+  reject_cmd->add_option("--note", note, "reason for the audit log");
+  auto* approvals_cmd = app.add_subcommand("approvals", "list approval requests");
+  add_admin(approvals_cmd);
+  int64_t after = 0;
+  int limit = 100;
+  auto* audit_cmd = app.add_subcommand("audit", "print the audit log");
+  add_admin(audit_cmd);
+  audit_cmd->add_option("--after", after, "only entries after this sequence number");
+  audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
+    if (*check_cmd) {
+      const Policy p = load_policy(policy_path);
+      std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
+                  p.total_gpus(), p.emergency_pool_gpus(), p.teams.size(), p.users.size());
+      return 0;
+    }
+    if (*hash_cmd) {
+      std::printf("%s\n", sha256_hex(token_text).c_str());
+      return 0;
+    }
+    json j;
+    if (*teams_cmd) {
+      j = admin_call(admin, "GET", "/v1/teams");
+      if (!admin.raw_json) {
+        std::printf("%-16s %6s %6s %6s %7s %6s %7s %8s\n", "team", "base", "burst", "limit", "in_use", "active",
+                    "queued", "approval");
+        for (const auto& t : j["teams"]) {
+          std::printf("%-16s %6.1f %6.1f %6.1f %7.2f %6d %7d %8d\n", t["name"].get<std::string>().c_str(),
+                      t["base"].get<double>(), t["burst"].get<double>(), t["limit_now"].get<double>(),
+                      t["gpus_in_use"].get<double>(), t["leases_active"].get<int>(), t["queued"].get<int>(),
+                      t["pending_approval"].get<int>());
+        }
+        std::printf("total GPUs %d, emergency pool %d\n", j["total_gpus"].get<int>(),
+                    j["emergency_pool_gpus"].get<int>());
+        return 0;
+      }
+    } else if (*leases_cmd) {
+      j = admin_call(admin, "GET", "/v1/leases" + (state_filter.empty() ? "" : "?state=" + state_filter));
+      if (!admin.raw_json) {
+        std::printf("%-6s %-16s %-8s %-14s %-9s %-8s %4s %-20s %s\n", "id", "state", "user", "team", "model",
+                    "priority", "gpus", "devices", "reason");
+        for (const auto& l : j["leases"]) {
+          std::string devs;
+          for (const auto& d : l["devices"]) devs += (devs.empty() ? "" : ",") + d.get<std::string>();
+          const auto& r = l["request"];
+          std::printf("%-6lld %-16s %-8s %-14s %-9s %-8s %4d %-20s %s\n", (long long)l["id"].get<int64_t>(),
+                      l["state"].get<std::string>().c_str(), r["user"].get<std::string>().c_str(),
+                      r["team"].get<std::string>().c_str(), r["model"].get<std::string>().c_str(),
+                      r["priority"].get<std::string>().c_str(), l["gpus"].get<int>(), devs.c_str(),
+                      l.value("reason", "").c_str());
+        }
+        return 0;
+      }
+    } else if (*approve_cmd || *reject_cmd) {
+      const std::string verb = *approve_cmd ? "approve" : "reject";
+      j = admin_call(admin, "POST", "/v1/approvals/" + std::to_string(approval_id) + "/" + verb,
+                     json{{"note", note}}.dump());
+      if (!admin.raw_json) {
+        std::printf("approval %lld: %s by %s; lease %lld is %s\n", (long long)approval_id,
+                    j["state"].get<std::string>().c_str(), j["decided_by"].get<std::string>().c_str(),
+                    (long long)j["lease_id"].get<int64_t>(), j["lease"]["state"].get<std::string>().c_str());
+        return 0;
+      }
+    } else if (*approvals_cmd) {
+      j = admin_call(admin, "GET", "/v1/approvals");
+    } else if (*audit_cmd) {
+      j = admin_call(admin, "GET", "/v1/audit?after=" + std::to_string(after) + "&limit=" + std::to_string(limit));
+      if (!admin.raw_json) {
+        for (const auto& e : j["audit"]) {
+          std::printf("%6lld %s %-10s %-18s lease=%-5lld %-14s %s\n", (long long)e["seq"].get<int64_t>(),
+                      fmt_ms(e["ts_ms"].get<int64_t>()).c_str(), e["actor"].get<std::string>().c_str(),
+                      e["action"].get<std::string>().c_str(), (long long)e["lease_id"].get<int64_t>(),
+                      e["team"].get<std::string>().c_str(), e["detail"].get<std::string>().c_str());
+        }
+        return 0;
+      }
+    }
+    std::cout << j.dump(2) << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "quotad: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
 }

@@ -1,2 +1,0 @@
-// Placeholder so the library has a source until its first real file lands; delete it then.
-namespace yolo8 { int quota_placeholder() { return 0; } }

@@ -1,0 +1,136 @@
+#pragma once
+// The department's GPU policy: inventory, teams, users, tiers, limits. Plain structs, validated in one place.
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace yolo8::quota {
+
+// Bad policy or request data; the message names the file/line/key.
+class PolicyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Priority { kLow = 0, kNormal = 1, kHigh = 2, kCritical = 3 };
+std::string to_string(Priority p);
+Priority parse_priority(const std::string& s);  // throws PolicyError
+
+struct Gpu {
+  std::string node;
+  int index = 0;  // index within the node
+  double memory_gib = 0;
+  std::string id() const { return node + ":" + std::to_string(index); }
+};
+
+// Weekday + local-time range; `utc_offset_min` comes from a time zone of the form "UTC" or "+HH:MM".
+// Named IANA zones are not supported (no tz database dependency); DST must be handled by editing the offset.
+struct BurstWindow {
+  std::vector<int> weekdays;  // 0 = Monday .. 6 = Sunday
+  int from_min = 0;           // minutes after local midnight, inclusive
+  int to_min = 0;             // exclusive; to < from wraps past midnight
+  int utc_offset_min = 0;
+  std::string timezone = "UTC";
+  bool contains(int64_t now_ms) const;
+};
+
+struct Team {
+  std::string name;
+  double base = 0;   // guaranteed GPUs
+  double burst = 0;  // limit inside a burst window (>= base)
+  std::vector<BurstWindow> burst_windows;
+  std::vector<std::string> leads;
+  std::vector<std::string> members;
+  // Limit in force at `now_ms`: burst inside a window, base otherwise.
+  double limit_at(int64_t now_ms) const;
+  bool in_burst_window(int64_t now_ms) const;
+};
+
+enum class Role { kMember, kLead, kAdmin };
+
+struct User {
+  std::string name;
+  std::string team;  // empty for admins without a team
+  Role role = Role::kMember;
+  std::string token_sha256;
+};
+
+struct MemoryEstimate {
+  double fixed_gib = 0;      // weights, optimizer state, workspace
+  double per_image_gib = 0;  // activations per image at imgsz 640
+};
+
+// Estimated training memory per GPU; from configs/memory-table.yaml until the VRAM profiler measures it.
+struct MemoryTable {
+  std::map<std::string, MemoryEstimate> models;
+  bool has(const std::string& model) const { return models.count(model) > 0; }
+  // GiB for `batch_per_gpu` images at `imgsz` (activations scale with (imgsz/640)^2).
+  double estimate_gib(const std::string& model, int imgsz, int batch_per_gpu) const;
+  // Largest per-GPU batch fitting `memory_gib`; 0 when not even one image fits.
+  int max_batch(const std::string& model, int imgsz, double memory_gib) const;
+};
+
+struct Policy {
+  std::string source;  // file it came from, for messages
+  std::vector<Gpu> gpus;
+  std::map<std::string, Team> teams;
+  std::map<std::string, User> users;
+  double emergency_pool_fraction = 0.15;
+  // defaults for requests that declare nothing
+  int default_gpus = 1;
+  std::map<std::string, double> default_memory_gib;  // per model, for shared leases
+  double default_memory_fallback_gib = 8;
+  // tiers
+  std::vector<std::string> self_service_models = {"yolov8n", "yolov8s"};
+  std::vector<std::string> approval_models = {"yolov8l", "yolov8x"};
+  bool unknown_models_need_approval = true;  // "custom" models
+  // lease timing (seconds)
+  int ttl_s = 60;
+  int heartbeat_interval_s = 10;
+  int expiry_grace_s = 30;
+  // preemption
+  int min_runtime_s = 300;
+  int preempt_grace_s = 120;
+  // sharing
+  bool sharing_enabled = false;
+  int max_leases_per_gpu = 4;
+  // credits, GPU-hours per member per month; <= 0 disables credits
+  double monthly_gpu_hours = 100;
+  double loan_gpu_hours = 0;
+  // request bounds
+  int max_imgsz = 4096;
+  int max_batch = 4096;
+  MemoryTable memory_table;
+
+  int total_gpus() const { return int(gpus.size()); }
+  // Whole GPUs kept for critical leases.
+  int emergency_pool_gpus() const;
+  double max_gpu_memory_gib() const;
+  bool needs_approval(const std::string& model) const;
+  const User* find_user_by_token(const std::string& token) const;
+  // Throws PolicyError naming the key if the policy is inconsistent.
+  void validate() const;
+};
+
+// Loads a policy YAML; the memory table comes from `memory_table:` (relative to the policy file) or is empty.
+Policy load_policy(const std::string& path);
+// Loads from text; `source` names it in errors; relative memory table paths resolve against `base_dir`.
+Policy load_policy_from_string(const std::string& yaml, const std::string& source,
+                               const std::string& base_dir = ".");
+MemoryTable load_memory_table(const std::string& path);
+
+// Embedded single-workstation policy: one team "local", `gpu_count` GPUs of `memory_gib`, user `user`
+// as lead, no emergency pool, no credits, every model self-service.
+Policy local_policy(int gpu_count, double memory_gib, const std::string& user);
+
+// Civil-time helpers on UTC milliseconds.
+int weekday_of(int64_t ms_local);    // 0 = Monday
+int minute_of_day(int64_t ms_local);
+std::string month_key(int64_t ms_utc);  // "YYYY-MM"
+std::string previous_month_key(const std::string& month);
+// "UTC", "Z", "+HH:MM", "-HH:MM", "UTC+HH:MM"; throws PolicyError otherwise.
+int parse_utc_offset_min(const std::string& tz);
+
+}  // namespace yolo8::quota

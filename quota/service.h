@@ -1,0 +1,102 @@
+#pragma once
+// The quota API as a transport-free router: the HTTP server and the embedded local mode both call handle().
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "quota/engine.h"
+#include "quota/store.h"
+
+namespace yolo8::quota {
+
+struct ApiRequest {
+  std::string method;  // GET | POST
+  std::string path;    // without the query string
+  std::map<std::string, std::string> query;
+  std::string body;
+  std::string token;            // bearer token
+  std::string idempotency_key;  // Idempotency-Key header
+  std::string trusted_user;     // in-process callers (local mode) act as this user without a token
+};
+
+struct ApiResponse {
+  int status = 200;
+  nlohmann::json body = nlohmann::json::object();
+  std::string text;  // non-JSON bodies (metrics)
+  std::string content_type = "application/json";
+  std::string serialized() const { return text.empty() ? body.dump() : text; }
+};
+
+struct ServiceOptions {
+  std::string db_path;           // empty: state in memory only
+  bool reload_per_call = false;  // local mode: several processes share db_path; each call locks and reloads it
+  bool full_sync = false;        // SQLite synchronous=FULL instead of NORMAL
+  std::function<int64_t()> clock;  // UTC ms; the system clock when empty
+  int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
+  bool write_each_heartbeat = false;  // commit every heartbeat sample at once instead of batching (benchmarks)
+};
+
+int64_t system_now_ms();
+
+class QuotaService {
+ public:
+  QuotaService(Policy policy, ServiceOptions options);
+
+  // Never throws: every failure becomes a status with a `reason`.
+  ApiResponse handle(const ApiRequest& req);
+  // Expiry, deadlines, queue (the server calls it every second; local mode on every call).
+  void tick();
+  // Writes buffered heartbeat samples in one transaction (server mode batches them).
+  void flush_heartbeats();
+  std::vector<std::string> check_invariants();
+  int64_t now() const { return clock_(); }
+  const Policy& policy() const { return policy_; }
+  // Runs `fn` on the engine under the service lock (tests, metrics).
+  void inspect(const std::function<void(const Engine&)>& fn);
+  std::string metrics_text();
+
+ private:
+  struct Caller {
+    std::string name;
+    std::string team;
+    Role role = Role::kMember;
+  };
+  ApiResponse route(const ApiRequest& req);
+  ApiResponse locked(const std::function<ApiResponse()>& op);
+  void reload_locked(int64_t now_ms);
+  void persist_locked();
+  bool can_read(const Caller& c, const Lease& l) const;
+  bool can_act(const Caller& c, const Lease& l) const;
+  nlohmann::json lease_view(const Lease& l, int64_t now_ms) const;
+  ApiResponse acquire(const Caller& c, const ApiRequest& req);
+  ApiResponse get_lease(const Caller& c, int64_t id);
+  ApiResponse list_leases(const Caller& c, const ApiRequest& req);
+  ApiResponse heartbeat(const Caller& c, int64_t id, const std::string& body);
+  ApiResponse release(const Caller& c, int64_t id, const std::string& body);
+  ApiResponse decide(const Caller& c, int64_t approval_id, bool approve, const std::string& body);
+  ApiResponse list_approvals(const Caller& c);
+  ApiResponse teams(const Caller& c);
+  ApiResponse audit(const Caller& c, const ApiRequest& req);
+
+  Policy policy_;
+  ServiceOptions options_;
+  std::function<int64_t()> clock_;
+  std::mutex mu_;  // engine and pending heartbeats
+  std::mutex db_mu_;
+  Engine engine_;
+  std::unique_ptr<Store> store_;
+  std::vector<HeartbeatSample> pending_heartbeats_;
+  std::atomic<uint64_t> heartbeats_total_{0};
+  std::atomic<uint64_t> preemptions_total_{0};
+  std::atomic<uint64_t> emergency_total_{0};
+  std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
+};
+
+}  // namespace yolo8::quota
