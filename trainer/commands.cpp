@@ -1,9 +1,13 @@
 #include "trainer/commands.h"
 
+#include <algorithm>
 #include <iostream>
+#include <map>
+#include <sstream>
 
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
+#include "trainer/profiler.h"
 #include "trainer/settings.h"
 
 namespace yolo8 {
@@ -71,6 +75,28 @@ int run_mode(const CommandLine& command) {
 #else
     return needs_opencv("data");
 #endif
+  }
+  if (command.mode == "profile") {
+    // batch and variants are lists here: batch=1,2,4,8 variants=n,s,m.
+    auto keys = take_keys(pairs, {"batch", "variants"});
+    const Settings settings = resolve_settings(pairs, "profile");
+    Settings scratch;
+    set_setting(scratch, "classes", keys.count("batch") ? keys["batch"] : "1,2,4,8,16", "command line");
+    std::vector<int> batches = scratch.classes;
+    for (int batch : batches) {
+      if (batch < 1) throw SettingsError("setting 'batch' of profile must list batch sizes >= 1");
+    }
+    std::vector<std::string> variants;
+    if (keys.count("variants")) {
+      std::string list = keys["variants"];
+      for (char& c : list) c = (c == ',' || c == '[' || c == ']') ? ' ' : c;
+      std::istringstream words(list);
+      std::string word;
+      while (words >> word) variants.push_back(word.size() == 1 ? "yolov8" + word + ".yaml" : word);
+    } else {
+      variants.push_back(settings.model);
+    }
+    return run_profile(settings, variants, batches);
   }
   const Settings settings = resolve_settings(pairs, command.mode);
 #ifdef YOLO8_HAVE_DATA

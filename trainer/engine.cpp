@@ -23,6 +23,8 @@
 #include "data/synth.h"
 #include "trainer/checkpoint.h"
 #include "trainer/exit_codes.h"
+#include "trainer/lease.h"
+#include "trainer/profiler.h"
 #include "trainer/progress.h"
 #include "trainer/run_dir.h"
 #include "trainer/stop_signal.h"
@@ -215,12 +217,6 @@ void write_text(const fs::path& path, const std::string& text) {
 }
 
 
-// What the trainer needs from a batch value in the settings.
-int fixed_batch(const Settings& settings) {
-  if (settings.batch >= 1) return static_cast<int>(settings.batch);
-  std::cout << "batch=auto: sizing to the memory budget is not wired yet on this path; using 16\n";
-  return 16;
-}
 
 }  // namespace
 
@@ -305,6 +301,7 @@ int run_train(const Settings& requested) {
   if (settings.data.empty()) throw SettingsError("setting 'data' is required for train, e.g. data=coco128.yaml");
   torch::manual_seed(static_cast<uint64_t>(settings.seed));
   const torch::Device device = pick_device(settings);
+  double lease_gib = 0.0;  // memory per GPU granted by the quota service (0: none)
 
   // Data.
   data::DatasetSpec spec = as_input_error([&] { return data::load_data_yaml(settings.data); });
@@ -347,7 +344,30 @@ int run_train(const Settings& requested) {
     settings.imgsz = rounded;
   }
 
-  const int batch = fixed_batch(settings);
+  // The lease comes before the batch: its memory is the budget the batch is sized to.
+  const std::string job_name = run_dir.empty() ? (settings.name.empty() ? std::string("train") : settings.name)
+                                               : run_dir.filename().string();
+  std::unique_ptr<TrainingLease> lease;
+  try {
+    lease = std::make_unique<TrainingLease>(settings, job_name, device.is_cuda(),
+                                            std::max<int>(1, static_cast<int>(settings.device_ids().size())));
+  } catch (const quota::QuotaRefused& refused) {
+    std::string message = "the quota service refused the lease (" + std::to_string(refused.status()) + "): " +
+                          refused.what();
+    if (refused.max_batch() > 0) message += "; at most batch=" + std::to_string(refused.max_batch()) + " fits";
+    throw DataError(message);
+  }
+  lease_gib = lease->memory_gib();
+  int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
+  if (batch == 0) {
+    const double budget = memory_budget_bytes(settings, device, lease_gib);
+    std::cout << "batch=" << get_setting(settings, "batch") << ": sizing the batch to a budget of " << std::fixed
+              << std::setprecision(2) << budget / kBytesPerGib << " GiB\n";
+    const AutoBatchResult chosen =
+        auto_batch_for(model->config(), settings, device, budget, static_cast<int>(train_index->records.size()));
+    std::cout << format_auto_batch_summary(chosen) << "\n";
+    batch = chosen.batch;
+  }
   if (run_dir.empty()) run_dir = make_run_dir(settings.project, "train", settings.name, settings.exist_ok);
   write_text(run_dir / "args.yaml", settings_to_yaml(settings));
   std::cout << "Settings:\n" << settings_table(settings) << "Run folder: " << run_dir.string() << "\n";
@@ -411,6 +431,7 @@ int run_train(const Settings& requested) {
     }
     if (start_epoch >= settings.epochs) {
       std::cout << resume_path << " already finished its " << settings.epochs << " epochs\n";
+      lease->release(quota::Outcome::kCompleted);
       return kExitCompleted;
     }
   }
@@ -435,6 +456,9 @@ int run_train(const Settings& requested) {
     sources.optimizer = with_optimizer ? &core.optimizer() : nullptr;
     sources.include_grads = with_grads;
     save_checkpoint(path.string(), state, sources);
+    lease->telemetry().last_checkpoint_ms.store(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count());
   };
 
   const fs::path last_pt = run_dir / "weights" / "last.pt";
@@ -456,7 +480,10 @@ int run_train(const Settings& requested) {
     if (train_loader.update_close_mosaic(epoch, settings.epochs) == false && epoch == settings.epochs - settings.close_mosaic) {
       std::cout << "Closing the mosaic for the last " << settings.close_mosaic << " epochs\n";
     }
-    train_loader.start_epoch(epoch, epoch == start_epoch ? first_batch : 0);
+    const int64_t epoch_first_batch = epoch == start_epoch ? first_batch : 0;
+    train_loader.start_epoch(epoch, epoch_first_batch);
+    // The reference drops gradients left over from the previous epoch's unfinished accumulation.
+    if (epoch_first_batch == 0) core.optimizer().zero_grad();
     core.model()->train();
     torch::Tensor loss_sum = torch::zeros({3}, torch::kDouble);
     int64_t loss_count = 0;
@@ -487,6 +514,9 @@ int run_train(const Settings& requested) {
       bar.update(done, fields);
       if (time_limit_s > 0 && seconds_since(run_start) > time_limit_s) request_stop(StopReason::kTimeLimit);
       if (stop_at_iteration >= 0 && ni + 1 >= stop_at_iteration) request_stop(StopReason::kSignal);
+      lease->telemetry().step.store(ni + 1);
+      lease->telemetry().epoch.store(static_cast<int>(epoch));
+      lease->check();
       // A stop inside the epoch checkpoints here; on its last batch the epoch-end path below saves instead.
       if (stop_requested() && i + 1 < batches_per_epoch) {
         bar.finish(fields);
@@ -495,7 +525,9 @@ int run_train(const Settings& requested) {
         std::cout << "Stopped (" << to_string(stop_reason()) << ") in epoch " << epoch + 1 << " after batch " << i + 1
                   << "; checkpoint " << last_pt.string() << " written in " << std::fixed << std::setprecision(2)
                   << seconds_since(stop_start) << " s. Resume with resume=" << last_pt.string() << "\n";
-        return stop_reason() == StopReason::kTimeLimit ? kExitCompleted : kExitPreempted;
+        const bool timed_out = stop_reason() == StopReason::kTimeLimit;
+        lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
+        return timed_out ? kExitCompleted : kExitPreempted;
       }
       if (stop_requested()) break;
       wait_start = Clock::now();
@@ -549,7 +581,9 @@ int run_train(const Settings& requested) {
     if (stop_requested()) {
       std::cout << "Stopped (" << to_string(stop_reason()) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
                 << last_pt.string() << "\n";
-      return stop_reason() == StopReason::kTimeLimit ? kExitCompleted : kExitPreempted;
+      const bool timed_out = stop_reason() == StopReason::kTimeLimit;
+      lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
+      return timed_out ? kExitCompleted : kExitPreempted;
     }
     if (settings.patience > 0 && epochs_without_improvement >= settings.patience) {
       std::cout << "Stopping early: no improvement in the last " << settings.patience << " epochs\n";
@@ -575,6 +609,7 @@ int run_train(const Settings& requested) {
     std::cout << validator.table();
     if (settings.save_json) validator.write_json((run_dir / "predictions.json").string());
   }
+  lease->release(quota::Outcome::kCompleted);
   const double total_s = seconds_since(run_start);
   std::cout << "\n" << settings.epochs - start_epoch << " epochs completed in " << std::fixed << std::setprecision(3)
             << total_s / 3600.0 << " hours (" << std::setprecision(1) << (train_seconds > 0 ? images_seen / train_seconds : 0)

@@ -1,0 +1,135 @@
+#include "trainer/profiler.h"
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "trainer/exit_codes.h"
+#include "trainer/memory_meter.h"
+#include "trainer/memory_model.h"
+#include "trainer/run_dir.h"
+#include "trainer/train_step.h"
+
+namespace yolo8 {
+namespace fs = std::filesystem;
+
+SyntheticBatch synthetic_batch(int64_t batch, int64_t imgsz, int64_t nc, int64_t labels_per_image, uint64_t seed) {
+  torch::Generator generator = at::detail::createCPUGenerator(seed);
+  SyntheticBatch out;
+  out.images = torch::randint(0, 256, {batch, 3, imgsz, imgsz}, generator, torch::kUInt8);
+  const int64_t count = batch * labels_per_image;
+  const torch::Tensor index = torch::arange(batch, torch::kFloat).repeat_interleave(labels_per_image).unsqueeze(1);
+  const torch::Tensor cls = torch::randint(0, nc, {count, 1}, generator, torch::kFloat);
+  // Sizes from 2 % to 50 % of the image so every level of the head gets targets.
+  const torch::Tensor size = torch::rand({count, 2}, generator) * 0.48 + 0.02;
+  const torch::Tensor centre = size / 2 + torch::rand({count, 2}, generator) * (1 - size);
+  out.labels = torch::cat({index, cls, centre, size}, 1);
+  return out;
+}
+
+struct SyntheticStepRunner::State {
+  std::unique_ptr<TrainingCore> core;
+  int64_t imgsz = 640;
+  int64_t labels_per_image = 8;
+  int64_t iteration = 0;
+};
+
+SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image,
+                                         const torch::Device& device, bool channels_last)
+    : state_(std::make_unique<State>()) {
+  state_->imgsz = imgsz;
+  state_->labels_per_image = labels_per_image;
+  TrainCoreConfig core_config;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = 1;  // step the optimizer every iteration: its state is part of the peak
+  core_config.shape = RunShape{1000, 1, 100, config.nc};
+  core_config.batches_per_epoch = 1000;
+  core_config.channels_last = channels_last;
+  core_config.device = device;
+  state_->core = std::make_unique<TrainingCore>(DetectionModel(config), DetectionModel(config), core_config);
+}
+
+SyntheticStepRunner::~SyntheticStepRunner() = default;
+
+void SyntheticStepRunner::train_step(int batch) {
+  const SyntheticBatch data = synthetic_batch(batch, state_->imgsz, state_->core->model()->nc(),
+                                              state_->labels_per_image, static_cast<uint64_t>(batch));
+  state_->core->model()->train();
+  state_->core->step(0, state_->iteration++, data.images, data.labels);
+}
+
+void SyntheticStepRunner::validation_step(int batch) {
+  torch::NoGradGuard no_grad;
+  const SyntheticBatch data = synthetic_batch(batch, state_->imgsz, state_->core->model()->nc(), 1, 0);
+  DetectionModel& ema = state_->core->ema_model();
+  ema->eval();
+  const DetectOutput output = ema->forward(state_->core->prepare_images(data.images));
+  (void)output;
+}
+
+double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib) {
+  if (lease_gib > 0) return lease_gib * kBytesPerGib;
+  if (settings.gpu_mem > 0) return settings.gpu_mem * kBytesPerGib;
+  return static_cast<double>(default_memory_budget_bytes(device));
+}
+
+AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settings, const torch::Device& device,
+                               double budget_bytes, int max_batch) {
+  const BatchSpec spec = parse_batch_spec(settings.batch);
+  MemoryMeter meter(device);
+  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last);
+  AutoBatchOptions options;
+  options.budget_fraction = spec.budget_fraction;
+  options.imgsz = settings.imgsz;
+  options.nominal_batch = settings.nbs;
+  options.max_batch = std::max(1, max_batch);
+  options.device = device;
+  options.log = [](const std::string& line) { std::cout << "  auto-batch: " << line << "\n"; };
+  options.validation_step = [&](int batch) {
+    return measure_peak_bytes(meter, [&] { runner.validation_step(batch); });
+  };
+  return choose_batch([&](int batch) { return measure_peak_bytes(meter, [&] { runner.train_step(batch); }); },
+                      budget_bytes, options);
+}
+
+int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches) {
+  torch::Device device = torch::kCPU;
+#ifdef YOLO8_WITH_CUDA
+  if (!settings.device_ids().empty()) device = torch::Device(torch::kCUDA, settings.device_ids().front());
+  else if (settings.device != "cpu" && torch::cuda::is_available()) device = torch::Device(torch::kCUDA, 0);
+#endif
+  const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
+  MemoryMeter meter(device);
+  MemoryTable table;
+  table.reference_imgsz = 640;
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  table.source = std::string("yolo8 profile on ") + (device.is_cuda() ? "CUDA" : "CPU (instrumented allocator)") +
+                 ", imgsz " + std::to_string(settings.imgsz) + ", " + date;
+  std::string json = "[";
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const std::string& variant = variants[v];
+    const ModelConfig config = load_model_config(variant, 80);
+    SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last);
+    const std::vector<StepProfile> rows =
+        profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.imgsz);
+    std::cout << format_profile_table(variant, rows) << std::flush;
+    json += (v ? "," : "") + profile_json(variant, device.str(), rows);
+    bool any_fit = false;
+    for (const auto& row : rows) any_fit = any_fit || !row.out_of_memory;
+    if (any_fit) table.variants.push_back(to_table_row(fs::path(variant).stem().string(), fit_profile(rows)));
+  }
+  json += "]";
+  std::ofstream(run_dir / "profile.json") << json << "\n";
+  const std::string table_path = settings.out.empty() ? (run_dir / "memory-table.yaml").string() : settings.out;
+  write_memory_table(table_path, table);
+  std::cout << "Profile written to " << (run_dir / "profile.json").string() << "; memory table (for quotad) to "
+            << table_path << "\n";
+  return kExitCompleted;
+}
+
+}  // namespace yolo8
