@@ -76,16 +76,15 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(dev);
 
   if (n_max == 0) {
-    return {torch::full({bs, na}, num_classes_, long_opts), torch::zeros_like(pd_bboxes),
-            torch::zeros_like(pd_scores), torch::zeros({bs, na}, long_opts.dtype(torch::kBool)),
-            torch::zeros({bs, na}, long_opts)};
+    return {torch::full({bs, na}, num_classes_, long_opts), torch::zeros_like(pd_bboxes), torch::zeros_like(pd_scores),
+            torch::zeros({bs, na}, long_opts.dtype(torch::kBool)), torch::zeros({bs, na}, long_opts)};
   }
 
   // Candidate pairs: anchor centre inside a real GT box.
-  auto real_gt = mask_gt.to(torch::kBool);                                  // (B, M, 1)
+  auto real_gt = mask_gt.to(torch::kBool);  // (B, M, 1)
   auto in_gts = level_hw.empty() ? select_candidates_in_gts(anchor_points, gt_bboxes)
                                  : select_candidates_in_gts_grid(anchor_points, gt_bboxes, level_hw);  // (B, M, A)
-  auto cand = in_gts.logical_and(real_gt).nonzero();                      // (K, 3): b, m, a
+  auto cand = in_gts.logical_and(real_gt).nonzero();  // (K, 3): b, m, a
   auto cb = cand.select(1, 0);
   auto cm = cand.select(1, 1);
   auto ca = cand.select(1, 2);
@@ -98,9 +97,8 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
   if (cand.size(0) > 0) {
     auto labels = gt_labels.squeeze(-1).to(torch::kLong).index({cb, cm});
     auto scores = pd_scores.index({cb, ca, labels});
-    auto iou = bbox_iou_xyxy(gt_bboxes.index({cb, cm}), pd_bboxes.index({cb, ca}), /*ciou=*/true)
-                   .squeeze(-1)
-                   .clamp_min(0);
+    auto iou =
+        bbox_iou_xyxy(gt_bboxes.index({cb, cm}), pd_bboxes.index({cb, ca}), /*ciou=*/true).squeeze(-1).clamp_min(0);
     overlaps.index_put_({cb, cm, ca}, iou);
     align_metric.index_put_({cb, cm, ca}, scores.pow(config_.alpha) * iou.pow(config_.beta));
   }

@@ -49,9 +49,8 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
     auto ia = idx.select(1, 2);
     auto labels = gt_labels.squeeze(-1).to(torch::kLong).index({ib, im});
     bbox_scores.index_put_({ib, im, ia}, pd_scores.index({ib, ia, labels}));
-    auto iou = bbox_iou_xyxy(gt_bboxes.index({ib, im}), pd_bboxes.index({ib, ia}), /*ciou=*/true)
-                   .squeeze(-1)
-                   .clamp_min(0);
+    auto iou =
+        bbox_iou_xyxy(gt_bboxes.index({ib, im}), pd_bboxes.index({ib, ia}), /*ciou=*/true).squeeze(-1).clamp_min(0);
     overlaps.index_put_({ib, im, ia}, iou);
   }
   auto align_metric = bbox_scores.pow(config_.alpha) * overlaps.pow(config_.beta);
@@ -97,7 +96,6 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
 
   return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
 }
-
 
 struct Inputs {
   torch::Tensor pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt;
@@ -145,8 +143,8 @@ TEST(Assigner, SparseMatchesDenseTranscription) {
       auto in = make_inputs(4, 12, 5, seed);
       TaskAlignedAssigner assigner(5, cfg);
       auto got = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
-      auto got_grid = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes,
-                                      in.mask_gt, {{16, 20}, {8, 10}, {4, 5}});
+      auto got_grid = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt,
+                                      {{16, 20}, {8, 10}, {4, 5}});
       auto want = dense_assign(5, cfg, in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
       EXPECT_GT(got.fg_mask.sum().item<int64_t>(), 0);
       expect_same(got, want);
