@@ -104,7 +104,7 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
       throw std::invalid_argument("DetectionLoss: feature map " + std::to_string(i) +
                                   " must be (B=" + std::to_string(bs) + ", " + std::to_string(no) + ", H, W)");
     }
-    flat.push_back(f.view({bs, no, -1}));
+    flat.push_back(f.reshape({bs, no, -1}));
     hw.emplace_back(f.size(2), f.size(3));
   }
   auto parts = torch::cat(flat, 2).split_with_sizes({4 * c.reg_max, c.nc}, 1);

@@ -60,6 +60,14 @@ TEST(DetectionLoss, EachGainAndAssignerConstantChangesTheResult) {
   }
 }
 
+TEST(DetectionLoss, AcceptsChannelsLastMaps) {
+  auto c = first_case();
+  std::vector<torch::Tensor> cl;
+  for (auto& f : c.feats) cl.push_back(f.contiguous(torch::MemoryFormat::ChannelsLast));
+  DetectionLoss loss(base_config());
+  EXPECT_TRUE(torch::equal(loss(cl, c.targets).items, loss(c.feats, c.targets).items));
+}
+
 TEST(DetectionLoss, TotalIsGainedSumTimesBatch) {
   auto c = first_case();
   auto out = DetectionLoss(base_config())(c.feats, c.targets);
