@@ -19,6 +19,8 @@ torch::Tensor dense_candidates_in_gts(const torch::Tensor& anchor_points, const 
 
 // Oracle: a direct, fully dense transcription of the reference assigner (every step on (B, M, A) tensors).
 // The library version is sparse after top-k and must agree exactly.
+int g_dense_conflicts = 0;  // how often the oracle resolved anchors claimed by several GTs
+
 Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, const torch::Tensor& pd_scores,
                         const torch::Tensor& pd_bboxes, const torch::Tensor& anchor_points,
                         const torch::Tensor& gt_labels, const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt) {
@@ -68,6 +70,7 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
   // One GT per anchor: where several claim it, the GT of highest IoU wins.
   auto fg = mask_pos.sum(-2);
   if (fg.max().item<double>() > 1) {
+    ++g_dense_conflicts;
     auto multi = (fg.unsqueeze(1) > 1).expand({-1, n_max, -1});
     auto max_idx = overlaps.argmax(1);
     auto is_max = torch::zeros_like(mask_pos);
@@ -135,6 +138,7 @@ void expect_same(const Assignment& a, const Assignment& b) {
 }
 
 TEST(Assigner, SparseMatchesDenseTranscription) {
+  g_dense_conflicts = 0;
   for (uint64_t seed : {1, 2, 3}) {
     for (auto cfg : {AssignerConfig{}, AssignerConfig{13, 1.0, 6.0, 1e-9}, AssignerConfig{1, 0.5, 6.0, 1e-9},
                      AssignerConfig{10, 0.0, 0.0, 1e-9}}) {
@@ -151,6 +155,7 @@ TEST(Assigner, SparseMatchesDenseTranscription) {
       expect_same(got_grid, want);
     }
   }
+  EXPECT_GE(g_dense_conflicts, 6);  // the crowded scenes must exercise conflict resolution
 }
 
 TEST(Assigner, GridCandidateTestEqualsGeneric) {
