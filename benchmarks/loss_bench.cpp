@@ -42,24 +42,26 @@ int main(int argc, char** argv) {
     TaskAlignedAssigner assigner(nc, cfg.assigner);
 
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("%-7s %13s %13s %16s %10s %10s %12s %10s\n", "labels", "assigner_ms", "loss_fwd_ms",
-                "loss_fwd_bwd_ms", "asg_cpu", "fwd_cpu", "fwd_bwd_cpu", "asg/total");
+    std::printf("%-7s %13s %13s %16s %10s %10s %12s %10s\n", "labels", "assigner_ms", "loss_fwd_ms", "loss_fwd_bwd_ms",
+                "asg_cpu", "fwd_cpu", "fwd_bwd_cpu", "asg/total");
     for (int64_t labels : {10, 200}) {
       auto s = make_setup(batch, nc, labels, imgsz);
       // Assigner alone on inputs shaped as the loss builds them.
       auto anchors = make_anchors({{80, 80}, {40, 40}, {20, 20}}, cfg.strides);
       const auto na = anchors.points.size(0);
       auto pd_scores = torch::rand({batch, na, nc});
-      auto pd_boxes = xywh_to_xyxy(torch::cat({torch::rand({batch, na, 2}) * imgsz, torch::rand({batch, na, 2}) * 200},
-                                              -1));
+      auto pd_boxes =
+          xywh_to_xyxy(torch::cat({torch::rand({batch, na, 2}) * imgsz, torch::rand({batch, na, 2}) * 200}, -1));
       auto gt = DetectionLoss::pad_targets(s.targets, batch, torch::tensor({640.f, 640.f, 640.f, 640.f}));
       auto gt_labels = gt.narrow(2, 0, 1);
       auto gt_boxes = gt.narrow(2, 1, 4);
       auto mask_gt = gt_boxes.sum(2, true).gt(0).to(torch::kFloat32);
       auto anc_px = anchors.points * anchors.strides;
       const auto t_assign = bench::measure(
-          [&] { assigner.assign(pd_scores, pd_boxes, anc_px, gt_labels, gt_boxes, mask_gt, {{80, 80}, {40, 40}, {20, 20}}); }, args.iters,
-          args.warmup);
+          [&] {
+            assigner.assign(pd_scores, pd_boxes, anc_px, gt_labels, gt_boxes, mask_gt, {{80, 80}, {40, 40}, {20, 20}});
+          },
+          args.iters, args.warmup);
 
       std::vector<torch::Tensor> feats;
       for (auto& f : s.feats) feats.push_back(f.clone().requires_grad_(true));

@@ -20,9 +20,8 @@ int main(int argc, char** argv) {
       double conf, iou;
       bool sparse;  // trained-model-like scores: ~3% object anchors, the rest near zero
     };
-    const Setting settings[] = {{"val_uniform", 0.001, 0.7, false},
-                                {"val_sparse", 0.001, 0.7, true},
-                                {"predict_sparse", 0.25, 0.45, true}};
+    const Setting settings[] = {
+        {"val_uniform", 0.001, 0.7, false}, {"val_sparse", 0.001, 0.7, true}, {"predict_sparse", 0.25, 0.45, true}};
     nlohmann::json rows = nlohmann::json::array();
     std::printf("%-14s %6s %6s %11s %9s %11s %9s %11s\n", "setting", "conf", "iou", "candidates", "kept/img",
                 "ms/batch16", "ms/img", "cpu_ms/img");

@@ -30,7 +30,13 @@ torch::Tensor select_candidates_in_gts_grid(const torch::Tensor& anchor_points, 
   const auto bs = gt_bboxes.size(0);
   const auto nb = gt_bboxes.size(1);
   auto c = gt_bboxes.unsqueeze(-1).unbind(2);  // (B, M, 1) each
-  std::vector<torch::Tensor> levels;
+  int64_t total = 0;
+  for (const auto& hw : level_hw) total += hw.first * hw.second;
+  if (total != anchor_points.size(0)) {
+    throw std::invalid_argument("select_candidates_in_gts_grid: level sizes sum to " + std::to_string(total) +
+                                " but there are " + std::to_string(anchor_points.size(0)) + " anchors");
+  }
+  auto out = torch::empty({bs, nb, total}, gt_bboxes.options().dtype(torch::kBool));
   int64_t offset = 0;
   for (const auto& [h, w] : level_hw) {
     // Column x values from the first row, row y values from the first column: the very same floats.
@@ -38,14 +44,11 @@ torch::Tensor select_candidates_in_gts_grid(const torch::Tensor& anchor_points, 
     auto ys = anchor_points.narrow(0, offset, h * w).select(1, 1).slice(0, 0, h * w, w).view({1, 1, h});
     auto in_x = torch::gt(xs - c[0], eps).logical_and_(torch::gt(c[2] - xs, eps));  // (B, M, w)
     auto in_y = torch::gt(ys - c[1], eps).logical_and_(torch::gt(c[3] - ys, eps));  // (B, M, h)
-    levels.push_back(in_y.unsqueeze(3).logical_and(in_x.unsqueeze(2)).view({bs, nb, h * w}));
+    auto dst = out.narrow(2, offset, h * w).view({bs, nb, h, w});
+    torch::logical_and_out(dst, in_y.unsqueeze(3), in_x.unsqueeze(2));
     offset += h * w;
   }
-  if (offset != anchor_points.size(0)) {
-    throw std::invalid_argument("select_candidates_in_gts_grid: level sizes sum to " + std::to_string(offset) +
-                                " but there are " + std::to_string(anchor_points.size(0)) + " anchors");
-  }
-  return torch::cat(levels, 2);
+  return out;
 }
 
 namespace {
@@ -76,16 +79,15 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(dev);
 
   if (n_max == 0) {
-    return {torch::full({bs, na}, num_classes_, long_opts), torch::zeros_like(pd_bboxes),
-            torch::zeros_like(pd_scores), torch::zeros({bs, na}, long_opts.dtype(torch::kBool)),
-            torch::zeros({bs, na}, long_opts)};
+    return {torch::full({bs, na}, num_classes_, long_opts), torch::zeros_like(pd_bboxes), torch::zeros_like(pd_scores),
+            torch::zeros({bs, na}, long_opts.dtype(torch::kBool)), torch::zeros({bs, na}, long_opts)};
   }
 
   // Candidate pairs: anchor centre inside a real GT box.
-  auto real_gt = mask_gt.to(torch::kBool);                                  // (B, M, 1)
+  auto real_gt = mask_gt.to(torch::kBool);  // (B, M, 1)
   auto in_gts = level_hw.empty() ? select_candidates_in_gts(anchor_points, gt_bboxes)
                                  : select_candidates_in_gts_grid(anchor_points, gt_bboxes, level_hw);  // (B, M, A)
-  auto cand = in_gts.logical_and(real_gt).nonzero();                      // (K, 3): b, m, a
+  auto cand = in_gts.logical_and(real_gt).nonzero();  // (K, 3): b, m, a
   auto cb = cand.select(1, 0);
   auto cm = cand.select(1, 1);
   auto ca = cand.select(1, 2);
@@ -94,13 +96,12 @@ Assignment TaskAlignedAssigner::assign(const torch::Tensor& pd_scores, const tor
   auto overlaps = torch::zeros({bs, n_max, na}, pd_bboxes.options());
   auto zero = torch::zeros({}, pd_scores.options());
   auto off_value = zero.pow(config_.alpha) * zero.pow(config_.beta);
-  auto align_metric = off_value.expand({bs, n_max, na}).clone();
+  auto align_metric = torch::full({bs, n_max, na}, off_value.item(), pd_scores.options());
   if (cand.size(0) > 0) {
     auto labels = gt_labels.squeeze(-1).to(torch::kLong).index({cb, cm});
     auto scores = pd_scores.index({cb, ca, labels});
-    auto iou = bbox_iou_xyxy(gt_bboxes.index({cb, cm}), pd_bboxes.index({cb, ca}), /*ciou=*/true)
-                   .squeeze(-1)
-                   .clamp_min(0);
+    auto iou =
+        bbox_iou_xyxy(gt_bboxes.index({cb, cm}), pd_bboxes.index({cb, ca}), /*ciou=*/true).squeeze(-1).clamp_min(0);
     overlaps.index_put_({cb, cm, ca}, iou);
     align_metric.index_put_({cb, cm, ca}, scores.pow(config_.alpha) * iou.pow(config_.beta));
   }

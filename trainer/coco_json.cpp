@@ -53,10 +53,11 @@ void CocoJsonWriter::add(const nlohmann::json& image_id, const torch::Tensor& de
       category = category_ids_[static_cast<size_t>(cls)];
     }
     const double x1 = a[i][0], y1 = a[i][1], x2 = a[i][2], y2 = a[i][3];
-    results_.push_back({{"image_id", image_id},
-                        {"category_id", category},
-                        {"bbox", {round_to(x1, 1e3), round_to(y1, 1e3), round_to(x2 - x1, 1e3), round_to(y2 - y1, 1e3)}},
-                        {"score", round_to(a[i][4], 1e5)}});
+    results_.push_back(
+        {{"image_id", image_id},
+         {"category_id", category},
+         {"bbox", {round_to(x1, 1e3), round_to(y1, 1e3), round_to(x2 - x1, 1e3), round_to(y2 - y1, 1e3)}},
+         {"score", round_to(a[i][4], 1e5)}});
   }
 }
 

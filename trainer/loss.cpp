@@ -42,6 +42,21 @@ torch::Tensor dfl_decode(const torch::Tensor& pred_dist, int64_t reg_max) {
   return pred_dist.view({b, a, 4, reg_max}).softmax(3).matmul(proj);
 }
 
+torch::Tensor distribution_focal_loss(const torch::Tensor& pred_dist, const torch::Tensor& target, int64_t reg_max) {
+  namespace F = torch::nn::functional;
+  // The right bin tl + 1 must exist, hence the clamp just below the last bin.
+  auto t = target.clamp(0, static_cast<double>(reg_max - 1) - 0.01);
+  auto logits = pred_dist.reshape({-1, reg_max});
+  auto tl = t.to(torch::kLong);
+  auto tr = tl + 1;
+  auto wl = tr.to(t.scalar_type()) - t;
+  auto wr = 1 - wl;
+  auto none = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+  auto ce_l = F::cross_entropy(logits, tl.view({-1}), none).view(tl.sizes());
+  auto ce_r = F::cross_entropy(logits, tr.view({-1}), none).view(tl.sizes());
+  return (ce_l * wl + ce_r * wr).mean(-1, true);
+}
+
 torch::Tensor DetectionLoss::pad_targets(const LossTargets& targets, int64_t batch_size,
                                          const torch::Tensor& scale_whwh) {
   const auto opts = scale_whwh.options();
@@ -86,10 +101,10 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
   for (size_t i = 0; i < feats.size(); ++i) {
     const auto& f = feats[i];
     if (f.dim() != 4 || f.size(0) != bs || f.size(1) != no) {
-      throw std::invalid_argument("DetectionLoss: feature map " + std::to_string(i) + " must be (B=" +
-                                  std::to_string(bs) + ", " + std::to_string(no) + ", H, W)");
+      throw std::invalid_argument("DetectionLoss: feature map " + std::to_string(i) +
+                                  " must be (B=" + std::to_string(bs) + ", " + std::to_string(no) + ", H, W)");
     }
-    flat.push_back(f.view({bs, no, -1}));
+    flat.push_back(f.reshape({bs, no, -1}));
     hw.emplace_back(f.size(2), f.size(3));
   }
   auto parts = torch::cat(flat, 2).split_with_sizes({4 * c.reg_max, c.nc}, 1);
@@ -122,10 +137,9 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
                               anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt, hw);
 
   auto target_scores_sum = torch::clamp_min(asg.target_scores.sum(), 1);
-  auto loss_cls = torch::binary_cross_entropy_with_logits(pred_scores, asg.target_scores, {}, {},
-                                                          at::Reduction::None)
-                      .sum() /
-                  target_scores_sum;
+  auto loss_cls =
+      torch::binary_cross_entropy_with_logits(pred_scores, asg.target_scores, {}, {}, at::Reduction::None).sum() /
+      target_scores_sum;
 
   torch::Tensor loss_box = torch::zeros({}, opts);
   torch::Tensor loss_dfl = torch::zeros({}, opts);
@@ -136,20 +150,8 @@ LossOutput DetectionLoss::operator()(const std::vector<torch::Tensor>& feats, co
     auto iou = bbox_iou_xyxy(pred_bboxes.index({fg}), target_bboxes.index({fg}), /*ciou=*/true);
     loss_box = ((1.0 - iou) * weight).sum() / target_scores_sum;
 
-    auto target_ltrb = bbox_to_dist(anchor_points, target_bboxes, static_cast<double>(c.reg_max - 1) - 0.01)
-                           .index({fg});
-    auto logits = pred_distri.index({fg}).view({-1, c.reg_max});
-    auto tl = target_ltrb.to(torch::kLong);
-    auto tr = tl + 1;
-    auto wl = tr.to(dtype) - target_ltrb;
-    auto wr = 1 - wl;
-    auto ce_l = torch::nn::functional::cross_entropy(
-                    logits, tl.view({-1}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
-                    .view(tl.sizes());
-    auto ce_r = torch::nn::functional::cross_entropy(
-                    logits, tr.view({-1}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
-                    .view(tl.sizes());
-    auto dfl = (ce_l * wl + ce_r * wr).mean(-1, true) * weight;
+    auto target_ltrb = bbox_to_dist(anchor_points, target_bboxes, static_cast<double>(c.reg_max - 1) - 0.01);
+    auto dfl = distribution_focal_loss(pred_distri.index({fg}), target_ltrb.index({fg}), c.reg_max) * weight;
     loss_dfl = dfl.sum() / target_scores_sum;
   }
 

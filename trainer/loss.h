@@ -57,4 +57,8 @@ class DetectionLoss {
 // DFL expectation decode: (B, A, 4*reg_max) logits -> (B, A, 4) distances in stride units.
 torch::Tensor dfl_decode(const torch::Tensor& pred_dist, int64_t reg_max);
 
+// DFL: pred_dist (N, 4*reg_max) logits, target (N, 4) distances in stride units (clamped to reg_max - 1.01);
+// returns (N, 1), the mean over the four sides of the two-bin cross-entropy.
+torch::Tensor distribution_focal_loss(const torch::Tensor& pred_dist, const torch::Tensor& target, int64_t reg_max);
+
 }  // namespace yolo8

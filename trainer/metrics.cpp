@@ -36,18 +36,18 @@ torch::Tensor match_predictions(const torch::Tensor& pred_classes, const torch::
   auto iou = iou_in * same_class.to(iou_in.scalar_type());
   // The reference walks matches in descending IoU; equal IoUs then favour the later label.
   auto thr = iou_thresholds.to(iou.scalar_type()).view({t, 1, 1});
-  auto ok = iou.unsqueeze(0) >= thr;                                      // (T, M, N)
+  auto ok = iou.unsqueeze(0) >= thr;  // (T, M, N)
   auto masked = torch::where(ok, iou.unsqueeze(0).expand({t, m, n}), torch::full({}, -1.0, iou.options()));
   auto flipped = masked.flip({1});
-  auto best = flipped.max(1);                               // over labels
-  auto best_label = (m - 1) - std::get<1>(best);           // (T, N)
-  auto has_match = std::get<0>(best) >= 0;                 // (T, N)
+  auto best = flipped.max(1);                     // over labels
+  auto best_label = (m - 1) - std::get<1>(best);  // (T, N)
+  auto has_match = std::get<0>(best) >= 0;        // (T, N)
   // Each label keeps only the lowest-index detection that chose it.
   auto det_idx = torch::arange(n, kLong).view({1, 1, n});
   auto chose = (best_label.unsqueeze(1) == torch::arange(m, kLong).view({1, m, 1})) & has_match.unsqueeze(1);
   auto first_det = torch::where(chose, det_idx, torch::full({}, n, kLong)).amin(2);  // (T, M)
-  auto winner = chose & (det_idx == first_det.unsqueeze(2));                        // (T, M, N)
-  return winner.any(1).transpose(0, 1).contiguous();  // (N, T)
+  auto winner = chose & (det_idx == first_det.unsqueeze(2));                         // (T, M, N)
+  return winner.any(1).transpose(0, 1).contiguous();                                 // (N, T)
 }
 
 torch::Tensor match_detections(const torch::Tensor& detections, const torch::Tensor& labels,
@@ -98,7 +98,8 @@ torch::Tensor compute_ap(const torch::Tensor& recall, const torch::Tensor& preci
 
 torch::Tensor smooth_curve(const torch::Tensor& y, double f) {
   const auto len = y.size(0);
-  const int64_t nf = static_cast<int64_t>(std::nearbyint(static_cast<double>(len) * f * 2)) / 2 + 1;  // odd, banker's rounding
+  const int64_t nf =
+      static_cast<int64_t>(std::nearbyint(static_cast<double>(len) * f * 2)) / 2 + 1;  // odd, banker's rounding
   const int64_t pad = nf / 2;
   auto yd = y.to(torch::kDouble);
   auto yp = torch::cat({yd.narrow(0, 0, 1).expand({pad}), yd, yd.narrow(0, len - 1, 1).expand({pad})});
@@ -182,8 +183,10 @@ void DetectionMetrics::update(const torch::Tensor& detections_in, const torch::T
   auto lab = labels_in.detach().to(torch::kCPU).to(torch::kFloat32);
   if (det.numel() == 0) det = det.reshape({0, 6});
   if (lab.numel() == 0) lab = lab.reshape({0, 5});
-  if (det.dim() != 2 || det.size(1) != 6) throw std::invalid_argument("DetectionMetrics::update: detections must be (N, 6)");
-  if (lab.dim() != 2 || lab.size(1) != 5) throw std::invalid_argument("DetectionMetrics::update: labels must be (M, 5)");
+  if (det.dim() != 2 || det.size(1) != 6)
+    throw std::invalid_argument("DetectionMetrics::update: detections must be (N, 6)");
+  if (lab.dim() != 2 || lab.size(1) != 5)
+    throw std::invalid_argument("DetectionMetrics::update: labels must be (M, 5)");
   if (lab.size(0) > 0) {
     auto cls = lab.select(1, 0);
     if (cls.min().item<double>() < 0 || cls.max().item<double>() >= static_cast<double>(nc_)) {
@@ -239,8 +242,8 @@ std::string DetectionMetrics::format_table(const std::vector<std::string>& names
   out += buf;
   const auto total = res.instances_per_class.sum().item<int64_t>();
   std::snprintf(buf, sizeof(buf), "%22s%11lld%11lld%11.3g%11.3g%11.3g%11.3g\n", "all",
-                static_cast<long long>(res.images), static_cast<long long>(total), res.precision, res.recall,
-                res.map50, res.map50_95);
+                static_cast<long long>(res.images), static_cast<long long>(total), res.precision, res.recall, res.map50,
+                res.map50_95);
   out += buf;
   for (size_t i = 0; i < res.class_index.size(); ++i) {
     const auto c = res.class_index[i];

@@ -32,14 +32,14 @@ torch::Tensor compute_ap(const torch::Tensor& recall, const torch::Tensor& preci
 torch::Tensor smooth_curve(const torch::Tensor& y, double f = 0.05);
 
 struct ApPerClass {
-  torch::Tensor tp, fp;           // (C) at the max-F1 confidence
-  torch::Tensor p, r, f1;         // (C) at the max-F1 confidence
-  torch::Tensor ap;               // (C, T)
-  torch::Tensor classes;          // (C) int64, classes present in the labels, ascending
+  torch::Tensor tp, fp;            // (C) at the max-F1 confidence
+  torch::Tensor p, r, f1;          // (C) at the max-F1 confidence
+  torch::Tensor ap;                // (C, T)
+  torch::Tensor classes;           // (C) int64, classes present in the labels, ascending
   torch::Tensor p_curve, r_curve;  // (C, 1000) over confidence grid x
-  torch::Tensor f1_curve;         // (C, 1000)
-  torch::Tensor x;                // (1000) confidence grid 0..1
-  torch::Tensor prec_values;      // (C, 1000) precision over recall grid x at the first IoU threshold
+  torch::Tensor f1_curve;          // (C, 1000)
+  torch::Tensor x;                 // (1000) confidence grid 0..1
+  torch::Tensor prec_values;       // (C, 1000) precision over recall grid x at the first IoU threshold
 };
 
 // tp (N, T) bool, conf (N), pred_cls (N), target_cls (M). All results in double.

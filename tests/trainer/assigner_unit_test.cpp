@@ -19,6 +19,8 @@ torch::Tensor dense_candidates_in_gts(const torch::Tensor& anchor_points, const 
 
 // Oracle: a direct, fully dense transcription of the reference assigner (every step on (B, M, A) tensors).
 // The library version is sparse after top-k and must agree exactly.
+int g_dense_conflicts = 0;  // how often the oracle resolved anchors claimed by several GTs
+
 Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, const torch::Tensor& pd_scores,
                         const torch::Tensor& pd_bboxes, const torch::Tensor& anchor_points,
                         const torch::Tensor& gt_labels, const torch::Tensor& gt_bboxes, const torch::Tensor& mask_gt) {
@@ -49,9 +51,8 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
     auto ia = idx.select(1, 2);
     auto labels = gt_labels.squeeze(-1).to(torch::kLong).index({ib, im});
     bbox_scores.index_put_({ib, im, ia}, pd_scores.index({ib, ia, labels}));
-    auto iou = bbox_iou_xyxy(gt_bboxes.index({ib, im}), pd_bboxes.index({ib, ia}), /*ciou=*/true)
-                   .squeeze(-1)
-                   .clamp_min(0);
+    auto iou =
+        bbox_iou_xyxy(gt_bboxes.index({ib, im}), pd_bboxes.index({ib, ia}), /*ciou=*/true).squeeze(-1).clamp_min(0);
     overlaps.index_put_({ib, im, ia}, iou);
   }
   auto align_metric = bbox_scores.pow(config_.alpha) * overlaps.pow(config_.beta);
@@ -69,6 +70,7 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
   // One GT per anchor: where several claim it, the GT of highest IoU wins.
   auto fg = mask_pos.sum(-2);
   if (fg.max().item<double>() > 1) {
+    ++g_dense_conflicts;
     auto multi = (fg.unsqueeze(1) > 1).expand({-1, n_max, -1});
     auto max_idx = overlaps.argmax(1);
     auto is_max = torch::zeros_like(mask_pos);
@@ -97,7 +99,6 @@ Assignment dense_assign(int64_t num_classes_, const AssignerConfig& config_, con
 
   return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
 }
-
 
 struct Inputs {
   torch::Tensor pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt;
@@ -137,6 +138,7 @@ void expect_same(const Assignment& a, const Assignment& b) {
 }
 
 TEST(Assigner, SparseMatchesDenseTranscription) {
+  g_dense_conflicts = 0;
   for (uint64_t seed : {1, 2, 3}) {
     for (auto cfg : {AssignerConfig{}, AssignerConfig{13, 1.0, 6.0, 1e-9}, AssignerConfig{1, 0.5, 6.0, 1e-9},
                      AssignerConfig{10, 0.0, 0.0, 1e-9}}) {
@@ -145,14 +147,15 @@ TEST(Assigner, SparseMatchesDenseTranscription) {
       auto in = make_inputs(4, 12, 5, seed);
       TaskAlignedAssigner assigner(5, cfg);
       auto got = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
-      auto got_grid = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes,
-                                      in.mask_gt, {{16, 20}, {8, 10}, {4, 5}});
+      auto got_grid = assigner.assign(in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt,
+                                      {{16, 20}, {8, 10}, {4, 5}});
       auto want = dense_assign(5, cfg, in.pd_scores, in.pd_bboxes, in.anchors, in.gt_labels, in.gt_bboxes, in.mask_gt);
       EXPECT_GT(got.fg_mask.sum().item<int64_t>(), 0);
       expect_same(got, want);
       expect_same(got_grid, want);
     }
   }
+  EXPECT_GE(g_dense_conflicts, 6);  // the crowded scenes must exercise conflict resolution
 }
 
 TEST(Assigner, GridCandidateTestEqualsGeneric) {

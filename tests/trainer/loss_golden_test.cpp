@@ -39,7 +39,9 @@ LossFixture load_loss_fixture() {
     LossCase lc;
     lc.feats = as_tensors(at(c, "feats"));
     auto hw = at(c, "imgsz_hw").toTensor();
-    lc.targets = {at(c, "batch_idx").toTensor(), at(c, "cls").toTensor(), at(c, "bboxes").toTensor(),
+    lc.targets = {at(c, "batch_idx").toTensor(),
+                  at(c, "cls").toTensor(),
+                  at(c, "bboxes").toTensor(),
                   {hw[0].item<int64_t>(), hw[1].item<int64_t>()}};
     lc.total = at(c, "loss_total").toTensor();
     lc.items = at(c, "loss_items").toTensor();

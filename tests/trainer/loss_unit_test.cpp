@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "tests/trainer/fixture_io.h"
@@ -51,12 +52,20 @@ TEST(DetectionLoss, EachGainAndAssignerConstantChangesTheResult) {
   auto dfl = changed([](LossConfig& k) { k.dfl = 3.0; });
   EXPECT_NEAR(dfl[2].item<double>(), base[2].item<double>() * 2.0, 1e-5);
 
-  for (auto edit : std::vector<std::function<void(LossConfig&)>>{
-           [](LossConfig& k) { k.assigner.topk = 5; }, [](LossConfig& k) { k.assigner.alpha = 1.0; },
-           [](LossConfig& k) { k.assigner.beta = 2.0; }}) {
+  for (auto edit : std::vector<std::function<void(LossConfig&)>>{[](LossConfig& k) { k.assigner.topk = 5; },
+                                                                 [](LossConfig& k) { k.assigner.alpha = 1.0; },
+                                                                 [](LossConfig& k) { k.assigner.beta = 2.0; }}) {
     auto other = changed(edit);
     EXPECT_GT((other - base).abs().max().item<double>(), 1e-6);
   }
+}
+
+TEST(DetectionLoss, AcceptsChannelsLastMaps) {
+  auto c = first_case();
+  std::vector<torch::Tensor> cl;
+  for (auto& f : c.feats) cl.push_back(f.contiguous(torch::MemoryFormat::ChannelsLast));
+  DetectionLoss loss(base_config());
+  EXPECT_TRUE(torch::equal(loss(cl, c.targets).items, loss(c.feats, c.targets).items));
 }
 
 TEST(DetectionLoss, TotalIsGainedSumTimesBatch) {
@@ -137,6 +146,20 @@ TEST(DetectionLoss, RejectsBadInput) {
   EXPECT_THROW(DetectionLoss{cfg}, std::invalid_argument);
 }
 
+TEST(DetectionLoss, DflClampsTargetsBelowTheLastBin) {
+  // Distances of 20 and 15 exceed the last bin (15): both become 14.99, weights 0.01 (bin 14) and 0.99 (bin 15).
+  auto logits = torch::zeros({1, 64});
+  for (int side = 0; side < 4; ++side) logits[0][side * 16 + 15] = 2.0;
+  auto target = torch::tensor({{20.f, 15.f, 14.99f, 100.f}});
+  auto got = distribution_focal_loss(logits, target, 16).item<double>();
+  const double lse = std::log(15.0 + std::exp(2.0));
+  const double want = 0.01 * lse + 0.99 * (lse - 2.0);
+  EXPECT_NEAR(got, want, 1e-5);
+  // An interior target splits between its two neighbouring bins.
+  auto mid = distribution_focal_loss(torch::zeros({1, 64}), torch::full({1, 4}, 3.25f), 16).item<double>();
+  EXPECT_NEAR(mid, std::log(16.0), 1e-5);
+}
+
 TEST(BoxOps, ConversionsRoundTripAndIoU) {
   auto xywh = torch::tensor({{10.f, 20.f, 4.f, 6.f}});
   auto xyxy = xywh_to_xyxy(xywh);
@@ -163,8 +186,8 @@ TEST(BoxOps, AnchorsAndDistances) {
   auto box = torch::tensor({{3.f, 4.f, 40.f, 6.f}});
   auto d = bbox_to_dist(pts, box, 14.99);
   EXPECT_TRUE(torch::allclose(d, torch::tensor({{2.f, 1.f, 14.99f, 1.f}})));
-  EXPECT_TRUE(torch::allclose(dist_to_bbox(torch::tensor({{2.f, 1.f, 3.f, 1.f}}), pts),
-                              torch::tensor({{3.f, 4.f, 8.f, 6.f}})));
+  EXPECT_TRUE(
+      torch::allclose(dist_to_bbox(torch::tensor({{2.f, 1.f, 3.f, 1.f}}), pts), torch::tensor({{3.f, 4.f, 8.f, 6.f}})));
 }
 
 }  // namespace
