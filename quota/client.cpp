@@ -84,6 +84,9 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     Policy p = config_.local_policy.empty()
                    ? local_policy(config_.local_gpus, config_.local_gpu_memory_gib, config_.user)
                    : load_policy(config_.local_policy);
+    if (config_.local_policy.empty() && !config_.local_memory_table.empty()) {
+      p.memory_table = load_memory_table(config_.local_memory_table);
+    }
     ServiceOptions o;
     o.db_path = db;
     o.reload_per_call = true;

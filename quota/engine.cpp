@@ -646,6 +646,16 @@ void Engine::reject(int64_t approval_id, const std::string& by, int64_t now_ms, 
   log(now_ms, by, "approval.rejected", &l, "approval " + std::to_string(a.id) + (note.empty() ? "" : ": " + note));
 }
 
+void Engine::review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || !it->second.review_pending) {
+    throw PolicyError("lease " + std::to_string(lease_id) + ": no emergency review pending");
+  }
+  it->second.review_pending = false;
+  changes_.leases.insert(lease_id);
+  log(now_ms, by, "emergency.reviewed", &it->second, note.empty() ? "reviewed" : note);
+}
+
 void Engine::tick(int64_t now_ms) {
   const int64_t ttl = int64_t(policy_.ttl_s) * 1000;
   const int64_t grace = int64_t(policy_.expiry_grace_s) * 1000;

@@ -257,6 +257,7 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     if (n == 3 && get) return get_lease(caller, id);
     if (n == 4 && post && parts[3] == "heartbeat") return heartbeat(caller, id, req.body);
     if (n == 4 && post && parts[3] == "release") return release(caller, id, req.body);
+    if (n == 4 && post && parts[3] == "review") return review(caller, id, req.body);
   } else if (n >= 2 && parts[1] == "approvals") {
     if (n == 2 && get) return list_approvals(caller);
     if (n >= 3 && !parse_id(parts[2], id)) return error(404, "unknown approval '" + parts[2] + "'");
@@ -462,6 +463,26 @@ ApiResponse QuotaService::decide(const Caller& c, int64_t approval_id, bool appr
     ApiResponse r;
     r.body = to_json(*engine_.find_approval(approval_id));
     r.body["lease"] = lease_view(*engine_.find(a->lease_id), now);
+    return r;
+  });
+}
+
+ApiResponse QuotaService::review(const Caller& c, int64_t id, const std::string& body) {
+  if (c.role != Role::kAdmin) return error(403, "role: emergency reviews are for admins");
+  const json j = parse_body(body);
+  if (!j.is_object()) throw RequestError("body: must be a JSON object");
+  std::string note;
+  if (j.contains("note")) {
+    if (!j["note"].is_string()) throw RequestError("note: has the wrong type");
+    note = j["note"].get<std::string>().substr(0, 2000);
+  }
+  return locked([&] {
+    const Lease* l = engine_.find(id);
+    if (l == nullptr) return error(404, "unknown lease " + std::to_string(id));
+    if (!l->review_pending) return error(409, "lease " + std::to_string(id) + " has no emergency review pending");
+    engine_.review_emergency(id, c.name, clock_(), note);
+    ApiResponse r;
+    r.body = lease_view(*engine_.find(id), clock_());
     return r;
   });
 }

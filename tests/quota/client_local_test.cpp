@@ -73,6 +73,26 @@ TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   second.release(Outcome::kCompleted);
 }
 
+TEST(QuotaClientLocal, AdmissionUsesTheMemoryTableAndReportsTheLargestBatch) {
+  ClientConfig c = local_config(temp_db("local_admission"), 1);
+  c.local_memory_table = std::string(yolo8::test::kSourceDir) + "/configs/memory-table.yaml";
+  QuotaClient q(c);
+  LeaseRequest r;
+  r.model = "yolov8x";
+  r.batch = 64;  // 5 + 0.85 * 64 = 59.4 GiB > 24
+  try {
+    q.acquire(r);
+    FAIL() << "expected a refusal";
+  } catch (const QuotaRefused& e) {
+    EXPECT_EQ(e.status(), 422);
+    EXPECT_EQ(e.max_batch(), 22);  // floor((24 - 5) / 0.85)
+    EXPECT_NE(std::string(e.what()).find("batch=auto"), std::string::npos) << e.what();
+  }
+  r.batch = 16;
+  EXPECT_EQ(q.acquire(r).state, "granted");
+  q.release(Outcome::kCompleted);
+}
+
 TEST(QuotaClientLocal, ProcessesSharingTheDatabaseNeverOverAllocate) {
   const std::string db = temp_db("local_procs");
   constexpr int kProcs = 6;
