@@ -284,6 +284,25 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   json all;
   ASSERT_EQ(get(c, "/v1/leases", "admin-token", &all), 200);
   expect_no_overcommit(all["leases"]);
+  // the admin verbs talk to the restarted server
+  const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  const std::string server_url = "http://127.0.0.1:" + std::to_string(q.port);
+  auto run = [](const std::string& cmd, int& status) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    status = pclose(p);
+    return out;
+  };
+  int status = 0;
+  const std::string listed = run(bin + " leases --json --server " + server_url + " --token admin-token", status);
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(json::parse(listed, nullptr, false)["leases"].size(), all["leases"].size());
+  const std::string denied = run(bin + " teams --server " + server_url + " --token nope 2>&1", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(denied.find("HTTP 401"), std::string::npos) << denied;
   q.stop();
   // the database alone satisfies every invariant
   ServiceOptions so;

@@ -135,7 +135,7 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
       {call("POST", "/v1/leases", "alice-token", R"({"gpus":1e300})"), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"priority":"urgent"})"), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"imgsz":-640})"), 400},
-      {call("POST", "/v1/leases", "alice-token", std::string(10000, '[') + std::string(10000, ']')), 400},
+      {call("POST", "/v1/leases", "alice-token", std::string(30000, '[') + std::string(30000, ']')), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"team":"team-robotics"})"), 403},
       {call("POST", "/v1/leases", "alice-token", R"({"user":"bob"})"), 403},
       {call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":4096})"), 400},
@@ -167,6 +167,20 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
   }
   EXPECT_EQ(s.handle(call("GET", "/healthz", "")).status, 200);
   EXPECT_TRUE(s.check_invariants().empty());
+}
+
+TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  ApiRequest r = call("POST", "/v1/leases", "alice-token", R"({"gpus":1})");
+  r.idempotency_key = "retry-1";
+  const ApiResponse a = s.handle(r);
+  const ApiResponse b = s.handle(r);
+  ASSERT_EQ(a.status, 201);
+  EXPECT_EQ(b.status, 201);
+  EXPECT_EQ(a.body["lease_id"], b.body["lease_id"]);
+  EXPECT_EQ(b.body["replayed"], true);
+  r.idempotency_key = std::string(200, 'k');
+  EXPECT_EQ(s.handle(r).status, 400);
 }
 
 TEST(QuotaService, MetricsExposeTeamsAndStates) {
