@@ -57,6 +57,24 @@ std::string reason_of(const ApiResponse& r) {
 
 }  // namespace
 
+ClientConfig client_config_from_setting(const std::string& setting, int local_gpus, double local_gpu_memory_gib) {
+  ClientConfig c;
+  c.local_gpus = local_gpus;
+  c.local_gpu_memory_gib = local_gpu_memory_gib;
+  if (setting == "off" || setting == "local" || setting.empty()) {
+    c.mode = setting.empty() ? "local" : setting;
+  } else if (setting.rfind("local:", 0) == 0 && setting.size() > 6) {
+    c.mode = "local";
+    c.local_db = setting.substr(6);
+  } else if (setting.rfind("http://", 0) == 0 && setting.size() > 7) {
+    c.mode = setting;
+    if (const char* t = std::getenv("YOLO8_QUOTA_TOKEN")) c.token = t;
+  } else {
+    throw std::invalid_argument("quota: '" + setting + "' is not off, local, local:PATH or an http:// URL");
+  }
+  return c;
+}
+
 std::string QuotaClient::default_local_db() {
   std::string base;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) {

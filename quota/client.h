@@ -30,6 +30,12 @@ struct ClientConfig {
   std::function<int64_t()> clock;  // tests
 };
 
+// Client settings from the trainer's `quota` setting: "off", "local", "local:/path/to/quota.db", or a quotad
+// URL ("http://host:port"); the bearer token comes from $YOLO8_QUOTA_TOKEN, the local user from $USER.
+// Throws std::invalid_argument naming the setting when it is none of these.
+ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
+                                        double local_gpu_memory_gib = 0);
+
 // The server said no (or the request was bad): HTTP-like status and the server's reason.
 class QuotaRefused : public std::runtime_error {
  public:

@@ -45,6 +45,7 @@ class QuotaServer {
   std::thread maintenance_;
   std::atomic<bool> running_{false};
   int port_ = 0;
+  int listen_fd_ = -1;
 };
 
 }  // namespace yolo8::quota

@@ -45,6 +45,21 @@ TEST(QuotaClientLocal, OffModeIsANoOp) {
   EXPECT_THROW(QuotaClient{bad}, std::invalid_argument);
 }
 
+TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
+  EXPECT_EQ(client_config_from_setting("off").mode, "off");
+  EXPECT_EQ(client_config_from_setting("local", 4).local_gpus, 4);
+  const ClientConfig p = client_config_from_setting("local:/tmp/x.db");
+  EXPECT_EQ(p.mode, "local");
+  EXPECT_EQ(p.local_db, "/tmp/x.db");
+  setenv("YOLO8_QUOTA_TOKEN", "tok", 1);
+  const ClientConfig u = client_config_from_setting("http://quotad:8470");
+  EXPECT_EQ(u.mode, "http://quotad:8470");
+  EXPECT_EQ(u.token, "tok");
+  unsetenv("YOLO8_QUOTA_TOKEN");
+  EXPECT_THROW(client_config_from_setting("https://secure"), std::invalid_argument);
+  EXPECT_THROW(client_config_from_setting("remote"), std::invalid_argument);
+}
+
 TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   const std::string db = temp_db("local_turns");
   QuotaClient first(local_config(db, 1));
