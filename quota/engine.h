@@ -53,6 +53,7 @@ struct Lease {
   double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
   bool shared = false;
   std::vector<int> devices;  // indices into Policy::gpus
+  std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
   bool over_base = false;    // granted beyond the team's base (a burst lease)
   bool emergency = false;
   bool review_pending = false;

@@ -96,6 +96,33 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], int64_t(i) + 1);
 }
 
+TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {
+  const std::string db = temp_db("reorder");
+  auto policy = [](bool swapped) {
+    const std::string a = "    - {name: big, gpus: 2, memory_gib: 80}\n";
+    const std::string b = "    - {name: small, gpus: 2, memory_gib: 24}\n";
+    return load_policy_from_string("inventory:\n  nodes:\n" + (swapped ? b + a : a + b) +
+                                       "users:\n  alice: {token_sha256: "
+                                       "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
+                                       "teams:\n  t: {base: 4, members: [alice]}\ncredits: {monthly_gpu_hours: 0}\nemergency_pool: 0\n",
+                                   "reorder.yaml");
+  };
+  ServiceOptions o;
+  o.db_path = db;
+  json first;
+  {
+    QuotaService s(policy(false), o);
+    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2,"memory_gib":40})")).status, 201);
+    first = s.handle(call("GET", "/v1/leases/1", "alice-token")).body;
+    ASSERT_EQ(first["devices"], json({"big:0", "big:1"}));
+  }
+  QuotaService s(policy(true), o);
+  EXPECT_EQ(s.handle(call("GET", "/v1/leases/1", "alice-token")).body["devices"], first["devices"]);
+  // the two big GPUs stay taken: a second 40 GiB request waits
+  EXPECT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":1,"memory_gib":40})")).status, 202);
+  EXPECT_TRUE(s.check_invariants().empty());
+}
+
 TEST(QuotaService, AuditTableIsAppendOnly) {
   const std::string db = temp_db("audit");
   {
