@@ -434,8 +434,10 @@ TEST(QuotaLoopback, ClientSelfFencesWhenQuotadIsUnreachable) {
   q.start_heartbeats();
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_FALSE(q.unreachable_too_long());
+  const auto stopping = Clock::now();
   server->stop();
   const auto stopped = Clock::now();
+  EXPECT_LT(stopped - stopping, std::chrono::milliseconds(2000)) << "the server should stop promptly";
   while (!q.unreachable_too_long() && Clock::now() - stopped < std::chrono::seconds(6)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
