@@ -18,7 +18,8 @@ struct QuotaClient::Http {
     client.set_connection_timeout(2, 0);
     client.set_read_timeout(5, 0);
     client.set_write_timeout(5, 0);
-    client.set_keep_alive(true);
+    // heartbeats come every few seconds: a held keep-alive connection would only pin a server worker
+    client.set_keep_alive(false);
     client.set_tcp_nodelay(true);
   }
   httplib::Client client;

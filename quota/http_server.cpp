@@ -51,7 +51,8 @@ int QuotaServer::start() {
   s.set_payload_max_length(options_.max_body_bytes);
   s.set_tcp_nodelay(true);  // small keep-alive replies must not wait for delayed ACKs
   s.set_keep_alive_max_count(1000000);
-  s.set_keep_alive_timeout(5);
+  // idle keep-alive connections pin a worker each; let them go quickly
+  s.set_keep_alive_timeout(2);
   s.set_read_timeout(10, 0);
   s.set_write_timeout(10, 0);
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {

@@ -42,7 +42,7 @@ std::string write_file(const std::string& path, const std::string& text) {
 }
 
 // 16 GPUs, two teams that may each burst to all of them, sharing on, no credits, no emergency pool.
-std::string sixteen_gpu_policy(int min_runtime_s = 0) {
+std::string sixteen_gpu_policy(int min_runtime_s = 0, const std::string& leases = "{ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}") {
   return R"(
 inventory:
   nodes:
@@ -58,7 +58,7 @@ teams:
   tb: {base: 8, burst: 16, members: [bob]}
 sharing: {enabled: true, max_leases_per_gpu: 4}
 credits: {monthly_gpu_hours: 0}
-leases: {ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}
+leases: )" + leases + R"(
 preemption: {min_runtime_s: )" + std::to_string(min_runtime_s) + R"(, grace_s: 30}
 tiers: {self_service: [yolov8n, yolov8s], approval: [yolov8x]}
 )";
@@ -419,6 +419,42 @@ TEST(QuotaLoopback, ClientIsRevokedReleasesAndTheWaiterStartsOnlyThen) {
   b.release(Outcome::kCompleted);
   pa.reset();  // closes the keep-alive connections so the server stops at once
   pb.reset();
+  server.stop();
+}
+
+TEST(QuotaLoopback, SixtyTrainersHeartbeatThroughASmallWorkerPool) {
+  const Policy policy =
+      load_policy_from_string(sixteen_gpu_policy(0, "{ttl_s: 4, heartbeat_interval_s: 1, expiry_grace_s: 1}"), "p.yaml");
+  QuotaService service(policy, ServiceOptions{});
+  ServerOptions opts;
+  opts.threads = 8;  // far fewer workers than trainers: connections must not pin them
+  QuotaServer server(service, opts);
+  const int port = server.start();
+  std::vector<std::unique_ptr<QuotaClient>> clients;
+  for (int i = 0; i < 60; ++i) {
+    ClientConfig cfg;
+    cfg.mode = "http://127.0.0.1:" + std::to_string(port);
+    cfg.token = i % 2 ? "alice-token" : "bob-token";
+    clients.push_back(std::make_unique<QuotaClient>(cfg));
+    LeaseRequest r;
+    r.job = "t" + std::to_string(i);
+    r.shared = true;
+    r.memory_gib = 10;
+    ASSERT_EQ(clients.back()->acquire(r).state, "granted");
+    clients.back()->start_heartbeats();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  for (size_t i = 0; i < clients.size(); ++i) {
+    EXPECT_FALSE(clients[i]->unreachable_too_long()) << "trainer " << i;
+    EXPECT_FALSE(clients[i]->lost()) << "trainer " << i;
+  }
+  int granted = 0;
+  service.inspect([&](const Engine& e) {
+    for (const auto& [id, l] : e.leases()) granted += l.state == LeaseState::kGranted;
+  });
+  EXPECT_EQ(granted, 60);  // nobody expired
+  for (auto& c : clients) c->release(Outcome::kCompleted);
+  clients.clear();
   server.stop();
 }
 
