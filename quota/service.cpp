@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "quota/codec.h"
@@ -581,6 +582,26 @@ std::string QuotaService::metrics_text() {
   for (const auto& [id, l] : engine_.leases()) ++by_state[to_string(l.state)];
   os << "# HELP quota_leases Leases in memory by state.\n# TYPE quota_leases gauge\n";
   for (const auto& [s, count] : by_state) os << "quota_leases{state=\"" << s << "\"} " << count << "\n";
+  const std::string month = month_key(now);
+  os << "# HELP quota_member_gpu_hours GPU-hours charged to a member this month (UTC), running leases included.\n"
+     << "# TYPE quota_member_gpu_hours gauge\n";
+  std::set<std::string> members;
+  for (const auto& [key, hours] : engine_.usage()) {
+    if (key.second == month) members.insert(key.first);
+  }
+  for (const auto& [id, l] : engine_.leases()) {
+    if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) members.insert(l.req.user);
+  }
+  for (const auto& m : members) {
+    os << "quota_member_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
+       << engine_.used_gpu_hours(m, month, now) << "\n";
+  }
+  os << "# HELP quota_member_credit_gpu_hours GPU-hours a member may use this month (loan included).\n"
+     << "# TYPE quota_member_credit_gpu_hours gauge\n";
+  for (const auto& m : members) {
+    os << "quota_member_credit_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
+       << engine_.credit_allowance(m, month, now) << "\n";
+  }
   os << "# HELP quota_heartbeats_total Heartbeats answered.\n# TYPE quota_heartbeats_total counter\n";
   os << "quota_heartbeats_total " << heartbeats_total_.load() << "\n";
   os << "# HELP quota_preemptions_total Leases revoked for a waiting request.\n# TYPE quota_preemptions_total counter\n";

@@ -217,6 +217,8 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   EXPECT_NE(m.find("quota_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
   EXPECT_NE(m.find("quota_leases{state=\"granted\"} 1"), std::string::npos) << m;
   EXPECT_NE(m.find("quota_gpus_total 20"), std::string::npos);
+  EXPECT_NE(m.find("quota_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quota_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
 }
 
 }  // namespace
