@@ -395,7 +395,7 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
       const int64_t now = clock_();
       const HeartbeatResult h = engine_.heartbeat(id, t, now);
       ++heartbeats_total_;
-      if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
+      if (store_ && (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking)) {
         pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
       }
       r = fill(h, now);
