@@ -18,7 +18,8 @@ struct QuotaClient::Http {
     client.set_connection_timeout(2, 0);
     client.set_read_timeout(5, 0);
     client.set_write_timeout(5, 0);
-    client.set_keep_alive(true);
+    // heartbeats come every few seconds: a held keep-alive connection would only pin a server worker
+    client.set_keep_alive(false);
     client.set_tcp_nodelay(true);
   }
   httplib::Client client;
@@ -57,6 +58,24 @@ std::string reason_of(const ApiResponse& r) {
 
 }  // namespace
 
+ClientConfig client_config_from_setting(const std::string& setting, int local_gpus, double local_gpu_memory_gib) {
+  ClientConfig c;
+  c.local_gpus = local_gpus;
+  c.local_gpu_memory_gib = local_gpu_memory_gib;
+  if (setting == "off" || setting == "local" || setting.empty()) {
+    c.mode = setting.empty() ? "local" : setting;
+  } else if (setting.rfind("local:", 0) == 0 && setting.size() > 6) {
+    c.mode = "local";
+    c.local_db = setting.substr(6);
+  } else if (setting.rfind("http://", 0) == 0 && setting.size() > 7) {
+    c.mode = setting;
+    if (const char* t = std::getenv("YOLO8_QUOTA_TOKEN")) c.token = t;
+  } else {
+    throw std::invalid_argument("quota: '" + setting + "' is not off, local, local:PATH or an http:// URL");
+  }
+  return c;
+}
+
 std::string QuotaClient::default_local_db() {
   std::string base;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) {
@@ -84,6 +103,9 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     Policy p = config_.local_policy.empty()
                    ? local_policy(config_.local_gpus, config_.local_gpu_memory_gib, config_.user)
                    : load_policy(config_.local_policy);
+    if (config_.local_policy.empty() && !config_.local_memory_table.empty()) {
+      p.memory_table = load_memory_table(config_.local_memory_table);
+    }
     ServiceOptions o;
     o.db_path = db;
     o.reload_per_call = true;

@@ -22,12 +22,19 @@ struct ClientConfig {
   std::string token;           // bearer token for URL mode
   std::string local_db;        // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
   std::string local_policy;    // local mode policy YAML; default: local_policy(local_gpus, ...)
+  std::string local_memory_table;  // local mode without a policy file: admission check from this table (optional)
   int local_gpus = 1;          // detected GPU count (the trainer passes torch's device count)
   double local_gpu_memory_gib = 0;  // 0: unknown (16 GiB assumed)
   std::string user;            // local mode user; default $USER
   double poll_interval_s = 1.0;
   std::function<int64_t()> clock;  // tests
 };
+
+// Client settings from the trainer's `quota` setting: "off", "local", "local:/path/to/quota.db", or a quotad
+// URL ("http://host:port"); the bearer token comes from $YOLO8_QUOTA_TOKEN, the local user from $USER.
+// Throws std::invalid_argument naming the setting when it is none of these.
+ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
+                                        double local_gpu_memory_gib = 0);
 
 // The server said no (or the request was bad): HTTP-like status and the server's reason.
 class QuotaRefused : public std::runtime_error {

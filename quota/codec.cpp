@@ -175,6 +175,7 @@ Lease lease_from_json(const json& j) {
   l.memory_gib = j.value("memory_gib", 0.0);
   l.shared = j.value("shared", false);
   l.devices = j.value("device_index", std::vector<int>{});
+  l.device_ids = j.value("devices", std::vector<std::string>{});
   l.over_base = j.value("over_base", false);
   l.emergency = j.value("emergency", false);
   l.review_pending = j.value("review_pending", false);

@@ -66,7 +66,8 @@ bool is_terminal(LeaseState s) {
 
 double Lease::units(const Policy& p) const {
   if (!shared) return gpus;
-  const double gpu_mem = devices.empty() ? p.max_gpu_memory_gib() : p.gpus[size_t(devices[0])].memory_gib;
+  const bool known = !devices.empty() && devices[0] >= 0 && size_t(devices[0]) < p.gpus.size();
+  const double gpu_mem = known ? p.gpus[size_t(devices[0])].memory_gib : p.max_gpu_memory_gib();
   return memory_gib / gpu_mem;
 }
 
@@ -121,6 +122,7 @@ std::optional<Engine::Placement> Engine::place(const Lease& l, int64_t now_ms,
   for (const auto& [id, h] : leases_) {
     if (id == l.id || !h.holds_gpus(now_ms) || ignore.count(id)) continue;
     for (int d : h.devices) {
+      if (d < 0 || size_t(d) >= n) continue;
       used[size_t(d)] += h.shared ? h.memory_gib : policy_.gpus[size_t(d)].memory_gib;
       count[size_t(d)] += 1;
       whole[size_t(d)] = whole[size_t(d)] || !h.shared;
@@ -178,7 +180,9 @@ std::optional<Engine::Placement> Engine::place(const Lease& l, int64_t now_ms,
 }
 
 bool Engine::try_grant(Lease& l, int64_t now_ms) {
-  const Team& team = policy_.teams.at(l.req.team);
+  auto team_it = policy_.teams.find(l.req.team);
+  if (team_it == policy_.teams.end()) return false;  // the team left the policy since the request
+  const Team& team = team_it->second;
   const bool critical = l.req.priority == Priority::kCritical;
   const double before = team_units(l.req.team, now_ms);
   if (!critical && before + l.units(policy_) > team.limit_at(now_ms) + kEps) return false;
@@ -207,7 +211,9 @@ bool Engine::try_grant(Lease& l, int64_t now_ms) {
 }
 
 bool Engine::try_preempt(Lease& w, int64_t now_ms) {
-  const Team& team = policy_.teams.at(w.req.team);
+  auto team_it = policy_.teams.find(w.req.team);
+  if (team_it == policy_.teams.end()) return false;
+  const Team& team = team_it->second;
   const bool critical = w.req.priority == Priority::kCritical;
   const double mine = team_units(w.req.team, now_ms) + w.units(policy_);
   // over its own team's limit, a request may only displace lower-priority work of its own team
@@ -333,7 +339,9 @@ std::string Engine::queue_reason(const Lease& l, int64_t now_ms) const {
     return "waiting for preempted lease(s) " + ids + " to release (deadline in " +
            std::to_string(std::max<int64_t>(0, (deadline - now_ms) / 1000)) + " s)";
   }
-  const Team& team = policy_.teams.at(l.req.team);
+  auto team_it = policy_.teams.find(l.req.team);
+  if (team_it == policy_.teams.end()) return "team " + l.req.team + " is no longer in the policy";
+  const Team& team = team_it->second;
   const double used = team_units(l.req.team, now_ms);
   if (l.req.priority != Priority::kCritical && used + l.units(policy_) > team.limit_at(now_ms) + kEps) {
     return "team " + team.name + " uses " + fmt(used) + " of the " + fmt(team.limit_at(now_ms)) +
@@ -646,6 +654,16 @@ void Engine::reject(int64_t approval_id, const std::string& by, int64_t now_ms, 
   log(now_ms, by, "approval.rejected", &l, "approval " + std::to_string(a.id) + (note.empty() ? "" : ": " + note));
 }
 
+void Engine::review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || !it->second.review_pending) {
+    throw PolicyError("lease " + std::to_string(lease_id) + ": no emergency review pending");
+  }
+  it->second.review_pending = false;
+  changes_.leases.insert(lease_id);
+  log(now_ms, by, "emergency.reviewed", &it->second, note.empty() ? "reviewed" : note);
+}
+
 void Engine::tick(int64_t now_ms) {
   const int64_t ttl = int64_t(policy_.ttl_s) * 1000;
   const int64_t grace = int64_t(policy_.expiry_grace_s) * 1000;
@@ -739,8 +757,20 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   idempotency_.clear();
   next_lease_ = 1;
   next_approval_ = 1;
+  std::map<std::string, int> index_of;
+  for (size_t i = 0; i < policy_.gpus.size(); ++i) index_of[policy_.gpus[i].id()] = int(i);
   for (auto& l : leases) {
     next_lease_ = std::max(next_lease_, l.id + 1);
+    if (!l.device_ids.empty()) {
+      // devices are stored by name so an edited inventory (reordered nodes) keeps leases on their GPUs
+      std::vector<int> mapped;
+      for (const auto& name : l.device_ids) {
+        auto it = index_of.find(name);
+        if (it != index_of.end()) mapped.push_back(it->second);
+      }
+      l.devices = mapped;
+      l.device_ids.clear();
+    }
     if (restart_now_ms > 0) {
       if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking || l.state == LeaseState::kQueued) {
         l.last_seen_ms = std::max(l.last_seen_ms, restart_now_ms);

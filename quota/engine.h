@@ -53,6 +53,7 @@ struct Lease {
   double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
   bool shared = false;
   std::vector<int> devices;  // indices into Policy::gpus
+  std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
   bool over_base = false;    // granted beyond the team's base (a burst lease)
   bool emergency = false;
   bool review_pending = false;
@@ -150,6 +151,8 @@ class Engine {
   // Moves an approved request into the queue. Throws PolicyError if not pending.
   void approve(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note = "");
   void reject(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note = "");
+  // Closes the after-the-fact review of an emergency lease. Throws PolicyError if none is pending.
+  void review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note);
   // Expiry, preemption deadlines, credit accrual and the queue; call every second or so.
   void tick(int64_t now_ms);
 

@@ -51,7 +51,8 @@ int QuotaServer::start() {
   s.set_payload_max_length(options_.max_body_bytes);
   s.set_tcp_nodelay(true);  // small keep-alive replies must not wait for delayed ACKs
   s.set_keep_alive_max_count(1000000);
-  s.set_keep_alive_timeout(5);
+  // idle keep-alive connections pin a worker each; let them go quickly
+  s.set_keep_alive_timeout(2);
   s.set_read_timeout(10, 0);
   s.set_write_timeout(10, 0);
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
@@ -76,10 +77,9 @@ int QuotaServer::start() {
   });
   // cpp-httplib 0.11 listens with a backlog of 5, which resets bursts of connections; remember the socket
   // so the backlog can be raised after bind
-  int listen_fd = -1;
-  s.set_socket_options([&listen_fd](socket_t sock) {
+  s.set_socket_options([this](socket_t sock) {
     httplib::default_socket_options(sock);
-    listen_fd = int(sock);
+    listen_fd_ = int(sock);
   });
   port_ = options_.port == 0 ? s.bind_to_any_port(options_.host) : (s.bind_to_port(options_.host, options_.port)
                                                                         ? options_.port
@@ -87,7 +87,7 @@ int QuotaServer::start() {
   if (port_ <= 0) {
     throw std::runtime_error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
   }
-  if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  if (listen_fd_ >= 0) ::listen(listen_fd_, 1024);
   running_ = true;
   listener_ = std::thread([this] { server_->listen_after_bind(); });
   maintenance_ = std::thread([this] {

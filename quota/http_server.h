@@ -18,7 +18,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                       // 0: an ephemeral port
   size_t max_body_bytes = 64 * 1024;  // larger bodies get 413
-  int threads = 32;
+  int threads = 64;
   int tick_ms = 1000;
   int flush_ms = 200;
 };
@@ -45,6 +45,7 @@ class QuotaServer {
   std::thread maintenance_;
   std::atomic<bool> running_{false};
   int port_ = 0;
+  int listen_fd_ = -1;
 };
 
 }  // namespace yolo8::quota

@@ -223,7 +223,7 @@ struct Ctx {
     throw PolicyError(os.str());
   }
   void keys(const YAML::Node& n, const std::string& key, std::initializer_list<const char*> allowed) const {
-    if (!n.IsMap()) fail(n, key, "must be a mapping");
+    if (!n.IsMap()) fail(n, key.empty() ? "(top level)" : key, "must be a mapping");
     for (const auto& kv : n) {
       const std::string k = kv.first.as<std::string>();
       bool ok = false;
@@ -318,10 +318,28 @@ std::string read_file(const std::string& path) {
 
 MemoryTable load_memory_table(const std::string& path) {
   Ctx c{path};
-  return parse_memory_table(c, parse_yaml(read_file(path), path));
+  try {
+    return parse_memory_table(c, parse_yaml(read_file(path), path));
+  } catch (const YAML::Exception& e) {
+    throw PolicyError(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
 }
 
+namespace {
+Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir);
+}  // namespace
+
 Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir) {
+  try {
+    return parse_policy(yaml, source, base_dir);
+  } catch (const YAML::Exception& e) {
+    // e.g. a mapping used as a key: still name the place
+    throw PolicyError(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+}
+
+namespace {
+Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir) {
   Ctx c{source};
   const YAML::Node root = parse_yaml(yaml, source);
   Policy p;
@@ -480,6 +498,7 @@ Policy load_policy_from_string(const std::string& yaml, const std::string& sourc
   p.validate();
   return p;
 }
+}  // namespace
 
 Policy load_policy(const std::string& path) {
   const std::string text = read_file(path);

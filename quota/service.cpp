@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "quota/codec.h"
@@ -257,6 +258,7 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     if (n == 3 && get) return get_lease(caller, id);
     if (n == 4 && post && parts[3] == "heartbeat") return heartbeat(caller, id, req.body);
     if (n == 4 && post && parts[3] == "release") return release(caller, id, req.body);
+    if (n == 4 && post && parts[3] == "review") return review(caller, id, req.body);
   } else if (n >= 2 && parts[1] == "approvals") {
     if (n == 2 && get) return list_approvals(caller);
     if (n >= 3 && !parse_id(parts[2], id)) return error(404, "unknown approval '" + parts[2] + "'");
@@ -393,7 +395,7 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
       const int64_t now = clock_();
       const HeartbeatResult h = engine_.heartbeat(id, t, now);
       ++heartbeats_total_;
-      if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
+      if (store_ && (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking)) {
         pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
       }
       r = fill(h, now);
@@ -462,6 +464,26 @@ ApiResponse QuotaService::decide(const Caller& c, int64_t approval_id, bool appr
     ApiResponse r;
     r.body = to_json(*engine_.find_approval(approval_id));
     r.body["lease"] = lease_view(*engine_.find(a->lease_id), now);
+    return r;
+  });
+}
+
+ApiResponse QuotaService::review(const Caller& c, int64_t id, const std::string& body) {
+  if (c.role != Role::kAdmin) return error(403, "role: emergency reviews are for admins");
+  const json j = parse_body(body);
+  if (!j.is_object()) throw RequestError("body: must be a JSON object");
+  std::string note;
+  if (j.contains("note")) {
+    if (!j["note"].is_string()) throw RequestError("note: has the wrong type");
+    note = j["note"].get<std::string>().substr(0, 2000);
+  }
+  return locked([&] {
+    const Lease* l = engine_.find(id);
+    if (l == nullptr) return error(404, "unknown lease " + std::to_string(id));
+    if (!l->review_pending) return error(409, "lease " + std::to_string(id) + " has no emergency review pending");
+    engine_.review_emergency(id, c.name, clock_(), note);
+    ApiResponse r;
+    r.body = lease_view(*engine_.find(id), clock_());
     return r;
   });
 }
@@ -560,6 +582,26 @@ std::string QuotaService::metrics_text() {
   for (const auto& [id, l] : engine_.leases()) ++by_state[to_string(l.state)];
   os << "# HELP quota_leases Leases in memory by state.\n# TYPE quota_leases gauge\n";
   for (const auto& [s, count] : by_state) os << "quota_leases{state=\"" << s << "\"} " << count << "\n";
+  const std::string month = month_key(now);
+  os << "# HELP quota_member_gpu_hours GPU-hours charged to a member this month (UTC), running leases included.\n"
+     << "# TYPE quota_member_gpu_hours gauge\n";
+  std::set<std::string> members;
+  for (const auto& [key, hours] : engine_.usage()) {
+    if (key.second == month) members.insert(key.first);
+  }
+  for (const auto& [id, l] : engine_.leases()) {
+    if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) members.insert(l.req.user);
+  }
+  for (const auto& m : members) {
+    os << "quota_member_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
+       << engine_.used_gpu_hours(m, month, now) << "\n";
+  }
+  os << "# HELP quota_member_credit_gpu_hours GPU-hours a member may use this month (loan included).\n"
+     << "# TYPE quota_member_credit_gpu_hours gauge\n";
+  for (const auto& m : members) {
+    os << "quota_member_credit_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
+       << engine_.credit_allowance(m, month, now) << "\n";
+  }
   os << "# HELP quota_heartbeats_total Heartbeats answered.\n# TYPE quota_heartbeats_total counter\n";
   os << "quota_heartbeats_total " << heartbeats_total_.load() << "\n";
   os << "# HELP quota_preemptions_total Leases revoked for a waiting request.\n# TYPE quota_preemptions_total counter\n";

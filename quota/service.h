@@ -82,6 +82,7 @@ class QuotaService {
   ApiResponse release(const Caller& c, int64_t id, const std::string& body);
   ApiResponse decide(const Caller& c, int64_t approval_id, bool approve, const std::string& body);
   ApiResponse list_approvals(const Caller& c);
+  ApiResponse review(const Caller& c, int64_t id, const std::string& body);
   ApiResponse teams(const Caller& c);
   ApiResponse audit(const Caller& c, const ApiRequest& req);
 

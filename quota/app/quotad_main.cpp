@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
 
   std::string policy_path = "configs/quota-policy.yaml", db = "quotad.db", listen = "127.0.0.1:8470";
   bool full_sync = false;
-  int threads = 32;
+  int threads = 64;
   auto* serve_cmd = app.add_subcommand("serve", "run the service");
   serve_cmd->add_option("--policy", policy_path, "policy YAML")->capture_default_str();
   serve_cmd->add_option("--db", db, "SQLite database (created if missing)")->capture_default_str();

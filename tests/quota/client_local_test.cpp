@@ -45,6 +45,21 @@ TEST(QuotaClientLocal, OffModeIsANoOp) {
   EXPECT_THROW(QuotaClient{bad}, std::invalid_argument);
 }
 
+TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
+  EXPECT_EQ(client_config_from_setting("off").mode, "off");
+  EXPECT_EQ(client_config_from_setting("local", 4).local_gpus, 4);
+  const ClientConfig p = client_config_from_setting("local:/tmp/x.db");
+  EXPECT_EQ(p.mode, "local");
+  EXPECT_EQ(p.local_db, "/tmp/x.db");
+  setenv("YOLO8_QUOTA_TOKEN", "tok", 1);
+  const ClientConfig u = client_config_from_setting("http://quotad:8470");
+  EXPECT_EQ(u.mode, "http://quotad:8470");
+  EXPECT_EQ(u.token, "tok");
+  unsetenv("YOLO8_QUOTA_TOKEN");
+  EXPECT_THROW(client_config_from_setting("https://secure"), std::invalid_argument);
+  EXPECT_THROW(client_config_from_setting("remote"), std::invalid_argument);
+}
+
 TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   const std::string db = temp_db("local_turns");
   QuotaClient first(local_config(db, 1));
@@ -71,6 +86,26 @@ TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   ASSERT_FALSE(positions.empty());
   EXPECT_EQ(positions.front(), 1);
   second.release(Outcome::kCompleted);
+}
+
+TEST(QuotaClientLocal, AdmissionUsesTheMemoryTableAndReportsTheLargestBatch) {
+  ClientConfig c = local_config(temp_db("local_admission"), 1);
+  c.local_memory_table = std::string(yolo8::test::kSourceDir) + "/configs/memory-table.yaml";
+  QuotaClient q(c);
+  LeaseRequest r;
+  r.model = "yolov8x";
+  r.batch = 64;  // 5 + 0.85 * 64 = 59.4 GiB > 24
+  try {
+    q.acquire(r);
+    FAIL() << "expected a refusal";
+  } catch (const QuotaRefused& e) {
+    EXPECT_EQ(e.status(), 422);
+    EXPECT_EQ(e.max_batch(), 22);  // floor((24 - 5) / 0.85)
+    EXPECT_NE(std::string(e.what()).find("batch=auto"), std::string::npos) << e.what();
+  }
+  r.batch = 16;
+  EXPECT_EQ(q.acquire(r).state, "granted");
+  q.release(Outcome::kCompleted);
 }
 
 TEST(QuotaClientLocal, ProcessesSharingTheDatabaseNeverOverAllocate) {

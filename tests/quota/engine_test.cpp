@@ -223,6 +223,76 @@ TEST(Engine, CriticalPreemptsLowestPriorityOnceThePoolIsGoneAndDeadlinesBind) {
   expect_sound(e, deadline);
 }
 
+TEST(Engine, AtItsLimitATeamPreemptsOnlyItsOwnLowerPriorityWork) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  std::vector<int64_t> robo;
+  for (int i = 0; i < 6; ++i) {
+    auto r = req("team-robotics", "erin");
+    r.priority = i == 4 ? Priority::kLow : Priority::kNormal;
+    robo.push_back(e.acquire(r, t0).lease_id);
+  }
+  auto low_cv = req("team-cv", "alice");
+  low_cv.priority = Priority::kLow;
+  const int64_t cv_low = e.acquire(low_cv, t0).lease_id;
+  const int64_t t1 = t0 + 15 * kMinute;
+  for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t1);
+  auto high = req("team-robotics", "dave");
+  high.priority = Priority::kHigh;
+  auto w = e.acquire(high, t1);
+  ASSERT_EQ(w.kind, Kind::kQueued);
+  EXPECT_EQ(e.find(robo[4])->state, LeaseState::kRevoking);  // its own low-priority lease
+  EXPECT_EQ(e.find(cv_low)->state, LeaseState::kGranted);    // another team's work is not touched
+  e.release(robo[4], Outcome::kPreempted, t1 + 1000);
+  EXPECT_EQ(e.find(w.lease_id)->state, LeaseState::kGranted);
+  // an equal-priority request at the limit preempts nobody
+  auto same = e.acquire(req("team-robotics", "erin"), t1 + 2000);
+  EXPECT_EQ(same.kind, Kind::kQueued);
+  int revoking = 0;
+  for (const auto& [id, l] : e.leases()) revoking += l.state == LeaseState::kRevoking;
+  EXPECT_EQ(revoking, 0);
+}
+
+TEST(Engine, AfterTheBurstWindowClosesBurstLeasesAreTheFirstVictims) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kInsideWindow;
+  std::vector<int64_t> cv;
+  for (int i = 0; i < 14; ++i) cv.push_back(e.acquire(req("team-cv", "alice"), t0).lease_id);
+  for (int i = 0; i < 3; ++i) e.acquire(req("team-robotics", "erin"), t0);
+  const int64_t closed = kMonday + 11 * kHour + 10 * kMinute;
+  for (const auto& [id, l] : e.leases()) {
+    Telemetry t;
+    // a within-base cv lease has the freshest checkpoint, yet burst leases go first
+    t.last_checkpoint_ms = l.id == cv[0] ? closed - 1000 : closed - 60 * kMinute;
+    if (l.id == cv[12]) t.last_checkpoint_ms = closed - 2000;
+    e.heartbeat(id, t, closed);
+  }
+  e.tick(closed);
+  for (int64_t id : cv) EXPECT_EQ(e.find(id)->state, LeaseState::kGranted);  // not killed at the close
+  auto w = e.acquire(req("team-robotics", "erin", 2), closed);
+  ASSERT_EQ(w.kind, Kind::kQueued);
+  std::vector<int64_t> victims;
+  for (const auto& [id, l] : e.leases()) {
+    if (l.state == LeaseState::kRevoking) victims.push_back(id);
+  }
+  ASSERT_EQ(victims.size(), 2u);
+  for (int64_t v : victims) EXPECT_TRUE(e.find(v)->over_base) << "lease " << v;
+  EXPECT_TRUE(std::find(victims.begin(), victims.end(), cv[12]) != victims.end());  // freshest burst checkpoint
+}
+
+TEST(Engine, EmergencyReviewIsClosedOnceAndAudited) {
+  Engine e(testing::example_policy());
+  auto c = req("team-interns", "ivan");
+  c.priority = Priority::kCritical;
+  c.justification = "demo day";
+  auto g = e.acquire(c, kMonday);
+  ASSERT_TRUE(e.find(g.lease_id)->review_pending);
+  e.review_emergency(g.lease_id, "admin", kMonday + kHour, "justified");
+  EXPECT_FALSE(e.find(g.lease_id)->review_pending);
+  EXPECT_TRUE(has_audit(e, "emergency.reviewed", g.lease_id));
+  EXPECT_THROW(e.review_emergency(g.lease_id, "admin", kMonday + kHour, ""), PolicyError);
+}
+
 TEST(Engine, CancelledWaiterGivesTheVictimItsLeaseBack) {
   Engine e(testing::example_policy());
   const int64_t t0 = kInsideWindow;

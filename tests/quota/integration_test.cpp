@@ -42,7 +42,7 @@ std::string write_file(const std::string& path, const std::string& text) {
 }
 
 // 16 GPUs, two teams that may each burst to all of them, sharing on, no credits, no emergency pool.
-std::string sixteen_gpu_policy(int min_runtime_s = 0) {
+std::string sixteen_gpu_policy(int min_runtime_s = 0, const std::string& leases = "{ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}") {
   return R"(
 inventory:
   nodes:
@@ -58,7 +58,7 @@ teams:
   tb: {base: 8, burst: 16, members: [bob]}
 sharing: {enabled: true, max_leases_per_gpu: 4}
 credits: {monthly_gpu_hours: 0}
-leases: {ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}
+leases: )" + leases + R"(
 preemption: {min_runtime_s: )" + std::to_string(min_runtime_s) + R"(, grace_s: 30}
 tiers: {self_service: [yolov8n, yolov8s], approval: [yolov8x]}
 )";
@@ -284,6 +284,25 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   json all;
   ASSERT_EQ(get(c, "/v1/leases", "admin-token", &all), 200);
   expect_no_overcommit(all["leases"]);
+  // the admin verbs talk to the restarted server
+  const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  const std::string server_url = "http://127.0.0.1:" + std::to_string(q.port);
+  auto run = [](const std::string& cmd, int& status) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    status = pclose(p);
+    return out;
+  };
+  int status = 0;
+  const std::string listed = run(bin + " leases --json --server " + server_url + " --token admin-token", status);
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(json::parse(listed, nullptr, false)["leases"].size(), all["leases"].size());
+  const std::string denied = run(bin + " teams --server " + server_url + " --token nope 2>&1", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(denied.find("HTTP 401"), std::string::npos) << denied;
   q.stop();
   // the database alone satisfies every invariant
   ServiceOptions so;
@@ -403,6 +422,42 @@ TEST(QuotaLoopback, ClientIsRevokedReleasesAndTheWaiterStartsOnlyThen) {
   server.stop();
 }
 
+TEST(QuotaLoopback, SixtyTrainersHeartbeatThroughASmallWorkerPool) {
+  const Policy policy =
+      load_policy_from_string(sixteen_gpu_policy(0, "{ttl_s: 4, heartbeat_interval_s: 1, expiry_grace_s: 1}"), "p.yaml");
+  QuotaService service(policy, ServiceOptions{});
+  ServerOptions opts;
+  opts.threads = 8;  // far fewer workers than trainers: connections must not pin them
+  QuotaServer server(service, opts);
+  const int port = server.start();
+  std::vector<std::unique_ptr<QuotaClient>> clients;
+  for (int i = 0; i < 60; ++i) {
+    ClientConfig cfg;
+    cfg.mode = "http://127.0.0.1:" + std::to_string(port);
+    cfg.token = i % 2 ? "alice-token" : "bob-token";
+    clients.push_back(std::make_unique<QuotaClient>(cfg));
+    LeaseRequest r;
+    r.job = "t" + std::to_string(i);
+    r.shared = true;
+    r.memory_gib = 10;
+    ASSERT_EQ(clients.back()->acquire(r).state, "granted");
+    clients.back()->start_heartbeats();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  for (size_t i = 0; i < clients.size(); ++i) {
+    EXPECT_FALSE(clients[i]->unreachable_too_long()) << "trainer " << i;
+    EXPECT_FALSE(clients[i]->lost()) << "trainer " << i;
+  }
+  int granted = 0;
+  service.inspect([&](const Engine& e) {
+    for (const auto& [id, l] : e.leases()) granted += l.state == LeaseState::kGranted;
+  });
+  EXPECT_EQ(granted, 60);  // nobody expired
+  for (auto& c : clients) c->release(Outcome::kCompleted);
+  clients.clear();
+  server.stop();
+}
+
 TEST(QuotaLoopback, ClientSelfFencesWhenQuotadIsUnreachable) {
   QuotaService service(load_policy_from_string(two_gpu_policy(), "two.yaml"), ServiceOptions{});
   auto server = std::make_unique<QuotaServer>(service, ServerOptions{});
@@ -415,8 +470,10 @@ TEST(QuotaLoopback, ClientSelfFencesWhenQuotadIsUnreachable) {
   q.start_heartbeats();
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_FALSE(q.unreachable_too_long());
+  const auto stopping = Clock::now();
   server->stop();
   const auto stopped = Clock::now();
+  EXPECT_LT(stopped - stopping, std::chrono::milliseconds(2000)) << "the server should stop promptly";
   while (!q.unreachable_too_long() && Clock::now() - stopped < std::chrono::seconds(6)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -96,6 +96,10 @@ TEST(Policy, ErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("unknown user 'nobody'"), std::string::npos) << e;
   e = error_of("inventory:\n  nodes: []\nteams: {}\n");
   EXPECT_NE(e.find("inventory.nodes"), std::string::npos) << e;
+  e = error_of("");
+  EXPECT_NE(e.find("(top level): must be a mapping"), std::string::npos) << e;
+  e = error_of(minimal() + "    ? [a, b]\n    : 1\n");
+  EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
   e = error_of("inventory: [\n");
   EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
   e = error_of(minimal() + "leases: {ttl_s: ten}\n");

@@ -96,6 +96,33 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], int64_t(i) + 1);
 }
 
+TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {
+  const std::string db = temp_db("reorder");
+  auto policy = [](bool swapped) {
+    const std::string a = "    - {name: big, gpus: 2, memory_gib: 80}\n";
+    const std::string b = "    - {name: small, gpus: 2, memory_gib: 24}\n";
+    return load_policy_from_string("inventory:\n  nodes:\n" + (swapped ? b + a : a + b) +
+                                       "users:\n  alice: {token_sha256: "
+                                       "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
+                                       "teams:\n  t: {base: 4, members: [alice]}\ncredits: {monthly_gpu_hours: 0}\nemergency_pool: 0\n",
+                                   "reorder.yaml");
+  };
+  ServiceOptions o;
+  o.db_path = db;
+  json first;
+  {
+    QuotaService s(policy(false), o);
+    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2,"memory_gib":40})")).status, 201);
+    first = s.handle(call("GET", "/v1/leases/1", "alice-token")).body;
+    ASSERT_EQ(first["devices"], json({"big:0", "big:1"}));
+  }
+  QuotaService s(policy(true), o);
+  EXPECT_EQ(s.handle(call("GET", "/v1/leases/1", "alice-token")).body["devices"], first["devices"]);
+  // the two big GPUs stay taken: a second 40 GiB request waits
+  EXPECT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":1,"memory_gib":40})")).status, 202);
+  EXPECT_TRUE(s.check_invariants().empty());
+}
+
 TEST(QuotaService, AuditTableIsAppendOnly) {
   const std::string db = temp_db("audit");
   {
@@ -135,7 +162,7 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
       {call("POST", "/v1/leases", "alice-token", R"({"gpus":1e300})"), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"priority":"urgent"})"), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"imgsz":-640})"), 400},
-      {call("POST", "/v1/leases", "alice-token", std::string(10000, '[') + std::string(10000, ']')), 400},
+      {call("POST", "/v1/leases", "alice-token", std::string(30000, '[') + std::string(30000, ']')), 400},
       {call("POST", "/v1/leases", "alice-token", R"({"team":"team-robotics"})"), 403},
       {call("POST", "/v1/leases", "alice-token", R"({"user":"bob"})"), 403},
       {call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":4096})"), 400},
@@ -169,6 +196,20 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
   EXPECT_TRUE(s.check_invariants().empty());
 }
 
+TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  ApiRequest r = call("POST", "/v1/leases", "alice-token", R"({"gpus":1})");
+  r.idempotency_key = "retry-1";
+  const ApiResponse a = s.handle(r);
+  const ApiResponse b = s.handle(r);
+  ASSERT_EQ(a.status, 201);
+  EXPECT_EQ(b.status, 201);
+  EXPECT_EQ(a.body["lease_id"], b.body["lease_id"]);
+  EXPECT_EQ(b.body["replayed"], true);
+  r.idempotency_key = std::string(200, 'k');
+  EXPECT_EQ(s.handle(r).status, 400);
+}
+
 TEST(QuotaService, MetricsExposeTeamsAndStates) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
   s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));
@@ -176,6 +217,8 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   EXPECT_NE(m.find("quota_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
   EXPECT_NE(m.find("quota_leases{state=\"granted\"} 1"), std::string::npos) << m;
   EXPECT_NE(m.find("quota_gpus_total 20"), std::string::npos);
+  EXPECT_NE(m.find("quota_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quota_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
 }
 
 }  // namespace
