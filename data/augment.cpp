@@ -164,47 +164,47 @@ bool box_candidate(const PixBox& before, const PixBox& after, double scale, doub
 void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
                         Rng& rng, cv::Mat& out, bool flip_lr, bool flip_ud) {
   const int height = in.rows + 2 * border, width = in.cols + 2 * border;
-  cv::Matx33d C = cv::Matx33d::eye();
-  C(0, 2) = -in.cols / 2.0;
-  C(1, 2) = -in.rows / 2.0;
-  cv::Matx33d P = cv::Matx33d::eye();
-  P(2, 0) = rng.uniform(-cfg.perspective, cfg.perspective);
-  P(2, 1) = rng.uniform(-cfg.perspective, cfg.perspective);
+  cv::Matx33d center = cv::Matx33d::eye();
+  center(0, 2) = -in.cols / 2.0;
+  center(1, 2) = -in.rows / 2.0;
+  cv::Matx33d persp_m = cv::Matx33d::eye();
+  persp_m(2, 0) = rng.uniform(-cfg.perspective, cfg.perspective);
+  persp_m(2, 1) = rng.uniform(-cfg.perspective, cfg.perspective);
   const double a = rng.uniform(-cfg.degrees, cfg.degrees) * CV_PI / 180.0;
   const double s = rng.uniform(1 - cfg.scale, 1 + cfg.scale);
-  cv::Matx33d R = cv::Matx33d::eye();
-  R(0, 0) = s * std::cos(a); R(0, 1) = s * std::sin(a);
-  R(1, 0) = -s * std::sin(a); R(1, 1) = s * std::cos(a);
-  cv::Matx33d S = cv::Matx33d::eye();
-  S(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
-  S(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
-  cv::Matx33d T = cv::Matx33d::eye();
-  T(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * width;
-  T(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * height;
-  cv::Matx33d M = T * S * R * P * C;
+  cv::Matx33d rot = cv::Matx33d::eye();
+  rot(0, 0) = s * std::cos(a); rot(0, 1) = s * std::sin(a);
+  rot(1, 0) = -s * std::sin(a); rot(1, 1) = s * std::cos(a);
+  cv::Matx33d shear_m = cv::Matx33d::eye();
+  shear_m(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  shear_m(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  cv::Matx33d trans = cv::Matx33d::eye();
+  trans(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * width;
+  trans(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * height;
+  cv::Matx33d m = trans * shear_m * rot * persp_m * center;
   const bool persp = cfg.perspective > 0;
   // Pixel centres flip as x -> W - 1 - x (cv::flip), box edges as x -> W - x.
-  cv::Matx33d Fimg = cv::Matx33d::eye(), Fbox = cv::Matx33d::eye();
+  cv::Matx33d flip_img = cv::Matx33d::eye(), flip_box = cv::Matx33d::eye();
   if (flip_lr) {
-    Fimg(0, 0) = Fbox(0, 0) = -1;
-    Fimg(0, 2) = width - 1;
-    Fbox(0, 2) = width;
+    flip_img(0, 0) = flip_box(0, 0) = -1;
+    flip_img(0, 2) = width - 1;
+    flip_box(0, 2) = width;
   }
   if (flip_ud) {
-    Fimg(1, 1) = Fbox(1, 1) = -1;
-    Fimg(1, 2) = height - 1;
-    Fbox(1, 2) = height;
+    flip_img(1, 1) = flip_box(1, 1) = -1;
+    flip_img(1, 2) = height - 1;
+    flip_box(1, 2) = height;
   }
-  const cv::Matx33d Mi = Fimg * M;
-  M = Fbox * M;
+  const cv::Matx33d m_img = flip_img * m;
+  m = flip_box * m;
 
-  if (border != 0 || flip_lr || flip_ud || cv::norm(Mi - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
+  if (border != 0 || flip_lr || flip_ud || cv::norm(m_img - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
     if (persp) {
-      cv::warpPerspective(in, out, cv::Mat(Mi), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+      cv::warpPerspective(in, out, cv::Mat(m_img), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
                           cv::Scalar::all(114));
     } else {
-      cv::Matx23d A(Mi(0, 0), Mi(0, 1), Mi(0, 2), Mi(1, 0), Mi(1, 1), Mi(1, 2));
-      cv::warpAffine(in, out, cv::Mat(A), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+      cv::Matx23d affine(m_img(0, 0), m_img(0, 1), m_img(0, 2), m_img(1, 0), m_img(1, 1), m_img(1, 2));
+      cv::warpAffine(in, out, cv::Mat(affine), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
                      cv::Scalar::all(114));
     }
   } else {
@@ -217,10 +217,10 @@ void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const Aug
     const double xs[4] = {b.x1, b.x2, b.x1, b.x2}, ys[4] = {b.y1, b.y2, b.y2, b.y1};
     double x0 = 1e30, y0 = 1e30, x1 = -1e30, y1 = -1e30;
     for (int k = 0; k < 4; ++k) {
-      double px = M(0, 0) * xs[k] + M(0, 1) * ys[k] + M(0, 2);
-      double py = M(1, 0) * xs[k] + M(1, 1) * ys[k] + M(1, 2);
+      double px = m(0, 0) * xs[k] + m(0, 1) * ys[k] + m(0, 2);
+      double py = m(1, 0) * xs[k] + m(1, 1) * ys[k] + m(1, 2);
       if (persp) {
-        double pz = M(2, 0) * xs[k] + M(2, 1) * ys[k] + M(2, 2);
+        double pz = m(2, 0) * xs[k] + m(2, 1) * ys[k] + m(2, 2);
         px /= pz;
         py /= pz;
       }

@@ -266,11 +266,12 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
       if (rng.chance(aug_.fliplr)) flip_lr(work, bx);
     }
     copy_to_planes(work, batch.images[static_cast<int64_t>(k)].data_ptr<uint8_t>());
-    const float W = static_cast<float>(work.cols), H = static_cast<float>(work.rows);
+    const float img_w = static_cast<float>(work.cols), img_h = static_cast<float>(work.rows);
     for (const auto& p : bx) {
       const float w = p.x2 - p.x1, h = p.y2 - p.y1;
       if (w <= 0 || h <= 0) continue;
-      labels.insert(labels.end(), {static_cast<float>(k), p.cls, (p.x1 + w / 2) / W, (p.y1 + h / 2) / H, w / W, h / H});
+      labels.insert(labels.end(),
+                    {static_cast<float>(k), p.cls, (p.x1 + w / 2) / img_w, (p.y1 + h / 2) / img_h, w / img_w, h / img_h});
     }
     rp[static_cast<int64_t>(k)][0] = gain_h;
     rp[static_cast<int64_t>(k)][1] = gain_w;

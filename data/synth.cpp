@@ -62,10 +62,10 @@ cv::Scalar class_colour(int cls, Rng& rng) {
 
 cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size, Rng& rng) {
   const cv::Scalar col = class_colour(cls, rng);
-  const double W = img.cols, H = img.rows;
+  const double img_w = img.cols, img_h = img.rows;
   auto clip = [&](double x0, double y0, double x1, double y1) {
-    x0 = std::clamp(x0, 0.0, W); x1 = std::clamp(x1, 0.0, W);
-    y0 = std::clamp(y0, 0.0, H); y1 = std::clamp(y1, 0.0, H);
+    x0 = std::clamp(x0, 0.0, img_w); x1 = std::clamp(x1, 0.0, img_w);
+    y0 = std::clamp(y0, 0.0, img_h); y1 = std::clamp(y1, 0.0, img_h);
     return cv::Rect2d(x0, y0, x1 - x0, y1 - y0);
   };
   if (cls == 0) {
