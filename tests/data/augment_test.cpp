@@ -1,7 +1,11 @@
 // Augmentation primitives: rect shapes, letterbox padding, flips, candidates, mosaic placement, RNG.
 #include <gtest/gtest.h>
 
+#include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <cmath>
 
 #include "data/augment.h"
 
@@ -152,6 +156,27 @@ TEST(DataPerspective, FoldedFlipsEqualSeparateFlips) {
       EXPECT_NEAR(b1[i].y2, b2[i].y2, 1e-3);
     }
   }
+}
+
+// The table loop equals the reference recipe: BGR->HSV, cv::LUT with the three gains, HSV->BGR.
+TEST(DataHsv, MatchesCvLutRecipe) {
+  cv::Mat img(37, 53, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(255));
+  cv::Mat got = img.clone();
+  Rng rng(5), ref_rng(5);
+  augment_hsv(got, 0.015, 0.7, 0.4, rng);
+  const double r0 = ref_rng.uniform(-1, 1) * 0.015 + 1, r1 = ref_rng.uniform(-1, 1) * 0.7 + 1,
+               r2 = ref_rng.uniform(-1, 1) * 0.4 + 1;
+  cv::Mat lut(1, 256, CV_8UC3), hsv, expected;
+  for (int x = 0; x < 256; ++x)
+    lut.at<cv::Vec3b>(x) = cv::Vec3b(static_cast<uchar>(std::fmod(x * r0, 180.0)),
+                                     static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0)),
+                                     static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0)));
+  cv::cvtColor(img, hsv, cv::COLOR_BGR2HSV);
+  cv::LUT(hsv, lut, hsv);
+  cv::cvtColor(hsv, expected, cv::COLOR_HSV2BGR);
+  EXPECT_EQ(cv::norm(got, expected, cv::NORM_INF), 0);
+  EXPECT_GT(cv::norm(got, img, cv::NORM_INF), 0);
 }
 
 TEST(DataHsv, ZeroGainsLeaveImageAlone) {
