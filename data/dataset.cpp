@@ -145,17 +145,22 @@ std::vector<std::string> list_split_files(const std::vector<std::string>& source
   std::vector<std::string> out;
   for (const auto& src : sources) {
     if (fs::is_directory(src)) {
-      for (auto it = fs::recursive_directory_iterator(src, fs::directory_options::follow_directory_symlink);
-           it != fs::recursive_directory_iterator(); ++it) {
+      constexpr int kMaxDepth = 32;  // symlinked folders may form cycles
+      const auto options =
+          fs::directory_options::follow_directory_symlink | fs::directory_options::skip_permission_denied;
+      for (auto it = fs::recursive_directory_iterator(src, options); it != fs::recursive_directory_iterator(); ++it) {
         const auto name = it->path().filename().string();
+        const bool dir = it->is_directory();
+        if (dir && it.depth() >= kMaxDepth) it.disable_recursion_pending();
         if (!name.empty() && name[0] == '.') {
-          if (it->is_directory()) it.disable_recursion_pending();
+          if (dir) it.disable_recursion_pending();
           continue;
         }
         if (!it->is_regular_file()) continue;
-        // Side files the tools write next to images are not candidates.
+        // Label files kept beside their images and the side files the tools write are not candidates.
         const auto ext = it->path().extension().string();
-        if (ext == ".cache" || ext == ".npy" || ext == ".y8img") continue;
+        if (ext == ".txt" || ext == ".cache" || ext == ".npy" || ext == ".y8img" || ext.rfind(".tmp", 0) == 0)
+          continue;
         out.push_back(it->path().lexically_normal().string());
       }
     } else if (fs::is_regular_file(src) && fs::path(src).extension() == ".txt") {

@@ -227,6 +227,17 @@ TEST(DataCheckDataset, TxtListWithMissingImage) {
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
 }
 
+TEST(DataCheckDataset, LabelsBesideImages) {
+  auto dir = scratch_dir("flat");
+  write_image(dir + "/flat/a.png", 20, 20);
+  write_text(dir + "/flat/a.txt", "0 0.5 0.5 0.5 0.5\n");
+  write_text(dir + "/data.yaml", "train: flat\nnames: [a]\n");
+  DatasetIndex idx = build_split_index(load_data_yaml(dir + "/data.yaml"), "train", CheckOptions{1, 1, false});
+  EXPECT_EQ(idx.summary.files, 1);
+  EXPECT_EQ(idx.summary.instances, 1);
+  EXPECT_EQ(idx.summary.skipped_total(), 0);
+}
+
 TEST(DataCheckDataset, CacheHitAndInvalidation) {
   auto dir = make_messy_dataset();
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
