@@ -65,6 +65,10 @@ TEST(DataSynth, DeterministicAndValid) {
     EXPECT_FALSE(sa.str().empty()) << f;
     EXPECT_EQ(sa.str(), sb.str()) << f;
   }
+  // A smaller second run into the same folder leaves none of the first run's files.
+  synthesize_dataset(b, 3, 1, 96, 3);
+  EXPECT_EQ(list_split_files({b + "/images/train"}).size(), 3u);
+  EXPECT_FALSE(fs::exists(b + "/labels/train/000004.txt"));
   std::ostringstream os;
   EXPECT_TRUE(check_dataset(ra.yaml_path, os, 2, false)) << os.str();
   auto idx = index_of(ra.yaml_path, "train");
