@@ -502,10 +502,10 @@ struct Reader {
   void check() { if (!in) throw std::runtime_error("truncated"); }
 };
 
-std::string cache_path_for(const std::vector<std::string>& files) {
+std::string cache_path_for(const std::vector<std::string>& files, const std::string& tag) {
   if (files.empty()) return {};
   fs::path dir = fs::path(label_path_for(files.front())).parent_path();
-  return dir.string() + ".cache";
+  return dir.string() + tag + ".cache";
 }
 
 void save_cache(const std::string& path, uint64_t key, const DatasetIndex& idx) {
@@ -582,7 +582,7 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
   idx.nc = opts.nc;
   uint64_t key = 0;
   if (opts.use_cache && !files.empty()) {
-    idx.cache_path = cache_path_for(files);
+    idx.cache_path = cache_path_for(files, opts.cache_tag);
     key = index_key(files, opts);
     if (load_cache(idx.cache_path, key, idx)) {
       idx.nc = opts.nc;
@@ -634,6 +634,10 @@ DatasetIndex build_split_index(const DatasetSpec& spec, const std::string& split
   if (src->empty()) throw std::runtime_error(spec.yaml_path + ": key '" + split + "' is not set");
   CheckOptions o = opts;
   o.nc = spec.nc;
+  const bool listed = std::any_of(src->begin(), src->end(), [](const std::string& p) {
+    return fs::path(p).extension() == ".txt" && fs::is_regular_file(p);
+  });
+  if (listed && o.cache_tag.empty()) o.cache_tag = "." + split;
   return build_index(list_split_files(*src), o);
 }
 
