@@ -149,6 +149,7 @@ TEST(DataLoader, CachesGiveTheSameBatches) {
   auto ref = run_epoch(plain, 0);
   cfg.cache = CacheMode::kRam;
   DataLoader ram(idx, cfg, aug, true);
+  EXPECT_EQ(ram.cache(), CacheMode::kRam) << ram.cache_note();
   expect_same(ref, run_epoch(ram, 0));
   expect_same(ref, run_epoch(ram, 0));  // second pass served from RAM
   cfg.cache = CacheMode::kDisk;
