@@ -251,8 +251,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
         size_t j = static_cast<size_t>(rng.randint(static_cast<int64_t>(n)));
         tiles[t] = {&loaded[j].img, &boxes[j]};
       }
-      mosaic4(tiles, s, rng, canvas, ob);
-      random_perspective(canvas, ob, aug_, -s / 2, rng, out, lr, ud);
+      mosaic_perspective(tiles, s, aug_, rng, canvas, out, ob, lr, ud);
     } else {
       LetterboxInfo lb;
       cv::Mat lbimg = letterbox(loaded[k].img, s, s, true, &lb);

@@ -159,6 +159,48 @@ TEST(DataPerspective, FoldedFlipsEqualSeparateFlips) {
 }
 
 // The table loop equals the reference recipe: BGR->HSV, cv::LUT with the three gains, HSV->BGR.
+// The fused mosaic + warp (partial canvas) equals building the whole canvas and warping it.
+TEST(DataMosaic, FusedEqualsCanvasThenWarp) {
+  const int s = 96;
+  cv::Mat imgs[4];
+  std::vector<PixBox> bxs[4];
+  Tile tiles[4];
+  for (int i = 0; i < 4; ++i) {
+    imgs[i] = cv::Mat(s - 7 * i, s - 11 * (3 - i), CV_8UC3);
+    cv::randu(imgs[i], cv::Scalar::all(0), cv::Scalar::all(255));
+    cv::GaussianBlur(imgs[i], imgs[i], cv::Size(5, 5), 2);
+    bxs[i] = {{static_cast<float>(i), 10, 12, 50, 40}, {static_cast<float>(i), 30, 5, 60, 70}};
+    tiles[i] = {&imgs[i], &bxs[i]};
+  }
+  AugmentConfig cfg;
+  for (int variant = 0; variant < 3; ++variant) {
+    cfg.degrees = variant == 1 ? 30 : 0;
+    cfg.shear = variant == 1 ? 10 : 0;
+    cfg.perspective = variant == 2 ? 0.0005 : 0;
+    for (uint64_t seed = 0; seed < 25; ++seed) {
+      Rng r1(seed), r2(seed);
+      cv::Mat canvas, a, b, scratch;
+      std::vector<PixBox> ba, bb;
+      const bool lr = seed % 2, ud = seed % 3 == 0;
+      mosaic4(tiles, s, r1, canvas, ba);
+      random_perspective(canvas, ba, cfg, -s / 2, r1, a, lr, ud);
+      mosaic_perspective(tiles, s, cfg, r2, scratch, b, bb, lr, ud);
+      ASSERT_EQ(a.size(), cv::Size(s, s));
+      ASSERT_EQ(b.size(), a.size());
+      EXPECT_LE(cv::norm(a, b, cv::NORM_INF), 1) << "variant " << variant << " seed " << seed;
+      ASSERT_EQ(ba.size(), bb.size());
+      for (size_t k = 0; k < ba.size(); ++k) {
+        EXPECT_EQ(ba[k].x1, bb[k].x1);
+        EXPECT_EQ(ba[k].y2, bb[k].y2);
+      }
+      if (variant == 0) {
+        EXPECT_LT(scratch.total(), canvas.total());  // the point: a smaller canvas
+      }
+      EXPECT_EQ(r1.uniform(), r2.uniform());  // same draws consumed
+    }
+  }
+}
+
 TEST(DataHsv, MatchesCvLutRecipe) {
   cv::Mat img(37, 53, CV_8UC3);
   cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(255));
