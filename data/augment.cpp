@@ -111,18 +111,23 @@ std::vector<std::pair<int, int>> rect_batch_shapes(const std::vector<std::pair<i
 
 // ---------------------------------------------------------------------------------------------------- mosaic
 
-void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vector<PixBox>& boxes) {
-  const int s = imgsz, s2 = 2 * imgsz;
+namespace {
+
+// Where each tile lands on the 2s x 2s canvas.
+struct Placement {
+  cv::Rect dst, src;
+};
+
+// Draws the centre, places the tiles as the reference does and shifts/clips their boxes to the canvas.
+void mosaic_plan(const Tile tiles[4], int s, Rng& rng, Placement pl[4], std::vector<PixBox>& boxes) {
+  const int s2 = 2 * s;
   const int border = -s / 2;
   // Centre drawn in [s/2, 3s/2), as the reference's uniform(-border, 2s + border).
   const int xc = static_cast<int>(rng.uniform(-border, s2 + border));
   const int yc = static_cast<int>(rng.uniform(-border, s2 + border));
-  canvas.create(s2, s2, CV_8UC3);
-  canvas.setTo(cv::Scalar::all(114));
   boxes.clear();
   for (int i = 0; i < 4; ++i) {
-    const cv::Mat& img = *tiles[i].img;
-    const int h = img.rows, w = img.cols;
+    const int h = tiles[i].img->rows, w = tiles[i].img->cols;
     int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
     if (i == 0) {
       x1a = std::max(xc - w, 0); y1a = std::max(yc - h, 0); x2a = xc; y2a = yc;
@@ -137,8 +142,8 @@ void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vec
       x1a = xc; y1a = yc; x2a = std::min(xc + w, s2); y2a = std::min(s2, yc + h);
       x1b = 0; y1b = 0; x2b = std::min(w, x2a - x1a); y2b = std::min(y2a - y1a, h);
     }
-    if (x2a > x1a && y2a > y1a)
-      img(cv::Rect(x1b, y1b, x2b - x1b, y2b - y1b)).copyTo(canvas(cv::Rect(x1a, y1a, x2a - x1a, y2a - y1a)));
+    pl[i].dst = cv::Rect(x1a, y1a, std::max(0, x2a - x1a), std::max(0, y2a - y1a));
+    pl[i].src = cv::Rect(x1b, y1b, std::max(0, x2b - x1b), std::max(0, y2b - y1b));
     const float padw = static_cast<float>(x1a - x1b), padh = static_cast<float>(y1a - y1b);
     for (PixBox b : *tiles[i].boxes) {
       b.x1 = std::clamp(b.x1 + padw, 0.f, float(s2));
@@ -148,6 +153,27 @@ void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vec
       boxes.push_back(b);
     }
   }
+}
+
+// Renders only `roi` of the canvas: fill 114, then the parts of the tiles inside it.
+void mosaic_render(const Tile tiles[4], const Placement pl[4], const cv::Rect& roi, cv::Mat& canvas) {
+  canvas.create(roi.height, roi.width, CV_8UC3);
+  canvas.setTo(cv::Scalar::all(114));
+  for (int i = 0; i < 4; ++i) {
+    const cv::Rect inter = pl[i].dst & roi;
+    if (inter.empty()) continue;
+    const cv::Rect src(pl[i].src.x + inter.x - pl[i].dst.x, pl[i].src.y + inter.y - pl[i].dst.y, inter.width,
+                       inter.height);
+    (*tiles[i].img)(src).copyTo(canvas(inter - roi.tl()));
+  }
+}
+
+}  // namespace
+
+void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vector<PixBox>& boxes) {
+  Placement pl[4];
+  mosaic_plan(tiles, imgsz, rng, pl, boxes);
+  mosaic_render(tiles, pl, cv::Rect(0, 0, 2 * imgsz, 2 * imgsz), canvas);
 }
 
 // ---------------------------------------------------------------------------------------------------- perspective
@@ -161,79 +187,141 @@ bool box_candidate(const PixBox& before, const PixBox& after, double scale, doub
   return w2 > wh_thr && h2 > wh_thr && w2 * h2 / (w1 * h1 + eps) > area_thr && ar < ar_thr;
 }
 
-void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
-                        Rng& rng, cv::Mat& out, bool flip_lr, bool flip_ud) {
-  const int height = in.rows + 2 * border, width = in.cols + 2 * border;
-  cv::Matx33d C = cv::Matx33d::eye();
-  C(0, 2) = -in.cols / 2.0;
-  C(1, 2) = -in.rows / 2.0;
-  cv::Matx33d P = cv::Matx33d::eye();
-  P(2, 0) = rng.uniform(-cfg.perspective, cfg.perspective);
-  P(2, 1) = rng.uniform(-cfg.perspective, cfg.perspective);
+namespace {
+
+struct Warp {
+  cv::Matx33d m_img;   // for pixel centres (cv::flip convention)
+  cv::Matx33d m_box;   // for box edges
+  double scale = 1.0;
+  int width = 0, height = 0;
+  bool persp = false;
+  bool needed = true;  // false: the identity, the image is copied
+};
+
+// The reference's matrix M = T * S * R * P * C with its draws in the same order; flips folded in last.
+Warp draw_warp(int in_w, int in_h, const AugmentConfig& cfg, int border, Rng& rng, bool flip_lr, bool flip_ud) {
+  Warp w;
+  w.height = in_h + 2 * border;
+  w.width = in_w + 2 * border;
+  cv::Matx33d center = cv::Matx33d::eye();
+  center(0, 2) = -in_w / 2.0;
+  center(1, 2) = -in_h / 2.0;
+  cv::Matx33d persp_m = cv::Matx33d::eye();
+  persp_m(2, 0) = rng.uniform(-cfg.perspective, cfg.perspective);
+  persp_m(2, 1) = rng.uniform(-cfg.perspective, cfg.perspective);
   const double a = rng.uniform(-cfg.degrees, cfg.degrees) * CV_PI / 180.0;
   const double s = rng.uniform(1 - cfg.scale, 1 + cfg.scale);
-  cv::Matx33d R = cv::Matx33d::eye();
-  R(0, 0) = s * std::cos(a); R(0, 1) = s * std::sin(a);
-  R(1, 0) = -s * std::sin(a); R(1, 1) = s * std::cos(a);
-  cv::Matx33d S = cv::Matx33d::eye();
-  S(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
-  S(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
-  cv::Matx33d T = cv::Matx33d::eye();
-  T(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * width;
-  T(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * height;
-  cv::Matx33d M = T * S * R * P * C;
-  const bool persp = cfg.perspective > 0;
+  cv::Matx33d rot = cv::Matx33d::eye();
+  rot(0, 0) = s * std::cos(a); rot(0, 1) = s * std::sin(a);
+  rot(1, 0) = -s * std::sin(a); rot(1, 1) = s * std::cos(a);
+  cv::Matx33d shear_m = cv::Matx33d::eye();
+  shear_m(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  shear_m(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
+  cv::Matx33d trans = cv::Matx33d::eye();
+  trans(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * w.width;
+  trans(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * w.height;
+  const cv::Matx33d m = trans * shear_m * rot * persp_m * center;
   // Pixel centres flip as x -> W - 1 - x (cv::flip), box edges as x -> W - x.
-  cv::Matx33d Fimg = cv::Matx33d::eye(), Fbox = cv::Matx33d::eye();
+  cv::Matx33d flip_img = cv::Matx33d::eye(), flip_box = cv::Matx33d::eye();
   if (flip_lr) {
-    Fimg(0, 0) = Fbox(0, 0) = -1;
-    Fimg(0, 2) = width - 1;
-    Fbox(0, 2) = width;
+    flip_img(0, 0) = flip_box(0, 0) = -1;
+    flip_img(0, 2) = w.width - 1;
+    flip_box(0, 2) = w.width;
   }
   if (flip_ud) {
-    Fimg(1, 1) = Fbox(1, 1) = -1;
-    Fimg(1, 2) = height - 1;
-    Fbox(1, 2) = height;
+    flip_img(1, 1) = flip_box(1, 1) = -1;
+    flip_img(1, 2) = w.height - 1;
+    flip_box(1, 2) = w.height;
   }
-  const cv::Matx33d Mi = Fimg * M;
-  M = Fbox * M;
+  w.m_img = flip_img * m;
+  w.m_box = flip_box * m;
+  w.scale = s;
+  w.persp = cfg.perspective > 0;
+  w.needed = border != 0 || flip_lr || flip_ud || cv::norm(w.m_img - cv::Matx33d::eye(), cv::NORM_INF) > 0;
+  return w;
+}
 
-  if (border != 0 || flip_lr || flip_ud || cv::norm(Mi - cv::Matx33d::eye(), cv::NORM_INF) > 0) {
-    if (persp) {
-      cv::warpPerspective(in, out, cv::Mat(Mi), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
-                          cv::Scalar::all(114));
-    } else {
-      cv::Matx23d A(Mi(0, 0), Mi(0, 1), Mi(0, 2), Mi(1, 0), Mi(1, 1), Mi(1, 2));
-      cv::warpAffine(in, out, cv::Mat(A), cv::Size(width, height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
-                     cv::Scalar::all(114));
-    }
-  } else {
+void warp_pixels(const cv::Mat& in, const Warp& w, const cv::Matx33d& m_img, cv::Mat& out) {
+  if (!w.needed) {
     in.copyTo(out);
+  } else if (w.persp) {
+    cv::warpPerspective(in, out, cv::Mat(m_img), cv::Size(w.width, w.height), cv::INTER_LINEAR,
+                        cv::BORDER_CONSTANT, cv::Scalar::all(114));
+  } else {
+    cv::Matx23d affine(m_img(0, 0), m_img(0, 1), m_img(0, 2), m_img(1, 0), m_img(1, 1), m_img(1, 2));
+    cv::warpAffine(in, out, cv::Mat(affine), cv::Size(w.width, w.height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+                   cv::Scalar::all(114));
   }
+}
 
+void warp_boxes(std::vector<PixBox>& boxes, const Warp& w) {
+  const cv::Matx33d& m = w.m_box;
   std::vector<PixBox> kept;
   kept.reserve(boxes.size());
   for (const PixBox& b : boxes) {
     const double xs[4] = {b.x1, b.x2, b.x1, b.x2}, ys[4] = {b.y1, b.y2, b.y2, b.y1};
     double x0 = 1e30, y0 = 1e30, x1 = -1e30, y1 = -1e30;
     for (int k = 0; k < 4; ++k) {
-      double px = M(0, 0) * xs[k] + M(0, 1) * ys[k] + M(0, 2);
-      double py = M(1, 0) * xs[k] + M(1, 1) * ys[k] + M(1, 2);
-      if (persp) {
-        double pz = M(2, 0) * xs[k] + M(2, 1) * ys[k] + M(2, 2);
+      double px = m(0, 0) * xs[k] + m(0, 1) * ys[k] + m(0, 2);
+      double py = m(1, 0) * xs[k] + m(1, 1) * ys[k] + m(1, 2);
+      if (w.persp) {
+        double pz = m(2, 0) * xs[k] + m(2, 1) * ys[k] + m(2, 2);
         px /= pz;
         py /= pz;
       }
       x0 = std::min(x0, px); x1 = std::max(x1, px);
       y0 = std::min(y0, py); y1 = std::max(y1, py);
     }
-    PixBox n{b.cls, static_cast<float>(std::clamp(x0, 0.0, double(width))),
-             static_cast<float>(std::clamp(y0, 0.0, double(height))),
-             static_cast<float>(std::clamp(x1, 0.0, double(width))),
-             static_cast<float>(std::clamp(y1, 0.0, double(height)))};
-    if (box_candidate(b, n, s)) kept.push_back(n);
+    PixBox n{b.cls, static_cast<float>(std::clamp(x0, 0.0, double(w.width))),
+             static_cast<float>(std::clamp(y0, 0.0, double(w.height))),
+             static_cast<float>(std::clamp(x1, 0.0, double(w.width))),
+             static_cast<float>(std::clamp(y1, 0.0, double(w.height)))};
+    if (box_candidate(b, n, w.scale)) kept.push_back(n);
   }
   boxes.swap(kept);
+}
+
+}  // namespace
+
+void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
+                        Rng& rng, cv::Mat& out, bool flip_lr, bool flip_ud) {
+  const Warp w = draw_warp(in.cols, in.rows, cfg, border, rng, flip_lr, flip_ud);
+  warp_pixels(in, w, w.m_img, out);
+  warp_boxes(boxes, w);
+}
+
+void mosaic_perspective(const Tile tiles[4], int imgsz, const AugmentConfig& cfg, Rng& rng, cv::Mat& canvas,
+                        cv::Mat& out, std::vector<PixBox>& boxes, bool flip_lr, bool flip_ud) {
+  const int s2 = 2 * imgsz;
+  Placement pl[4];
+  mosaic_plan(tiles, imgsz, rng, pl, boxes);
+  const Warp w = draw_warp(s2, s2, cfg, -imgsz / 2, rng, flip_lr, flip_ud);
+  cv::Rect roi(0, 0, s2, s2);
+  if (!w.persp) {
+    // The canvas pixels the output samples: the preimage of the output corners, plus the bilinear neighbours.
+    const cv::Matx33d inv = w.m_img.inv();
+    double x0 = 1e30, y0 = 1e30, x1 = -1e30, y1 = -1e30;
+    for (double cx : {0.0, w.width - 1.0})
+      for (double cy : {0.0, w.height - 1.0}) {
+        const double px = inv(0, 0) * cx + inv(0, 1) * cy + inv(0, 2);
+        const double py = inv(1, 0) * cx + inv(1, 1) * cy + inv(1, 2);
+        x0 = std::min(x0, px); x1 = std::max(x1, px);
+        y0 = std::min(y0, py); y1 = std::max(y1, py);
+      }
+    const int left = static_cast<int>(std::floor(std::max(x0 - 2, 0.0)));
+    const int top = static_cast<int>(std::floor(std::max(y0 - 2, 0.0)));
+    const int right = static_cast<int>(std::ceil(std::min(x1 + 3, double(s2))));
+    const int bottom = static_cast<int>(std::ceil(std::min(y1 + 3, double(s2))));
+    roi = cv::Rect(left, top, std::max(1, right - left), std::max(1, bottom - top)) & cv::Rect(0, 0, s2, s2);
+    if (roi.empty()) roi = cv::Rect(0, 0, 1, 1);
+  }
+  mosaic_render(tiles, pl, roi, canvas);
+  // Canvas-local coordinates: shift by the ROI's corner before the warp.
+  cv::Matx33d shift = cv::Matx33d::eye();
+  shift(0, 2) = roi.x;
+  shift(1, 2) = roi.y;
+  warp_pixels(canvas, w, w.m_img * shift, out);
+  warp_boxes(boxes, w);
 }
 
 // ---------------------------------------------------------------------------------------------------- colour, flips
@@ -243,16 +331,23 @@ void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rn
   const double r0 = rng.uniform(-1, 1) * hgain + 1;
   const double r1 = rng.uniform(-1, 1) * sgain + 1;
   const double r2 = rng.uniform(-1, 1) * vgain + 1;
-  cv::Mat lut(1, 256, CV_8UC3);
-  auto* p = lut.ptr<cv::Vec3b>();
+  uchar lut_h[256], lut_s[256], lut_v[256];
   for (int x = 0; x < 256; ++x) {
-    p[x][0] = static_cast<uchar>(std::fmod(x * r0, 180.0));
-    p[x][1] = static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0));
-    p[x][2] = static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0));
+    lut_h[x] = static_cast<uchar>(std::fmod(x * r0, 180.0));
+    lut_s[x] = static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0));
+    lut_v[x] = static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0));
   }
-  cv::Mat hsv;
+  thread_local cv::Mat hsv;
   cv::cvtColor(img, hsv, cv::COLOR_BGR2HSV);
-  cv::LUT(hsv, lut, hsv);
+  // Three plain tables beat cv::LUT's interleaved 3-channel path by about 2x (0.28 vs 0.51 ms at 640x640).
+  for (int r = 0; r < hsv.rows; ++r) {
+    uchar* p = hsv.ptr<uchar>(r);
+    for (int x = 0; x < hsv.cols; ++x, p += 3) {
+      p[0] = lut_h[p[0]];
+      p[1] = lut_s[p[1]];
+      p[2] = lut_v[p[2]];
+    }
+  }
   cv::cvtColor(hsv, img, cv::COLOR_HSV2BGR);
 }
 

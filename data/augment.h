@@ -66,6 +66,11 @@ void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vec
 void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
                         Rng& rng, cv::Mat& out, bool flip_lr = false, bool flip_ud = false);
 
+// mosaic4 followed by random_perspective (border -imgsz/2) with the same draws and result, building only the part
+// of the canvas the affine warp reads (the whole canvas when perspective > 0). `canvas` is scratch space.
+void mosaic_perspective(const Tile tiles[4], int imgsz, const AugmentConfig& cfg, Rng& rng, cv::Mat& canvas,
+                        cv::Mat& out, std::vector<PixBox>& boxes, bool flip_lr = false, bool flip_ud = false);
+
 // HSV gains through three lookup tables, in place.
 void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rng);
 

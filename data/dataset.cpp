@@ -145,17 +145,22 @@ std::vector<std::string> list_split_files(const std::vector<std::string>& source
   std::vector<std::string> out;
   for (const auto& src : sources) {
     if (fs::is_directory(src)) {
-      for (auto it = fs::recursive_directory_iterator(src, fs::directory_options::follow_directory_symlink);
-           it != fs::recursive_directory_iterator(); ++it) {
+      constexpr int kMaxDepth = 32;  // symlinked folders may form cycles
+      const auto options =
+          fs::directory_options::follow_directory_symlink | fs::directory_options::skip_permission_denied;
+      for (auto it = fs::recursive_directory_iterator(src, options); it != fs::recursive_directory_iterator(); ++it) {
         const auto name = it->path().filename().string();
+        const bool dir = it->is_directory();
+        if (dir && it.depth() >= kMaxDepth) it.disable_recursion_pending();
         if (!name.empty() && name[0] == '.') {
-          if (it->is_directory()) it.disable_recursion_pending();
+          if (dir) it.disable_recursion_pending();
           continue;
         }
         if (!it->is_regular_file()) continue;
-        // Side files the tools write next to images are not candidates.
+        // Label files kept beside their images and the side files the tools write are not candidates.
         const auto ext = it->path().extension().string();
-        if (ext == ".cache" || ext == ".npy" || ext == ".y8img") continue;
+        if (ext == ".txt" || ext == ".cache" || ext == ".npy" || ext == ".y8img" || ext.rfind(".tmp", 0) == 0)
+          continue;
         out.push_back(it->path().lexically_normal().string());
       }
     } else if (fs::is_regular_file(src) && fs::path(src).extension() == ".txt") {
@@ -497,10 +502,10 @@ struct Reader {
   void check() { if (!in) throw std::runtime_error("truncated"); }
 };
 
-std::string cache_path_for(const std::vector<std::string>& files) {
+std::string cache_path_for(const std::vector<std::string>& files, const std::string& tag) {
   if (files.empty()) return {};
   fs::path dir = fs::path(label_path_for(files.front())).parent_path();
-  return dir.string() + ".cache";
+  return dir.string() + tag + ".cache";
 }
 
 void save_cache(const std::string& path, uint64_t key, const DatasetIndex& idx) {
@@ -577,7 +582,7 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
   idx.nc = opts.nc;
   uint64_t key = 0;
   if (opts.use_cache && !files.empty()) {
-    idx.cache_path = cache_path_for(files);
+    idx.cache_path = cache_path_for(files, opts.cache_tag);
     key = index_key(files, opts);
     if (load_cache(idx.cache_path, key, idx)) {
       idx.nc = opts.nc;
@@ -629,6 +634,10 @@ DatasetIndex build_split_index(const DatasetSpec& spec, const std::string& split
   if (src->empty()) throw std::runtime_error(spec.yaml_path + ": key '" + split + "' is not set");
   CheckOptions o = opts;
   o.nc = spec.nc;
+  const bool listed = std::any_of(src->begin(), src->end(), [](const std::string& p) {
+    return fs::path(p).extension() == ".txt" && fs::is_regular_file(p);
+  });
+  if (listed && o.cache_tag.empty()) o.cache_tag = "." + split;
   return build_index(list_split_files(*src), o);
 }
 

@@ -96,6 +96,7 @@ struct CheckOptions {
   int workers = 8;                       // verification threads (clamped to the hardware)
   bool use_cache = true;                 // read/write "<labels dir>.cache"
   double coord_tolerance = 1e-3;         // normalised coordinates may exceed [0, 1] by this much
+  std::string cache_tag;                 // "<labels dir><tag>.cache"; splits listed in .txt files share folders
 };
 
 // Verifies every image and label of the given files (see list_split_files).

@@ -63,6 +63,17 @@ void write_disk_cache(const std::string& path, const cv::Mat& img, int h0, int w
   if (ec) fs::remove(tmp, ec);
 }
 
+// MemAvailable from /proc/meminfo in bytes, or -1 when unknown.
+double available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  return -1;
+}
+
 bool is_jpeg(const std::string& path) {
   auto dot = path.find_last_of('.');
   if (dot == std::string::npos) return false;
@@ -120,7 +131,22 @@ DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig c
     for (size_t i : rect_order_) sorted.push_back(hw[i]);
     batch_shapes_ = rect_batch_shapes(sorted, cfg_.batch, cfg_.imgsz, cfg_.stride, train_ ? 0.0 : 0.5);
   }
-  if (cfg_.cache == CacheMode::kRam) ram_cache_.resize(records_.size());
+  if (cfg_.cache == CacheMode::kRam) {
+    // Like the reference: fall back to no cache when the resized images would not fit in half the free RAM.
+    double need = 0;
+    for (const auto& r : records_) {
+      const double g = static_cast<double>(cfg_.imgsz) / std::max(1, std::max(r.width, r.height));
+      need += 3.0 * std::ceil(r.width * g) * std::ceil(r.height * g);
+    }
+    const double avail = available_memory_bytes();
+    if (avail > 0 && need * 1.5 > avail) {
+      cache_note_ = "cache=ram needs " + std::to_string(static_cast<int64_t>(need / (1 << 20))) + " MiB (+50%), " +
+                    std::to_string(static_cast<int64_t>(avail / (1 << 20))) + " MiB available: not caching";
+      cfg_.cache = CacheMode::kNone;
+    } else {
+      ram_cache_.resize(records_.size());
+    }
+  }
   const int hw_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers_ = std::min(cfg_.workers, hw_threads);
 }
@@ -225,8 +251,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
         size_t j = static_cast<size_t>(rng.randint(static_cast<int64_t>(n)));
         tiles[t] = {&loaded[j].img, &boxes[j]};
       }
-      mosaic4(tiles, s, rng, canvas, ob);
-      random_perspective(canvas, ob, aug_, -s / 2, rng, out, lr, ud);
+      mosaic_perspective(tiles, s, aug_, rng, canvas, out, ob, lr, ud);
     } else {
       LetterboxInfo lb;
       cv::Mat lbimg = letterbox(loaded[k].img, s, s, true, &lb);
@@ -266,11 +291,12 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
       if (rng.chance(aug_.fliplr)) flip_lr(work, bx);
     }
     copy_to_planes(work, batch.images[static_cast<int64_t>(k)].data_ptr<uint8_t>());
-    const float W = static_cast<float>(work.cols), H = static_cast<float>(work.rows);
+    const float img_w = static_cast<float>(work.cols), img_h = static_cast<float>(work.rows);
     for (const auto& p : bx) {
       const float w = p.x2 - p.x1, h = p.y2 - p.y1;
       if (w <= 0 || h <= 0) continue;
-      labels.insert(labels.end(), {static_cast<float>(k), p.cls, (p.x1 + w / 2) / W, (p.y1 + h / 2) / H, w / W, h / H});
+      labels.insert(labels.end(),
+                    {static_cast<float>(k), p.cls, (p.x1 + w / 2) / img_w, (p.y1 + h / 2) / img_h, w / img_w, h / img_h});
     }
     rp[static_cast<int64_t>(k)][0] = gain_h;
     rp[static_cast<int64_t>(k)][1] = gain_w;
@@ -377,7 +403,9 @@ std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::stri
   if (log) print_report(*log, split, *index, 20);
   if (index->records.empty())
     throw std::runtime_error(spec.yaml_path + ": split '" + split + "' has no usable images");
-  return std::make_unique<DataLoader>(index, cfg, aug, train);
+  auto loader = std::make_unique<DataLoader>(index, cfg, aug, train);
+  if (log && !loader->cache_note().empty()) *log << split << ": " << loader->cache_note() << "\n";
+  return loader;
 }
 
 }  // namespace yolo8::data

@@ -43,6 +43,9 @@ class DataLoader {
   int64_t size() const { return static_cast<int64_t>(records_.size()); }
   int64_t num_batches() const;
   int workers() const { return workers_; }
+  CacheMode cache() const { return cfg_.cache; }  // kNone when cache=ram did not fit in memory
+  const std::string& cache_note() const { return cache_note_; }  // why a requested cache was dropped, else ""
+
 
   // Mosaic and mixup off for the last close_mosaic epochs, as the reference does; call before start_epoch.
   // Returns whether mosaic is on.
@@ -76,6 +79,7 @@ class DataLoader {
   bool train_;
   bool rect_;
   int workers_ = 0;
+  std::string cache_note_;
   bool closed_ = false;
   std::vector<size_t> rect_order_;
   std::vector<std::pair<int, int>> batch_shapes_;

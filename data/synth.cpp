@@ -62,10 +62,10 @@ cv::Scalar class_colour(int cls, Rng& rng) {
 
 cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size, Rng& rng) {
   const cv::Scalar col = class_colour(cls, rng);
-  const double W = img.cols, H = img.rows;
+  const double img_w = img.cols, img_h = img.rows;
   auto clip = [&](double x0, double y0, double x1, double y1) {
-    x0 = std::clamp(x0, 0.0, W); x1 = std::clamp(x1, 0.0, W);
-    y0 = std::clamp(y0, 0.0, H); y1 = std::clamp(y1, 0.0, H);
+    x0 = std::clamp(x0, 0.0, img_w); x1 = std::clamp(x1, 0.0, img_w);
+    y0 = std::clamp(y0, 0.0, img_h); y1 = std::clamp(y1, 0.0, img_h);
     return cv::Rect2d(x0, y0, x1 - x0, y1 - y0);
   };
   if (cls == 0) {
@@ -155,7 +155,26 @@ int64_t make_image(const std::string& img_path, const std::string& lbl_path, int
   return static_cast<int64_t>(objs.size());
 }
 
+// Files of an earlier synth run (its numbered images, labels, caches) would mix into this one.
+void remove_previous_run(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool numbered = name.size() >= 10 && std::all_of(name.begin(), name.begin() + 6, [](char c) {
+      return c >= '0' && c <= '9';
+    }) && name[6] == '.';
+    if (e.is_regular_file() && numbered) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
+}
+
 int64_t make_split(const fs::path& out, const std::string& split, int n, int imgsz, uint64_t seed, uint64_t split_id) {
+  remove_previous_run(out / "images" / split);
+  remove_previous_run(out / "labels" / split);
+  std::error_code ec;
+  fs::remove(out / "labels" / (split + ".cache"), ec);
   fs::create_directories(out / "images" / split);
   fs::create_directories(out / "labels" / split);
   std::vector<int64_t> counts(static_cast<size_t>(n), 0);

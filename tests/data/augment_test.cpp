@@ -1,7 +1,11 @@
 // Augmentation primitives: rect shapes, letterbox padding, flips, candidates, mosaic placement, RNG.
 #include <gtest/gtest.h>
 
+#include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <cmath>
 
 #include "data/augment.h"
 
@@ -152,6 +156,69 @@ TEST(DataPerspective, FoldedFlipsEqualSeparateFlips) {
       EXPECT_NEAR(b1[i].y2, b2[i].y2, 1e-3);
     }
   }
+}
+
+// The table loop equals the reference recipe: BGR->HSV, cv::LUT with the three gains, HSV->BGR.
+// The fused mosaic + warp (partial canvas) equals building the whole canvas and warping it.
+TEST(DataMosaic, FusedEqualsCanvasThenWarp) {
+  const int s = 96;
+  cv::Mat imgs[4];
+  std::vector<PixBox> bxs[4];
+  Tile tiles[4];
+  for (int i = 0; i < 4; ++i) {
+    imgs[i] = cv::Mat(s - 7 * i, s - 11 * (3 - i), CV_8UC3);
+    cv::randu(imgs[i], cv::Scalar::all(0), cv::Scalar::all(255));
+    cv::GaussianBlur(imgs[i], imgs[i], cv::Size(5, 5), 2);
+    bxs[i] = {{static_cast<float>(i), 10, 12, 50, 40}, {static_cast<float>(i), 30, 5, 60, 70}};
+    tiles[i] = {&imgs[i], &bxs[i]};
+  }
+  AugmentConfig cfg;
+  for (int variant = 0; variant < 3; ++variant) {
+    cfg.degrees = variant == 1 ? 30 : 0;
+    cfg.shear = variant == 1 ? 10 : 0;
+    cfg.perspective = variant == 2 ? 0.0005 : 0;
+    for (uint64_t seed = 0; seed < 25; ++seed) {
+      Rng r1(seed), r2(seed);
+      cv::Mat canvas, a, b, scratch;
+      std::vector<PixBox> ba, bb;
+      const bool lr = seed % 2, ud = seed % 3 == 0;
+      mosaic4(tiles, s, r1, canvas, ba);
+      random_perspective(canvas, ba, cfg, -s / 2, r1, a, lr, ud);
+      mosaic_perspective(tiles, s, cfg, r2, scratch, b, bb, lr, ud);
+      ASSERT_EQ(a.size(), cv::Size(s, s));
+      ASSERT_EQ(b.size(), a.size());
+      EXPECT_LE(cv::norm(a, b, cv::NORM_INF), 1) << "variant " << variant << " seed " << seed;
+      ASSERT_EQ(ba.size(), bb.size());
+      for (size_t k = 0; k < ba.size(); ++k) {
+        EXPECT_EQ(ba[k].x1, bb[k].x1);
+        EXPECT_EQ(ba[k].y2, bb[k].y2);
+      }
+      if (variant == 0) {
+        EXPECT_LT(scratch.total(), canvas.total());  // the point: a smaller canvas
+      }
+      EXPECT_EQ(r1.uniform(), r2.uniform());  // same draws consumed
+    }
+  }
+}
+
+TEST(DataHsv, MatchesCvLutRecipe) {
+  cv::Mat img(37, 53, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(255));
+  cv::Mat got = img.clone();
+  Rng rng(5), ref_rng(5);
+  augment_hsv(got, 0.015, 0.7, 0.4, rng);
+  const double r0 = ref_rng.uniform(-1, 1) * 0.015 + 1, r1 = ref_rng.uniform(-1, 1) * 0.7 + 1,
+               r2 = ref_rng.uniform(-1, 1) * 0.4 + 1;
+  cv::Mat lut(1, 256, CV_8UC3), hsv, expected;
+  for (int x = 0; x < 256; ++x)
+    lut.at<cv::Vec3b>(x) = cv::Vec3b(static_cast<uchar>(std::fmod(x * r0, 180.0)),
+                                     static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0)),
+                                     static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0)));
+  cv::cvtColor(img, hsv, cv::COLOR_BGR2HSV);
+  cv::LUT(hsv, lut, hsv);
+  cv::cvtColor(hsv, expected, cv::COLOR_HSV2BGR);
+  EXPECT_EQ(cv::norm(got, expected, cv::NORM_INF), 0);
+  EXPECT_GT(cv::norm(got, img, cv::NORM_INF), 0);
 }
 
 TEST(DataHsv, ZeroGainsLeaveImageAlone) {

@@ -19,6 +19,13 @@ namespace fs = std::filesystem;
 using yolo8::test::scratch_dir;
 using yolo8::test::write_text;
 
+CheckOptions no_cache() {
+  CheckOptions o;
+  o.workers = 1;
+  o.use_cache = false;
+  return o;
+}
+
 void write_image(const std::string& path, int w, int h) {
   fs::create_directories(fs::path(path).parent_path());
   cv::Mat m(h, w, CV_8UC3, cv::Scalar(30, 90, 200));
@@ -222,9 +229,25 @@ TEST(DataCheckDataset, TxtListWithMissingImage) {
   write_image(dir + "/images/a.png", 20, 20);
   write_text(dir + "/val.txt", "images/a.png\nimages/gone.png\n");
   write_text(dir + "/data.yaml", "train: val.txt\nval: val.txt\nnames: [a]\n");
-  DatasetIndex idx = build_split_index(load_data_yaml(dir + "/data.yaml"), "val", CheckOptions{1, 1, false});
+  DatasetIndex idx = build_split_index(load_data_yaml(dir + "/data.yaml"), "val", no_cache());
   EXPECT_EQ(idx.summary.images, 1);
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
+  // Listed splits over one folder keep separate caches.
+  CheckOptions cached;
+  build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached);
+  EXPECT_TRUE(fs::exists(dir + "/labels.val.cache"));
+  EXPECT_TRUE(build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached).from_cache);
+}
+
+TEST(DataCheckDataset, LabelsBesideImages) {
+  auto dir = scratch_dir("flat");
+  write_image(dir + "/flat/a.png", 20, 20);
+  write_text(dir + "/flat/a.txt", "0 0.5 0.5 0.5 0.5\n");
+  write_text(dir + "/data.yaml", "train: flat\nnames: [a]\n");
+  DatasetIndex idx = build_split_index(load_data_yaml(dir + "/data.yaml"), "train", no_cache());
+  EXPECT_EQ(idx.summary.files, 1);
+  EXPECT_EQ(idx.summary.instances, 1);
+  EXPECT_EQ(idx.summary.skipped_total(), 0);
 }
 
 TEST(DataCheckDataset, CacheHitAndInvalidation) {

@@ -65,6 +65,10 @@ TEST(DataSynth, DeterministicAndValid) {
     EXPECT_FALSE(sa.str().empty()) << f;
     EXPECT_EQ(sa.str(), sb.str()) << f;
   }
+  // A smaller second run into the same folder leaves none of the first run's files.
+  synthesize_dataset(b, 3, 1, 96, 3);
+  EXPECT_EQ(list_split_files({b + "/images/train"}).size(), 3u);
+  EXPECT_FALSE(fs::exists(b + "/labels/train/000004.txt"));
   std::ostringstream os;
   EXPECT_TRUE(check_dataset(ra.yaml_path, os, 2, false)) << os.str();
   auto idx = index_of(ra.yaml_path, "train");
@@ -145,6 +149,7 @@ TEST(DataLoader, CachesGiveTheSameBatches) {
   auto ref = run_epoch(plain, 0);
   cfg.cache = CacheMode::kRam;
   DataLoader ram(idx, cfg, aug, true);
+  EXPECT_EQ(ram.cache(), CacheMode::kRam) << ram.cache_note();
   expect_same(ref, run_epoch(ram, 0));
   expect_same(ref, run_epoch(ram, 0));  // second pass served from RAM
   cfg.cache = CacheMode::kDisk;
@@ -250,12 +255,12 @@ struct Consistency {
 Consistency check_colours(const std::vector<Batch>& batches) {
   Consistency c;
   for (const auto& b : batches) {
-    const int H = static_cast<int>(b.images.size(2)), W = static_cast<int>(b.images.size(3));
+    const int img_h = static_cast<int>(b.images.size(2)), img_w = static_cast<int>(b.images.size(3));
     for (int64_t k = 0; k < b.images.size(0); ++k) {
       torch::Tensor hwc = b.images[k].permute({1, 2, 0}).contiguous();
-      cv::Mat rgb(H, W, CV_8UC3, hwc.data_ptr<uint8_t>());
+      cv::Mat rgb(img_h, img_w, CV_8UC3, hwc.data_ptr<uint8_t>());
       for (int cls = 0; cls < 6; ++cls) {
-        cv::Mat mask, inbox = cv::Mat::zeros(H, W, CV_8U);
+        cv::Mat mask, inbox = cv::Mat::zeros(img_h, img_w, CV_8U);
         cv::Vec3b lo, hi;
         for (int ch = 0; ch < 3; ++ch) {
           lo[ch] = static_cast<uchar>(std::max(0, kPalette[cls][ch] - 30));
@@ -265,10 +270,10 @@ Consistency check_colours(const std::vector<Batch>& batches) {
         for (int64_t r = 0; r < b.labels.size(0); ++r) {
           auto row = b.labels[r];
           if (row[0].item<float>() != k || row[1].item<float>() != cls) continue;
-          const double bw = row[4].item<float>() * W, bh = row[5].item<float>() * H;
-          const double x1 = row[2].item<float>() * W - bw / 2, y1 = row[3].item<float>() * H - bh / 2;
+          const double bw = row[4].item<float>() * img_w, bh = row[5].item<float>() * img_h;
+          const double x1 = row[2].item<float>() * img_w - bw / 2, y1 = row[3].item<float>() * img_h - bh / 2;
           cv::Rect box(cvRound(x1), cvRound(y1), cvRound(bw), cvRound(bh));
-          box &= cv::Rect(0, 0, W, H);
+          box &= cv::Rect(0, 0, img_w, img_h);
           ++c.boxes;
           if (box.width >= 12 && box.height >= 12) {
             ++c.checked;
@@ -277,7 +282,7 @@ Consistency check_colours(const std::vector<Batch>& batches) {
             c.sum_fill += fill;
           }
           cv::Rect grown(box.x - 2, box.y - 2, box.width + 4, box.height + 4);
-          inbox(grown & cv::Rect(0, 0, W, H)).setTo(255);
+          inbox(grown & cv::Rect(0, 0, img_w, img_h)).setTo(255);
         }
         c.colour_px += cv::countNonZero(mask);
         cv::Mat outside = mask & ~inbox;
