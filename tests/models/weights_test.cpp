@@ -107,6 +107,17 @@ std::string patched(std::string bytes, const std::string& from, const std::strin
   return bytes;
 }
 
+TEST(Weights, EmaEntryPreferredWhenPresent) {
+  // Point 'ema' at the pickled model object (BINGET 5) in place of None; MARK/POP_MARK pairs keep the length.
+  const std::string bytes = test::read_bytes(test::fixture("yolov8n-shapes.pt"));
+  const std::string from = std::string("emar\x10\x1b\x00\x00N", 9);
+  const std::string to = std::string("ema(1(1h\x05", 9);
+  const auto ck = read_ultralytics_checkpoint_bytes(patched(bytes, from, to), "ema.pt");
+  EXPECT_TRUE(ck.from_ema);
+  EXPECT_EQ(ck.weights.size(), 355u);
+  EXPECT_FALSE(read_ultralytics_checkpoint_bytes(bytes, "plain.pt").from_ema);
+}
+
 TEST(Weights, NonDetectionCheckpointsRejected) {
   const std::string bytes = test::read_bytes(test::fixture("yolov8n-shapes.pt"));
   const std::string seg_model = tmp_path("seg_model.pt");
