@@ -301,6 +301,30 @@ std::map<std::string, torch::Tensor> read_state_dict_file(const std::string& pat
   return out;
 }
 
+DetectionModel copy_model(const DetectionModel& model) {
+  DetectionModel copy(model->config());
+  if (model->is_fused()) copy->fuse();
+  torch::NoGradGuard no_grad;
+  // Module::to(dtype) would also turn the integer BatchNorm counters into floats; match tensor by tensor.
+  {
+    const auto src = state_dict(*model);
+    auto dst = state_dict(*copy);
+    for (size_t i = 0; i < src.size() && i < dst.size(); ++i) {
+      dst[i].second.set_data(dst[i].second.to(src[i].second.device(), src[i].second.scalar_type()));
+    }
+  }
+  const auto src = state_dict(*model);
+  auto dst = state_dict(*copy);
+  if (src.size() != dst.size()) throw std::logic_error("copy_model: state sizes differ");
+  for (size_t i = 0; i < src.size(); ++i) {
+    dst[i].second.copy_(src[i].second);
+    dst[i].second.set_requires_grad(src[i].second.requires_grad());
+  }
+  copy->detect()->stride = model->detect()->stride.clone();
+  copy->train(model->is_training());
+  return copy;
+}
+
 size_t export_state_dict(const DetectionModel& model, const std::string& path) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, t] : state_dict(*model)) dict.insert(name, t.detach().to(torch::kCPU).contiguous().clone());
