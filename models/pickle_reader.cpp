@@ -396,6 +396,26 @@ class Unpickler {
 
 }  // namespace
 
+Value::~Value() {
+  std::vector<ValuePtr> pending;
+  auto take_children = [&pending](Value& v) {
+    for (auto& it : v.items) pending.push_back(std::move(it));
+    for (auto& kv : v.dict) {
+      pending.push_back(std::move(kv.first));
+      pending.push_back(std::move(kv.second));
+    }
+    if (v.state) pending.push_back(std::move(v.state));
+    v.items.clear();
+    v.dict.clear();
+  };
+  take_children(*this);
+  while (!pending.empty()) {
+    ValuePtr p = std::move(pending.back());
+    pending.pop_back();
+    if (p && p.use_count() == 1) take_children(*p);  // p then dies without children
+  }
+}
+
 const Value* Value::get(const std::string& key) const {
   if (kind != Kind::kDict) return nullptr;
   const Value* found = nullptr;

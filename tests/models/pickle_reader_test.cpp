@@ -76,6 +76,19 @@ TEST(PickleReader, MalformedInputThrows) {
   EXPECT_THROW(unpickle(std::string("\x80\x02u.", 4), no_storage), std::runtime_error);      // SETITEMS, no mark
 }
 
+TEST(PickleReader, DeepNestingDoesNotOverflow) {
+  // ((((...)))) a million levels deep: n MARKs, then n TUPLEs each wrapping the previous one.
+  const size_t n = 1000000;
+  std::string data("\x80\x02", 2);
+  data += std::string(n, '(');
+  data += std::string(n, 't');
+  data += '.';
+  auto v = unpickle(data, no_storage);
+  EXPECT_EQ(v->kind, Kind::kTuple);
+  v.reset();  // must not recurse a million frames
+  SUCCEED();
+}
+
 TEST(PickleReader, StorageDtypes) {
   EXPECT_EQ(storage_dtype("torch.HalfStorage"), torch::kHalf);
   EXPECT_EQ(storage_dtype("torch.LongStorage"), torch::kLong);
