@@ -308,6 +308,11 @@ class Unpickler {
     if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
       return rebuild_tensor(tuple_items(args, "_rebuild_tensor"));
     }
+    if (name == "torch.jit._pickle.restore_type_tag") {  // LibTorch's typed containers: (value, "Dict[str, Tensor]")
+      const auto& a = tuple_items(args, "restore_type_tag");
+      if (a.empty()) fail("restore_type_tag without a value");
+      return a[0];
+    }
     if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") {
       const auto& a = tuple_items(args, "_rebuild_parameter");
       if (a.empty() || a[0]->kind != Kind::kTensor) fail("_rebuild_parameter without a tensor");
