@@ -57,13 +57,32 @@ int main(int argc, char** argv) {
       const double gflops = model_gflops(model, imgsz, imgsz);
       const auto x = torch::rand({1, 3, imgsz, imgsz});
       torch::NoGradGuard no_grad;
-      model->eval();
-      const double eval_ms = median_ms([&] { model->forward(x); }, iters);
-      model->train();
-      const double train_ms = median_ms([&] { model->forward_maps(x); }, iters);
-      model->eval();
-      model->fuse();
-      const double fused_ms = median_ms([&] { model->forward(x); }, iters);
+      auto fused = copy_model(model);
+      fused->eval();
+      fused->fuse();
+      // Interleaved so that load changes on a shared machine hit all three cases alike.
+      std::vector<double> e, t, f;
+      auto once = [](const std::function<void()>& fn) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      };
+      for (int i = 0; i <= iters; ++i) {
+        model->eval();
+        const double a = once([&] { model->forward(x); });
+        model->train();
+        const double b = once([&] { model->forward_maps(x); });
+        const double c = once([&] { fused->forward(x); });
+        if (i == 0) continue;  // warm-up
+        e.push_back(a);
+        t.push_back(b);
+        f.push_back(c);
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      const double eval_ms = median(e), train_ms = median(t), fused_ms = median(f);
       for (const auto& [name, ms] : std::vector<std::pair<std::string, double>>{
                {"eval", eval_ms}, {"train-mode forward", train_ms}, {"eval fused", fused_ms}}) {
         std::printf("%-8s %-22s %10.1f %10.1f\n", ("yolov8" + scale).c_str(), name.c_str(), ms, gflops);
