@@ -308,6 +308,11 @@ class Unpickler {
     if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
       return rebuild_tensor(tuple_items(args, "_rebuild_tensor"));
     }
+    if (name == "torch.jit._pickle.restore_type_tag") {  // LibTorch's typed containers: (value, "Dict[str, Tensor]")
+      const auto& a = tuple_items(args, "restore_type_tag");
+      if (a.empty()) fail("restore_type_tag without a value");
+      return a[0];
+    }
     if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") {
       const auto& a = tuple_items(args, "_rebuild_parameter");
       if (a.empty() || a[0]->kind != Kind::kTensor) fail("_rebuild_parameter without a tensor");
@@ -395,6 +400,26 @@ class Unpickler {
 };
 
 }  // namespace
+
+Value::~Value() {
+  std::vector<ValuePtr> pending;
+  auto take_children = [&pending](Value& v) {
+    for (auto& it : v.items) pending.push_back(std::move(it));
+    for (auto& kv : v.dict) {
+      pending.push_back(std::move(kv.first));
+      pending.push_back(std::move(kv.second));
+    }
+    if (v.state) pending.push_back(std::move(v.state));
+    v.items.clear();
+    v.dict.clear();
+  };
+  take_children(*this);
+  while (!pending.empty()) {
+    ValuePtr p = std::move(pending.back());
+    pending.pop_back();
+    if (p && p.use_count() == 1) take_children(*p);  // p then dies without children
+  }
+}
 
 const Value* Value::get(const std::string& key) const {
   if (kind != Kind::kDict) return nullptr;

@@ -17,6 +17,11 @@ struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
 struct Value {
+  Value() = default;
+  Value(const Value&) = delete;
+  Value& operator=(const Value&) = delete;
+  ~Value();  // iterative: hostile files can nest containers deeper than the stack allows
+
   Kind kind = Kind::kNone;
   bool b = false;
   int64_t i = 0;

@@ -157,9 +157,85 @@ size_t load_matching(torch::nn::Module& module, const std::map<std::string, torc
   return n;
 }
 
-bool is_ultralytics_zip(const std::string& bytes) {
-  // The pickle names its classes in plain text; both markers sit in data.pkl, stored uncompressed.
-  return bytes.size() > 4 && bytes.compare(0, 2, "PK") == 0 && bytes.find("ultralytics.nn") != std::string::npos;
+// Zip (PyTorch layout) + data.pkl through the own unpickler: no Python, no torch::jit, hostile input refused.
+pickle::ValuePtr read_pt_archive(const std::string& bytes) {
+  std::istringstream stream(bytes);
+  caffe2::serialize::PyTorchStreamReader zip(&stream);
+  auto [pkl_ptr, pkl_size] = zip.getRecord("data.pkl");
+  const std::string pkl(static_cast<const char*>(pkl_ptr.get()), pkl_size);
+  pickle::StorageLoader loader = [&zip](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+    const std::string record = "data/" + key;
+    if (!zip.hasRecord(record)) throw std::runtime_error("missing storage record '" + record + "'");
+    auto [ptr, size] = zip.getRecord(record);
+    const size_t need = static_cast<size_t>(numel) * c10::elementSize(dtype);
+    if (size < need) throw std::runtime_error("storage record '" + record + "' is shorter than its tensor");
+    torch::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+    if (need) std::memcpy(t.data_ptr(), ptr.get(), need);
+    return t;
+  };
+  return pickle::unpickle(pkl, loader);
+}
+
+bool is_checkpoint(const Value& root) {
+  for (const char* key : {"ema", "model"}) {
+    if (const Value* v = root.get(key); v && v->kind == Kind::kObject) return true;
+  }
+  return false;
+}
+
+UltralyticsCheckpoint checkpoint_from(const Value& root) {
+  UltralyticsCheckpoint ck;
+  if (root.kind != Kind::kDict) throw std::runtime_error("not an Ultralytics checkpoint (top level is not a dict)");
+  const Value* model = root.get("ema");
+  ck.from_ema = model && !model->is_none();
+  if (!ck.from_ema) model = root.get("model");
+  if (!model || model->is_none()) throw std::runtime_error("not an Ultralytics checkpoint (no 'model' entry)");
+  if (model->kind != Kind::kObject) throw std::runtime_error("'model' entry is not a model object");
+  ck.model_class = model->class_name();
+  if (ck.model_class != "DetectionModel") {
+    throw std::runtime_error("holds a " + ck.model_class + ", not a YOLOv8 detection model");
+  }
+  if (!model->state || model->state->kind != Kind::kDict) throw std::runtime_error("model object has no state");
+  const Value& st = *model->state;
+
+  // The head decides the task: Segment, Pose, OBB... derive from Detect but are other models.
+  const Value* mods = st.get("_modules");
+  const Value* seq = mods ? mods->get("model") : nullptr;
+  const Value* seq_mods = seq && seq->state ? seq->state->get("_modules") : nullptr;
+  if (!seq_mods || seq_mods->kind != Kind::kDict || seq_mods->dict.empty() || !seq_mods->dict.back().second) {
+    throw std::runtime_error("model has no layer list");
+  }
+  const Value& head = *seq_mods->dict.back().second;
+  if (head.kind != Kind::kObject || head.class_name() != "Detect") {
+    throw std::runtime_error("head is " + (head.kind == Kind::kObject ? head.class_name() : std::string("unknown")) +
+                             ", not a YOLOv8 Detect head");
+  }
+
+  collect_modules(*model, "", ck.weights, 0);
+  if (ck.weights.empty()) throw std::runtime_error("model holds no weights");
+
+  const Value* yaml = st.get("yaml");
+  if (!yaml || yaml->kind != Kind::kDict) throw std::runtime_error("model carries no architecture ('yaml') dict");
+  ck.yaml = to_yaml(*yaml, 0);
+  if (const Value* nc = yaml->get("nc"); nc && nc->kind == Kind::kInt) ck.nc = nc->i;
+  if (ck.nc <= 0 && head.state) {
+    if (const Value* nc = head.state->get("nc"); nc && nc->kind == Kind::kInt) ck.nc = nc->i;
+  }
+  if (ck.nc <= 0 || ck.nc > 100000) throw std::runtime_error("invalid class count");
+  ck.names = names_from(st.get("names"));
+  fill_names(ck.names, ck.nc);
+  return ck;
+}
+
+// {name: tensor} from a plain dict (optionally under a 'state_dict' key); non-tensor entries are skipped.
+std::map<std::string, torch::Tensor> tensors_from(const Value& dict) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [k, v] : dict.dict) {
+    if (k && k->kind == Kind::kString && v && v->kind == Kind::kTensor) {
+      out[k->s] = v->tensor.is_floating_point() ? v->tensor.to(torch::kFloat) : v->tensor;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -203,63 +279,8 @@ void load_state_dict(torch::nn::Module& module, const std::map<std::string, torc
 
 UltralyticsCheckpoint read_ultralytics_checkpoint_bytes(const std::string& bytes, const std::string& source) {
   try {
-    std::istringstream stream(bytes);
-    caffe2::serialize::PyTorchStreamReader zip(&stream);
-    auto [pkl_ptr, pkl_size] = zip.getRecord("data.pkl");
-    const std::string pkl(static_cast<const char*>(pkl_ptr.get()), pkl_size);
-    pickle::StorageLoader loader = [&zip](const std::string& key, c10::ScalarType dtype, int64_t numel) {
-      const std::string record = "data/" + key;
-      if (!zip.hasRecord(record)) throw std::runtime_error("missing storage record '" + record + "'");
-      auto [ptr, size] = zip.getRecord(record);
-      const size_t need = static_cast<size_t>(numel) * c10::elementSize(dtype);
-      if (size < need) throw std::runtime_error("storage record '" + record + "' is shorter than its tensor");
-      torch::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
-      if (need) std::memcpy(t.data_ptr(), ptr.get(), need);
-      return t;
-    };
-    const pickle::ValuePtr root = pickle::unpickle(pkl, loader);
-
-    UltralyticsCheckpoint ck;
-    if (root->kind != Kind::kDict) throw std::runtime_error("not an Ultralytics checkpoint (top level is not a dict)");
-    const Value* model = root->get("ema");
-    ck.from_ema = model && !model->is_none();
-    if (!ck.from_ema) model = root->get("model");
-    if (!model || model->is_none()) throw std::runtime_error("not an Ultralytics checkpoint (no 'model' entry)");
-    if (model->kind != Kind::kObject) throw std::runtime_error("'model' entry is not a model object");
-    ck.model_class = model->class_name();
-    if (ck.model_class != "DetectionModel") {
-      throw std::runtime_error("holds a " + ck.model_class + ", not a YOLOv8 detection model");
-    }
-    if (!model->state || model->state->kind != Kind::kDict) throw std::runtime_error("model object has no state");
-    const Value& st = *model->state;
-
-    // The head decides the task: Segment, Pose, OBB... derive from Detect but are other models.
-    const Value* mods = st.get("_modules");
-    const Value* seq = mods ? mods->get("model") : nullptr;
-    const Value* seq_mods = seq && seq->state ? seq->state->get("_modules") : nullptr;
-    if (!seq_mods || seq_mods->kind != Kind::kDict || seq_mods->dict.empty()) {
-      throw std::runtime_error("model has no layer list");
-    }
-    const Value& head = *seq_mods->dict.back().second;
-    if (head.kind != Kind::kObject || head.class_name() != "Detect") {
-      throw std::runtime_error("head is " + (head.kind == Kind::kObject ? head.class_name() : std::string("unknown")) +
-                               ", not a YOLOv8 Detect head");
-    }
-
-    collect_modules(*model, "", ck.weights, 0);
-    if (ck.weights.empty()) throw std::runtime_error("model holds no weights");
-
-    const Value* yaml = st.get("yaml");
-    if (!yaml || yaml->kind != Kind::kDict) throw std::runtime_error("model carries no architecture ('yaml') dict");
-    ck.yaml = to_yaml(*yaml, 0);
-    if (const Value* nc = yaml->get("nc"); nc && nc->kind == Kind::kInt) ck.nc = nc->i;
-    if (ck.nc <= 0 && head.state) {
-      if (const Value* nc = head.state->get("nc"); nc && nc->kind == Kind::kInt) ck.nc = nc->i;
-    }
-    if (ck.nc <= 0 || ck.nc > 100000) throw std::runtime_error("invalid class count");
-    ck.names = names_from(st.get("names"));
-    fill_names(ck.names, ck.nc);
-    return ck;
+    const pickle::ValuePtr root = read_pt_archive(bytes);
+    return checkpoint_from(*root);
   } catch (const std::exception& e) {
     throw std::runtime_error(source + ": cannot read as an Ultralytics YOLOv8 checkpoint: " + error_text(e));
   }
@@ -286,19 +307,39 @@ LoadedModel model_from_checkpoint(const UltralyticsCheckpoint& ckpt, const std::
 
 std::map<std::string, torch::Tensor> read_state_dict_file(const std::string& path) {
   const std::string bytes = read_file(path);
-  std::map<std::string, torch::Tensor> out;
   try {
-    const std::vector<char> data(bytes.begin(), bytes.end());
-    const c10::IValue iv = torch::pickle_load(data);
-    if (!iv.isGenericDict()) throw std::runtime_error("not a dict");
-    for (const auto& kv : iv.toGenericDict()) {
-      if (!kv.key().isString() || !kv.value().isTensor()) throw std::runtime_error("not a dict of named tensors");
-      out[kv.key().toStringRef()] = kv.value().toTensor();
-    }
+    const pickle::ValuePtr root = read_pt_archive(bytes);
+    if (root->kind != Kind::kDict) throw std::runtime_error("not a dict");
+    auto out = tensors_from(*root);
+    if (out.size() != root->dict.size()) throw std::runtime_error("not a dict of named tensors");
+    return out;
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": cannot read as a state dict: " + error_text(e));
   }
-  return out;
+}
+
+DetectionModel copy_model(const DetectionModel& model) {
+  DetectionModel copy(model->config());
+  if (model->is_fused()) copy->fuse();
+  torch::NoGradGuard no_grad;
+  // Module::to(dtype) would also turn the integer BatchNorm counters into floats; match tensor by tensor.
+  {
+    const auto src = state_dict(*model);
+    auto dst = state_dict(*copy);
+    for (size_t i = 0; i < src.size() && i < dst.size(); ++i) {
+      dst[i].second.set_data(dst[i].second.to(src[i].second.device(), src[i].second.scalar_type()));
+    }
+  }
+  const auto src = state_dict(*model);
+  auto dst = state_dict(*copy);
+  if (src.size() != dst.size()) throw std::logic_error("copy_model: state sizes differ");
+  for (size_t i = 0; i < src.size(); ++i) {
+    dst[i].second.copy_(src[i].second);
+    dst[i].second.set_requires_grad(src[i].second.requires_grad());
+  }
+  copy->detect()->stride = model->detect()->stride.clone();
+  copy->train(model->is_training());
+  return copy;
 }
 
 size_t export_state_dict(const DetectionModel& model, const std::string& path) {
@@ -321,45 +362,18 @@ namespace {
 
 // {state_dict, nc, names, yaml_scale} or a bare {name: tensor} dict: the architecture is yolov8(-p2).yaml,
 // its scale read off the stem width.
-LoadedModel model_from_state_dict_file(const std::string& path, int64_t nc_override) {
-  const std::string bytes = read_file(path);
-  c10::IValue iv;
-  try {
-    iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": not a model file (" + error_text(e) + ")");
-  }
-  if (!iv.isGenericDict()) throw std::runtime_error(path + ": not a model file (top level is not a dict)");
-  const auto top = iv.toGenericDict();
-  std::map<std::string, torch::Tensor> tensors;
-  std::vector<std::string> names;
+LoadedModel model_from_state_dict_file(const Value& top, const std::string& path, int64_t nc_override) {
+  if (top.kind != Kind::kDict) throw std::runtime_error(path + ": not a model file (top level is not a dict)");
+  std::vector<std::string> names = names_from(top.get("names"));
   std::string scale;
   int64_t nc = 0;
-  c10::impl::GenericDict sd = top;
-  for (const auto& kv : top) {
-    if (!kv.key().isString()) throw std::runtime_error(path + ": not a model file (non-string key)");
-    const std::string& key = kv.key().toStringRef();
-    if (key == "state_dict" && kv.value().isGenericDict()) sd = kv.value().toGenericDict();
-    else if (key == "nc" && kv.value().isInt()) nc = kv.value().toInt();
-    else if (key == "yaml_scale" && kv.value().isString()) scale = kv.value().toStringRef();
-    else if (key == "names" && kv.value().isGenericDict()) {
-      for (const auto& n : kv.value().toGenericDict()) {
-        if (n.key().isInt() && n.value().isString() && n.key().toInt() >= 0 && n.key().toInt() < 100000) {
-          const auto i = static_cast<size_t>(n.key().toInt());
-          if (i >= names.size()) names.resize(i + 1);
-          names[i] = n.value().toStringRef();
-        }
-      }
-    } else if (key == "names" && kv.value().isList()) {
-      for (const auto& n : kv.value().toListRef()) names.push_back(n.isString() ? n.toStringRef() : std::string());
-    }
-  }
+  if (const Value* v = top.get("nc"); v && v->kind == Kind::kInt) nc = v->i;
+  if (const Value* v = top.get("yaml_scale"); v && v->kind == Kind::kString) scale = v->s;
+  const Value* sd_value = top.get("state_dict");
+  std::map<std::string, torch::Tensor> tensors =
+      tensors_from(sd_value && sd_value->kind == Kind::kDict ? *sd_value : top);
   int64_t head = -1;
-  for (const auto& kv : sd) {
-    if (!kv.key().isString() || !kv.value().isTensor()) continue;
-    const std::string& key = kv.key().toStringRef();
-    torch::Tensor t = kv.value().toTensor();
-    tensors[key] = t.is_floating_point() ? t.to(torch::kFloat) : t;
+  for (const auto& [key, t] : tensors) {
     if (key.rfind("model.", 0) == 0) head = std::max<int64_t>(head, std::atoll(key.c_str() + 6));
   }
   if (tensors.empty()) throw std::runtime_error(path + ": not a model file (no tensors)");
@@ -380,13 +394,13 @@ LoadedModel model_from_state_dict_file(const std::string& path, int64_t nc_overr
   cfg = parse_model_config(cfg.yaml, cfg.source, scale, nc);
   LoadedModel out;
   out.source = path;
-  out.model = DetectionModel(cfg);
   if (nc_override > 0 && nc_override != nc) {
     out.model = DetectionModel(parse_model_config(cfg.yaml, cfg.source, scale, nc_override));
     load_matching(*out.model, tensors);
     nc = nc_override;
     names.clear();
   } else {
+    out.model = DetectionModel(cfg);
     load_state_dict(*out.model, tensors, path);
   }
   out.nc = nc;
@@ -410,8 +424,20 @@ LoadedModel load_model(const std::string& spec, int64_t nc_override) {
     return out;
   }
   const std::string bytes = read_file(spec);
-  if (!is_ultralytics_zip(bytes)) return model_from_state_dict_file(spec, nc_override);
-  const UltralyticsCheckpoint ck = read_ultralytics_checkpoint_bytes(bytes, spec);
+  pickle::ValuePtr root;
+  try {
+    root = read_pt_archive(bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(spec + ": not a model file (" + error_text(e) + ")");
+  }
+  if (!is_checkpoint(*root)) return model_from_state_dict_file(*root, spec, nc_override);
+  UltralyticsCheckpoint ck;
+  try {
+    ck = checkpoint_from(*root);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(spec + ": cannot read as an Ultralytics YOLOv8 checkpoint: " + error_text(e));
+  }
+  root.reset();
   if (nc_override > 0 && nc_override != ck.nc) {
     // Fine-tuning on another class count: same architecture, every weight except the class convs.
     LoadedModel out;

@@ -53,6 +53,10 @@ LoadedModel model_from_checkpoint(const UltralyticsCheckpoint& ckpt, const std::
 // nc_override > 0 sets the class count of a YAML model; for weight files it must equal theirs.
 LoadedModel load_model(const std::string& spec, int64_t nc_override = 0);
 
+// Deep copy (same architecture, weights, buffers, fusion state, device and dtype): what an EMA needs,
+// since these modules are not torch::nn::Cloneable.
+DetectionModel copy_model(const DetectionModel& model);
+
 // Writes {name: tensor} with Ultralytics names (fp32, CPU) via torch::pickle_save; Python's torch.load
 // reads it. Returns the number of tensors written.
 size_t export_state_dict(const DetectionModel& model, const std::string& path);

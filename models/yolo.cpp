@@ -233,7 +233,7 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
   }
   if (!detect_) throw std::runtime_error("model config " + cfg_.source + ": no Detect layer");
 
-  // Strides from a dry run; eval mode keeps the fresh BatchNorm statistics untouched.
+  // Strides from a dry run (eval mode: the statistics are set below, independent of the probe size).
   {
     torch::NoGradGuard no_grad;
     const bool was_training = is_training();
@@ -261,6 +261,17 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     detect_->stride = torch::tensor(st, torch::kFloat);
   }
   detect_->bias_init();
+  // Ultralytics runs that probe in train mode on zeros with the default momentum 0.1, before setting 0.03:
+  // every BatchNorm then sees zero mean and variance once. Reproduce its fresh state exactly.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& m : modules(false)) {
+      if (auto bn = std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(m)) {
+        bn->running_var.fill_(0.9);
+        bn->num_batches_tracked.fill_(1);
+      }
+    }
+  }
 }
 
 std::vector<torch::Tensor> DetectionModelImpl::forward_maps(const torch::Tensor& x) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <random>
 
 #include "golden_util.h"
@@ -83,6 +84,37 @@ TEST_F(PtFuzz, BitFlipsAtManyPositions) {
   std::cout << positions.size() << " bit flips: " << loaded << " loaded, " << refused << " refused\n";
   EXPECT_GT(refused, 0);
   EXPECT_EQ(loaded + refused, static_cast<int>(positions.size()));
+}
+
+// The state-dict path of load_model (same zip + pickle reader, different interpretation).
+TEST(StateDictFuzz, TruncatedAndFlippedFilesLoadOrThrow) {
+  const std::string bytes = test::read_bytes(test::fixture("yolov8n-shapes.state_dict.pt"));
+  const std::string path = std::string(test::kBinaryDir) + "/fuzz_state_dict.pt";
+  auto try_load = [&](const std::string& b) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+    try {
+      return load_model(path).model ? 1 : 0;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      return 0;
+    }
+  };
+  int loaded = 0;
+  for (size_t k = 0; k < 30; ++k) loaded += try_load(bytes.substr(0, bytes.size() * k / 30));
+  EXPECT_EQ(loaded, 0);
+  const size_t pkl_end = bytes.find("state_dict/data/0");
+  ASSERT_NE(pkl_end, std::string::npos);
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<size_t> in_pickle(0, pkl_end), anywhere(0, bytes.size() - 1);
+  int refused = 0, total = 0;
+  for (int i = 0; i < 120; ++i, ++total) {
+    const size_t pos = i < 100 ? in_pickle(rng) : anywhere(rng);
+    std::string b = bytes;
+    b[pos] = static_cast<char>(b[pos] ^ (1 << (pos % 8)));
+    refused += 1 - try_load(b);
+  }
+  std::cout << total << " bit flips in the state-dict file: " << refused << " refused\n";
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace

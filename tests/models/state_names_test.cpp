@@ -57,6 +57,19 @@ TEST(StateNames, BatchNormSettingsAndBiasInit) {
     }
   }
   EXPECT_GT(bn_count, 50);
+  // A fresh Ultralytics model has seen one all-zero batch at momentum 0.1 during its stride probe.
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (const auto& [name, t] : state_dict(*model)) {
+    if (ends_with(name, "running_var")) {
+      EXPECT_TRUE(torch::allclose(t, torch::full_like(t, 0.9))) << name;
+    } else if (ends_with(name, "running_mean")) {
+      EXPECT_EQ(t.abs().max().item<float>(), 0.f) << name;
+    } else if (ends_with(name, "num_batches_tracked")) {
+      EXPECT_EQ(t.item<int64_t>(), 1) << name;
+    }
+  }
 }
 
 }  // namespace

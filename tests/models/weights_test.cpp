@@ -49,6 +49,37 @@ TEST(Weights, ExportRoundTrip) {
   EXPECT_LE(test::max_abs_diff(pred, test::dict_get(fc, "eval_output").toTensor()), 1e-4);
 }
 
+TEST(Weights, CopyModelIsDeepAndEqual) {
+  auto loaded = load_model(test::fixture("yolov8n-shapes.pt"));
+  auto copy = copy_model(loaded.model);
+  const auto a = state_dict(*loaded.model), b = state_dict(*copy);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+    EXPECT_NE(a[i].second.data_ptr(), b[i].second.data_ptr()) << a[i].first;
+  }
+  torch::NoGradGuard no_grad;
+  b.front().second.add_(1.0);
+  EXPECT_FALSE(torch::equal(a.front().second, b.front().second));
+  EXPECT_TRUE(torch::equal(loaded.model->strides(), copy->strides()));
+}
+
+TEST(Weights, P2ExportReloads) {
+  torch::manual_seed(1);
+  auto model = build_model("yolov8n-p2.yaml", 2);
+  const std::string out = tmp_path("exported_p2.pt");
+  export_state_dict(model, out);
+  auto back = load_model(out);
+  EXPECT_EQ(back.nc, 2);
+  EXPECT_EQ(back.model->detect()->nl(), 4);
+  torch::NoGradGuard no_grad;
+  model->eval();
+  back.model->eval();
+  const auto x = torch::rand({1, 3, 64, 64});
+  EXPECT_TRUE(torch::equal(model->predict(x), back.model->predict(x)));
+}
+
 TEST(Weights, LoadModelFromYamlAndNames) {
   auto m = load_model("yolov8n.yaml", 3);
   EXPECT_EQ(m.nc, 3);
@@ -105,6 +136,17 @@ std::string patched(std::string bytes, const std::string& from, const std::strin
   EXPECT_NE(pos, std::string::npos) << from;
   bytes.replace(pos, from.size(), to);
   return bytes;
+}
+
+TEST(Weights, EmaEntryPreferredWhenPresent) {
+  // Point 'ema' at the pickled model object (BINGET 5) in place of None; MARK/POP_MARK pairs keep the length.
+  const std::string bytes = test::read_bytes(test::fixture("yolov8n-shapes.pt"));
+  const std::string from = std::string("emar\x10\x1b\x00\x00N", 9);
+  const std::string to = std::string("ema(1(1h\x05", 9);
+  const auto ck = read_ultralytics_checkpoint_bytes(patched(bytes, from, to), "ema.pt");
+  EXPECT_TRUE(ck.from_ema);
+  EXPECT_EQ(ck.weights.size(), 355u);
+  EXPECT_FALSE(read_ultralytics_checkpoint_bytes(bytes, "plain.pt").from_ema);
 }
 
 TEST(Weights, NonDetectionCheckpointsRejected) {
