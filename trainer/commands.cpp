@@ -1,10 +1,13 @@
 #include "trainer/commands.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <sstream>
 
+#include "models/model_info.h"
+#include "models/weights.h"
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
 #include "trainer/profiler.h"
@@ -46,6 +49,21 @@ int parse_count(const std::map<std::string, std::string>& keys, const std::strin
 int not_built(const std::string& what) {
   std::cerr << "yolo8: " << what << " is not built yet\n";
   return kExitBadInput;
+}
+
+// Any weights or YAML; a file the models library cannot read is the user's to fix (exit 2).
+LoadedModel load_model_for_cli(const std::string& spec) {
+  try {
+#ifdef YOLO8_HAVE_DATA
+    return load_any_model(spec);
+#else
+    return load_model(spec);
+#endif
+  } catch (const SettingsError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw DataError(error.what());
+  }
 }
 
 }  // namespace
@@ -99,6 +117,20 @@ int run_mode(const CommandLine& command) {
     return run_profile(settings, variants, batches);
   }
   const Settings settings = resolve_settings(pairs, command.mode);
+  if (settings.mode == "info") {
+    LoadedModel loaded = load_model_for_cli(settings.model);
+    const std::string name = std::filesystem::path(settings.model).stem().string();
+    std::cout << format_model_info(model_info(loaded.model, settings.imgsz), name);
+    return kExitCompleted;
+  }
+  if (settings.mode == "export") {
+    if (settings.out.empty()) throw SettingsError("setting 'out' is required for export: out=PATH");
+    const LoadedModel loaded = load_model_for_cli(settings.model);
+    const size_t tensors = export_state_dict(loaded.model, settings.out);
+    std::cout << "Exported " << tensors << " tensors (" << settings.format << ", Ultralytics names) to " << settings.out
+              << "\n";
+    return kExitCompleted;
+  }
 #ifdef YOLO8_HAVE_DATA
   if (settings.mode == "train") return run_train(settings);
   if (settings.mode == "val") return run_val(settings);
