@@ -24,6 +24,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/exit_codes.h"
 #include "trainer/lease.h"
+#include "trainer/memory_meter.h"
 #include "trainer/profiler.h"
 #include "trainer/progress.h"
 #include "trainer/run_dir.h"
@@ -351,6 +352,9 @@ int run_train(const Settings& requested) {
   try {
     lease = std::make_unique<TrainingLease>(settings, job_name, device.is_cuda(),
                                             std::max<int>(1, static_cast<int>(settings.device_ids().size())));
+  } catch (const StoppedWhileWaiting& stopped) {
+    std::cout << stopped.what() << "\n";
+    return kExitPreempted;
   } catch (const quota::QuotaRefused& refused) {
     std::string message = "the quota service refused the lease (" + std::to_string(refused.status()) + "): " +
                           refused.what();
@@ -358,6 +362,10 @@ int run_train(const Settings& requested) {
     throw DataError(message);
   }
   lease_gib = lease->memory_gib();
+  // An explicit budget is enforced: on CUDA as the allocator's fraction, on CPU by the counting allocator.
+  if (lease_gib > 0 || settings.gpu_mem > 0) {
+    cap_memory_bytes(static_cast<int64_t>(memory_budget_bytes(settings, device, lease_gib)), device);
+  }
   int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
   if (batch == 0) {
     const double budget = memory_budget_bytes(settings, device, lease_gib);
@@ -471,6 +479,7 @@ int run_train(const Settings& requested) {
   // Test hook: behave as if SIGTERM arrived during global iteration N (0-based count of finished steps).
   const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
   const int64_t stop_at_iteration = stop_env ? std::atoll(stop_env) : -1;
+  int64_t chunks = 1;  // passes per batch; grows only when a step runs out of memory
   int epochs_without_improvement = 0;
   const double time_limit_s = settings.time * 3600.0;
   double images_seen = 0;
@@ -499,7 +508,39 @@ int run_train(const Settings& requested) {
       const auto step_start = Clock::now();
       const int64_t i = batch_data->index;
       const int64_t ni = i + batches_per_epoch * epoch;
-      const StepOutcome outcome = core.step(epoch, ni, batch_data->images, batch_data->labels);
+      // The first epoch guards against running out of memory: the batch is split in two and retried.
+      StepOutcome outcome;
+      if (epoch == start_epoch) {
+        std::vector<torch::Tensor> saved_grads;
+        for (auto& parameter : core.model()->parameters()) {
+          saved_grads.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
+        }
+        while (true) {
+          try {
+            outcome = core.step(epoch, ni, batch_data->images, batch_data->labels, chunks);
+            break;
+          } catch (const std::exception& error) {
+            const int64_t chunk_size = (batch_data->images.size(0) + chunks - 1) / chunks;
+            if (!is_out_of_memory(error) || chunk_size <= 1) throw;
+            size_t k = 0;
+            for (auto& parameter : core.model()->parameters()) {
+              const torch::Tensor& saved = saved_grads[k++];
+              if (saved.defined()) {
+                parameter.mutable_grad() = saved.clone();
+              } else {
+                parameter.mutable_grad() = torch::Tensor();
+              }
+            }
+            release_cached_memory(device);
+            chunks *= 2;
+            std::cout << "\nOut of memory at " << chunk_size << " images per pass; retrying in passes of "
+                      << (batch_data->images.size(0) + chunks - 1) / chunks << " (the batch stays " << batch
+                      << ")\n";
+          }
+        }
+      } else {
+        outcome = core.step(epoch, ni, batch_data->images, batch_data->labels, chunks);
+      }
       loss_sum += outcome.loss_items.to(torch::kCPU).to(torch::kDouble);
       ++loss_count;
       step_s += seconds_since(step_start);
@@ -524,7 +565,8 @@ int run_train(const Settings& requested) {
         save(last_pt, epoch, i + 1, ni + 1, true, true);
         std::cout << "Stopped (" << to_string(stop_reason()) << ") in epoch " << epoch + 1 << " after batch " << i + 1
                   << "; checkpoint " << last_pt.string() << " written in " << std::fixed << std::setprecision(2)
-                  << seconds_since(stop_start) << " s. Resume with resume=" << last_pt.string() << "\n";
+                  << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
+                  << " s after the stop request. Resume with resume=" << last_pt.string() << "\n";
         const bool timed_out = stop_reason() == StopReason::kTimeLimit;
         lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
         return timed_out ? kExitCompleted : kExitPreempted;
@@ -580,7 +622,8 @@ int run_train(const Settings& requested) {
     }
     if (stop_requested()) {
       std::cout << "Stopped (" << to_string(stop_reason()) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
-                << last_pt.string() << "\n";
+                << last_pt.string() << " written " << std::fixed << std::setprecision(2)
+                << seconds_since_stop_request() << " s after the stop request\n";
       const bool timed_out = stop_reason() == StopReason::kTimeLimit;
       lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
       return timed_out ? kExitCompleted : kExitPreempted;

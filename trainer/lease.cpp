@@ -42,6 +42,8 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
             << " for a lease: team " << request.team << ", " << request.model << ", " << request.gpus << " GPU, priority "
             << settings.priority << "\n";
   const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
+    // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
+    if (stop_requested()) throw StoppedWhileWaiting();
     std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason << std::endl;
   });
   std::cout << "Lease " << lease.id << " granted: " << lease.devices.size() << " GPU, " << lease.memory_gib

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "quota/client.h"
@@ -17,6 +18,12 @@ struct LeaseTelemetry {
   std::atomic<int> epoch{-1};
   std::atomic<double> memory_used_gib{-1.0};
   std::atomic<int64_t> last_checkpoint_ms{0};
+};
+
+// A stop was requested while the lease request was still queued.
+class StoppedWhileWaiting : public std::runtime_error {
+ public:
+  StoppedWhileWaiting() : std::runtime_error("stopped while waiting for a GPU lease") {}
 };
 
 class TrainingLease {

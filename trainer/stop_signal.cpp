@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <csignal>
 
@@ -13,10 +15,24 @@ namespace {
 // Lock-free atomics: the only state a signal handler may touch.
 std::atomic<int> g_reason{static_cast<int>(StopReason::kNone)};
 std::atomic<int> g_signals{0};
+std::atomic<int64_t> g_request_ns{-1};  // CLOCK_MONOTONIC of the first request
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+int64_t monotonic_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+void note_request_time() {
+  int64_t expected = -1;
+  g_request_ns.compare_exchange_strong(expected, monotonic_ns());
+}
 
 extern "C" void on_stop_signal(int /*signal_number*/) {
   const int count = g_signals.fetch_add(1) + 1;
+  note_request_time();
   int expected = static_cast<int>(StopReason::kNone);
   g_reason.compare_exchange_strong(expected, static_cast<int>(StopReason::kSignal));
   if (count >= 3) {
@@ -49,6 +65,7 @@ void install_stop_signal_handlers() {
 }
 
 void request_stop(StopReason reason) {
+  note_request_time();
   int expected = static_cast<int>(StopReason::kNone);
   g_reason.compare_exchange_strong(expected, static_cast<int>(reason));
 }
@@ -61,7 +78,13 @@ int stop_signal_count() { return g_signals.load(); }
 
 bool stop_is_urgent() { return g_signals.load() >= 2; }
 
+double seconds_since_stop_request() {
+  const int64_t requested = g_request_ns.load();
+  return requested < 0 ? -1.0 : static_cast<double>(monotonic_ns() - requested) / 1e9;
+}
+
 void reset_stop_state() {
+  g_request_ns.store(-1);
   g_reason.store(static_cast<int>(StopReason::kNone));
   g_signals.store(0);
 }

@@ -22,6 +22,9 @@ bool stop_requested();
 StopReason stop_reason();
 int stop_signal_count();  // signals received since the last reset
 
+// Seconds since the first stop request (signal or otherwise); negative when none.
+double seconds_since_stop_request();
+
 // True after a second signal: skip everything but the checkpoint.
 bool stop_is_urgent();
 

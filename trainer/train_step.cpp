@@ -69,15 +69,30 @@ LossTargets TrainingCore::targets_from_labels(const torch::Tensor& labels) {
   return LossTargets{rows.select(1, 0), rows.select(1, 1), rows.slice(1, 2, 6)};
 }
 
-StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels) {
+StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels,
+                               int64_t chunks) {
   schedule_->begin_iteration(*built_.optimizer, epoch, ni);
-  const torch::Tensor batch = prepare_images(images);
-  LossTargets targets = targets_from_labels(labels.to(config_.device));
-  const std::vector<torch::Tensor> feats = model_->forward_maps(batch);
-  const LossOutput loss = (*loss_)(feats, targets);
-  loss.total.backward();
+  const int64_t batch = images.size(0);
+  chunks = std::max<int64_t>(1, std::min(chunks, batch));
+  const int64_t chunk_size = (batch + chunks - 1) / chunks;
+  const torch::Tensor rows = labels.to(config_.device).to(torch::kFloat).reshape({-1, 6});
   StepOutcome outcome;
-  outcome.loss_items = loss.items;
+  for (int64_t first = 0; first < batch; first += chunk_size) {
+    const int64_t last = std::min(batch, first + chunk_size);
+    torch::Tensor chunk_rows = rows;
+    if (chunks > 1) {
+      const torch::Tensor image_index = rows.select(1, 0);
+      chunk_rows = rows.index({(image_index >= first) & (image_index < last)}).clone();
+      chunk_rows.select(1, 0).sub_(static_cast<double>(first));
+    }
+    const torch::Tensor chunk_images = prepare_images(chunks > 1 ? images.slice(0, first, last) : images);
+    const std::vector<torch::Tensor> feats = model_->forward_maps(chunk_images);
+    const LossOutput loss = (*loss_)(feats, targets_from_labels(chunk_rows));
+    loss.total.backward();
+    const double weight = static_cast<double>(last - first) / static_cast<double>(batch);
+    outcome.loss_items = outcome.loss_items.defined() ? outcome.loss_items + loss.items * weight
+                                                      : (chunks > 1 ? loss.items * weight : loss.items);
+  }
   if (schedule_->should_step(ni)) {
     optimizer_step();
     schedule_->record_step(ni);

@@ -39,8 +39,11 @@ class TrainingCore {
   // `ema_model` is a second instance of the same architecture; it receives a copy of `model`.
   TrainingCore(DetectionModel model, DetectionModel ema_model, const TrainCoreConfig& config);
 
-  // images: B×3×H×W uint8 (0..255) or float (0..1); labels: N×6 (image index, class, cx, cy, w, h normalised)
-  StepOutcome step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels);
+  // images: B×3×H×W uint8 (0..255) or float (0..1); labels: N×6 (image index, class, cx, cy, w, h normalised).
+  // `chunks` > 1 runs forward/backward on that many equal slices of the batch before the one optimizer step:
+  // the out-of-memory fallback, which keeps the batch (and so the recipe) while halving the memory.
+  StepOutcome step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels,
+                   int64_t chunks = 1);
   // Once per finished epoch: the LR scheduler step.
   void end_epoch();
 

@@ -8,8 +8,11 @@
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
 #include "trainer/settings.h"
+#include "trainer/stop_signal.h"
 
 int main(int argc, char** argv) {
+  // First thing: a SIGTERM during start-up must still end in a clean stop, not a killed process.
+  yolo8::install_stop_signal_handlers();
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return yolo8::run_command_line(args);
