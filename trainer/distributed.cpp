@@ -311,6 +311,21 @@ std::string self_executable() {
 
 }  // namespace
 
+std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("shard_order: rank " + std::to_string(rank) + " of world size " +
+                                std::to_string(world_size));
+  }
+  const size_t world = static_cast<size_t>(world_size);
+  const size_t n = global_order.size();
+  if (n == 0) return {};
+  const size_t per_rank = (n + world - 1) / world;
+  std::vector<size_t> shard;
+  shard.reserve(per_rank);
+  for (size_t k = 0; k < per_rank; ++k) shard.push_back(global_order[(static_cast<size_t>(rank) + k * world) % n]);
+  return shard;
+}
+
 int find_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket() failed: ") + std::strerror(errno));

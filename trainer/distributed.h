@@ -22,7 +22,8 @@ struct DistributedConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   // Bounds the rendezvous (every rank must reach the TCPStore of rank 0) and each collective.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Ranks other than 0 wait in their next collective while rank 0 validates, so this must exceed a validation.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string backend = "auto";  // auto (nccl on CUDA, gloo on CPU), gloo, nccl
 
   // Throws std::invalid_argument naming the field when a value is out of range.
@@ -108,6 +109,11 @@ struct LaunchOptions {
 // a child killed by a signal).
 int launch_local_workers(const std::vector<int>& device_ids, const std::vector<std::string>& args,
                          const LaunchOptions& options = {});
+
+// This rank's share of an epoch's sample order, which must be the same on every rank (same seed): the order
+// is padded by wrapping around to a multiple of world_size and rank r takes positions r, r+W, r+2W, ...
+// Every rank gets ceil(n/W) samples, hence the same number of batches and of collective calls.
+std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int rank, int world_size);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int find_free_port();
