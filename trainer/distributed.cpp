@@ -282,6 +282,30 @@ torch::Tensor DistributedContext::all_reduce_mean(const torch::Tensor& tensor) {
   return sum.div_(world_size());
 }
 
+int64_t DistributedContext::all_reduce_max(int64_t local) {
+  if (!enabled()) return local;
+  torch::Tensor value = torch::full({1}, local, torch::TensorOptions().dtype(torch::kLong).device(impl_->device));
+  std::vector<torch::Tensor> tensors{value};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  impl_->group->allreduce(tensors, options)->wait();
+  return value.item<int64_t>();
+}
+
+StopReason agree_on_stop(DistributedContext& context) {
+  if (!context.enabled()) return stop_reason();
+  // Priority: 0 continue, 1 time limit, 10 + reason for the preemptions (which exit 75).
+  const StopReason local = stop_reason();
+  const int64_t mine = local == StopReason::kNone        ? 0
+                       : local == StopReason::kTimeLimit ? 1
+                                                         : 10 + static_cast<int64_t>(local);
+  const int64_t agreed = context.all_reduce_max(mine);
+  if (agreed == 0) return StopReason::kNone;
+  const StopReason reason = agreed == 1 ? StopReason::kTimeLimit : static_cast<StopReason>(agreed - 10);
+  request_stop(reason);
+  return reason;
+}
+
 void DistributedContext::barrier() {
   if (!enabled()) return;
   impl_->group->barrier()->wait();

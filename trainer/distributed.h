@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/stop_signal.h"
+
 namespace yolo8 {
 
 struct DistributedConfig {
@@ -81,6 +83,8 @@ class DistributedContext {
   // Mean over ranks of a (small) tensor, e.g. the logged loss items; returns a new tensor on the input's device.
   torch::Tensor all_reduce_mean(const torch::Tensor& tensor);
   torch::Tensor all_reduce_sum(const torch::Tensor& tensor);
+  // Largest value over ranks.
+  int64_t all_reduce_max(int64_t local);
   void barrier();
 
   int64_t bucket_bytes = 25LL << 20;
@@ -90,6 +94,14 @@ class DistributedContext {
   DistributedConfig config_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The stop decision at a step boundary; call it once per step on every rank, after the local checks that may
+// call request_stop (signal, lease, time limit). Any rank's reason stops every rank; a preemption (signal,
+// lease revoked, quota unreachable) outranks the time limit so that all ranks choose the same exit code, and
+// a rank without a local reason records the agreed one with request_stop (a rank keeps its own first reason
+// in stop_reason(), so the exit code must come from the returned value). Returns kNone to continue.
+// Single process: stop_reason().
+StopReason agree_on_stop(DistributedContext& context);
 
 struct LaunchOptions {
   std::string executable;                     // empty: the current binary (/proc/self/exe)

@@ -205,8 +205,25 @@ TEST(DistributedWorker, Run) {
         break;
       }
     }
-    std::ofstream(dir / ("stop_rank" + std::to_string(rank) + ".txt")) << stopped_at << "\n";
-    std::exit(stopped_at >= 0 ? 75 : 1);
+    // Through the stop state the engine uses: rank 0 runs into its time limit at step 3 while rank 1 is
+    // preempted there; both must agree on the preemption (exit 75), not on the time limit.
+    reset_stop_state();
+    int agreed_at = -1;
+    StopReason reason = StopReason::kNone;
+    for (int step = 0; step < 100; ++step) {
+      if (step == 3 && rank == 1) request_stop(StopReason::kLeaseRevoked);
+      if (step == 3 && rank == 0) request_stop(StopReason::kTimeLimit);
+      reason = agree_on_stop(context);
+      if (reason != StopReason::kNone) {
+        agreed_at = step;
+        break;
+      }
+    }
+    if (!stop_requested()) reason = StopReason::kNone;
+    context.barrier();  // as the engine does after rank 0's checkpoint: exit together
+    std::ofstream(dir / ("stop_rank" + std::to_string(rank) + ".txt"))
+        << stopped_at << " " << agreed_at << " " << to_string(reason) << "\n";
+    std::exit(stopped_at >= 0 && reason == StopReason::kLeaseRevoked ? 75 : 1);
   }
   FAIL() << "unknown worker mode " << mode;
 }
@@ -263,9 +280,13 @@ TEST(Distributed, StopFlagRaisedOnRankOneStopsBothRanksAtTheSameStep) {
   EXPECT_EQ(launch_local_workers({0, 1}, kWorkerArgs, worker_options("stop", dir)), 75);
   for (int rank = 0; rank < 2; ++rank) {
     std::ifstream in(dir / ("stop_rank" + std::to_string(rank) + ".txt"));
-    int step = -1;
-    in >> step;
+    int step = -1, agreed_at = -1;
+    std::string reason;
+    in >> step >> agreed_at;
+    std::getline(in >> std::ws, reason);
     EXPECT_EQ(step, kStopStep) << "rank " << rank;
+    EXPECT_EQ(agreed_at, 3) << "rank " << rank;
+    EXPECT_EQ(reason, "lease revoked") << "rank " << rank;
   }
   fs::remove_all(dir);
 }
@@ -338,6 +359,16 @@ std::string error_of(const Env& env) {
     return error.what();
   }
   return "no error";
+}
+
+TEST(Distributed, SingleProcessStopDecisionIsTheLocalOne) {
+  DistributedContext context;
+  reset_stop_state();
+  EXPECT_EQ(agree_on_stop(context), StopReason::kNone);
+  request_stop(StopReason::kTimeLimit);
+  EXPECT_EQ(agree_on_stop(context), StopReason::kTimeLimit);
+  reset_stop_state();
+  EXPECT_EQ(context.all_reduce_max(7), 7);
 }
 
 TEST(Distributed, ConfigFromTorchrunEnvironment) {
