@@ -17,7 +17,10 @@
 #include <string>
 #include <thread>
 
+#include "models/yolo.h"
 #include "trainer/distributed.h"
+#include "trainer/loss.h"
+#include "trainer/train_step.h"
 
 namespace yolo8 {
 namespace {
@@ -158,6 +161,45 @@ TEST(DistributedWorker, Run) {
     context.barrier();
     return;
   }
+  if (mode == "yolo") {
+    // yolov8n (nc 2) as the trainer runs it: channels-last, DFL frozen, the sum-like DetectionLoss and kSum.
+    torch::manual_seed(500 + rank);
+    DetectionModel model = build_model("yolov8n.yaml", 2);
+    context.broadcast_parameters(*model);
+    to_channels_last(*model);
+    std::vector<torch::Tensor> trainable;
+    for (auto& item : model->named_parameters()) {
+      const bool frozen = item.key().find(".dfl") != std::string::npos;
+      item.value().set_requires_grad(!frozen);
+      if (!frozen) trainable.push_back(item.value());
+    }
+    model->train();
+    LossConfig loss_config;
+    loss_config.nc = 2;
+    DetectionLoss loss(loss_config);
+    torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(0.01).momentum(0.9).nesterov(true));
+    const int64_t local = 2;
+    for (int step = 0; step < 3; ++step) {
+      torch::Generator generator = torch::make_generator<torch::CPUGeneratorImpl>(2000 + step);
+      const torch::Tensor images = torch::rand({2 * local, 3, 64, 64}, generator, torch::kFloat);
+      // Two boxes per image: image index, class, cx, cy, w, h.
+      const torch::Tensor image_index = torch::arange(local, torch::kFloat).repeat_interleave(2).unsqueeze(1);
+      const torch::Tensor rest = torch::rand({2 * local, 5}, generator, torch::kFloat) * 0.4 + 0.3;
+      const torch::Tensor labels = torch::cat({image_index, rest.slice(1, 0, 1).round(), rest.slice(1, 1, 5)}, 1);
+      const torch::Tensor x =
+          images.slice(0, rank * local, (rank + 1) * local).contiguous(torch::MemoryFormat::ChannelsLast);
+      const LossOutput out = loss(model->forward_maps(x), TrainingCore::targets_from_labels(labels));
+      out.total.backward();
+      context.average_gradients(trainable, GradReduction::kSum);
+      torch::nn::utils::clip_grad_norm_(trainable, 10.0);
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    std::vector<torch::Tensor> state;
+    for (const auto& p : model->parameters()) state.push_back(p.detach().contiguous().clone());
+    save_state(state, dir / ("yolo_rank" + std::to_string(rank) + ".pt"));
+    return;
+  }
   if (mode == "bench") {
     // Gradients of about yolov8n's size (3.2M floats), channels-last like the trainer's conv weights.
     std::vector<torch::Tensor> params;
@@ -272,6 +314,22 @@ TEST(Distributed, TwoGlooRanksMatchOneProcessOnTheGlobalBatch) {
     EXPECT_FLOAT_EQ(a, 0.5f);
     EXPECT_FLOAT_EQ(b, 5.0f);
   }
+  fs::remove_all(dir);
+}
+
+TEST(Distributed, TwoRanksTrainingYolov8nStayInLockstep) {
+  const fs::path dir = fresh_dir("yolo");
+  ASSERT_EQ(launch_local_workers({0, 1}, kWorkerArgs, worker_options("yolo", dir)), 0);
+  const auto rank0 = load_state(dir / "yolo_rank0.pt");
+  const auto rank1 = load_state(dir / "yolo_rank1.pt");
+  const double difference = max_difference(rank0, rank1);
+  std::cout << "yolov8n after 3 steps: max |w_rank0 - w_rank1| = " << difference << "\n";
+  EXPECT_LT(difference, 1e-7);
+  torch::manual_seed(500);
+  DetectionModel initial = build_model("yolov8n.yaml", 2);
+  std::vector<torch::Tensor> start;
+  for (const auto& p : initial->parameters()) start.push_back(p.detach().clone());
+  EXPECT_GT(max_difference(rank0, start), 1e-4) << "the steps must move the weights";
   fs::remove_all(dir);
 }
 
