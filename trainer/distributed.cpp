@@ -1,0 +1,514 @@
+#include "trainer/distributed.h"
+
+// The c10d Gloo header compiles only with this switch, which LibTorch's CMake config does not export; it is
+// defined here rather than as a compile flag so every target keeps the shared precompiled header.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+#ifdef YOLO8_WITH_CUDA
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace yolo8 {
+
+namespace {
+
+// LibTorch 2.x split the collective implementations out of ProcessGroup into c10d::Backend; the collective
+// calls used here are the same on both.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveGroup = c10d::Backend;
+#else
+using CollectiveGroup = c10d::ProcessGroup;
+#endif
+
+int parse_int_variable(const char* name, const char* value, int min_value, int max_value) {
+  if (value == nullptr || *value == '\0') {
+    throw std::invalid_argument(std::string("environment variable ") + name + " is not set");
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long parsed = std::strtol(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || parsed < min_value || parsed > max_value) {
+    throw std::invalid_argument(std::string("environment variable ") + name + "='" + value +
+                                "' is not an integer in [" + std::to_string(min_value) + ", " +
+                                std::to_string(max_value) + "]");
+  }
+  return static_cast<int>(parsed);
+}
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+}  // namespace
+
+void DistributedConfig::validate() const {
+  if (world_size < 1) throw std::invalid_argument("WORLD_SIZE must be >= 1, got " + std::to_string(world_size));
+  if (rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("RANK must be in [0, WORLD_SIZE-1=" + std::to_string(world_size - 1) + "], got " +
+                                std::to_string(rank));
+  }
+  if (local_rank < 0) throw std::invalid_argument("LOCAL_RANK must be >= 0, got " + std::to_string(local_rank));
+  if (world_size > 1) {
+    if (master_addr.empty()) throw std::invalid_argument("MASTER_ADDR is empty");
+    if (master_port < 1 || master_port > 65535) {
+      throw std::invalid_argument("MASTER_PORT must be in [1, 65535], got " + std::to_string(master_port));
+    }
+  }
+  if (timeout.count() <= 0) throw std::invalid_argument("distributed timeout must be positive");
+  if (backend != "auto" && backend != "gloo" && backend != "nccl") {
+    throw std::invalid_argument("distributed backend must be auto, gloo or nccl, got '" + backend + "'");
+  }
+}
+
+DistributedConfig distributed_config_from_env(const std::function<const char*(const char*)>& getenv) {
+  const auto get = [&](const char* name) -> const char* {
+    const char* value = getenv ? getenv(name) : std::getenv(name);
+    return (value != nullptr && *value != '\0') ? value : nullptr;
+  };
+  DistributedConfig config;
+  const char* world = get("WORLD_SIZE");
+  const char* rank = get("RANK");
+  if (world == nullptr && rank == nullptr) return config;
+  if (world == nullptr) throw std::invalid_argument("environment variable WORLD_SIZE is not set (RANK is)");
+  config.world_size = parse_int_variable("WORLD_SIZE", world, 1, 1 << 20);
+  if (config.world_size == 1 && rank == nullptr) return config;
+  config.rank = parse_int_variable("RANK", rank, 0, config.world_size - 1);
+  const char* local = get("LOCAL_RANK");
+  config.local_rank = local ? parse_int_variable("LOCAL_RANK", local, 0, 1 << 20) : config.rank;
+  if (config.world_size > 1) {
+    const char* addr = get("MASTER_ADDR");
+    if (addr == nullptr) throw std::invalid_argument("environment variable MASTER_ADDR is not set");
+    config.master_addr = addr;
+    config.master_port = parse_int_variable("MASTER_PORT", get("MASTER_PORT"), 1, 65535);
+  }
+  if (const char* seconds = get("YOLO8_DIST_TIMEOUT")) {
+    config.timeout = std::chrono::seconds(parse_int_variable("YOLO8_DIST_TIMEOUT", seconds, 1, 86400));
+  }
+  if (const char* backend = get("YOLO8_DIST_BACKEND")) config.backend = backend;
+  config.validate();
+  return config;
+}
+
+struct DistributedContext::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<CollectiveGroup> group;
+  torch::Device device = torch::kCPU;  // where collectives run: CPU for Gloo, the GPU for NCCL
+  std::string backend;
+
+  // Collectives take tensors on the backend's device; results are copied back by the callers.
+  torch::Tensor to_comm(const torch::Tensor& tensor) const { return tensor.to(device).contiguous(); }
+
+  void all_reduce_sum_inplace(torch::Tensor& tensor) {
+    std::vector<torch::Tensor> tensors{tensor};
+    group->allreduce(tensors)->wait();
+  }
+};
+
+DistributedContext::DistributedContext() = default;
+DistributedContext::~DistributedContext() = default;
+DistributedContext::DistributedContext(DistributedContext&&) noexcept = default;
+DistributedContext& DistributedContext::operator=(DistributedContext&&) noexcept = default;
+
+DistributedContext::DistributedContext(const DistributedConfig& config, torch::Device device) : config_(config) {
+  config_.validate();
+  if (!enabled()) return;
+  auto impl = std::make_unique<Impl>();
+  std::string backend = config_.backend;
+  if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
+  impl->backend = backend;
+  const std::string where = config_.master_addr + ":" + std::to_string(config_.master_port);
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<std::uint16_t>(config_.master_port);
+    store_options.isServer = config_.rank == 0;
+    store_options.numWorkers = static_cast<std::size_t>(config_.world_size);
+    store_options.waitWorkers = true;
+    store_options.timeout = config_.timeout;
+    impl->store = c10::make_intrusive<c10d::TCPStore>(config_.master_addr, store_options);
+  } catch (const std::exception& error) {
+    throw std::runtime_error("distributed rendezvous at MASTER_ADDR:MASTER_PORT=" + where + " (rank " +
+                             std::to_string(config_.rank) + " of " + std::to_string(config_.world_size) +
+                             ") failed within " + std::to_string(config_.timeout.count() / 1000) +
+                             " s: " + error.what());
+  }
+  try {
+    if (backend == "gloo") {
+      auto options = c10d::ProcessGroupGloo::Options::create(config_.timeout);
+      // A loopback master means a single machine; elsewhere GLOO_SOCKET_IFNAME picks the interface or the
+      // host name decides, as with torchrun.
+      const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+      if (interface != nullptr && *interface != '\0') {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+      } else if (is_loopback(config_.master_addr)) {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, config_.rank, config_.world_size,
+                                                                 options);
+      impl->device = torch::kCPU;
+    } else if (backend == "nccl") {
+#ifdef YOLO8_WITH_CUDA
+      if (!device.is_cuda()) throw std::invalid_argument("the nccl backend needs a CUDA device");
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = config_.timeout;
+      impl->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, config_.rank, config_.world_size,
+                                                                 options);
+      impl->device = device;
+#else
+      throw std::invalid_argument("the nccl backend needs a CUDA build of yolo8");
+#endif
+    }
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw std::runtime_error("creating the " + backend + " process group (rank " + std::to_string(config_.rank) +
+                             " of " + std::to_string(config_.world_size) + ", master " + where +
+                             ") failed: " + error.what());
+  }
+  impl_ = std::move(impl);
+}
+
+DistributedContext DistributedContext::from_env(torch::Device device) {
+  return DistributedContext(distributed_config_from_env(), device);
+}
+
+std::string DistributedContext::backend_name() const { return impl_ ? impl_->backend : "none"; }
+
+void DistributedContext::broadcast_tensors(const std::vector<torch::Tensor>& tensors, int root) {
+  if (!enabled() || tensors.empty()) return;
+  if (root < 0 || root >= world_size()) throw std::invalid_argument("broadcast root out of range");
+  torch::NoGradGuard no_grad;
+  for (const auto& tensor : tensors) {
+    std::vector<torch::Tensor> payload{impl_->to_comm(tensor)};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    impl_->group->broadcast(payload, options)->wait();
+    if (config_.rank != root) tensor.copy_(payload[0]);
+  }
+}
+
+void DistributedContext::broadcast_parameters(torch::nn::Module& module, int root) {
+  if (!enabled()) return;
+  std::vector<torch::Tensor> tensors = module.parameters(/*recurse=*/true);
+  for (const auto& buffer : module.buffers(/*recurse=*/true)) {
+    if (buffer.defined()) tensors.push_back(buffer);
+  }
+  broadcast_tensors(tensors, root);
+}
+
+void DistributedContext::average_gradients(torch::nn::Module& module, GradReduction reduction) {
+  average_gradients(module.parameters(/*recurse=*/true), reduction);
+}
+
+void DistributedContext::average_gradients(const std::vector<torch::Tensor>& parameters, GradReduction reduction) {
+  if (!enabled()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& parameter : parameters) {
+    if (!parameter.requires_grad()) continue;
+    if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
+    grads.push_back(parameter.grad());
+  }
+  // Buckets of one dtype: one flat copy, one collective, one scatter back per bucket.
+  size_t begin = 0;
+  while (begin < grads.size()) {
+    size_t end = begin;
+    int64_t bytes = 0;
+    while (end < grads.size() && grads[end].scalar_type() == grads[begin].scalar_type() &&
+           (end == begin || bytes + grads[end].nbytes() <= static_cast<uint64_t>(bucket_bytes))) {
+      bytes += static_cast<int64_t>(grads[end].nbytes());
+      ++end;
+    }
+    std::vector<torch::Tensor> pieces;
+    pieces.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) pieces.push_back(grads[i].reshape({-1}).to(impl_->device));
+    torch::Tensor flat = torch::cat(pieces);
+    impl_->all_reduce_sum_inplace(flat);
+    if (reduction == GradReduction::kMean) flat.div_(world_size());
+    int64_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t count = grads[i].numel();
+      grads[i].copy_(flat.slice(0, offset, offset + count).view(grads[i].sizes()));
+      offset += count;
+    }
+    begin = end;
+  }
+}
+
+bool DistributedContext::all_reduce_flag(bool local) {
+  if (!enabled()) return local;
+  torch::Tensor flag = torch::full({1}, local ? 1 : 0, torch::TensorOptions().dtype(torch::kInt).device(impl_->device));
+  impl_->all_reduce_sum_inplace(flag);
+  return flag.item<int>() > 0;
+}
+
+torch::Tensor DistributedContext::all_reduce_sum(const torch::Tensor& tensor) {
+  if (!enabled()) return tensor.clone();
+  torch::NoGradGuard no_grad;
+  torch::Tensor work = impl_->to_comm(tensor.detach()).clone();
+  impl_->all_reduce_sum_inplace(work);
+  return work.to(tensor.device());
+}
+
+torch::Tensor DistributedContext::all_reduce_mean(const torch::Tensor& tensor) {
+  if (!enabled()) return tensor.clone();
+  torch::Tensor sum = all_reduce_sum(tensor.is_floating_point() ? tensor : tensor.to(torch::kFloat));
+  return sum.div_(world_size());
+}
+
+int64_t DistributedContext::all_reduce_max(int64_t local) {
+  if (!enabled()) return local;
+  torch::Tensor value = torch::full({1}, local, torch::TensorOptions().dtype(torch::kLong).device(impl_->device));
+  std::vector<torch::Tensor> tensors{value};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  impl_->group->allreduce(tensors, options)->wait();
+  return value.item<int64_t>();
+}
+
+StopReason agree_on_stop(DistributedContext& context) {
+  if (!context.enabled()) return stop_reason();
+  // Priority: 0 continue, 1 time limit, 10 + reason for the preemptions (which exit 75).
+  const StopReason local = stop_reason();
+  const int64_t mine = local == StopReason::kNone        ? 0
+                       : local == StopReason::kTimeLimit ? 1
+                                                         : 10 + static_cast<int64_t>(local);
+  const int64_t agreed = context.all_reduce_max(mine);
+  if (agreed == 0) return StopReason::kNone;
+  const StopReason reason = agreed == 1 ? StopReason::kTimeLimit : static_cast<StopReason>(agreed - 10);
+  request_stop(reason);
+  return reason;
+}
+
+void DistributedContext::barrier() {
+  if (!enabled()) return;
+  impl_->group->barrier()->wait();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Launcher
+
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+
+void remember_signal(int signal_number) { g_forward_signal.store(signal_number); }
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string self_executable() {
+  std::vector<char> buffer(4096);
+  const ssize_t length = ::readlink("/proc/self/exe", buffer.data(), buffer.size() - 1);
+  if (length <= 0) throw std::runtime_error("cannot resolve /proc/self/exe to re-execute the trainer");
+  return std::string(buffer.data(), static_cast<size_t>(length));
+}
+
+}  // namespace
+
+std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("shard_order: rank " + std::to_string(rank) + " of world size " +
+                                std::to_string(world_size));
+  }
+  const size_t world = static_cast<size_t>(world_size);
+  const size_t n = global_order.size();
+  if (n == 0) return {};
+  const size_t per_rank = (n + world - 1) / world;
+  std::vector<size_t> shard;
+  shard.reserve(per_rank);
+  for (size_t k = 0; k < per_rank; ++k) shard.push_back(global_order[(static_cast<size_t>(rank) + k * world) % n]);
+  return shard;
+}
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket() failed: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    throw std::runtime_error("cannot find a free port on 127.0.0.1: " + reason);
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::vector<int> parse_device_ids(const std::string& device) {
+  std::vector<int> ids;
+  if (device.empty() || device == "cpu") return ids;
+  std::string item;
+  std::istringstream stream(device);
+  while (std::getline(stream, item, ',')) {
+    if (item.rfind("cuda:", 0) == 0) item = item.substr(5);
+    char* end = nullptr;
+    const long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 0) {
+      throw std::invalid_argument("device='" + device + "': '" + item + "' is not a GPU index");
+    }
+    ids.push_back(static_cast<int>(value));
+  }
+  return ids;
+}
+
+int launch_local_workers(const std::vector<int>& device_ids, const std::vector<std::string>& args,
+                         const LaunchOptions& options) {
+  if (device_ids.empty()) throw std::invalid_argument("launch_local_workers needs at least one device");
+  const std::string executable = options.executable.empty() ? self_executable() : options.executable;
+  const int port = options.master_port > 0 ? options.master_port : find_free_port();
+  const int world = static_cast<int>(device_ids.size());
+
+  // Everything a child needs is built before fork(): only async-signal-safe calls happen in the child.
+  std::vector<std::string> base_env;
+  const std::vector<std::string> replaced = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                             "MASTER_ADDR", "MASTER_PORT"};
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string line(*entry);
+    const std::string key = line.substr(0, line.find('='));
+    bool drop = options.extra_env.count(key) > 0;
+    for (const auto& name : replaced) drop = drop || key == name;
+    if (!drop) base_env.push_back(line);
+  }
+  for (const auto& item : options.extra_env) base_env.push_back(item.first + "=" + item.second);
+
+  std::vector<std::vector<std::string>> child_env(static_cast<size_t>(world), base_env);
+  for (int rank = 0; rank < world; ++rank) {
+    auto& env = child_env[static_cast<size_t>(rank)];
+    env.push_back("RANK=" + std::to_string(rank));
+    env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("WORLD_SIZE=" + std::to_string(world));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(world));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+  }
+  std::vector<std::string> argv_strings;
+  argv_strings.push_back(executable);
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& item : argv_strings) argv.push_back(item.data());
+  argv.push_back(nullptr);
+  std::vector<std::vector<char*>> envp(static_cast<size_t>(world));
+  for (int rank = 0; rank < world; ++rank) {
+    for (auto& item : child_env[static_cast<size_t>(rank)]) envp[static_cast<size_t>(rank)].push_back(item.data());
+    envp[static_cast<size_t>(rank)].push_back(nullptr);
+  }
+
+  // Handlers only note the signal; the loop below forwards it (any thread may receive it).
+  struct sigaction action {};
+  action.sa_handler = remember_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_term {}, old_int {};
+  g_forward_signal.store(0);
+  ::sigaction(SIGTERM, &action, &old_term);
+  ::sigaction(SIGINT, &action, &old_int);
+
+  std::vector<pid_t> pids(static_cast<size_t>(world), -1);
+  std::vector<bool> running(static_cast<size_t>(world), false);
+  const auto signal_all = [&](int signal_number) {
+    for (int rank = 0; rank < world; ++rank) {
+      if (running[static_cast<size_t>(rank)]) ::kill(pids[static_cast<size_t>(rank)], signal_number);
+    }
+  };
+  int first_failure = 0;
+  bool any_preempted = false;
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      struct sigaction default_action {};
+      default_action.sa_handler = SIG_DFL;
+      sigemptyset(&default_action.sa_mask);
+      ::sigaction(SIGTERM, &default_action, nullptr);
+      ::sigaction(SIGINT, &default_action, nullptr);
+      ::execve(argv[0], argv.data(), envp[static_cast<size_t>(rank)].data());
+      ::_exit(127);
+    }
+    if (pid < 0) {
+      first_failure = 1;
+      break;
+    }
+    pids[static_cast<size_t>(rank)] = pid;
+    running[static_cast<size_t>(rank)] = true;
+  }
+  if (first_failure != 0) signal_all(SIGTERM);
+
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
+  if (first_failure != 0) kill_at = start + options.failure_grace;
+  if (options.timeout.count() > 0) kill_at = std::min(kill_at, start + options.timeout);
+  bool timed_out = false;
+  int alive = 0;
+  for (bool flag : running) alive += flag ? 1 : 0;
+  while (alive > 0) {
+    const int forward = g_forward_signal.exchange(0);
+    if (forward != 0) signal_all(forward);
+    bool reaped = false;
+    for (int rank = 0; rank < world; ++rank) {
+      if (!running[static_cast<size_t>(rank)]) continue;
+      int status = 0;
+      const pid_t done = ::waitpid(pids[static_cast<size_t>(rank)], &status, WNOHANG);
+      if (done == 0 || (done < 0 && errno == EINTR)) continue;
+      running[static_cast<size_t>(rank)] = false;
+      --alive;
+      reaped = true;
+      const int code = done < 0 ? 1 : exit_code_of(status);
+      if (code == 75) {
+        any_preempted = true;
+      } else if (code != 0 && first_failure == 0) {
+        // The others would wait in a collective until the timeout: ask them to stop now.
+        first_failure = code;
+        signal_all(SIGTERM);
+        kill_at = std::min(kill_at, std::chrono::steady_clock::now() + options.failure_grace);
+      }
+    }
+    if (reaped) continue;
+    if (std::chrono::steady_clock::now() >= kill_at) {
+      signal_all(SIGKILL);
+      timed_out = first_failure == 0;
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  if (first_failure != 0) return first_failure;
+  if (timed_out) return 1;
+  return any_preempted ? 75 : 0;
+}
+
+}  // namespace yolo8
