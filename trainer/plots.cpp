@@ -258,21 +258,31 @@ struct LegendEntry {
   bool marker = false;
 };
 
-// Legend box with its top-left corner at p (or its top-right corner when right_align).
-void draw_legend(cv::Mat& img, cv::Point p, const std::vector<LegendEntry>& entries, double fs, bool right_align) {
+// Legend box with its top-left corner at p (or its top-right corner when right_align); entries stacked, or
+// side by side when horizontal.
+void draw_legend(cv::Mat& img, cv::Point p, const std::vector<LegendEntry>& entries, double fs, bool right_align,
+                 bool horizontal = false) {
   if (entries.empty()) return;
   const int row = static_cast<int>(std::lround(fs * 44)), swatch = static_cast<int>(std::lround(fs * 56));
-  int w = 0;
-  for (const auto& e : entries) w = std::max(w, text_size(e.label, fs).width);
-  const int bw = w + swatch + 30, bh = row * static_cast<int>(entries.size()) + 12;
+  std::vector<int> widths;
+  int w = 0, sum = 0;
+  for (const auto& e : entries) {
+    widths.push_back(text_size(e.label, fs).width + swatch + 30);
+    w = std::max(w, widths.back());
+    sum += widths.back();
+  }
+  const int n = static_cast<int>(entries.size());
+  const int bw = horizontal ? sum : w, bh = (horizontal ? row : row * n) + 12;
   if (right_align) p.x -= bw;
   const cv::Rect box(p.x, p.y, bw, bh);
   img(box & cv::Rect(0, 0, img.cols, img.rows)).setTo(kWhite);
   cv::rectangle(img, box, cv::Scalar(210, 210, 210), 1, cv::LINE_AA);
-  for (size_t i = 0; i < entries.size(); ++i) {
+  int x0 = p.x;
+  for (int i = 0; i < n; ++i) {
     const auto& e = entries[i];
-    const int y = p.y + 6 + row * static_cast<int>(i) + row / 2;
-    const cv::Point a(p.x + 10, y), b(p.x + 10 + swatch, y);
+    const int y = p.y + 6 + (horizontal ? 0 : row * i) + row / 2;
+    const cv::Point a(x0 + 10, y), b(x0 + 10 + swatch, y);
+    if (horizontal) x0 += widths[i];
     if (e.dashed) {
       for (int x = a.x; x < b.x; x += 12) cv::line(img, {x, y}, {std::min(x + 7, b.x), y}, e.color, e.thickness, cv::LINE_AA);
     } else {
@@ -555,14 +565,15 @@ void plot_results_csv(const std::string& csv_path, const std::string& png_path) 
   for (size_t i = 0; i < n; ++i) xs[i] = ep >= 0 ? csv.cols[ep][i] : static_cast<double>(i + 1);
 
   auto img = canvas(kResultsPlotSize);
-  const int pw = kResultsPlotSize.width / 5, ph = kResultsPlotSize.height / 2;
+  const int band = 34;  // figure-level legend above the panels
+  const int pw = kResultsPlotSize.width / 5, ph = (kResultsPlotSize.height - band) / 2;
   const cv::Scalar raw = bgr(kPalette[0]), smooth = bgr(kPalette[1]);
   auto [xlo, xhi] = padded_range(xs);
   if (n == 1) xlo = xs[0] - 1, xhi = xs[0] + 1;
   for (int k = 0; k < 10; ++k) {
     const int r = k / 5, c = k % 5;
     Axes ax;
-    ax.box = cv::Rect(c * pw + 72, r * ph + 48, pw - 92, ph - 100);
+    ax.box = cv::Rect(c * pw + 72, band + r * ph + 40, pw - 92, ph - 92);
     const auto& ys = csv.cols[idx[k]];
     std::tie(ax.y0, ax.y1) = padded_range(ys);
     ax.x0 = xlo;
@@ -577,8 +588,9 @@ void plot_results_csv(const std::string& csv_path, const std::string& png_path) 
     draw_markers(img, ax, xs, ys, raw, n > 60 ? 2 : 3);
     if (n >= 3) draw_dashed(img, ax, xs, gaussian_smooth(ys, 3.0), smooth, 2);
   }
-  draw_legend(img, {kResultsPlotSize.width - 12, 6},
-              {{"results", raw, 2, false, true}, {"smooth", smooth, 2, true, false}}, 0.45, true);
+  draw_legend(img, {kResultsPlotSize.width - 20, 6},
+              {{"results", raw, 2, false, true}, {"smooth (gaussian, sigma 3)", smooth, 2, true, false}}, 0.45, true,
+              true);
   write_image(png_path, img);
 }
 
@@ -798,13 +810,10 @@ void plot_batch_mosaic(const std::string& png_path, const torch::Tensor& images,
     cv::Mat tile;
     cv::cvtColor(rgb, tile, cv::COLOR_RGB2BGR);
     if (tile.cols != tw || tile.rows != th) cv::resize(tile, tile, cv::Size(tw, th), 0, 0, cv::INTER_AREA);
-    tile.copyTo(mosaic(cv::Rect(ox, oy, tw, th)));
-    cv::rectangle(mosaic, cv::Rect(ox, oy, tw, th), kWhite, 2);
-    if (i < static_cast<int64_t>(paths.size()) && !paths[i].empty()) {
-      const auto fname = std::filesystem::path(paths[i]).filename().string();
-      put_text(mosaic, shorten(fname, 40), {ox + 5, oy + 5}, fs * 0.8, cv::Scalar(220, 220, 220), 1, HAlign::kLeft,
-               VAlign::kTop);
-    }
+    const cv::Rect tile_rect(ox, oy, tw, th);
+    tile.copyTo(mosaic(tile_rect));
+    // Boxes and labels are drawn in tile coordinates, so they are clipped to their own tile.
+    cv::Mat view = mosaic(tile_rect);
     for (int64_t r = 0; r < lb.size(0); ++r) {
       const double* row = lp + r * cols;
       if (static_cast<int64_t>(row[0]) != i) continue;
@@ -812,23 +821,30 @@ void plot_batch_mosaic(const std::string& png_path, const torch::Tensor& images,
       const auto cls = static_cast<int64_t>(row[1]);
       const double sx = normalised ? tw : scale, sy = normalised ? th : scale;
       const double cx = row[2] * sx, cy = row[3] * sy, bw = row[4] * sx, bh = row[5] * sy;
-      const cv::Point p1(ox + cvRound(cx - bw / 2), oy + cvRound(cy - bh / 2));
-      const cv::Point p2(ox + cvRound(cx + bw / 2), oy + cvRound(cy + bh / 2));
+      const cv::Point p1(cvRound(cx - bw / 2), cvRound(cy - bh / 2));
+      const cv::Point p2(cvRound(cx + bw / 2), cvRound(cy + bh / 2));
       const auto color = bgr(class_color(cls));
       // Axis-aligned boxes: no anti-aliasing needed, and the class colour stays exact.
-      cv::rectangle(mosaic, p1, p2, color, lw, cv::LINE_8);
+      cv::rectangle(view, p1, p2, color, lw, cv::LINE_8);
       std::string label = shorten(class_name(names, cls), 20);
       if (has_conf) label += " " + fmt(row[6], 2);
       int baseline = 0;
       const auto ts = cv::getTextSize(label, kFont, fs, 1, &baseline);
       const int lh = ts.height + baseline + 4;
-      const bool above = p1.y - lh >= oy;
-      const cv::Rect lr(p1.x - lw / 2, above ? p1.y - lh - lw / 2 : p1.y + lw / 2, ts.width + 6, lh);
-      mosaic(lr & cv::Rect(0, 0, mosaic.cols, mosaic.rows)).setTo(color);
+      const bool above = p1.y - lh >= 0;
+      const cv::Rect lr(std::max(p1.x - lw / 2, 0), above ? p1.y - lh - lw / 2 : std::max(p1.y, 0) + lw / 2,
+                        ts.width + 6, lh);
+      view(lr & cv::Rect(0, 0, view.cols, view.rows)).setTo(color);
       const double lum = 0.114 * color[0] + 0.587 * color[1] + 0.299 * color[2];
-      cv::putText(mosaic, label, {lr.x + 3, lr.y + ts.height + 2}, kFont, fs, lum > 170 ? kBlack : kWhite, 1,
+      cv::putText(view, label, {lr.x + 3, lr.y + ts.height + 2}, kFont, fs, lum > 170 ? kBlack : kWhite, 1,
                   cv::LINE_AA);
     }
+    if (i < static_cast<int64_t>(paths.size()) && !paths[i].empty()) {
+      const auto fname = std::filesystem::path(paths[i]).filename().string();
+      put_text(view, shorten(fname, 40), {5, th - 5}, fs * 0.8, cv::Scalar(220, 220, 220), 1, HAlign::kLeft,
+               VAlign::kBottom);
+    }
+    cv::rectangle(mosaic, tile_rect, kWhite, 2);
   }
   write_image(png_path, mosaic);
 }

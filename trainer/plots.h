@@ -16,7 +16,7 @@ struct PlotSize {
   int width, height;
 };
 // Fixed canvas sizes in pixels, so that callers and tests know what to expect.
-constexpr PlotSize kResultsPlotSize{2000, 820};
+constexpr PlotSize kResultsPlotSize{2000, 850};
 constexpr PlotSize kCurvePlotSize{1500, 900};
 constexpr PlotSize kConfusionPlotSize{1400, 1150};
 constexpr PlotSize kLabelsPlotSize{1400, 1400};

@@ -172,8 +172,10 @@ TEST(PlotLabels, HistogramAndDensities) {
   labels.select(1, 2).copy_((torch::randn({n}, torch::kDouble) * 0.15 + 0.5).clamp(0, 1));
   labels.select(1, 3).copy_(torch::rand({n}, torch::kDouble) * 0.3 + 0.02);
   labels.select(1, 4).copy_(labels.select(1, 3) * (torch::rand({n}, torch::kDouble) + 0.5));
-  plot_labels(out_path("labels.jpg"), labels, {"circle", "square", "triangle", "star", "cross", "ring"});
-  expect_image(out_path("labels.jpg"), kLabelsPlotSize.width, kLabelsPlotSize.height);
+  for (const char* f : {"labels.jpg", "labels.png"}) {
+    plot_labels(out_path(f), labels, {"circle", "square", "triangle", "star", "cross", "ring"});
+    expect_image(out_path(f), kLabelsPlotSize.width, kLabelsPlotSize.height);
+  }
 
   plot_labels(out_path("labels_empty.png"), torch::zeros({0, 5}), {});
   expect_image(out_path("labels_empty.png"), kLabelsPlotSize.width, kLabelsPlotSize.height);
@@ -234,10 +236,11 @@ TEST(PlotBatchMosaic, LargeBatchIsCappedAndScaled) {
   labels.select(1, 0).copy_(torch::randint(0, 20, {60}, torch::kLong));
   labels.select(1, 1).copy_(torch::randint(0, 12, {60}, torch::kLong));
   labels.narrow(1, 4, 2).mul_(0.4);
-  const auto png = out_path("train_batch0.jpg");
-  plot_batch_mosaic(png, images, labels, {});
   const auto size = mosaic_size(20, 160, 192);
-  expect_image(png, size.width, size.height);
+  for (const char* f : {"train_batch0.jpg", "train_batch0.png"}) {
+    plot_batch_mosaic(out_path(f), images, labels, {});
+    expect_image(out_path(f), size.width, size.height);
+  }
   EXPECT_EQ(size.width, 4 * 192);
 
   EXPECT_THROW(plot_batch_mosaic(out_path("bad.png"), torch::zeros({2, 64, 64}), labels, {}), std::invalid_argument);
