@@ -16,6 +16,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "trainer/box_ops.h"
+
 namespace yolo8 {
 
 namespace {
@@ -159,12 +161,13 @@ struct AxesStyle {
   double font = 0.5;
   int xticks = 5, yticks = 5;
   bool x_tick_labels = true;  // off when the caller labels the x axis itself
+  double min_xstep = 0;       // 1 for epochs: no fractional ticks
 };
 
 void draw_axes(cv::Mat& img, const Axes& ax, const AxesStyle& st) {
   const double fs = st.font;
   const auto& b = ax.box;
-  const double xs = nice_step(ax.x0, ax.x1, st.xticks), ys = nice_step(ax.y0, ax.y1, st.yticks);
+  const double xs = std::max(nice_step(ax.x0, ax.x1, st.xticks), st.min_xstep), ys = nice_step(ax.y0, ax.y1, st.yticks);
   const int xd = decimals_for(xs), yd = decimals_for(ys);
   for (double t = std::ceil(ax.x0 / xs - 1e-9) * xs; st.x_tick_labels && t <= ax.x1 + xs * 1e-6; t += xs) {
     const int x = static_cast<int>(std::lround(ax.px(t, ax.y0).x));
@@ -583,6 +586,7 @@ void plot_results_csv(const std::string& csv_path, const std::string& png_path) 
     st.xlabel = r == 1 ? "epoch" : "";
     st.font = 0.5;
     st.xticks = 4;
+    st.min_xstep = 1;
     draw_axes(img, ax, st);
     draw_curve(img, ax, xs, ys, raw, 2);
     draw_markers(img, ax, xs, ys, raw, n > 60 ? 2 : 3);
@@ -847,6 +851,53 @@ void plot_batch_mosaic(const std::string& png_path, const torch::Tensor& images,
     cv::rectangle(mosaic, tile_rect, kWhite, 2);
   }
   write_image(png_path, mosaic);
+}
+
+torch::Tensor detections_to_mosaic_rows(const std::vector<torch::Tensor>& detections, const torch::Tensor& ratio_pad,
+                                        int64_t height, int64_t width) {
+  if (height < 1 || width < 1) throw std::invalid_argument("detections_to_mosaic_rows: height and width must be >= 1");
+  const bool mapped = ratio_pad.defined() && ratio_pad.numel() > 0;
+  if (mapped && (ratio_pad.dim() != 2 || ratio_pad.size(1) != 4 ||
+                 ratio_pad.size(0) < static_cast<int64_t>(detections.size()))) {
+    throw std::invalid_argument("detections_to_mosaic_rows: ratio_pad must be (B, 4) with B >= the number of images");
+  }
+  const auto rp = mapped ? ratio_pad.detach().to(torch::kCPU, torch::kDouble) : torch::Tensor();
+  std::vector<torch::Tensor> rows;
+  for (size_t i = 0; i < detections.size(); ++i) {
+    const auto& d = detections[i];
+    if (!d.defined() || d.numel() == 0) continue;
+    if (d.dim() != 2 || d.size(1) < 6) {
+      throw std::invalid_argument("detections_to_mosaic_rows: image " + std::to_string(i) + " detections must be (n, 6)");
+    }
+    auto det = d.detach().to(torch::kCPU, torch::kDouble);
+    auto xyxy = det.narrow(1, 0, 4);
+    if (mapped) {
+      const auto g = rp[static_cast<int64_t>(i)];
+      // x * gain_w + pad_w, y * gain_h + pad_h
+      const auto gain = torch::stack({g[1], g[0], g[1], g[0]});
+      const auto pad = torch::stack({g[2], g[3], g[2], g[3]});
+      xyxy = xyxy * gain + pad;
+    }
+    const auto scale = torch::tensor({1.0 / width, 1.0 / height, 1.0 / width, 1.0 / height}, torch::kDouble);
+    const auto xywh = xyxy_to_xywh(xyxy) * scale;
+    rows.push_back(torch::cat({torch::full({det.size(0), 1}, static_cast<double>(i), torch::kDouble),
+                               det.narrow(1, 5, 1), xywh, det.narrow(1, 4, 1)},
+                              1));
+  }
+  return rows.empty() ? torch::zeros({0, 7}, torch::kDouble) : torch::cat(rows, 0);
+}
+
+void plot_validation(const std::string& save_dir, const ApPerClass& stats, const torch::Tensor& confusion,
+                     const std::vector<std::string>& names) {
+  const std::filesystem::path dir(save_dir);
+  plot_pr_curve((dir / "PR_curve.png").string(), stats, names);
+  plot_f1_curve((dir / "F1_curve.png").string(), stats, names);
+  plot_p_curve((dir / "P_curve.png").string(), stats, names);
+  plot_r_curve((dir / "R_curve.png").string(), stats, names);
+  if (confusion.defined() && confusion.numel() > 0) {
+    plot_confusion_matrix((dir / "confusion_matrix.png").string(), confusion, names, false);
+    plot_confusion_matrix((dir / "confusion_matrix_normalized.png").string(), confusion, names, true);
+  }
 }
 
 }  // namespace yolo8

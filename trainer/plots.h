@@ -70,6 +70,19 @@ void plot_batch_mosaic(const std::string& png_path, const torch::Tensor& images,
 // Size in pixels (width, height) that plot_batch_mosaic gives a batch of b images of h x w.
 PlotSize mosaic_size(int64_t b, int64_t h, int64_t w);
 
+// Per-image detections (n x 6 x1, y1, x2, y2, conf, cls in original-image pixels, as the validator returns
+// them) -> (N, 7) image index, cls, cx, cy, w, h normalised to the batch's height x width, conf: the rows
+// plot_batch_mosaic draws as predictions. ratio_pad (B, 4) gain_h, gain_w, pad_w, pad_h (data::Batch's)
+// maps original pixels to batch pixels; undefined = the detections are already in batch pixels.
+torch::Tensor detections_to_mosaic_rows(const std::vector<torch::Tensor>& detections, const torch::Tensor& ratio_pad,
+                                        int64_t height, int64_t width);
+
+// The validation plots of the reference into save_dir: PR_curve.png, F1_curve.png, P_curve.png, R_curve.png and,
+// when confusion is given ((nc + 1)^2, ConfusionMatrix::matrix()), confusion_matrix.png and
+// confusion_matrix_normalized.png.
+void plot_validation(const std::string& save_dir, const ApPerClass& stats, const torch::Tensor& confusion,
+                     const std::vector<std::string>& names);
+
 #endif  // YOLO8_HAVE_DATA
 
 }  // namespace yolo8

@@ -247,6 +247,36 @@ TEST(PlotBatchMosaic, LargeBatchIsCappedAndScaled) {
   EXPECT_THROW(plot_batch_mosaic(out_path("bad.png"), images, torch::zeros({2, 5}), {}), std::invalid_argument);
 }
 
+TEST(PlotBatchMosaic, ValidatorDetectionsMapToBatchPixels) {
+  // Image 1 letterboxed with gain 0.5 (w and h) and 10 px of left padding into a 100 x 200 (h x w) batch.
+  auto ratio_pad = torch::tensor({{1.0, 1.0, 0.0, 0.0}, {0.5, 0.5, 10.0, 0.0}}, torch::kDouble);
+  std::vector<torch::Tensor> dets{torch::zeros({0, 6}),
+                                  torch::tensor({{20.0, 40.0, 100.0, 120.0, 0.8, 3.0}}, torch::kDouble)};
+  const auto rows = detections_to_mosaic_rows(dets, ratio_pad, 100, 200);
+  ASSERT_EQ(rows.sizes(), (torch::IntArrayRef{1, 7}));
+  // batch box: x 20..60, y 20..60 -> centre (40, 40), size 40 x 40.
+  const auto expected = torch::tensor({1.0, 3.0, 40.0 / 200, 40.0 / 100, 40.0 / 200, 40.0 / 100, 0.8}, torch::kDouble);
+  EXPECT_TRUE(torch::allclose(rows[0], expected)) << rows;
+  // Without ratio_pad the boxes are taken as batch pixels.
+  const auto same = detections_to_mosaic_rows(dets, torch::Tensor(), 100, 200);
+  EXPECT_NEAR(same[0][2].item<double>(), 60.0 / 200, 1e-12);
+  EXPECT_EQ(detections_to_mosaic_rows({}, torch::Tensor(), 10, 10).size(0), 0);
+  EXPECT_THROW(detections_to_mosaic_rows(dets, torch::zeros({1, 4}), 100, 200), std::invalid_argument);
+}
+
+TEST(PlotValidation, WritesTheReferenceFileSet) {
+  const auto dir = fs::path(out_path("val_dir")).string();
+  fs::remove_all(dir);
+  ConfusionMatrix cm(5);
+  cm.update(torch::tensor({{0.0, 0.0, 10.0, 10.0, 0.9, 1.0}}, torch::kDouble),
+            torch::tensor({{1.0, 0.0, 0.0, 10.0, 10.0}}, torch::kDouble));
+  plot_validation(dir, sample_stats(5), cm.matrix(), {"a", "b", "c", "d", "e"});
+  for (const char* f : {"PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png", "confusion_matrix.png",
+                        "confusion_matrix_normalized.png"}) {
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
+  }
+}
+
 TEST(PlotOutput, UnwritablePathNamesTheFile) {
   const auto bad = out_path("plot.unknown_extension");
   try {
