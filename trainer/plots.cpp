@@ -636,10 +636,12 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
   int tick_w = 0;
   for (const auto& t : ticks) tick_w = std::max(tick_w, text_size(t, tfs).width);
   const int left = tick_w + 80, top = 80;
-  const int size =
-      std::min(kConfusionPlotSize.width - left - 170, kConfusionPlotSize.height - top - tick_w - 70);
+  const int room_h = kConfusionPlotSize.height - top - tick_w - 70;
+  const int size = std::min(kConfusionPlotSize.width - left - 170, room_h);
   const int cell = size / static_cast<int>(n);
-  const cv::Rect area(left, top, cell * static_cast<int>(n), cell * static_cast<int>(n));
+  const int side = cell * static_cast<int>(n);
+  // Centre the figure vertically when the width limits it.
+  const cv::Rect area(left, top + std::max(0, room_h - side) / 2, side, side);
   draw_heat(img, area, m, vmax);
   cv::rectangle(img, area, kAxis, 1);
 
@@ -673,7 +675,7 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
   const int xl_y = area.y + area.height + 8 + (vertical ? tick_w : 20) + 36;
   put_text(img, "True", {area.x + area.width / 2, xl_y}, 0.7, kBlack, 1, HAlign::kCenter, VAlign::kBottom);
   put_text_vertical(img, "Predicted", {area.x - tick_w - 40, area.y + area.height / 2}, 0.7, kBlack);
-  put_text(img, normalize ? "Confusion Matrix Normalized" : "Confusion Matrix", {area.x + area.width / 2, 50}, 0.9,
+  put_text(img, normalize ? "Confusion Matrix Normalized" : "Confusion Matrix", {area.x + area.width / 2, area.y - 30}, 0.9,
            kBlack, 2, HAlign::kCenter, VAlign::kBottom);
   draw_colorbar(img, cv::Rect(area.x + area.width + 30, area.y, 24, area.height), vmax, normalize ? 1 : 0, 0.5);
   write_image(png_path, img);
