@@ -688,6 +688,10 @@ void plot_labels(const std::string& png_path, const torch::Tensor& labels, const
   const auto lb = labels.defined() && labels.numel() > 0 ? labels.detach().to(torch::kCPU, torch::kDouble)
                                                          : torch::zeros({0, 5}, torch::kDouble);
   const auto cls = lb.select(1, 0).to(torch::kLong).clamp_min(0);
+  if (cls.numel() > 0 && cls.max().item<int64_t>() >= 100000) {
+    throw std::invalid_argument("plot_labels('" + png_path + "'): class index " +
+                                std::to_string(cls.max().item<int64_t>()) + " is not plausible");
+  }
   const int64_t nc =
       std::max<int64_t>(static_cast<int64_t>(names.size()), cls.numel() ? cls.max().item<int64_t>() + 1 : 1);
   auto img = canvas(kLabelsPlotSize);

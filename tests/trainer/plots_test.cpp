@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "test_paths.h"
 #include "trainer/confusion_matrix.h"
 #include "trainer/metrics.h"
+#include "trainer/run_dir.h"
 
 namespace yolo8 {
 namespace {
@@ -61,6 +63,20 @@ TEST(PlotResultsCsv, WritesGridOfCurves) {
   write_results(csv, 1);
   plot_results_csv(csv, out_path("results_one.png"));
   expect_image(out_path("results_one.png"), kResultsPlotSize.width, kResultsPlotSize.height);
+}
+
+TEST(PlotResultsCsv, ReadsTheEnginesOwnFile) {
+  const auto csv = out_path("engine_results.csv");
+  fs::remove(csv);
+  ResultsCsv writer(csv);
+  for (int e = 1; e <= 12; ++e) {
+    std::vector<double> row(ResultsCsv::columns().size(), 0.5 / e);
+    row[0] = e;
+    row[9] = std::numeric_limits<double>::quiet_NaN();  // a missing value is skipped, not fatal
+    writer.append(row);
+  }
+  plot_results_csv(csv, out_path("engine_results.png"));
+  expect_image(out_path("engine_results.png"), kResultsPlotSize.width, kResultsPlotSize.height);
 }
 
 void expect_throw_mentioning(const std::string& csv, const std::string& what) {
