@@ -2,10 +2,6 @@
 
 #include "trainer/plots.h"
 
-#include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -13,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -162,12 +161,14 @@ struct AxesStyle {
   int xticks = 5, yticks = 5;
   bool x_tick_labels = true;  // off when the caller labels the x axis itself
   double min_xstep = 0;       // 1 for epochs: no fractional ticks
+  double min_ystep = 0;       // 1 for counts
 };
 
 void draw_axes(cv::Mat& img, const Axes& ax, const AxesStyle& st) {
   const double fs = st.font;
   const auto& b = ax.box;
-  const double xs = std::max(nice_step(ax.x0, ax.x1, st.xticks), st.min_xstep), ys = nice_step(ax.y0, ax.y1, st.yticks);
+  const double xs = std::max(nice_step(ax.x0, ax.x1, st.xticks), st.min_xstep),
+               ys = std::max(nice_step(ax.y0, ax.y1, st.yticks), st.min_ystep);
   const int xd = decimals_for(xs), yd = decimals_for(ys);
   for (double t = std::ceil(ax.x0 / xs - 1e-9) * xs; st.x_tick_labels && t <= ax.x1 + xs * 1e-6; t += xs) {
     const int x = static_cast<int>(std::lround(ax.px(t, ax.y0).x));
@@ -187,8 +188,8 @@ void draw_axes(cv::Mat& img, const Axes& ax, const AxesStyle& st) {
   if (!st.title.empty())
     put_text(img, st.title, {b.x + b.width / 2, b.y - 12}, fs * 1.2, kBlack, 1, HAlign::kCenter, VAlign::kBottom);
   if (!st.xlabel.empty())
-    put_text(img, st.xlabel, {b.x + b.width / 2, b.y + b.height + 9 + static_cast<int>(40 * fs * 1.8)}, fs,
-             kText, 1, HAlign::kCenter, VAlign::kBottom);
+    put_text(img, st.xlabel, {b.x + b.width / 2, b.y + b.height + 9 + static_cast<int>(40 * fs * 1.8)}, fs, kText, 1,
+             HAlign::kCenter, VAlign::kBottom);
   if (!st.ylabel.empty()) {
     const int w = text_size("0.000", fs * 0.85).width;
     put_text_vertical(img, st.ylabel, {b.x - w - 20 - static_cast<int>(12 * fs), b.y + b.height / 2}, fs, kText);
@@ -287,7 +288,8 @@ void draw_legend(cv::Mat& img, cv::Point p, const std::vector<LegendEntry>& entr
     const cv::Point a(x0 + 10, y), b(x0 + 10 + swatch, y);
     if (horizontal) x0 += widths[i];
     if (e.dashed) {
-      for (int x = a.x; x < b.x; x += 12) cv::line(img, {x, y}, {std::min(x + 7, b.x), y}, e.color, e.thickness, cv::LINE_AA);
+      for (int x = a.x; x < b.x; x += 12)
+        cv::line(img, {x, y}, {std::min(x + 7, b.x), y}, e.color, e.thickness, cv::LINE_AA);
     } else {
       cv::line(img, a, b, e.color, e.thickness, cv::LINE_AA);
     }
@@ -432,16 +434,16 @@ void plot_metric_curve(const std::string& png_path, const ApPerClass& stats, con
   const bool have = curves.defined() && curves.dim() == 2 && curves.size(0) > 0 && stats.x.defined() &&
                     stats.x.numel() == curves.size(1);
   if (!have) {
-    put_text(img, "no detections or labels to plot", {ax.box.x + ax.box.width / 2, ax.box.y + ax.box.height / 2},
-             0.8, kGrey, 1, HAlign::kCenter, VAlign::kMiddle);
+    put_text(img, "no detections or labels to plot", {ax.box.x + ax.box.width / 2, ax.box.y + ax.box.height / 2}, 0.8,
+             kGrey, 1, HAlign::kCenter, VAlign::kMiddle);
     write_image(png_path, img);
     return;
   }
   const auto xs = to_vec(stats.x);
   const int64_t nc = curves.size(0);
   const bool per_class_legend = nc < 21;
-  const auto classes = stats.classes.defined() && stats.classes.numel() == nc ? to_vec(stats.classes)
-                                                                               : std::vector<double>();
+  const auto classes =
+      stats.classes.defined() && stats.classes.numel() == nc ? to_vec(stats.classes) : std::vector<double>();
   const auto ap50 = pr && stats.ap.defined() && stats.ap.dim() == 2 && stats.ap.size(0) == nc
                         ? to_vec(stats.ap.select(1, 0))
                         : std::vector<double>();
@@ -488,9 +490,8 @@ void draw_heat(cv::Mat& img, const cv::Rect& rect, const torch::Tensor& values, 
       const double x = p[r * cols + c];
       if (std::isfinite(x)) {
         const auto col = blues(vmax > 0 ? x / vmax : 0.0);
-        small.at<cv::Vec3b>(static_cast<int>(r), static_cast<int>(c)) =
-            cv::Vec3b(cv::saturate_cast<uint8_t>(col[0]), cv::saturate_cast<uint8_t>(col[1]),
-                      cv::saturate_cast<uint8_t>(col[2]));
+        small.at<cv::Vec3b>(static_cast<int>(r), static_cast<int>(c)) = cv::Vec3b(
+            cv::saturate_cast<uint8_t>(col[0]), cv::saturate_cast<uint8_t>(col[1]), cv::saturate_cast<uint8_t>(col[2]));
       }
     }
   }
@@ -522,8 +523,7 @@ torch::Tensor histogram2d(const torch::Tensor& x, const torch::Tensor& y, int64_
   return torch::bincount(flat, {}, bins * bins).reshape({bins, bins}).to(torch::kDouble);
 }
 
-void draw_density(cv::Mat& img, const Axes& ax, const torch::Tensor& x, const torch::Tensor& y,
-                  const AxesStyle& st) {
+void draw_density(cv::Mat& img, const Axes& ax, const torch::Tensor& x, const torch::Tensor& y, const AxesStyle& st) {
   if (x.numel() > 0) {
     auto h = histogram2d(x, y, 50);
     // log scale so that sparse regions stay visible; empty bins are white.
@@ -667,16 +667,16 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
         const auto bg = blues(v / vmax);
         const double lum = 0.114 * bg[0] + 0.587 * bg[1] + 0.299 * bg[2];
         put_text(img, fmt(v, normalize ? 2 : 0),
-                 {area.x + static_cast<int>(c) * cell + cell / 2, area.y + static_cast<int>(r) * cell + cell / 2},
-                 fs, lum < 120 ? kWhite : kText, 1, HAlign::kCenter, VAlign::kMiddle);
+                 {area.x + static_cast<int>(c) * cell + cell / 2, area.y + static_cast<int>(r) * cell + cell / 2}, fs,
+                 lum < 120 ? kWhite : kText, 1, HAlign::kCenter, VAlign::kMiddle);
       }
     }
   }
   const int xl_y = area.y + area.height + 8 + (vertical ? tick_w : 20) + 36;
   put_text(img, "True", {area.x + area.width / 2, xl_y}, 0.7, kBlack, 1, HAlign::kCenter, VAlign::kBottom);
   put_text_vertical(img, "Predicted", {area.x - tick_w - 40, area.y + area.height / 2}, 0.7, kBlack);
-  put_text(img, normalize ? "Confusion Matrix Normalized" : "Confusion Matrix", {area.x + area.width / 2, area.y - 30}, 0.9,
-           kBlack, 2, HAlign::kCenter, VAlign::kBottom);
+  put_text(img, normalize ? "Confusion Matrix Normalized" : "Confusion Matrix", {area.x + area.width / 2, area.y - 30},
+           0.9, kBlack, 2, HAlign::kCenter, VAlign::kBottom);
   draw_colorbar(img, cv::Rect(area.x + area.width + 30, area.y, 24, area.height), vmax, normalize ? 1 : 0, 0.5);
   write_image(png_path, img);
 }
@@ -711,6 +711,7 @@ void plot_labels(const std::string& png_path, const torch::Tensor& labels, const
     st.ylabel = "instances";
     st.font = 0.55;
     st.x_tick_labels = false;  // class names below
+    st.min_ystep = 1;
     draw_axes(img, ax, st);
     const double bw = std::max(1.0, ax.box.width / static_cast<double>(nc) * 0.8);
     for (int64_t c = 0; c < nc; ++c) {
@@ -749,8 +750,8 @@ void plot_labels(const std::string& png_path, const torch::Tensor& labels, const
     }
     cv::addWeighted(layer, 0.6, cv::Mat(box.size(), CV_8UC3, kWhite), 0.4, 0, img(box));
     cv::rectangle(img, box, cv::Scalar(210, 210, 210), 1);
-    put_text(img, "Box shapes (first " + std::to_string(k) + ", centred)", {box.x + box.width / 2, box.y - 12},
-             0.66, kBlack, 1, HAlign::kCenter, VAlign::kBottom);
+    put_text(img, "Box shapes (first " + std::to_string(k) + ", centred)", {box.x + box.width / 2, box.y - 12}, 0.66,
+             kBlack, 1, HAlign::kCenter, VAlign::kBottom);
   }
   // Centre and size densities.
   {
@@ -863,8 +864,8 @@ torch::Tensor detections_to_mosaic_rows(const std::vector<torch::Tensor>& detect
                                         int64_t height, int64_t width) {
   if (height < 1 || width < 1) throw std::invalid_argument("detections_to_mosaic_rows: height and width must be >= 1");
   const bool mapped = ratio_pad.defined() && ratio_pad.numel() > 0;
-  if (mapped && (ratio_pad.dim() != 2 || ratio_pad.size(1) != 4 ||
-                 ratio_pad.size(0) < static_cast<int64_t>(detections.size()))) {
+  if (mapped &&
+      (ratio_pad.dim() != 2 || ratio_pad.size(1) != 4 || ratio_pad.size(0) < static_cast<int64_t>(detections.size()))) {
     throw std::invalid_argument("detections_to_mosaic_rows: ratio_pad must be (B, 4) with B >= the number of images");
   }
   const auto rp = mapped ? ratio_pad.detach().to(torch::kCPU, torch::kDouble) : torch::Tensor();
@@ -873,7 +874,8 @@ torch::Tensor detections_to_mosaic_rows(const std::vector<torch::Tensor>& detect
     const auto& d = detections[i];
     if (!d.defined() || d.numel() == 0) continue;
     if (d.dim() != 2 || d.size(1) < 6) {
-      throw std::invalid_argument("detections_to_mosaic_rows: image " + std::to_string(i) + " detections must be (n, 6)");
+      throw std::invalid_argument("detections_to_mosaic_rows: image " + std::to_string(i) +
+                                  " detections must be (n, 6)");
     }
     auto det = d.detach().to(torch::kCPU, torch::kDouble);
     auto xyxy = det.narrow(1, 0, 4);

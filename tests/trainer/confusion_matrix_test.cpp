@@ -14,9 +14,7 @@ torch::Tensor rows(const std::vector<std::vector<double>>& r, int64_t cols) {
   return t;
 }
 
-double at(const ConfusionMatrix& cm, int64_t pred, int64_t truth) {
-  return cm.matrix()[pred][truth].item<double>();
-}
+double at(const ConfusionMatrix& cm, int64_t pred, int64_t truth) { return cm.matrix()[pred][truth].item<double>(); }
 
 double total(const ConfusionMatrix& cm) { return cm.matrix().sum().item<double>(); }
 

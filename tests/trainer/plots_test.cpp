@@ -1,11 +1,11 @@
 #include "trainer/plots.h"
 
 #include <gtest/gtest.h>
-#include <opencv2/imgcodecs.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <opencv2/imgcodecs.hpp>
 #include <string>
 
 #include "test_paths.h"
@@ -122,8 +122,7 @@ ApPerClass sample_stats(int64_t nc) {
   auto conf = torch::rand({n}, torch::kDouble);
   auto pred_cls = torch::randint(0, nc, {n}, torch::kLong).to(torch::kDouble);
   // Confident detections are more often right.
-  auto tp = (torch::rand({n, 10}, torch::kDouble) < conf.unsqueeze(1) * torch::linspace(1.0, 0.5, 10,
-                                                                                         torch::kDouble));
+  auto tp = (torch::rand({n, 10}, torch::kDouble) < conf.unsqueeze(1) * torch::linspace(1.0, 0.5, 10, torch::kDouble));
   auto target_cls = torch::randint(0, nc, {300}, torch::kLong).to(torch::kDouble);
   return ap_per_class(tp, conf, pred_cls, target_cls);
 }
@@ -231,13 +230,13 @@ TEST(PlotBatchMosaic, BoxesInClassColour) {
 TEST(PlotBatchMosaic, PredictionsBelowConfidenceAreNotDrawn) {
   auto images = torch::zeros({1, 3, 100, 100}, torch::kUInt8);
   // Pixel boxes (coordinates > 1.1): class 0 kept at conf 0.9, class 1 dropped at conf 0.1.
-  auto labels = torch::tensor({{0.0, 0.0, 30.0, 50.0, 40.0, 60.0, 0.9}, {0.0, 1.0, 75.0, 50.0, 30.0, 60.0, 0.1}},
-                              torch::kDouble);
+  auto labels =
+      torch::tensor({{0.0, 0.0, 30.0, 50.0, 40.0, 60.0, 0.9}, {0.0, 1.0, 75.0, 50.0, 30.0, 60.0, 0.1}}, torch::kDouble);
   const auto png = out_path("mosaic_pred.png");
   plot_batch_mosaic(png, images, labels, {"kept", "dropped"}, {"/data/images/im0.jpg"});
   const cv::Mat img = cv::imread(png, cv::IMREAD_COLOR);
   ASSERT_EQ(img.cols, 100);
-  EXPECT_EQ(pixel(img, 30, 80), bgr_of(0));         // bottom edge of the kept box
+  EXPECT_EQ(pixel(img, 30, 80), bgr_of(0));           // bottom edge of the kept box
   EXPECT_EQ(pixel(img, 75, 80), cv::Vec3b(0, 0, 0));  // where the dropped box's edge would be
 }
 
