@@ -772,6 +772,15 @@ void plot_labels(const std::string& png_path, const torch::Tensor& labels, const
   write_image(png_path, img);
 }
 
+torch::Tensor dataset_labels(const data::DatasetIndex& index) {
+  std::vector<float> flat;
+  for (const auto& rec : index.records) {
+    for (const auto& b : rec.boxes) flat.insert(flat.end(), {b.cls, b.cx, b.cy, b.w, b.h});
+  }
+  const auto n = static_cast<int64_t>(flat.size() / 5);
+  return torch::from_blob(flat.data(), {n, 5}, torch::kFloat32).clone();
+}
+
 PlotSize mosaic_size(int64_t b, int64_t h, int64_t w) {
   const int64_t bs = std::min<int64_t>(std::max<int64_t>(b, 1), kMosaicMaxImages);
   const auto ns = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(bs))));

@@ -10,6 +10,10 @@
 
 #include "trainer/metrics.h"
 
+#ifdef YOLO8_HAVE_DATA
+#include "data/dataset.h"
+#endif
+
 namespace yolo8 {
 
 struct PlotSize {
@@ -57,6 +61,8 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
 // labels.jpg: instances per class, box shapes overlaid at the centre, centre (x, y) density and (w, h)
 // density. labels (N, 5) cls, cx, cy, w, h normalised to 0..1.
 void plot_labels(const std::string& png_path, const torch::Tensor& labels, const std::vector<std::string>& names);
+// Every box of a dataset as plot_labels' (N, 5) float tensor.
+torch::Tensor dataset_labels(const data::DatasetIndex& index);
 
 // train_batch0.jpg / val_batch0_labels.png / val_batch0_pred.png: up to 16 images of a batch in a square
 // grid with their boxes and class names. images (B, 3, H, W) uint8 RGB; labels (N, 6) image index, cls, cx,

@@ -192,7 +192,17 @@ TEST(PlotLabels, HistogramAndDensities) {
     expect_image(out_path(f), kLabelsPlotSize.width, kLabelsPlotSize.height);
   }
 
-  plot_labels(out_path("labels_empty.png"), torch::zeros({0, 5}), {});
+  data::DatasetIndex index;
+  index.records.resize(3);
+  index.records[0].boxes = {{1.f, 0.5f, 0.5f, 0.2f, 0.3f}, {0.f, 0.1f, 0.2f, 0.05f, 0.05f}};
+  index.records[2].boxes = {{2.f, 0.7f, 0.6f, 0.4f, 0.1f}};
+  const auto from_index = dataset_labels(index);
+  ASSERT_EQ(from_index.sizes(), (torch::IntArrayRef{3, 5}));
+  EXPECT_FLOAT_EQ(from_index[2][0].item<float>(), 2.f);
+  EXPECT_FLOAT_EQ(from_index[1][4].item<float>(), 0.05f);
+  EXPECT_EQ(dataset_labels(data::DatasetIndex{}).size(0), 0);
+
+  plot_labels(out_path("labels_empty.png"), dataset_labels(data::DatasetIndex{}), {});
   expect_image(out_path("labels_empty.png"), kLabelsPlotSize.width, kLabelsPlotSize.height);
   EXPECT_THROW(plot_labels(out_path("bad.png"), torch::zeros({3, 4}), {}), std::invalid_argument);
 }
