@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "quota/codec.h"
+#include "quota/status_page.h"
 
 namespace yolo8::quota {
 
@@ -229,6 +230,13 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     ApiResponse r;
     r.text = metrics_text();
     r.content_type = "text/plain; version=0.0.4";
+    return r;
+  }
+  if (get && (parts.empty() || (parts.size() == 1 && parts[0] == "status"))) {
+    // read-only and token-free like /metrics: names of teams, users and jobs, never tokens
+    ApiResponse r;
+    r.text = status_page_html();
+    r.content_type = "text/html; charset=utf-8";
     return r;
   }
   if (parts.empty() || parts[0] != "v1") return error(404, "no such endpoint: " + req.path);
@@ -559,6 +567,12 @@ ApiResponse QuotaService::audit(const Caller& c, const ApiRequest& req) {
   ApiResponse r;
   r.body = json{{"audit", arr}};
   return r;
+}
+
+std::string QuotaService::status_page_html() {
+  std::lock_guard<std::mutex> lk(mu_);
+  sync_tracker(engine_, tracker_);
+  return render_status_page(policy_, engine_, tracker_, clock_());
 }
 
 std::string QuotaService::metrics_text() {

@@ -62,6 +62,7 @@ class QuotaService {
   // Runs `fn` on the engine under the service lock (tests, metrics).
   void inspect(const std::function<void(const Engine&)>& fn);
   std::string metrics_text();
+  std::string status_page_html();
 
  private:
   struct Caller {
