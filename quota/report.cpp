@@ -426,13 +426,14 @@ std::string svg_bars(const std::string& title, const std::vector<Bar>& bars, con
     const int y = top + int(i) * row_h;
     os << "<text x=\"0\" y=\"" << y + 12 << "\" font-size=\"12\">" << html_escape(bars[i].label) << "</text>\n";
     for (size_t s = 0; s < bars[i].values.size(); ++s) {
+      const bool missing = bars[i].values[s] < 0;  // no data: an empty bar labelled n/a
       const double v = std::max(0.0, bars[i].values[s]);
       const double w = chart_w * v / max_v;
       const int by = y + int(s) * 14;
       os << "<rect x=\"" << label_w << "\" y=\"" << by << "\" width=\"" << fixed(w, 1) << "\" height=\"12\" fill=\""
-         << colors[s % colors.size()] << "\"><title>" << html_escape(series[s]) << ": " << fixed(v, digits) << unit
-         << "</title></rect>\n<text x=\"" << label_w + int(w) + 4 << "\" y=\"" << by + 10 << "\" font-size=\"11\">"
-         << fixed(v, digits) << unit << "</text>\n";
+         << colors[s % colors.size()] << "\"><title>" << html_escape(series[s]) << ": "
+         << (missing ? "n/a" : fixed(v, digits) + unit) << "</title></rect>\n<text x=\"" << label_w + int(w) + 4
+         << "\" y=\"" << by + 10 << "\" font-size=\"11\">" << (missing ? "n/a" : fixed(v, digits) + unit) << "</text>\n";
     }
   }
   int x = label_w;
@@ -512,7 +513,7 @@ std::string report_html(const MonthlyReport& r) {
   std::vector<Bar> hours, eff, waste;
   for (const auto& t : r.teams) {
     hours.push_back({t.team, {t.prev_gpu_hours, t.gpu_hours}});
-    eff.push_back({t.team, {std::max(0.0, 100 * t.prev_avg_util), std::max(0.0, 100 * t.avg_util)}});
+    eff.push_back({t.team, {t.prev_avg_util < 0 ? -1 : 100 * t.prev_avg_util, t.avg_util < 0 ? -1 : 100 * t.avg_util}});
   }
   for (const auto& w : r.waste) waste.push_back({w.user + " (" + w.team + ")", {w.wasted_gpu_hours}});
   const std::vector<std::string> months = {r.prev_month, r.month};

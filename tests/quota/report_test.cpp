@@ -174,6 +174,7 @@ TEST_F(QuotadReport, MarkdownAndHtml) {
   EXPECT_EQ(svgs, 3u);  // GPU-hours, utilisation, waste
   // team-cv's November bar is the longest of the GPU-hours chart: 420 px
   EXPECT_NE(html.find("width=\"420.0\" height=\"12\" fill=\"#3b7dd8\"><title>2026-11: 26.0</title>"), std::string::npos);
+  EXPECT_NE(html.find(">n/a</text>"), std::string::npos);  // team-interns reported no utilisation
   EXPECT_NE(html.find("<td>safety | recall fix for the demo</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>reviewed by admin: justified</td>"), std::string::npos);
 }
