@@ -104,6 +104,20 @@ TEST(QuotadMetrics, WasteListNeedsTheFullDuration) {
   EXPECT_EQ(m.count(R"(quotad_waste_gpu_hours{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 0u);
 }
 
+TEST(QuotadMetrics, QuotaInForceFollowsTheBurstWindow) {
+  testing::ScriptedHistory h;
+  h.run();
+  // team-cv's window closes at 11:00 UTC (12:00 +01:00): the quota falls back to the base
+  *h.clock = testing::kMonday + 11 * testing::kHour;
+  auto m = parse_samples(h.service->metrics_text());
+  EXPECT_EQ(m[R"(quotad_team_quota_gpus{team="team-cv"})"], 8);
+  EXPECT_EQ(m[R"(quotad_team_in_burst_window{team="team-cv"})"], 0);
+  // Saturday: the interns' weekend window is open
+  *h.clock = testing::kMonday - 2 * 24 * testing::kHour + testing::kHour;
+  m = parse_samples(h.service->metrics_text());
+  EXPECT_EQ(m[R"(quotad_team_quota_gpus{team="team-interns"})"], 3);
+}
+
 TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {
   testing::ScriptedHistory h;
   h.run();

@@ -2,6 +2,7 @@
 #include "quota/status_page.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -88,6 +89,23 @@ TEST(QuotadStatusPage, EmptyServiceAndEscaping) {
   EXPECT_EQ(s.handle(testing::vis_call("POST", "/", "")).status, 404);  // read-only
   EXPECT_EQ(format_duration_ms(42000), "42 s");
   EXPECT_EQ(format_duration_ms(3 * 3600000 + 5 * 60000), "3 h 05 min");
+}
+
+TEST(QuotadStatusPage, ServedOverHttpWithoutToken) {
+  testing::ScriptedHistory h;
+  h.run();
+  QuotaServer server(*h.service, ServerOptions{});
+  const int port = server.start();
+  httplib::Client c("127.0.0.1", port);
+  auto res = c.Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(res->body.find("<table id=\"waste\""), std::string::npos);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("quotad_waste_leases 1"), std::string::npos);
+  server.stop();
 }
 
 // --- headless browser ---------------------------------------------------------------------------------
