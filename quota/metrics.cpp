@@ -1,5 +1,7 @@
 #include "quota/metrics.h"
 
+#include <sqlite3.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -87,6 +89,34 @@ void sync_tracker(const Engine& engine, UtilTracker& tracker) {
     else if (is_terminal(l->state) && u.low_since_ms >= 0) tracker.close(id, l->ended_ms);
   }
   for (int64_t id : gone) tracker.forget(id);
+}
+
+void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTracker& tracker) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
+  }
+  sqlite3_busy_timeout(db, 10000);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms",
+                         -1, &st, nullptr) != SQLITE_OK) {
+    const std::string msg = sqlite3_errmsg(db);
+    sqlite3_close(db);
+    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
+  }
+  for (const auto& [id, l] : engine.leases()) {
+    if (!running(l)) continue;
+    tracker.forget(id);
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, id);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      tracker.observe(id, sqlite3_column_int64(st, 0), sqlite3_column_double(st, 1));
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
 }
 
 std::vector<WasteEntry> waste_list(const Policy& policy, const Engine& engine, const UtilTracker& tracker,

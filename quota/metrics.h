@@ -48,6 +48,10 @@ class UtilTracker {
 // Closes the runs of leases that ended and forgets leases the engine no longer holds.
 void sync_tracker(const Engine& engine, UtilTracker& tracker);
 
+// Refolds the stored heartbeat samples of the engine's running leases (quotad restarted), so the waste list
+// survives a restart. Throws std::runtime_error if the database cannot be read.
+void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTracker& tracker);
+
 struct WasteEntry {
   int64_t lease_id = 0;
   std::string team, user, job, model;

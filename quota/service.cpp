@@ -75,6 +75,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       Snapshot s = store_->load(now, options_.keep_ended_ms, 10000);
       engine_.restore(std::move(s.leases), std::move(s.approvals), std::move(s.audit), std::move(s.usage),
                       s.next_audit_seq, now);
+      replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
 }

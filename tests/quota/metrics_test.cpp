@@ -1,6 +1,9 @@
 #include "quota/metrics.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <map>
 #include <regex>
@@ -116,6 +119,27 @@ TEST(QuotadMetrics, QuotaInForceFollowsTheBurstWindow) {
   *h.clock = testing::kMonday - 2 * 24 * testing::kHour + testing::kHour;
   m = parse_samples(h.service->metrics_text());
   EXPECT_EQ(m[R"(quotad_team_quota_gpus{team="team-interns"})"], 3);
+}
+
+TEST(QuotadMetrics, WasteListSurvivesARestart) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string db = dir + "/waste_restart_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  int64_t now = 0;
+  {
+    testing::ScriptedHistory h(db);
+    h.run();
+    h.service->flush_heartbeats();
+    now = h.clock->load();
+  }
+  testing::ScriptedHistory again(db);
+  *again.clock = now;
+  auto m = parse_samples(again.service->metrics_text());
+  EXPECT_EQ(m["quotad_waste_leases"], 1);
+  EXPECT_EQ(m[R"(quotad_waste_low_utilization_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"], 5400);
+  EXPECT_NEAR(m[R"(quotad_lease_avg_gpu_utilization{lease="3",team="team-robotics",user="erin",job="grasp"})"],
+              (0.15 * 30 + 0.80 * 60) / 90, 1e-9);
 }
 
 TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {
