@@ -148,9 +148,9 @@ std::string md(const std::string& s) {
 }  // namespace
 
 void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms) {
-  const bool shape = month.size() == 7 && month[4] == '-' &&
-                     std::all_of(month.begin(), month.begin() + 4, ::isdigit) && ::isdigit(month[5]) &&
-                     ::isdigit(month[6]);
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const bool shape = month.size() == 7 && month[4] == '-' && std::all_of(month.begin(), month.begin() + 4, digit) &&
+                     digit(month[5]) && digit(month[6]);
   const int y = shape ? std::stoi(month.substr(0, 4)) : 0;
   const int m = shape ? std::stoi(month.substr(5, 2)) : 0;
   if (!shape || m < 1 || m > 12) throw std::invalid_argument("--month: expected YYYY-MM, got '" + month + "'");

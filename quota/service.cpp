@@ -132,6 +132,7 @@ void QuotaService::tick() {
   const int64_t now = clock_();
   engine_.tick(now);
   engine_.prune(now, options_.keep_ended_ms);
+  sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
   persist_locked();
 }
 
@@ -423,8 +424,8 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
     const int64_t now = clock_();
     const HeartbeatResult h = engine_.heartbeat(id, t, now);
     ++heartbeats_total_;
-    if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) tracker_.observe(id, now, t.gpu_util);
     if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
+      tracker_.observe(id, now, t.gpu_util);
       pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
     }
     return fill(h, now);
