@@ -65,7 +65,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .card b{display:block;font-size:22px}
 table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e7;font-size:13px}
 th,td{padding:6px 10px;border-bottom:1px solid #eceef2;text-align:left}
-td:first-child,td.n{white-space:nowrap}
+td{white-space:nowrap}td:last-child{white-space:normal}
 th{background:#eef1f5;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .bar{position:relative;height:16px;background:#e6e9ee;border-radius:3px;min-width:260px}
@@ -158,11 +158,12 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
     os << "<table id=\"queue\"><tr><th>#</th><th>lease</th><th>team</th><th>user</th><th>job</th><th>GPUs</th>"
        << "<th>priority</th><th>waiting for</th><th>why</th></tr>\n";
     for (const Lease* l : queued) {
-      os << "<tr><td class=\"n\">" << engine.queue_position(l->id) << "</td><td class=\"n\">" << l->id
+      const AcquireResult q = engine.status_of(l->id, now_ms);
+      os << "<tr><td class=\"n\">" << q.position << "</td><td class=\"n\">" << l->id
          << "</td><td>" << html_escape(l->req.team) << "</td><td>" << html_escape(l->req.user) << "</td><td>"
          << html_escape(l->req.job) << "</td><td class=\"n\">" << l->gpus << "</td><td>"
          << to_string(l->req.priority) << "</td><td class=\"n\">" << format_duration_ms(now_ms - l->created_ms)
-         << "</td><td>" << html_escape(l->reason) << "</td></tr>\n";
+         << "</td><td>" << html_escape(q.reason) << "</td></tr>\n";
     }
     os << "</table>\n";
   }

@@ -66,6 +66,7 @@ TEST(QuotadStatusPage, ShowsTeamsLeasesQueueAndWaste) {
   EXPECT_EQ(count(queue, "<tr><td"), 1u);
   EXPECT_NE(queue.find("<td>ivan</td>"), std::string::npos);
   EXPECT_NE(queue.find("1 h 30 min"), std::string::npos);
+  EXPECT_NE(queue.find("uses 0.0 of the 2.0 GPUs allowed now"), std::string::npos) << queue;  // the reason
 
   const std::string waste = section(html, "waste");
   EXPECT_EQ(count(waste, "<tr><td"), 1u);
