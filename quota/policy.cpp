@@ -185,6 +185,8 @@ void Policy::validate() const {
   if (preempt_grace_s < 0) fail("preemption.grace_s", "must be >= 0");
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
   if (loan_gpu_hours < 0) fail("credits.loan_gpu_hours", "must be >= 0");
+  if (!(waste_gpu_util_below >= 0 && waste_gpu_util_below <= 1)) fail("waste.gpu_util_below", "must be within [0, 1]");
+  if (waste_after_s < 0) fail("waste.after_s", "must be >= 0");
   double base_sum = 0;
   for (const auto& [name, t] : teams) {
     const std::string k = "teams." + name;
@@ -345,7 +347,7 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   Policy p;
   p.source = source;
   c.keys(root, "", {"inventory", "teams", "users", "emergency_pool", "defaults", "tiers", "leases", "preemption",
-                    "sharing", "credits", "memory_table", "limits"});
+                    "sharing", "credits", "memory_table", "limits", "waste"});
   // inventory
   const YAML::Node inv = root["inventory"];
   if (!inv.IsDefined()) c.fail(root, "inventory", "is required");
@@ -484,6 +486,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     c.keys(l, "credits", {"monthly_gpu_hours", "loan_gpu_hours"});
     p.monthly_gpu_hours = c.get<double>(l["monthly_gpu_hours"], "credits.monthly_gpu_hours", p.monthly_gpu_hours);
     p.loan_gpu_hours = c.get<double>(l["loan_gpu_hours"], "credits.loan_gpu_hours", 0);
+  }
+  if (const YAML::Node l = root["waste"]; l.IsDefined()) {
+    c.keys(l, "waste", {"gpu_util_below", "after_s"});
+    p.waste_gpu_util_below = c.get<double>(l["gpu_util_below"], "waste.gpu_util_below", p.waste_gpu_util_below);
+    p.waste_after_s = c.get<int>(l["after_s"], "waste.after_s", p.waste_after_s);
   }
   if (const YAML::Node l = root["limits"]; l.IsDefined()) {
     c.keys(l, "limits", {"max_imgsz", "max_batch"});

@@ -102,6 +102,10 @@ struct Policy {
   // request bounds
   int max_imgsz = 4096;
   int max_batch = 4096;
+  // waste: a running lease reporting GPU utilisation below `waste_gpu_util_below` for at least
+  // `waste_after_s` seconds is listed as waste (metrics, status page, report)
+  double waste_gpu_util_below = 0.20;
+  int waste_after_s = 3600;
   MemoryTable memory_table;
 
   int total_gpus() const { return int(gpus.size()); }

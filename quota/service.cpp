@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "quota/codec.h"
+#include "quota/status_page.h"
 
 namespace yolo8::quota {
 
@@ -62,7 +63,10 @@ json parse_body(const std::string& body) {
 }  // namespace
 
 QuotaService::QuotaService(Policy policy, ServiceOptions options)
-    : policy_(policy), options_(std::move(options)), engine_(std::move(policy)) {
+    : policy_(policy),
+      options_(std::move(options)),
+      engine_(std::move(policy)),
+      tracker_(policy_.waste_gpu_util_below, int64_t(policy_.waste_after_s) * 1000) {
   clock_ = options_.clock ? options_.clock : system_now_ms;
   if (!options_.db_path.empty()) {
     store_ = std::make_unique<Store>(options_.db_path, options_.full_sync);
@@ -71,6 +75,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       Snapshot s = store_->load(now, options_.keep_ended_ms, 10000);
       engine_.restore(std::move(s.leases), std::move(s.approvals), std::move(s.audit), std::move(s.usage),
                       s.next_audit_seq, now);
+      replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
 }
@@ -127,6 +132,7 @@ void QuotaService::tick() {
   const int64_t now = clock_();
   engine_.tick(now);
   engine_.prune(now, options_.keep_ended_ms);
+  sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
   persist_locked();
 }
 
@@ -226,6 +232,13 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     ApiResponse r;
     r.text = metrics_text();
     r.content_type = "text/plain; version=0.0.4";
+    return r;
+  }
+  if (get && (parts.empty() || (parts.size() == 1 && parts[0] == "status"))) {
+    // read-only and token-free like /metrics: names of teams, users and jobs, never tokens
+    ApiResponse r;
+    r.text = status_page_html();
+    r.content_type = "text/html; charset=utf-8";
     return r;
   }
   if (parts.empty() || parts[0] != "v1") return error(404, "no such endpoint: " + req.path);
@@ -395,6 +408,7 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
       const int64_t now = clock_();
       const HeartbeatResult h = engine_.heartbeat(id, t, now);
       ++heartbeats_total_;
+      if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) tracker_.observe(id, now, t.gpu_util);
       if (store_ && (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking)) {
         pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
       }
@@ -411,6 +425,7 @@ ApiResponse QuotaService::heartbeat(const Caller& c, int64_t id, const std::stri
     const HeartbeatResult h = engine_.heartbeat(id, t, now);
     ++heartbeats_total_;
     if (h.state == LeaseState::kGranted || h.state == LeaseState::kRevoking) {
+      tracker_.observe(id, now, t.gpu_util);
       pending_heartbeats_.push_back(HeartbeatSample{id, now, l->telemetry});
     }
     return fill(h, now);
@@ -556,64 +571,23 @@ ApiResponse QuotaService::audit(const Caller& c, const ApiRequest& req) {
   return r;
 }
 
+std::string QuotaService::status_page_html() {
+  std::lock_guard<std::mutex> lk(mu_);
+  sync_tracker(engine_, tracker_);
+  return render_status_page(policy_, engine_, tracker_, clock_());
+}
+
 std::string QuotaService::metrics_text() {
-  std::ostringstream os;
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = clock_();
-  os << "# HELP quota_gpus_total GPUs in the inventory.\n# TYPE quota_gpus_total gauge\n";
-  os << "quota_gpus_total " << policy_.total_gpus() << "\n";
-  os << "# HELP quota_emergency_pool_gpus GPUs reserved for critical leases.\n# TYPE quota_emergency_pool_gpus gauge\n";
-  os << "quota_emergency_pool_gpus " << policy_.emergency_pool_gpus() << "\n";
-  const auto teams = engine_.teams(now);
-  auto team_gauge = [&](const char* name, const char* help, auto value) {
-    os << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
-    for (const auto& t : teams) os << name << "{team=\"" << t.name << "\"} " << value(t) << "\n";
-  };
-  team_gauge("quota_team_gpus_in_use", "GPUs (or memory shares) a team holds.", [](const TeamStatus& t) { return t.in_use; });
-  team_gauge("quota_team_base_gpus", "Guaranteed GPUs of a team.", [](const TeamStatus& t) { return t.base; });
-  team_gauge("quota_team_burst_gpus", "Burst limit of a team.", [](const TeamStatus& t) { return t.burst; });
-  team_gauge("quota_team_limit_gpus", "Limit in force now.", [](const TeamStatus& t) { return t.limit_now; });
-  team_gauge("quota_team_queued", "Queued requests of a team.", [](const TeamStatus& t) { return t.queued; });
-  std::map<std::string, int> by_state;
-  for (auto s : {LeaseState::kPendingApproval, LeaseState::kQueued, LeaseState::kGranted, LeaseState::kRevoking,
-                 LeaseState::kReleased, LeaseState::kExpired, LeaseState::kRejected}) {
-    by_state[to_string(s)] = 0;
-  }
-  for (const auto& [id, l] : engine_.leases()) ++by_state[to_string(l.state)];
-  os << "# HELP quota_leases Leases in memory by state.\n# TYPE quota_leases gauge\n";
-  for (const auto& [s, count] : by_state) os << "quota_leases{state=\"" << s << "\"} " << count << "\n";
-  const std::string month = month_key(now);
-  os << "# HELP quota_member_gpu_hours GPU-hours charged to a member this month (UTC), running leases included.\n"
-     << "# TYPE quota_member_gpu_hours gauge\n";
-  std::set<std::string> members;
-  for (const auto& [key, hours] : engine_.usage()) {
-    if (key.second == month) members.insert(key.first);
-  }
-  for (const auto& [id, l] : engine_.leases()) {
-    if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) members.insert(l.req.user);
-  }
-  for (const auto& m : members) {
-    os << "quota_member_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
-       << engine_.used_gpu_hours(m, month, now) << "\n";
-  }
-  os << "# HELP quota_member_credit_gpu_hours GPU-hours a member may use this month (loan included).\n"
-     << "# TYPE quota_member_credit_gpu_hours gauge\n";
-  for (const auto& m : members) {
-    os << "quota_member_credit_gpu_hours{user=\"" << m << "\",month=\"" << month << "\"} "
-       << engine_.credit_allowance(m, month, now) << "\n";
-  }
-  os << "# HELP quota_heartbeats_total Heartbeats answered.\n# TYPE quota_heartbeats_total counter\n";
-  os << "quota_heartbeats_total " << heartbeats_total_.load() << "\n";
-  os << "# HELP quota_preemptions_total Leases revoked for a waiting request.\n# TYPE quota_preemptions_total counter\n";
-  os << "quota_preemptions_total " << preemptions_total_.load() << "\n";
-  os << "# HELP quota_emergency_grants_total Critical leases granted.\n# TYPE quota_emergency_grants_total counter\n";
-  os << "quota_emergency_grants_total " << emergency_total_.load() << "\n";
-  os << "# HELP quota_responses_total API responses by status.\n# TYPE quota_responses_total counter\n";
+  sync_tracker(engine_, tracker_);
+  metrics_state_.heartbeats = heartbeats_total_.load();
+  metrics_state_.preemptions = preemptions_total_.load();
+  metrics_state_.emergency_grants = emergency_total_.load();
   for (size_t code = 0; code < responses_by_status_.size(); ++code) {
-    const uint64_t count = responses_by_status_[code].load();
-    if (count > 0) os << "quota_responses_total{code=\"" << code << "\"} " << count << "\n";
+    if (const uint64_t count = responses_by_status_[code].load(); count > 0) metrics_state_.responses[int(code)] = count;
   }
-  return os.str();
+  return render_metrics(policy_, engine_, tracker_, metrics_state_, now);
 }
 
 }  // namespace yolo8::quota

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "quota/engine.h"
+#include "quota/metrics.h"
 #include "quota/store.h"
 
 namespace yolo8::quota {
@@ -61,6 +62,7 @@ class QuotaService {
   // Runs `fn` on the engine under the service lock (tests, metrics).
   void inspect(const std::function<void(const Engine&)>& fn);
   std::string metrics_text();
+  std::string status_page_html();
 
  private:
   struct Caller {
@@ -98,6 +100,8 @@ class QuotaService {
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
+  UtilTracker tracker_;          // guarded by mu_
+  MetricsState metrics_state_;   // guarded by mu_
 };
 
 }  // namespace yolo8::quota

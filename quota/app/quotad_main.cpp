@@ -5,11 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "quota/http_server.h"
 #include "quota/policy.h"
+#include "quota/report.h"
 #include "quota/service.h"
 #include "quota/sha256.h"
 
@@ -138,6 +141,16 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
 
+  std::string report_month, report_format = "md", report_db = "quotad.db", report_policy, report_out;
+  int report_top = 10;
+  auto* report_cmd = app.add_subcommand("report", "monthly usage journal per team, read from the database");
+  report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)")->required();
+  report_cmd->add_option("--format", report_format, "md or html")->check(CLI::IsMember({"md", "html"}))->capture_default_str();
+  report_cmd->add_option("--db", report_db, "quotad's SQLite database")->capture_default_str();
+  report_cmd->add_option("--policy", report_policy, "policy YAML: teams, credit allowances, waste thresholds");
+  report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
+  report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
@@ -145,6 +158,20 @@ int main(int argc, char** argv) {
       const Policy p = load_policy(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
                   p.total_gpus(), p.emergency_pool_gpus(), p.teams.size(), p.users.size());
+      return 0;
+    }
+    if (*report_cmd) {
+      std::unique_ptr<Policy> policy;
+      if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
+      const MonthlyReport r = build_report(report_db, report_month, policy.get(), report_top);
+      const std::string text = report_format == "html" ? report_html(r) : report_markdown(r);
+      if (report_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::ofstream out(report_out, std::ios::binary);
+        out << text;
+        if (!out) throw std::runtime_error(report_out + ": cannot write");
+      }
       return 0;
     }
     if (*hash_cmd) {

@@ -214,11 +214,11 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
   s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));
   const std::string m = s.handle(call("GET", "/metrics", "")).text;
-  EXPECT_NE(m.find("quota_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("quota_leases{state=\"granted\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("quota_gpus_total 20"), std::string::npos);
-  EXPECT_NE(m.find("quota_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
-  EXPECT_NE(m.find("quota_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_leases{state=\"granted\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_gpus_total 20"), std::string::npos);
+  EXPECT_NE(m.find("quotad_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
 }
 
 }  // namespace
