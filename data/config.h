@@ -39,6 +39,8 @@ struct LoaderConfig {
   int stride = 32;            // model's largest stride, for rectangular batch shapes
   int prefetch = 4;           // batches buffered ahead of the consumer
   bool shuffle = true;        // only for training loaders
+  int rank = 0;               // data-parallel training: this process's share of every epoch
+  int world_size = 1;
 };
 
 // Throws std::invalid_argument naming the first bad key.

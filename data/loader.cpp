@@ -154,7 +154,13 @@ DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig c
 DataLoader::~DataLoader() { stop_workers(); }
 
 int64_t DataLoader::num_batches() const {
-  return (static_cast<int64_t>(records_.size()) + cfg_.batch - 1) / cfg_.batch;
+  return (shard_size() + cfg_.batch - 1) / cfg_.batch;
+}
+
+int64_t DataLoader::shard_size() const {
+  const int64_t total = static_cast<int64_t>(records_.size());
+  const bool sharded = train_ && cfg_.world_size > 1;
+  return sharded ? (total + cfg_.world_size - 1) / cfg_.world_size : total;
 }
 
 bool DataLoader::update_close_mosaic(int64_t epoch, int64_t epochs) {
@@ -169,6 +175,15 @@ std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
   if (train_ && cfg_.shuffle) {
     Rng rng(Rng::mix(cfg_.seed, static_cast<uint64_t>(epoch), ~uint64_t{0}));
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.randint(i))]);
+  }
+  if (train_ && cfg_.world_size > 1 && !order.empty()) {
+    // Every rank gets the same count: the order is padded from its start, then dealt out round-robin.
+    std::vector<size_t> shard;
+    const size_t padded = static_cast<size_t>(shard_size()) * static_cast<size_t>(cfg_.world_size);
+    for (size_t i = static_cast<size_t>(cfg_.rank); i < padded; i += static_cast<size_t>(cfg_.world_size)) {
+      shard.push_back(order[i % order.size()]);
+    }
+    return shard;
   }
   return order;
 }

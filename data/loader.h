@@ -42,6 +42,7 @@ class DataLoader {
 
   int64_t size() const { return static_cast<int64_t>(records_.size()); }
   int64_t num_batches() const;
+  int64_t shard_size() const;  // images this process sees per epoch (all of them unless data-parallel)
   int workers() const { return workers_; }
   CacheMode cache() const { return cfg_.cache; }  // kNone when cache=ram did not fit in memory
   const std::string& cache_note() const { return cache_note_; }  // why a requested cache was dropped, else ""

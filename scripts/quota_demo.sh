@@ -88,4 +88,4 @@ echo "${out##* } $(field reason <<< "$out")"
 say "audit log"
 admin audit
 say "metrics (excerpt)"
-curl -s "$url/metrics" | grep -E '^quota_(team_gpus_in_use|preemptions_total|emergency_grants_total)'
+curl -s "$url/metrics" | grep -E '^quotad_(team_gpus_in_use|preemptions_total|emergency_grants_total)'

@@ -72,6 +72,7 @@ std::string normalise_key(std::string key) {
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine command;
+  command.args = args;
   if (args.empty()) {
     command.mode = "help";
     return command;

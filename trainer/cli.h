@@ -12,6 +12,7 @@ struct CommandLine {
   std::string action;  // the word after `data` (check, synth)
   std::vector<std::pair<std::string, std::string>> pairs;  // key=value and --key value, in order
   bool help = false;   // MODE --help
+  std::vector<std::string> args;  // the words as given (a multi-GPU launch re-runs them once per GPU)
 };
 
 // Splits argv; throws SettingsError for words that are neither a mode nor key=value.

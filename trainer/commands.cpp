@@ -1,6 +1,7 @@
 #include "trainer/commands.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -8,6 +9,7 @@
 
 #include "models/model_info.h"
 #include "models/weights.h"
+#include "trainer/distributed.h"
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
 #include "trainer/profiler.h"
@@ -130,6 +132,11 @@ int run_mode(const CommandLine& command) {
     std::cout << "Exported " << tensors << " tensors (" << settings.format << ", Ultralytics names) to " << settings.out
               << "\n";
     return kExitCompleted;
+  }
+  if (settings.mode == "train" && settings.device_ids().size() > 1 && std::getenv("RANK") == nullptr) {
+    // device=0,1: one process per GPU, this one only launches and waits (signals are forwarded).
+    std::cout << "Starting " << settings.device_ids().size() << " training processes (DDP)\n";
+    return launch_local_workers(settings.device_ids(), command.args);
   }
 #ifdef YOLO8_HAVE_DATA
   if (settings.mode == "train") return run_train(settings);

@@ -4,6 +4,9 @@
 #include "trainer/engine.h"
 
 #include <nlohmann/json.hpp>
+#ifdef YOLO8_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <yaml-cpp/yaml.h>
@@ -22,9 +25,11 @@
 #include "data/loader.h"
 #include "data/synth.h"
 #include "trainer/checkpoint.h"
+#include "trainer/distributed.h"
 #include "trainer/exit_codes.h"
 #include "trainer/lease.h"
 #include "trainer/memory_meter.h"
+#include "trainer/plots.h"
 #include "trainer/profiler.h"
 #include "trainer/progress.h"
 #include "trainer/run_dir.h"
@@ -71,6 +76,14 @@ void configure_threads(const Settings& settings) {
 torch::Device pick_device(const Settings& settings) {
   const std::vector<int> ids = settings.device_ids();
 #ifdef YOLO8_WITH_CUDA
+  if (ids.size() > 1) {
+    // One process per GPU (launched by yolo8 itself, torchrun or an indexed Job): LOCAL_RANK picks the GPU.
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    const size_t index = local_rank ? static_cast<size_t>(std::atoi(local_rank)) : 0;
+    if (index >= ids.size()) throw SettingsError("LOCAL_RANK " + std::to_string(index) + " has no GPU in device=" + settings.device);
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(ids[index]));  // NCCL needs the current device set
+    return torch::Device(torch::kCUDA, ids[index]);
+  }
   if (!ids.empty()) return torch::Device(torch::kCUDA, ids.front());
   if (settings.device.empty() && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
 #else
@@ -141,9 +154,22 @@ std::vector<ImageGeometry> batch_geometry(const data::Batch& batch) {
 }
 
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given.
+// Plots must never stop a run: a failure is a warning.
+template <typename Function>
+void try_plot(const std::string& what, Function&& function) {
+  try {
+    function();
+  } catch (const std::exception& error) {
+    std::cerr << "warning: could not plot " << what << ": " << error.what() << "\n";
+  }
+}
+
+// Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
+// empty) receives the first batch's labels and predictions as mosaics.
 void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
                     const DetectionLoss* loss, const torch::Device& device, bool channels_last,
-                    const std::string& prefix) {
+                    const std::string& prefix, const fs::path& plot_dir = {},
+                    const std::vector<std::string>& names = {}) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
@@ -154,8 +180,17 @@ void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionVa
     torch::Tensor images = batch->images.to(device).to(torch::kFloat).div_(255.0);
     if (channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);
     const DetectOutput output = model->forward(images);
-    validator.add_batch(output.pred, batch->labels, images.size(2), images.size(3), batch_geometry(*batch),
-                        batch->paths);
+    const std::vector<torch::Tensor> detections = validator.add_batch(
+        output.pred, batch->labels, images.size(2), images.size(3), batch_geometry(*batch), batch->paths);
+    if (!plot_dir.empty() && batch->index == 0) {
+      try_plot("validation mosaics", [&] {
+        plot_batch_mosaic((plot_dir / "val_batch0_labels.jpg").string(), batch->images, batch->labels, names,
+                          batch->paths);
+        plot_batch_mosaic((plot_dir / "val_batch0_pred.jpg").string(), batch->images,
+                          detections_to_mosaic_rows(detections, batch->ratio_pad, images.size(2), images.size(3)),
+                          names, batch->paths);
+      });
+    }
     if (loss != nullptr) validator.add_loss(*loss, output.feats, batch->labels);
     bar.update(++done, "");
     if (stop_is_urgent()) break;  // a second signal: the checkpoint matters, the numbers do not
@@ -302,6 +337,10 @@ int run_train(const Settings& requested) {
   if (settings.data.empty()) throw SettingsError("setting 'data' is required for train, e.g. data=coco128.yaml");
   torch::manual_seed(static_cast<uint64_t>(settings.seed));
   const torch::Device device = pick_device(settings);
+  // Data parallel when RANK/WORLD_SIZE say so; rank 0 validates, saves, plots and holds the lease.
+  DistributedContext dist = DistributedContext::from_env(device);
+  const bool is_main = dist.is_main();
+  if (!is_main) std::cout.setstate(std::ios::failbit);
   double lease_gib = 0.0;  // memory per GPU granted by the quota service (0: none)
 
   // Data.
@@ -350,7 +389,9 @@ int run_train(const Settings& requested) {
                                                : run_dir.filename().string();
   std::unique_ptr<TrainingLease> lease;
   try {
-    lease = std::make_unique<TrainingLease>(settings, job_name, device.is_cuda(),
+    Settings lease_settings = settings;
+    if (!is_main) lease_settings.quota = "off";
+    lease = std::make_unique<TrainingLease>(lease_settings, job_name, device.is_cuda(),
                                             std::max<int>(1, static_cast<int>(settings.device_ids().size())));
   } catch (const StoppedWhileWaiting& stopped) {
     std::cout << stopped.what() << "\n";
@@ -376,14 +417,34 @@ int run_train(const Settings& requested) {
     std::cout << format_auto_batch_summary(chosen) << "\n";
     batch = chosen.batch;
   }
-  if (run_dir.empty()) run_dir = make_run_dir(settings.project, "train", settings.name, settings.exist_ok);
-  write_text(run_dir / "args.yaml", settings_to_yaml(settings));
+  // `batch` is global; under data parallelism each process loads its share.
+  int local_batch = batch;
+  if (dist.enabled()) {
+    const int world = dist.world_size();
+    if (settings.batch >= 1) {
+      if (batch % world != 0) {
+        throw SettingsError("setting 'batch' (" + std::to_string(batch) + ", global) must be a multiple of the " +
+                            std::to_string(world) + " processes");
+      }
+      local_batch = batch / world;
+    } else {
+      local_batch = static_cast<int>(-dist.all_reduce_max(-static_cast<int64_t>(batch)));  // the smallest fit
+      batch = local_batch * world;
+    }
+  }
+  if (run_dir.empty()) {
+    run_dir = is_main ? make_run_dir(settings.project, "train", settings.name, settings.exist_ok)
+                      : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist.rank()));
+  }
+  if (is_main) write_text(run_dir / "args.yaml", settings_to_yaml(settings));
   std::cout << "Settings:\n" << settings_table(settings) << "Run folder: " << run_dir.string() << "\n";
 
-  data::DataLoader train_loader(train_index, loader_config(settings, batch, stride, true), augment_config(settings),
-                                true);
-  data::DataLoader val_loader(val_index, loader_config(settings, batch * 2, stride, false), augment_config(settings),
-                              false);
+  data::LoaderConfig train_config = loader_config(settings, local_batch, stride, true);
+  train_config.rank = dist.rank();
+  train_config.world_size = dist.world_size();
+  data::DataLoader train_loader(train_index, train_config, augment_config(settings), true);
+  data::DataLoader val_loader(val_index, loader_config(settings, local_batch * 2, stride, false),
+                              augment_config(settings), false);
   const int64_t batches_per_epoch = train_loader.num_batches();
 
   TrainCoreConfig core_config;
@@ -405,6 +466,13 @@ int run_train(const Settings& requested) {
   core_config.channels_last = settings.channels_last;
   core_config.freeze_layers = freeze_layer_indices(settings.freeze);
   core_config.device = device;
+  if (dist.enabled()) {
+    dist.broadcast_parameters(*model);
+    // The loss is a sum over the local batch, so summed gradients equal one process on the global batch.
+    core_config.before_optimizer_step = [&dist](const std::vector<torch::Tensor>& parameters) {
+      dist.average_gradients(parameters, GradReduction::kSum);
+    };
+  }
   TrainingCore core(model, ema_model, core_config);
 
   CheckpointMeta meta{settings_to_yaml(settings), yaml_text(model->config().yaml), names, run_dir.string()};
@@ -443,11 +511,18 @@ int run_train(const Settings& requested) {
       return kExitCompleted;
     }
   }
-  ResultsCsv results(run_dir / "results.csv");
-  results.keep_epochs_up_to(static_cast<int>(start_epoch));
+  if (settings.plots && is_main && resume_path.empty()) {
+    try_plot("labels", [&] { plot_labels((run_dir / "labels.jpg").string(), dataset_labels(*train_index), names); });
+  }
+  std::unique_ptr<ResultsCsv> results;
+  if (is_main) {
+    results = std::make_unique<ResultsCsv>(run_dir / "results.csv");
+    results->keep_epochs_up_to(static_cast<int>(start_epoch));
+  }
 
   auto save = [&](const fs::path& path, int64_t epoch, int64_t iteration_in_epoch, int64_t global_iteration,
                   bool with_optimizer, bool with_grads) {
+    if (!is_main) return;
     CheckpointState state;
     state.epoch = epoch;
     state.iteration_in_epoch = iteration_in_epoch;
@@ -480,6 +555,7 @@ int run_train(const Settings& requested) {
   const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
   const int64_t stop_at_iteration = stop_env ? std::atoll(stop_env) : -1;
   int64_t chunks = 1;  // passes per batch; grows only when a step runs out of memory
+  StopReason pending_stop = StopReason::kNone;
   int epochs_without_improvement = 0;
   const double time_limit_s = settings.time * 3600.0;
   double images_seen = 0;
@@ -505,6 +581,12 @@ int run_train(const Settings& requested) {
     auto wait_start = Clock::now();
     while (auto batch_data = train_loader.next()) {
       wait_s += seconds_since(wait_start);
+      if (settings.plots && is_main && epoch == 0 && batch_data->index < 3) {
+        try_plot("training batch", [&] {
+          plot_batch_mosaic((run_dir / ("train_batch" + std::to_string(batch_data->index) + ".jpg")).string(),
+                            batch_data->images, batch_data->labels, names, batch_data->paths);
+        });
+      }
       const auto step_start = Clock::now();
       const int64_t i = batch_data->index;
       const int64_t ni = i + batches_per_epoch * epoch;
@@ -558,20 +640,23 @@ int run_train(const Settings& requested) {
       lease->telemetry().step.store(ni + 1);
       lease->telemetry().epoch.store(static_cast<int>(epoch));
       lease->check();
+      // Every rank agrees on the stop at the same step (a no-op for one process).
+      pending_stop = agree_on_stop(dist);
       // A stop inside the epoch checkpoints here; on its last batch the epoch-end path below saves instead.
-      if (stop_requested() && i + 1 < batches_per_epoch) {
+      if (pending_stop != StopReason::kNone && i + 1 < batches_per_epoch) {
         bar.finish(fields);
         const auto stop_start = Clock::now();
         save(last_pt, epoch, i + 1, ni + 1, true, true);
-        std::cout << "Stopped (" << to_string(stop_reason()) << ") in epoch " << epoch + 1 << " after batch " << i + 1
+        dist.barrier();
+        std::cout << "Stopped (" << to_string(pending_stop) << ") in epoch " << epoch + 1 << " after batch " << i + 1
                   << "; checkpoint " << last_pt.string() << " written in " << std::fixed << std::setprecision(2)
                   << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
                   << " s after the stop request. Resume with resume=" << last_pt.string() << "\n";
-        const bool timed_out = stop_reason() == StopReason::kTimeLimit;
+        const bool timed_out = pending_stop == StopReason::kTimeLimit;
         lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
         return timed_out ? kExitCompleted : kExitPreempted;
       }
-      if (stop_requested()) break;
+      if (pending_stop != StopReason::kNone) break;
       wait_start = Clock::now();
     }
     bar.finish("");
@@ -587,7 +672,7 @@ int run_train(const Settings& requested) {
     DetectionResults metrics;
     std::vector<double> val_loss = {0, 0, 0};
     // A pending stop skips validation: the grace period is for the checkpoint.
-    if ((settings.val || final_epoch) && !stop_requested()) {
+    if ((settings.val || final_epoch) && pending_stop == StopReason::kNone && is_main) {
       ValConfig val_config;
       val_config.single_cls = settings.single_cls;
       DetectionValidator validator(nc, names, val_config);
@@ -608,10 +693,15 @@ int run_train(const Settings& requested) {
       ++epochs_without_improvement;
     }
     const double elapsed = seconds_since(run_start);
-    results.append({static_cast<double>(epoch + 1), mean_loss[0].item<double>(), mean_loss[1].item<double>(),
+    if (is_main) results->append({static_cast<double>(epoch + 1), mean_loss[0].item<double>(), mean_loss[1].item<double>(),
                     mean_loss[2].item<double>(), metrics.precision, metrics.recall, metrics.map50, metrics.map50_95,
                     val_loss[0], val_loss[1], val_loss[2], lrs.at(0), lrs.at(1), lrs.at(2), elapsed, 0.0,
                     device.is_cuda() ? elapsed / 3600.0 : 0.0, train_seconds > 0 ? images_seen / train_seconds : 0.0});
+    if (settings.plots && is_main) {
+      try_plot("results", [&] {
+        plot_results_csv((run_dir / "results.csv").string(), (run_dir / "results.png").string());
+      });
+    }
     if (settings.save) {
       save(last_pt, epoch + 1, 0, (epoch + 1) * batches_per_epoch, true, false);
       if (improved) save(best_pt, epoch + 1, 0, (epoch + 1) * batches_per_epoch, false, false);
@@ -620,24 +710,27 @@ int run_train(const Settings& requested) {
              (epoch + 1) * batches_per_epoch, false, false);
       }
     }
-    if (stop_requested()) {
-      std::cout << "Stopped (" << to_string(stop_reason()) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
+    if (pending_stop == StopReason::kNone) pending_stop = agree_on_stop(dist);
+    if (pending_stop != StopReason::kNone) {
+      dist.barrier();
+      std::cout << "Stopped (" << to_string(pending_stop) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
                 << last_pt.string() << " written " << std::fixed << std::setprecision(2)
                 << seconds_since_stop_request() << " s after the stop request\n";
-      const bool timed_out = stop_reason() == StopReason::kTimeLimit;
+      const bool timed_out = pending_stop == StopReason::kTimeLimit;
       lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
       return timed_out ? kExitCompleted : kExitPreempted;
     }
-    if (settings.patience > 0 && epochs_without_improvement >= settings.patience) {
-      std::cout << "Stopping early: no improvement in the last " << settings.patience << " epochs\n";
-      break;
-    }
-    if (time_limit_s > 0 && elapsed > time_limit_s) {
-      std::cout << "Time limit of " << settings.time << " h reached\n";
+    const bool patience_hit = is_main && settings.patience > 0 && epochs_without_improvement >= settings.patience;
+    const bool time_hit = time_limit_s > 0 && elapsed > time_limit_s;
+    if (dist.all_reduce_flag(patience_hit || time_hit)) {
+      std::cout << (patience_hit ? "Stopping early: no improvement in the last " + std::to_string(settings.patience) +
+                                       " epochs\n"
+                                 : "Time limit of " + std::to_string(settings.time) + " h reached\n");
       break;
     }
   }
 
+  if (!is_main) return kExitCompleted;
   // Final validation of best.pt with the per-class table.
   if (settings.save && fs::exists(best_pt)) {
     std::cout << "\nValidating " << best_pt.string() << "\n";
@@ -648,9 +741,15 @@ int run_train(const Settings& requested) {
     val_config.single_cls = settings.single_cls;
     val_config.save_json = settings.save_json;
     DetectionValidator validator(nc, names, val_config);
-    run_validation(best.model, val_loader, validator, nullptr, device, settings.channels_last, "      val");
+    run_validation(best.model, val_loader, validator, nullptr, device, settings.channels_last, "      val",
+                   settings.plots ? run_dir : fs::path(), names);
     std::cout << validator.table();
     if (settings.save_json) validator.write_json((run_dir / "predictions.json").string());
+    if (settings.plots) {
+      try_plot("validation curves", [&] {
+        plot_validation(run_dir.string(), validator.results().per_class, validator.confusion().matrix(), names);
+      });
+    }
   }
   lease->release(quota::Outcome::kCompleted);
   const double total_s = seconds_since(run_start);

@@ -102,6 +102,7 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
 }
 
 void TrainingCore::optimizer_step() {
+  if (config_.before_optimizer_step) config_.before_optimizer_step(trainable_);
   torch::nn::utils::clip_grad_norm_(trainable_, config_.clip_norm);
   built_.optimizer->step();
   built_.optimizer->zero_grad();

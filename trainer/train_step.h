@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct TrainCoreConfig {
   bool channels_last = true;
   std::vector<int64_t> freeze_layers;  // indices of model.N whose parameters stay fixed
   torch::Device device = torch::kCPU;
+  // Called with the trainable parameters once per accumulation window, before clipping: data-parallel runs
+  // combine their gradients here.
+  std::function<void(const std::vector<torch::Tensor>&)> before_optimizer_step;
 };
 
 struct StepOutcome {

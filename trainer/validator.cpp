@@ -17,7 +17,7 @@ torch::Tensor boxes_to_original(const torch::Tensor& boxes, const ImageGeometry&
 }
 
 DetectionValidator::DetectionValidator(int64_t nc, std::vector<std::string> names, ValConfig config)
-    : nc_(nc), names_(std::move(names)), config_(config), metrics_(nc) {}
+    : nc_(nc), names_(std::move(names)), config_(config), metrics_(nc), confusion_(nc, config.conf) {}
 
 std::vector<torch::Tensor> DetectionValidator::add_batch(const torch::Tensor& preds, const torch::Tensor& labels,
                                                          int64_t height, int64_t width,
@@ -43,6 +43,7 @@ std::vector<torch::Tensor> DetectionValidator::add_batch(const torch::Tensor& pr
     if (config_.single_cls && detected.size(0) > 0) detected.select(1, 5).zero_();
     detected = boxes_to_original(detected, geometry[image]);
     metrics_.update(detected, image_labels);
+    confusion_.update(detected, image_labels);
     if (config_.save_json && image < paths.size()) json_.add(coco_image_id(paths[image]), detected);
     mapped_detections.push_back(detected);
   }

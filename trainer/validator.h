@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainer/coco_json.h"
+#include "trainer/confusion_matrix.h"
 #include "trainer/loss.h"
 #include "trainer/metrics.h"
 #include "trainer/nms.h"
@@ -51,12 +52,14 @@ class DetectionValidator {
   std::vector<double> mean_loss() const;
   void write_json(const std::string& path) const;
   const DetectionMetrics& metrics() const { return metrics_; }
+  const ConfusionMatrix& confusion() const { return confusion_; }
 
  private:
   int64_t nc_;
   std::vector<std::string> names_;
   ValConfig config_;
   DetectionMetrics metrics_;
+  ConfusionMatrix confusion_;
   CocoJsonWriter json_;
   torch::Tensor loss_sum_;
   int64_t loss_batches_ = 0;
