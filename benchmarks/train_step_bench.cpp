@@ -1,5 +1,5 @@
 // Bare training step of yolov8n on synthetic tensors, phase by phase: forward, loss, backward, optimizer.
-// Usage: train_step_bench [imgsz=320] [batch=16] [steps=5] [model=yolov8n.yaml] [--json PATH]
+// Usage: train_step_bench [imgsz=320] [batch=16] [steps=5] [model=yolov8n.yaml] [threads=0 (all cores)] [--json PATH]
 // Compares contiguous vs channels-last layouts in one run (ratios, not absolute times, are the point).
 #include <torch/torch.h>
 
@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "models/yolo.h"
 #include "trainer/train_step.h"
@@ -32,7 +33,7 @@ torch::Tensor synthetic_labels(int64_t batch, int64_t per_image, int64_t nc) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> args{{"imgsz", "320"}, {"batch", "16"}, {"steps", "5"}, {"model", "yolov8n.yaml"},
-                                          {"labels", "8"}};
+                                          {"labels", "8"}, {"threads", "0"}};
   std::string json_path = "benchmarks/results/train_step.json";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   }
   const int64_t imgsz = std::stoll(args["imgsz"]), batch = std::stoll(args["batch"]), steps = std::stoll(args["steps"]);
   const int64_t nc = 80;
+  const int threads = std::stoi(args["threads"]);
+  torch::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
   torch::manual_seed(0);
   const torch::Tensor images = torch::randint(0, 255, {batch, 3, imgsz, imgsz}).to(torch::kUInt8);
   const torch::Tensor labels = synthetic_labels(batch, std::stoll(args["labels"]), nc);

@@ -560,6 +560,30 @@ int run_train(const Settings& requested) {
   const double time_limit_s = settings.time * 3600.0;
   double images_seen = 0;
   double train_seconds = 0;
+  double busy_seconds = 0;  // inside training steps
+  const auto train_start = Clock::now();
+  MemoryMeter run_meter(device);  // peak tensor memory of the run (CUDA allocator stats, or the CPU counter)
+  // What the run cost, printed and stored as cost.json at every exit of the loop.
+  auto report_cost = [&](const std::string& outcome) {
+    const double wall = seconds_since(run_start);
+    const int gpus = device.is_cuda() ? std::max(1, dist.world_size()) : 0;
+    nlohmann::json cost;
+    cost["outcome"] = outcome;
+    cost["wall_seconds"] = wall;
+    cost["gpu_hours"] = wall / 3600.0 * gpus;
+    cost["images_per_second"] = train_seconds > 0 ? images_seen / train_seconds : 0.0;
+    cost["busy_fraction"] = seconds_since(train_start) > 0 ? busy_seconds / seconds_since(train_start) : 0.0;
+    cost["peak_memory_gib"] = static_cast<double>(run_meter.peak_bytes()) / kBytesPerGib;
+    cost["lease_memory_gib"] = lease_gib;
+    cost["lease_id"] = lease->id();
+    cost["batch"] = batch;
+    cost["device"] = device.str();
+    if (is_main) write_text(run_dir / "cost.json", cost.dump(2) + "\n");
+    std::printf("Cost: %.2f GPU-hours, %.1f images/s, busy %.0f%% of the time, peak memory %.2f GiB%s\n",
+                cost["gpu_hours"].get<double>(), cost["images_per_second"].get<double>(),
+                100.0 * cost["busy_fraction"].get<double>(), cost["peak_memory_gib"].get<double>(),
+                lease_gib > 0 ? (" of a " + std::to_string(lease_gib).substr(0, 5) + " GiB lease").c_str() : "");
+  };
   for (int64_t epoch = start_epoch; epoch < settings.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     if (train_loader.update_close_mosaic(epoch, settings.epochs) == false && epoch == settings.epochs - settings.close_mosaic) {
@@ -626,6 +650,7 @@ int run_train(const Settings& requested) {
       loss_sum += outcome.loss_items.to(torch::kCPU).to(torch::kDouble);
       ++loss_count;
       step_s += seconds_since(step_start);
+      busy_seconds += seconds_since(step_start);
       instances = batch_data->labels.size(0);
       images_seen += static_cast<double>(batch_data->images.size(0));
       ++done;
@@ -639,6 +664,8 @@ int run_train(const Settings& requested) {
       if (stop_at_iteration >= 0 && ni + 1 >= stop_at_iteration) request_stop(StopReason::kSignal);
       lease->telemetry().step.store(ni + 1);
       lease->telemetry().epoch.store(static_cast<int>(epoch));
+      lease->telemetry().memory_used_gib.store(static_cast<double>(run_meter.peak_bytes()) / kBytesPerGib);
+      lease->telemetry().gpu_util.store(busy_seconds / std::max(1e-9, seconds_since(train_start)));
       lease->check();
       // Every rank agrees on the stop at the same step (a no-op for one process).
       pending_stop = agree_on_stop(dist);
@@ -654,6 +681,7 @@ int run_train(const Settings& requested) {
                   << " s after the stop request. Resume with resume=" << last_pt.string() << "\n";
         const bool timed_out = pending_stop == StopReason::kTimeLimit;
         lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
+        report_cost(timed_out ? "completed" : "preempted");
         return timed_out ? kExitCompleted : kExitPreempted;
       }
       if (pending_stop != StopReason::kNone) break;
@@ -695,8 +723,10 @@ int run_train(const Settings& requested) {
     const double elapsed = seconds_since(run_start);
     if (is_main) results->append({static_cast<double>(epoch + 1), mean_loss[0].item<double>(), mean_loss[1].item<double>(),
                     mean_loss[2].item<double>(), metrics.precision, metrics.recall, metrics.map50, metrics.map50_95,
-                    val_loss[0], val_loss[1], val_loss[2], lrs.at(0), lrs.at(1), lrs.at(2), elapsed, 0.0,
-                    device.is_cuda() ? elapsed / 3600.0 : 0.0, train_seconds > 0 ? images_seen / train_seconds : 0.0});
+                    val_loss[0], val_loss[1], val_loss[2], lrs.at(0), lrs.at(1), lrs.at(2), elapsed,
+                    static_cast<double>(run_meter.peak_bytes()) / kBytesPerGib,
+                    device.is_cuda() ? elapsed / 3600.0 * std::max(1, dist.world_size()) : 0.0,
+                    train_seconds > 0 ? images_seen / train_seconds : 0.0});
     if (settings.plots && is_main) {
       try_plot("results", [&] {
         plot_results_csv((run_dir / "results.csv").string(), (run_dir / "results.png").string());
@@ -718,6 +748,7 @@ int run_train(const Settings& requested) {
                 << seconds_since_stop_request() << " s after the stop request\n";
       const bool timed_out = pending_stop == StopReason::kTimeLimit;
       lease->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
+      report_cost(timed_out ? "completed" : "preempted");
       return timed_out ? kExitCompleted : kExitPreempted;
     }
     const bool patience_hit = is_main && settings.patience > 0 && epochs_without_improvement >= settings.patience;
@@ -730,7 +761,10 @@ int run_train(const Settings& requested) {
     }
   }
 
-  if (!is_main) return kExitCompleted;
+  if (!is_main) {
+    report_cost("completed");
+    return kExitCompleted;
+  }
   // Final validation of best.pt with the per-class table.
   if (settings.save && fs::exists(best_pt)) {
     std::cout << "\nValidating " << best_pt.string() << "\n";
@@ -752,6 +786,7 @@ int run_train(const Settings& requested) {
     }
   }
   lease->release(quota::Outcome::kCompleted);
+  report_cost("completed");
   const double total_s = seconds_since(run_start);
   std::cout << "\n" << settings.epochs - start_epoch << " epochs completed in " << std::fixed << std::setprecision(3)
             << total_s / 3600.0 << " hours (" << std::setprecision(1) << (train_seconds > 0 ? images_seen / train_seconds : 0)

@@ -53,6 +53,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     telemetry.step = telemetry_.step.load();
     telemetry.epoch = telemetry_.epoch.load();
     telemetry.memory_used_gib = telemetry_.memory_used_gib.load();
+    telemetry.gpu_util = telemetry_.gpu_util.load();
     telemetry.last_checkpoint_ms = telemetry_.last_checkpoint_ms.load();
     return telemetry;
   });

@@ -17,6 +17,7 @@ struct LeaseTelemetry {
   std::atomic<int64_t> step{-1};
   std::atomic<int> epoch{-1};
   std::atomic<double> memory_used_gib{-1.0};
+  std::atomic<double> gpu_util{-1.0};  // share of wall time spent in training steps (no NVML here)
   std::atomic<int64_t> last_checkpoint_ms{0};
 };
 

@@ -28,7 +28,7 @@ TEST(DeployPolicy, ConfigMapPolicyLoadsInQuotad) {
   EXPECT_EQ(policy.teams.at("team-cv").burst, 14);
   ASSERT_EQ(policy.teams.count("team-interns"), 1u);
   EXPECT_EQ(policy.teams.at("team-interns").base, 2);
-  EXPECT_EQ(policy.teams.at("team-interns").burst, 4);
+  EXPECT_EQ(policy.teams.at("team-interns").burst, 3);
 #else
   GTEST_SKIP() << "quota/policy.h not merged yet";
 #endif

@@ -44,7 +44,7 @@ int wait_exit(pid_t child) {
 }
 
 TEST(DdpTrain, TwoProcessesTrainAndStopTogether) {
-  const fs::path root = fs::path(::testing::TempDir()) / "yolo8_ddp_train";
+  const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_ddp_train_" + std::to_string(getpid()));
   fs::remove_all(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 9);
   const auto args = [&](const std::string& name) {

@@ -55,7 +55,7 @@ Outcome run_yolo8(const std::vector<std::string>& args, double delay_s) {
 }
 
 TEST(Sigterm, TenRandomStopsThenSameWeightsAsUninterrupted) {
-  const fs::path root = fs::path(::testing::TempDir()) / "yolo8_sigterm";
+  const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_sigterm_" + std::to_string(getpid()));
   fs::remove_all(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 5);
   const auto args = [&](const std::string& name) {

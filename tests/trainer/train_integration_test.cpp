@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +22,8 @@ namespace fs = std::filesystem;
 class TrainIntegration : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::path(::testing::TempDir()) / "yolo8_train_integration";
+    // ctest runs each test in its own process, in parallel: every process gets its own folder.
+    root_ = fs::path(::testing::TempDir()) / ("yolo8_train_integration_" + std::to_string(getpid()));
     fs::remove_all(root_);
     data::synthesize_dataset((root_ / "ds").string(), 16, 4, 64, 3);
   }
