@@ -1,9 +1,12 @@
 # Shared build settings for every target of the project.
 find_program(CCACHE_PROGRAM ccache)
 if(CCACHE_PROGRAM)
-  set(CMAKE_CXX_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
-  # PCH and ccache get along only when ccache ignores the PCH timestamps.
-  set(ENV{CCACHE_SLOPPINESS} "pch_defines,time_macros,include_file_mtime,include_file_ctime")
+  # The settings travel with every compile (an environment variable set at configure time would not):
+  # PCH users are cacheable only with this sloppiness, and BASEDIR makes a fresh clone in another folder
+  # (CI) hit the cache that an earlier build filled.
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env
+      "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+      "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR}" ${CCACHE_PROGRAM})
 endif()
 
 set(YOLO8_WARNINGS -Wall -Wextra)

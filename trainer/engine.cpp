@@ -571,8 +571,9 @@ int run_train(const Settings& requested) {
     cost["outcome"] = outcome;
     cost["wall_seconds"] = wall;
     cost["gpu_hours"] = wall / 3600.0 * gpus;
-    cost["images_per_second"] = train_seconds > 0 ? images_seen / train_seconds : 0.0;
-    cost["busy_fraction"] = seconds_since(train_start) > 0 ? busy_seconds / seconds_since(train_start) : 0.0;
+    const double training_wall = seconds_since(train_start);  // epochs including validation
+    cost["images_per_second"] = training_wall > 0 ? images_seen / training_wall : 0.0;
+    cost["busy_fraction"] = training_wall > 0 ? busy_seconds / training_wall : 0.0;
     cost["peak_memory_gib"] = static_cast<double>(run_meter.peak_bytes()) / kBytesPerGib;
     cost["lease_memory_gib"] = lease_gib;
     cost["lease_id"] = lease->id();

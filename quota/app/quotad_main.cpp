@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "quota/k8s_render.h"
 #include "quota/http_server.h"
 #include "quota/policy.h"
 #include "quota/report.h"
@@ -151,6 +152,14 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
 
+  std::string render_out;
+  double render_memory_per_gpu = 32;
+  auto* render_cmd = app.add_subcommand("render-k8s", "write Namespaces, ResourceQuotas and LimitRanges from the policy");
+  render_cmd->add_option("--policy", policy_path, "policy YAML")->required();
+  render_cmd->add_option("--out", render_out, "write to this file instead of stdout");
+  render_cmd->add_option("--memory-per-gpu", render_memory_per_gpu, "host memory (GiB) a GPU comes with")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
@@ -158,6 +167,20 @@ int main(int argc, char** argv) {
       const Policy p = load_policy(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
                   p.total_gpus(), p.emergency_pool_gpus(), p.teams.size(), p.users.size());
+      return 0;
+    }
+    if (*render_cmd) {
+      K8sRenderOptions options;
+      options.host_memory_gib_per_gpu = render_memory_per_gpu;
+      const std::string text = render_k8s(load_policy(policy_path), options);
+      if (render_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::ofstream out(render_out, std::ios::binary);
+        out << text;
+        if (!out) throw std::runtime_error(render_out + ": cannot write");
+        std::fprintf(stderr, "wrote %s\n", render_out.c_str());
+      }
       return 0;
     }
     if (*report_cmd) {
