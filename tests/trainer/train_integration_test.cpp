@@ -98,6 +98,26 @@ TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
   }
 }
 
+// Resuming with another batch keeps the nominal batch: accumulation follows the new batch and the run ends.
+TEST_F(TrainIntegration, ResumeWithAnotherBatchContinues) {
+  reset_stop_state();
+  setenv("YOLO8_TEST_STOP_AT_ITERATION", "3", 1);
+  const int first = run_train(settings("rebatch", 2));
+  unsetenv("YOLO8_TEST_STOP_AT_ITERATION");
+  ASSERT_EQ(first, kExitPreempted);
+  const fs::path last = root_ / "runs" / "train" / "rebatch" / "weights" / "last.pt";
+  EXPECT_EQ(load_checkpoint(last.string()).batch, 4);
+  reset_stop_state();
+  Settings resume = settings("rebatch", 2);
+  resume.resume = "auto";
+  resume.batch = 8;
+  ASSERT_EQ(run_train(resume), kExitCompleted);
+  const CheckpointState state = load_checkpoint(last.string());
+  EXPECT_EQ(state.batch, 8);
+  EXPECT_EQ(state.epoch, 2);
+  EXPECT_EQ(state.global_iteration, 2 * 2);  // two epochs of 16 images in batches of 8
+}
+
 TEST_F(TrainIntegration, MissingDataIsAnInputError) {
   Settings bad = settings("bad", 1);
   bad.data = (root_ / "nope.yaml").string();
