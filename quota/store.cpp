@@ -1,5 +1,8 @@
 #include "quota/store.h"
 
+#include <chrono>
+#include <thread>
+
 #include <sqlite3.h>
 
 #include <memory>
@@ -59,10 +62,28 @@ Store::Store(const std::string& path, bool full_sync) : path_(path) {
     throw StoreError(path + ": cannot open the quota database: " + msg);
   }
   sqlite3_busy_timeout(db_, 30000);  // other processes (local mode) hold the lock only briefly
-  exec("PRAGMA journal_mode=WAL");
-  exec(full_sync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
-  exec("PRAGMA foreign_keys=ON");
-  exec(kSchema);
+  // Several trainers may create the database at the same moment (local mode). Switching to WAL can answer
+  // "locked" without waiting for the busy timeout, so the set-up is retried while the file is busy.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      exec("PRAGMA journal_mode=WAL");
+      exec(full_sync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
+      exec("PRAGMA foreign_keys=ON");
+      exec("BEGIN IMMEDIATE");
+      exec(kSchema);
+      exec("COMMIT");
+      break;
+    } catch (const StoreError&) {
+      const int code = sqlite3_errcode(db_) & 0xff;
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      if ((code != SQLITE_BUSY && code != SQLITE_LOCKED) || attempt >= 300) {
+        sqlite3_close(db_);
+        db_ = nullptr;
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
 }
 
 Store::~Store() {

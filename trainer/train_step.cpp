@@ -103,10 +103,7 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
 
 void TrainingCore::optimizer_step() {
   if (config_.before_optimizer_step) config_.before_optimizer_step(trainable_);
-  torch::nn::utils::clip_grad_norm_(trainable_, config_.clip_norm);
-  built_.optimizer->step();
-  built_.optimizer->zero_grad();
-  ema_->update(*model_);
+  recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm);
 }
 
 void TrainingCore::end_epoch() { schedule_->end_epoch(*built_.optimizer); }

@@ -130,9 +130,13 @@ TEST(QuotaClientLocal, ProcessesSharingTheDatabaseNeverOverAllocate) {
           std::this_thread::sleep_for(std::chrono::milliseconds(2500));
           q.release(Outcome::kCompleted);
           _exit(0);
-        } catch (const std::runtime_error&) {
+        } catch (const std::runtime_error& error) {
           result = 'Q';  // gave up waiting: the two GPUs were held
+          std::fprintf(stderr, "proc %d: %s\n", i, error.what());
         }
+      } catch (const std::exception& error) {
+        result = 'E';
+        std::fprintf(stderr, "proc %d failed: %s\n", i, error.what());
       } catch (...) {
         result = 'E';
       }

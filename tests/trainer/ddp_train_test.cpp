@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "data/synth.h"
-#include "test_paths.h"
+#include "process_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/distributed.h"
 #include "trainer/exit_codes.h"
@@ -17,30 +17,17 @@ namespace {
 namespace fs = std::filesystem;
 
 pid_t spawn_rank(const std::vector<std::string>& args, int rank, int port, const std::string& stop_at) {
-  const std::string binary = std::string(test::kBinaryDir) + "/trainer/yolo8";
-  const pid_t child = fork();
-  if (child == 0) {
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    setenv("YOLO8_DIST_TIMEOUT", "120", 1);
-    if (!stop_at.empty()) setenv("YOLO8_TEST_STOP_AT_ITERATION", stop_at.c_str(), 1);
-    std::vector<char*> argv{const_cast<char*>(binary.c_str())};
-    for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    if (!freopen("/dev/null", "w", stdout)) _exit(127);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  return child;
+  std::map<std::string, std::string> env{{"RANK", std::to_string(rank)},       {"LOCAL_RANK", std::to_string(rank)},
+                                         {"WORLD_SIZE", "2"},                    {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)}, {"YOLO8_DIST_TIMEOUT", "120"}};
+  if (!stop_at.empty()) env["YOLO8_TEST_STOP_AT_ITERATION"] = stop_at;
+  return test::spawn_yolo8(args, env);
 }
 
 int wait_exit(pid_t child) {
   int status = 0;
   waitpid(child, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return test::exit_code_of(status);
 }
 
 TEST(DdpTrain, TwoProcessesTrainAndStopTogether) {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "data/synth.h"
-#include "test_paths.h"
+#include "process_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
@@ -27,16 +27,7 @@ struct Outcome {
 
 // Runs yolo8 train; sends SIGTERM after `delay_s` if it is still running (delay < 0: never).
 Outcome run_yolo8(const std::vector<std::string>& args, double delay_s) {
-  const std::string binary = std::string(test::kBinaryDir) + "/trainer/yolo8";
-  const pid_t child = fork();
-  if (child == 0) {
-    std::vector<char*> argv{const_cast<char*>(binary.c_str())};
-    for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    if (!freopen("/dev/null", "w", stdout)) _exit(127);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
+  const pid_t child = test::spawn_yolo8(args);
   Outcome outcome;
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay_s);
@@ -50,7 +41,7 @@ Outcome run_yolo8(const std::vector<std::string>& args, double delay_s) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  outcome.exit_code = test::exit_code_of(status);
   return outcome;
 }
 
