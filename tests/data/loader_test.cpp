@@ -293,6 +293,21 @@ Consistency check_colours(const std::vector<Batch>& batches) {
   return c;
 }
 
+// Four augmented epochs through the real loader, then the colour re-detection check (printed for the log).
+Consistency augment_and_check(const std::shared_ptr<const DatasetIndex>& idx, const LoaderConfig& cfg,
+                              const AugmentConfig& aug) {
+  DataLoader dl(idx, cfg, aug, true);
+  std::vector<Batch> batches;
+  for (int e = 0; e < 4; ++e) {
+    auto b = run_epoch(dl, e);
+    batches.insert(batches.end(), std::make_move_iterator(b.begin()), std::make_move_iterator(b.end()));
+  }
+  const Consistency c = check_colours(batches);
+  std::cout << "boxes " << c.boxes << " checked " << c.checked << " min fill " << c.min_fill << " mean fill "
+            << c.mean_fill() << " outside " << c.outside_px << "/" << c.colour_px << "\n";
+  return c;
+}
+
 TEST(DataAugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   auto idx = index_of(colour_dataset(), "train");
   LoaderConfig cfg;
@@ -302,15 +317,7 @@ TEST(DataAugmentConsistency, BoxesCoverTheirColourAfterMosaicAndAffine) {
   AugmentConfig aug;
   aug.hsv_h = aug.hsv_s = aug.hsv_v = 0;  // colours must survive
   aug.flipud = 0.5;
-  DataLoader dl(idx, cfg, aug, true);
-  std::vector<Batch> batches;
-  for (int e = 0; e < 4; ++e) {
-    auto b = run_epoch(dl, e);
-    batches.insert(batches.end(), std::make_move_iterator(b.begin()), std::make_move_iterator(b.end()));
-  }
-  Consistency c = check_colours(batches);
-  std::cout << "boxes " << c.boxes << " checked " << c.checked << " min fill " << c.min_fill << " mean fill "
-            << c.mean_fill() << " outside " << c.outside_px << "/" << c.colour_px << "\n";
+  const Consistency c = augment_and_check(idx, cfg, aug);
   EXPECT_GT(c.checked, 40);
   EXPECT_GT(c.min_fill, 0.75);  // axis-aligned warp: a box is its rectangle up to blurred edges
   EXPECT_GT(c.mean_fill(), 0.85);
@@ -328,15 +335,7 @@ TEST(DataAugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   aug.degrees = 20;
   aug.shear = 5;
   aug.perspective = 0.0005;
-  DataLoader dl(idx, cfg, aug, true);
-  std::vector<Batch> batches;
-  for (int e = 0; e < 4; ++e) {
-    auto b = run_epoch(dl, e);
-    batches.insert(batches.end(), std::make_move_iterator(b.begin()), std::make_move_iterator(b.end()));
-  }
-  Consistency c = check_colours(batches);
-  std::cout << "boxes " << c.boxes << " checked " << c.checked << " min fill " << c.min_fill << " mean fill "
-            << c.mean_fill() << " outside " << c.outside_px << "/" << c.colour_px << "\n";
+  const Consistency c = augment_and_check(idx, cfg, aug);
   EXPECT_GT(c.checked, 40);
   EXPECT_GT(c.min_fill, 0.15);  // a clipped corner of a rotated thin rectangle fills little of its box
   EXPECT_GT(c.mean_fill(), 0.5);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "quota/policy.h"
+#include "quota/service.h"
 #include "test_paths.h"
 
 namespace yolo8::quota::testing {
@@ -14,5 +15,16 @@ inline constexpr int64_t kMinute = 60000;
 
 inline std::string example_policy_path() { return std::string(yolo8::test::kSourceDir) + "/configs/quota-policy.yaml"; }
 inline Policy example_policy() { return load_policy(example_policy_path()); }
+
+// A request to QuotaService::handle, as the HTTP front would build it.
+inline ApiRequest api_call(const std::string& method, const std::string& path, const std::string& token,
+                           const std::string& body = "") {
+  ApiRequest r;
+  r.method = method;
+  r.path = path;
+  r.token = token;
+  r.body = body;
+  return r;
+}
 
 }  // namespace yolo8::quota::testing

@@ -35,7 +35,7 @@ int64_t month_start(const std::string& month) {
 void run_lease(testing::ScriptedHistory& h, int64_t start, const std::string& token, const std::string& body,
                double hours, double util) {
   *h.clock = start;
-  const ApiResponse r = h.service->handle(testing::vis_call("POST", "/v1/leases", token, body));
+  const ApiResponse r = h.service->handle(testing::api_call("POST", "/v1/leases", token, body));
   ASSERT_EQ(r.status, 201) << r.body.dump();
   const int64_t id = r.body["lease_id"].get<int64_t>();
   const std::string path = "/v1/leases/" + std::to_string(id);

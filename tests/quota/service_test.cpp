@@ -25,15 +25,7 @@ std::string temp_db(const std::string& name) {
   return path;
 }
 
-ApiRequest call(const std::string& method, const std::string& path, const std::string& token,
-                const std::string& body = "") {
-  ApiRequest r;
-  r.method = method;
-  r.path = path;
-  r.token = token;
-  r.body = body;
-  return r;
-}
+using testing::api_call;
 
 struct Clock {
   std::shared_ptr<std::atomic<int64_t>> t = std::make_shared<std::atomic<int64_t>>(kMonday + 9 * kHour);
@@ -54,25 +46,25 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   {
     QuotaService s(testing::example_policy(), o);
     for (int i = 0; i < 14; ++i) {
-      ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+      ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
     }
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s"})")).status, 202);
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8x","justification":"x"})")).status,
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s"})")).status, 202);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8x","justification":"x"})")).status,
               403);
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status, 200);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status, 200);
     *clock.t += 20 * kMinute;
     for (int id = 2; id <= 15; ++id) {
-      s.handle(call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", "admin-token",
+      s.handle(api_call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", "admin-token",
                     R"({"step":100,"last_checkpoint_ms":)" + std::to_string(clock.t->load()) + "}"));
     }
     s.flush_heartbeats();
     // robotics reclaims its guarantee: one cv burst lease is revoked
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
-    before = s.handle(call("GET", "/v1/leases", "admin-token")).body;
-    audit_count = int64_t(s.handle(call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"].size());
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
+    before = s.handle(api_call("GET", "/v1/leases", "admin-token")).body;
+    audit_count = int64_t(s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"].size());
   }
   QuotaService again(testing::example_policy(), o);
-  const json after = again.handle(call("GET", "/v1/leases", "admin-token")).body;
+  const json after = again.handle(api_call("GET", "/v1/leases", "admin-token")).body;
   ASSERT_EQ(before["leases"].size(), after["leases"].size());
   for (size_t i = 0; i < before["leases"].size(); ++i) {
     const json& b = before["leases"][i];
@@ -84,14 +76,14 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   }
   EXPECT_TRUE(again.check_invariants().empty());
   // heartbeat telemetry came back from the batch table
-  const json l2 = again.handle(call("GET", "/v1/leases/2", "admin-token")).body;
+  const json l2 = again.handle(api_call("GET", "/v1/leases/2", "admin-token")).body;
   EXPECT_EQ(l2["telemetry"]["step"], 100);
   // the pending approval survived and the audit numbering continues
-  const json approvals = again.handle(call("GET", "/v1/approvals", "admin-token")).body;
+  const json approvals = again.handle(api_call("GET", "/v1/approvals", "admin-token")).body;
   ASSERT_EQ(approvals["approvals"].size(), 1u);
   EXPECT_EQ(approvals["approvals"][0]["state"], "pending");
-  ASSERT_EQ(again.handle(call("POST", "/v1/approvals/1/approve", "dave-token")).status, 200);
-  const json audit = again.handle(call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
+  ASSERT_EQ(again.handle(api_call("POST", "/v1/approvals/1/approve", "dave-token")).status, 200);
+  const json audit = again.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
   EXPECT_GT(int64_t(audit.size()), audit_count);
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], int64_t(i) + 1);
 }
@@ -112,14 +104,14 @@ TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {
   json first;
   {
     QuotaService s(policy(false), o);
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2,"memory_gib":40})")).status, 201);
-    first = s.handle(call("GET", "/v1/leases/1", "alice-token")).body;
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":2,"memory_gib":40})")).status, 201);
+    first = s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body;
     ASSERT_EQ(first["devices"], json({"big:0", "big:1"}));
   }
   QuotaService s(policy(true), o);
-  EXPECT_EQ(s.handle(call("GET", "/v1/leases/1", "alice-token")).body["devices"], first["devices"]);
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["devices"], first["devices"]);
   // the two big GPUs stay taken: a second 40 GiB request waits
-  EXPECT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":1,"memory_gib":40})")).status, 202);
+  EXPECT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1,"memory_gib":40})")).status, 202);
   EXPECT_TRUE(s.check_invariants().empty());
 }
 
@@ -129,7 +121,7 @@ TEST(QuotaService, AuditTableIsAppendOnly) {
     ServiceOptions o;
     o.db_path = db;
     QuotaService s(testing::example_policy(), o);
-    ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", "{}")).status, 201);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
@@ -149,40 +141,40 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
     ApiRequest req;
     int status;
   };
-  ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8l","justification":"j"})")).status,
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8l","justification":"j"})")).status,
             403);
-  ASSERT_EQ(s.handle(call("POST", "/v1/leases", "alice-token", "{}")).status, 201);  // lease 2
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);  // lease 2
   const std::vector<Case> cases = {
-      {call("GET", "/v1/teams", ""), 401},
-      {call("GET", "/v1/teams", "nope"), 401},
-      {call("POST", "/v1/leases", "alice-token", "{not json"), 400},
-      {call("POST", "/v1/leases", "alice-token", "[1,2,3]"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"gpus":"two"})"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"gpus":1.5})"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"gpus":1e300})"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"priority":"urgent"})"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"imgsz":-640})"), 400},
-      {call("POST", "/v1/leases", "alice-token", std::string(30000, '[') + std::string(30000, ']')), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"team":"team-robotics"})"), 403},
-      {call("POST", "/v1/leases", "alice-token", R"({"user":"bob"})"), 403},
-      {call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":4096})"), 400},
-      {call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":1000,"justification":"j"})"), 422},
-      {call("POST", "/v1/approvals/1/approve", "alice-token"), 403},  // a member
-      {call("POST", "/v1/approvals/1/approve", "dave-token"), 403},   // lead of another team
-      {call("POST", "/v1/approvals/99/approve", "carol-token"), 404},
-      {call("GET", "/v1/approvals", "bob-token"), 403},
-      {call("GET", "/v1/audit", "bob-token"), 403},
-      {call("GET", "/v1/leases/999", "alice-token"), 404},
-      {call("GET", "/v1/leases/abc", "alice-token"), 404},
-      {call("GET", "/v1/leases/2", "erin-token"), 403},
-      {call("POST", "/v1/leases/2/heartbeat", "erin-token", "{}"), 403},
-      {call("POST", "/v1/leases/2/heartbeat", "alice-token", R"({"gpu_util":"high"})"), 400},
-      {call("POST", "/v1/leases/2/release", "alice-token", R"({"outcome":"exploded"})"), 400},
-      {call("POST", "/v1/leases/2/release", "bob-token", "{}"), 403},  // same team, not the owner, not a lead
-      {call("GET", "/v1/nothing", "alice-token"), 404},
-      {call("POST", "/v1/approvals/1/approve", "carol-token"), 200},
-      {call("POST", "/v1/approvals/1/approve", "carol-token"), 409},
-      {call("POST", "/v1/leases/2/release", "carol-token", R"({"outcome":"cancelled"})"), 200},  // lead of the team
+      {api_call("GET", "/v1/teams", ""), 401},
+      {api_call("GET", "/v1/teams", "nope"), 401},
+      {api_call("POST", "/v1/leases", "alice-token", "{not json"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", "[1,2,3]"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":"two"})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1.5})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1e300})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"priority":"urgent"})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"imgsz":-640})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", std::string(30000, '[') + std::string(30000, ']')), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"team":"team-robotics"})"), 403},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"user":"bob"})"), 403},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":4096})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":1000,"justification":"j"})"), 422},
+      {api_call("POST", "/v1/approvals/1/approve", "alice-token"), 403},  // a member
+      {api_call("POST", "/v1/approvals/1/approve", "dave-token"), 403},   // lead of another team
+      {api_call("POST", "/v1/approvals/99/approve", "carol-token"), 404},
+      {api_call("GET", "/v1/approvals", "bob-token"), 403},
+      {api_call("GET", "/v1/audit", "bob-token"), 403},
+      {api_call("GET", "/v1/leases/999", "alice-token"), 404},
+      {api_call("GET", "/v1/leases/abc", "alice-token"), 404},
+      {api_call("GET", "/v1/leases/2", "erin-token"), 403},
+      {api_call("POST", "/v1/leases/2/heartbeat", "erin-token", "{}"), 403},
+      {api_call("POST", "/v1/leases/2/heartbeat", "alice-token", R"({"gpu_util":"high"})"), 400},
+      {api_call("POST", "/v1/leases/2/release", "alice-token", R"({"outcome":"exploded"})"), 400},
+      {api_call("POST", "/v1/leases/2/release", "bob-token", "{}"), 403},  // same team, not the owner, not a lead
+      {api_call("GET", "/v1/nothing", "alice-token"), 404},
+      {api_call("POST", "/v1/approvals/1/approve", "carol-token"), 200},
+      {api_call("POST", "/v1/approvals/1/approve", "carol-token"), 409},
+      {api_call("POST", "/v1/leases/2/release", "carol-token", R"({"outcome":"cancelled"})"), 200},  // lead of the team
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const ApiResponse r = s.handle(cases[i].req);
@@ -192,13 +184,13 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
       EXPECT_TRUE(r.body.contains("reason") && !r.body["reason"].get<std::string>().empty()) << "case " << i;
     }
   }
-  EXPECT_EQ(s.handle(call("GET", "/healthz", "")).status, 200);
+  EXPECT_EQ(s.handle(api_call("GET", "/healthz", "")).status, 200);
   EXPECT_TRUE(s.check_invariants().empty());
 }
 
 TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
-  ApiRequest r = call("POST", "/v1/leases", "alice-token", R"({"gpus":1})");
+  ApiRequest r = api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1})");
   r.idempotency_key = "retry-1";
   const ApiResponse a = s.handle(r);
   const ApiResponse b = s.handle(r);
@@ -212,8 +204,8 @@ TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
 
 TEST(QuotaService, MetricsExposeTeamsAndStates) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
-  s.handle(call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));
-  const std::string m = s.handle(call("GET", "/metrics", "")).text;
+  s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));
+  const std::string m = s.handle(api_call("GET", "/metrics", "")).text;
   EXPECT_NE(m.find("quotad_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
   EXPECT_NE(m.find("quotad_leases{state=\"granted\"} 1"), std::string::npos) << m;
   EXPECT_NE(m.find("quotad_gpus_total 20"), std::string::npos);

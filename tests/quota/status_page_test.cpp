@@ -33,7 +33,7 @@ std::string section(const std::string& html, const std::string& table_id) {
 TEST(QuotadStatusPage, ShowsTeamsLeasesQueueAndWaste) {
   testing::ScriptedHistory h;
   h.run();
-  const ApiResponse r = h.service->handle(testing::vis_call("GET", "/", ""));  // no token needed
+  const ApiResponse r = h.service->handle(testing::api_call("GET", "/", ""));  // no token needed
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.content_type, "text/html; charset=utf-8");
   const std::string& html = r.text;
@@ -81,13 +81,13 @@ TEST(QuotadStatusPage, EmptyServiceAndEscaping) {
   ServiceOptions o;
   o.clock = [] { return testing::kMonday; };
   QuotaService s(testing::example_policy(), o);
-  ASSERT_EQ(s.handle(testing::vis_call("POST", "/v1/leases", "alice-token", R"({"job":"<b>x&y</b>"})")).status, 201);
-  const std::string html = s.handle(testing::vis_call("GET", "/status", "")).text;
+  ASSERT_EQ(s.handle(testing::api_call("POST", "/v1/leases", "alice-token", R"({"job":"<b>x&y</b>"})")).status, 201);
+  const std::string html = s.handle(testing::api_call("GET", "/status", "")).text;
   EXPECT_NE(html.find("&lt;b&gt;x&amp;y&lt;/b&gt;"), std::string::npos);
   EXPECT_EQ(html.find("<b>x&y</b>"), std::string::npos);
   EXPECT_NE(html.find("Nobody is waiting."), std::string::npos);
   EXPECT_NE(html.find("No idle lease."), std::string::npos);
-  EXPECT_EQ(s.handle(testing::vis_call("POST", "/", "")).status, 404);  // read-only
+  EXPECT_EQ(s.handle(testing::api_call("POST", "/", "")).status, 404);  // read-only
   EXPECT_EQ(format_duration_ms(42000), "42 s");
   EXPECT_EQ(format_duration_ms(3 * 3600000 + 5 * 60000), "3 h 05 min");
 }

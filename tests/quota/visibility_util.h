@@ -9,16 +9,6 @@
 
 namespace yolo8::quota::testing {
 
-inline ApiRequest vis_call(const std::string& method, const std::string& path, const std::string& token,
-                           const std::string& body = "") {
-  ApiRequest r;
-  r.method = method;
-  r.path = path;
-  r.token = token;
-  r.body = body;
-  return r;
-}
-
 // Monday 09:00 UTC (team-cv's burst window is open: 08:00-11:00 UTC).
 // t0: alice leases 1 (4 GPUs, job "idle-sweep") and 2 (4 GPUs, "detector"), erin lease 3 (6 GPUs, "grasp"),
 //     ivan asks for 3 GPUs (interns' limit is 2 on a Monday) and waits as lease 4.
@@ -37,7 +27,7 @@ struct ScriptedHistory {
     service = std::make_unique<QuotaService>(example_policy(), o);
   }
   int post(const std::string& path, const std::string& token, const std::string& body) {
-    return service->handle(vis_call("POST", path, token, body)).status;
+    return service->handle(api_call("POST", path, token, body)).status;
   }
   void run() {
     post("/v1/leases", "alice-token", R"({"model":"yolov8s","gpus":4,"job":"idle-sweep"})");
@@ -50,7 +40,7 @@ struct ScriptedHistory {
       post("/v1/leases/2/heartbeat", "alice-token", R"({"gpu_util":0.90,"memory_used_gib":60})");
       post("/v1/leases/3/heartbeat", "erin-token",
            step < 60 ? R"({"gpu_util":0.15,"memory_used_gib":30})" : R"({"gpu_util":0.80,"memory_used_gib":30})");
-      service->handle(vis_call("GET", "/v1/leases/4", "ivan-token"));  // keeps the queued request alive
+      service->handle(api_call("GET", "/v1/leases/4", "ivan-token"));  // keeps the queued request alive
     }
     post("/v1/leases/2/release", "alice-token", R"({"outcome":"completed"})");
   }
