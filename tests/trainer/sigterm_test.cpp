@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "data/synth.h"
@@ -25,11 +27,35 @@ struct Outcome {
   bool signalled = false;
 };
 
-// Runs yolo8 train; sends SIGTERM after `delay_s` if it is still running (delay < 0: never).
+// True once `pid` catches SIGTERM (its handler is installed), read from /proc/PID/status.
+bool catches_sigterm(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigCgt:", 0) == 0) {
+      const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+      return (mask >> (SIGTERM - 1)) & 1ULL;
+    }
+  }
+  return false;
+}
+
+// Runs yolo8 train; sends SIGTERM `delay_s` after its handler is installed, if it is still running (delay < 0:
+// never). Before that point a signal kills any program while the dynamic loader maps LibTorch, which takes
+// longer than the shortest delay on a loaded machine.
 Outcome run_yolo8(const std::vector<std::string>& args, double delay_s) {
   const pid_t child = test::spawn_yolo8(args);
   Outcome outcome;
   int status = 0;
+  const auto launched = std::chrono::steady_clock::now();
+  while (delay_s >= 0 && !catches_sigterm(child) &&
+         std::chrono::steady_clock::now() - launched < std::chrono::seconds(60)) {
+    if (waitpid(child, &status, WNOHANG) == child) {
+      outcome.exit_code = test::exit_code_of(status);
+      return outcome;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay_s);
   while (true) {
     const pid_t done = waitpid(child, &status, delay_s < 0 || outcome.signalled ? 0 : WNOHANG);

@@ -1,0 +1,22 @@
+#pragma once
+// Image decoding for the loader: the same pixels as cv::imread(path, IMREAD_COLOR or IMREAD_REDUCED_COLOR_N),
+// EXIF orientation included, with less overhead for JPEG (one read of the file, libjpeg-turbo straight to BGR).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+namespace yolo8::data {
+
+// Decodes `path` to BGR uint8. `reduce` is 1, 2, 4 or 8: JPEG is scaled by 1/reduce inside the DCT, other formats
+// are decoded and shrunk by OpenCV as cv::imread does. Returns an empty Mat when the file cannot be read or decoded.
+cv::Mat read_image(const std::string& path, int reduce = 1);
+
+// The same from bytes already in memory.
+cv::Mat decode_image(const std::vector<uint8_t>& bytes, int reduce = 1);
+
+// EXIF orientation (1..8) found in a JPEG's APP1 segment; 1 when there is none.
+int jpeg_exif_orientation(const std::vector<uint8_t>& bytes);
+
+}  // namespace yolo8::data
