@@ -12,6 +12,7 @@
 #include "trainer/distributed.h"
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
+#include "trainer/auto_batch_profile.h"
 #include "trainer/profiler.h"
 #include "trainer/settings.h"
 
@@ -99,9 +100,16 @@ int run_mode(const CommandLine& command) {
   if (command.mode == "profile") {
     // batch and variants are lists here: batch=1,2,4,8 variants=n,s,m.
     auto keys = take_keys(pairs, {"batch", "variants"});
-    const Settings settings = resolve_settings(pairs, "profile");
+    Settings settings = resolve_settings(pairs, "profile");
+    const std::string batch_list = keys.count("batch") ? keys["batch"] : "1,2,4,8,16";
+    const bool auto_batch = batch_list == "auto" || batch_list == "-1" ||
+                            (batch_list.find(',') == std::string::npos && batch_list.find('.') != std::string::npos);
     Settings scratch;
-    set_setting(scratch, "classes", keys.count("batch") ? keys["batch"] : "1,2,4,8,16", "command line");
+    if (auto_batch) {
+      set_setting(settings, "batch", batch_list, "command line");
+    } else {
+      set_setting(scratch, "classes", batch_list, "command line");
+    }
     std::vector<int> batches = scratch.classes;
     for (int batch : batches) {
       if (batch < 1) throw SettingsError("setting 'batch' of profile must list batch sizes >= 1");
@@ -115,6 +123,13 @@ int run_mode(const CommandLine& command) {
       while (words >> word) variants.push_back(word.size() == 1 ? "yolov8" + word + ".yaml" : word);
     } else {
       variants.push_back(settings.model);
+    }
+    if (auto_batch) {
+      const auto rows = run_auto_batch_profile(settings, variants);
+      for (const auto& row : rows) {
+        if (!row.fits || row.out_of_memory_after > 0) return kExitFailure;
+      }
+      return kExitCompleted;
     }
     return run_profile(settings, variants, batches);
   }
