@@ -466,6 +466,7 @@ int run_train(const Settings& requested) {
   core_config.channels_last = settings.channels_last;
   core_config.freeze_layers = freeze_layer_indices(settings.freeze);
   core_config.device = device;
+  core_config.amp = settings.amp && device.is_cuda();
   if (dist.enabled()) {
     dist.broadcast_parameters(*model);
     // The loss is a sum over the local batch, so summed gradients equal one process on the global batch.
@@ -492,6 +493,8 @@ int run_train(const Settings& requested) {
       to_channels_last(*core.ema_model());
     }
     core.schedule().restore(state.schedule);
+    // A run resumed without amp (or on CPU) keeps its default identity scaler.
+    if (state.has_grad_scaler && core.grad_scaler().enabled()) core.grad_scaler().restore(state.grad_scaler);
     restore_torch_rng(state.rng);
     start_epoch = state.epoch;
     first_batch = state.iteration_in_epoch;
@@ -533,6 +536,8 @@ int run_train(const Settings& requested) {
     state.has_best_fitness = has_best;
     state.settings_text = encode_meta(meta);
     state.rng = capture_torch_rng();
+    state.has_grad_scaler = core.grad_scaler().enabled();
+    state.grad_scaler = core.grad_scaler().state();
     CheckpointSources sources;
     sources.model = core.model().ptr().get();
     sources.ema = &core.ema();
