@@ -37,11 +37,11 @@ bool clean_step(GradScaler& scaler, test::TinyNet& net) {
   return take;
 }
 
-// A step whose first gradient holds `bad` (inf or NaN).
-bool poisoned_step(GradScaler& scaler, test::TinyNet& net, float bad) {
+// A step whose gradient of parameter `index` holds `bad` (inf or NaN) in its last element.
+bool poisoned_step(GradScaler& scaler, test::TinyNet& net, float bad, size_t index = 0) {
   zero_grads(net);
   scaler.scale(tiny_loss(net)).backward();
-  net->parameters()[0].grad().view(-1)[0] = bad;
+  net->parameters().at(index).grad().view(-1)[-1] = bad;
   scaler.unscale(net->parameters());
   const bool take = scaler.should_step();
   scaler.update();
@@ -88,8 +88,10 @@ TEST(GradScaler, InfOrNanGradientSkipsTheStepAndHalvesTheScale) {
   EXPECT_EQ(scaler.current_scale(), 16384.0);
   EXPECT_FALSE(poisoned_step(scaler, net, -std::numeric_limits<float>::infinity()));
   EXPECT_EQ(scaler.current_scale(), 8192.0);
+  EXPECT_FALSE(poisoned_step(scaler, net, std::numeric_limits<float>::quiet_NaN(), net->parameters().size() - 1));
+  EXPECT_EQ(scaler.current_scale(), 4096.0);
   EXPECT_TRUE(clean_step(scaler, net));
-  EXPECT_EQ(scaler.current_scale(), 8192.0);
+  EXPECT_EQ(scaler.current_scale(), 4096.0);
 }
 
 TEST(GradScaler, GrowsAfterGrowthIntervalCleanSteps) {

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "trainer/checkpoint.h"
 #include "trainer/memory_meter.h"
 #include "trainer/profiler.h"
 
@@ -133,6 +134,72 @@ TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
   EXPECT_EQ(core.ema().updates(), ema_updates + 1);
   EXPECT_FALSE(torch::equal(weights[0], core.model()->parameters()[0]));
   EXPECT_TRUE(torch::isfinite(core.model()->parameters()[0]).all().item<bool>());
+}
+
+// batch 2 with nbs 4 accumulates two iterations; growth_interval 1 moves the scale at every optimizer step.
+TrainingCore make_scaled_core() {
+  const ModelConfig config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig core_config;
+  core_config.force_grad_scaler = true;
+  core_config.grad_scaler.growth_interval = 1;
+  core_config.shape = RunShape{64, 2, 10, 3};
+  core_config.batches_per_epoch = 32;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = 4;
+  torch::manual_seed(0);
+  DetectionModel model(config);
+  return TrainingCore(model, DetectionModel(config), core_config);
+}
+
+void run_iterations(TrainingCore& core, int64_t first, int64_t last) {
+  for (int64_t ni = first; ni < last; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(2, 64, 3, 3, static_cast<uint64_t>(20 + ni));
+    core.step(0, ni, batch.images, batch.labels);
+  }
+}
+
+// Stopped in the middle of an accumulation window, the stored gradients are scaled: the resumed run must scale
+// with the same factor to end bitwise where the uninterrupted run does.
+TEST(TrainStepAmp, ScaledRunResumesMidAccumulationBitwise) {
+  TrainingCore uninterrupted = make_scaled_core();
+  run_iterations(uninterrupted, 0, 5);
+  EXPECT_EQ(uninterrupted.grad_scaler().current_scale(), 65536.0 * 4);  // two clean steps, growth after each
+
+  TrainingCore first = make_scaled_core();
+  run_iterations(first, 0, 3);  // step at ni 1, ni 2 accumulated
+  CheckpointState state;
+  state.schedule = first.schedule().state();
+  state.has_grad_scaler = true;
+  state.grad_scaler = first.grad_scaler().state();
+  CheckpointSources sources;
+  sources.model = first.model().ptr().get();
+  sources.ema = &first.ema();
+  sources.optimizer = &first.optimizer();
+  sources.include_grads = true;
+  const std::vector<char> bytes = encode_checkpoint(state, sources);
+
+  torch::manual_seed(123);  // different initial weights: everything must come from the checkpoint
+  TrainingCore resumed = make_scaled_core();
+  CheckpointTargets targets;
+  targets.model = resumed.model().ptr().get();
+  targets.ema = &resumed.ema();
+  targets.optimizer = &resumed.optimizer();
+  const CheckpointState loaded = decode_checkpoint(bytes, targets);
+  to_channels_last(*resumed.model());
+  to_channels_last(*resumed.ema_model());
+  resumed.schedule().restore(loaded.schedule);
+  ASSERT_TRUE(loaded.has_grad_scaler);
+  resumed.grad_scaler().restore(loaded.grad_scaler);
+  run_iterations(resumed, 3, 5);
+
+  EXPECT_EQ(resumed.grad_scaler().current_scale(), uninterrupted.grad_scaler().current_scale());
+  const auto a = uninterrupted.model()->named_parameters();
+  const auto b = resumed.model()->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
+  const auto ea = uninterrupted.ema_model()->named_parameters();
+  const auto eb = resumed.ema_model()->named_parameters();
+  for (const auto& item : ea) EXPECT_TRUE(torch::equal(item.value(), eb[item.key()])) << item.key();
 }
 
 // amp asks for CUDA autocast; on CPU the step is today's float32 step with no scaler.
