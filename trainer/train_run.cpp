@@ -293,7 +293,7 @@ void TrainingRun::prepare_outputs() {
             << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
             << core_->schedule().accumulate() << " to nbs " << settings_.nbs << "), " << settings_.epochs
             << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
-            << "\n";
+            << (core_->autocast() ? " with AMP" : "") << "\n";
   // Test hook: behave as if SIGTERM arrived during global iteration N (0-based count of finished steps).
   const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
   stop_at_iteration_ = stop_env ? std::atoll(stop_env) : -1;
