@@ -35,6 +35,22 @@ GradScalerConfig scaler_config(const TrainCoreConfig& config) {
   return scaler;
 }
 
+// The 2-norm clipping of torch::nn::utils::clip_grad_norm_ (same maths, so the same bits), without its host
+// read of the norm: the scaler's found-inf read stays the only sync of a step.
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  }
+  if (norms.empty()) return;
+  const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+  const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), torch::nullopt, 1.0);
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
 }  // namespace
 
 TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const TrainCoreConfig& config)
@@ -134,11 +150,7 @@ bool TrainingCore::optimizer_step() {
   }
   // The reference's order: unscale, clip the true gradients, step unless inf/NaN, update the scale.
   scaler_.unscale(trainable_);
-  std::vector<torch::Tensor> with_grad;
-  for (const auto& p : model_->parameters()) {
-    if (p.grad().defined()) with_grad.push_back(p);
-  }
-  if (!with_grad.empty()) torch::nn::utils::clip_grad_norm_(with_grad, config_.clip_norm);
+  clip_grad_norm_on_device(model_->parameters(), config_.clip_norm);
   const bool taken = scaler_.should_step();
   if (taken) built_.optimizer->step();
   scaler_.update();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <sstream>
 
 #include "trainer/checkpoint.h"
 #include "trainer/memory_meter.h"
@@ -101,7 +102,9 @@ TEST(TrainStepAmp, ForcedScalerGivesTheSameWeights) {
   const auto eb = scaled.ema_model()->named_parameters();
   for (const auto& item : ea) EXPECT_TRUE(torch::allclose(item.value(), eb[item.key()], 1e-6, 1e-6)) << item.key();
   EXPECT_EQ(plain.ema().updates(), scaled.ema().updates());
-  RecordProperty("max_abs_weight_difference", std::to_string(worst));
+  std::ostringstream worst_text;
+  worst_text << std::scientific << worst;
+  RecordProperty("max_abs_weight_difference", worst_text.str());
 }
 
 TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
