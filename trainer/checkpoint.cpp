@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -289,6 +290,13 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
   choice.insert("warmup_bias_lr", state.optimizer_choice.warmup_bias_lr);
   root.insert("optimizer_choice", choice);
 
+  if (state.has_grad_scaler) {
+    auto scaler = new_dict();
+    scaler.insert("scale", state.grad_scaler.scale);
+    scaler.insert("growth_tracker", state.grad_scaler.growth_tracker);
+    root.insert("grad_scaler", scaler);
+  }
+
   root.insert("model", tensor_dict(state_tensors(*sources.model)));
   if (sources.include_grads) {
     std::vector<std::pair<std::string, torch::Tensor>> grads;
@@ -388,6 +396,16 @@ CheckpointState decode_checkpoint(const std::vector<char>& bytes, const Checkpoi
     s.optimizer_choice.lr = cr.real("lr");
     s.optimizer_choice.momentum = cr.real("momentum");
     s.optimizer_choice.warmup_bias_lr = cr.real("warmup_bias_lr");
+  }
+  if (r.has("grad_scaler")) {
+    const GenericDict c = r.sub("grad_scaler");
+    Reader cr{c, origin, "grad_scaler: "};
+    s.has_grad_scaler = true;
+    s.grad_scaler.scale = cr.real("scale");
+    s.grad_scaler.growth_tracker = cr.integer("growth_tracker");
+    if (!(s.grad_scaler.scale > 0) || !std::isfinite(s.grad_scaler.scale) || s.grad_scaler.growth_tracker < 0) {
+      throw std::runtime_error("checkpoint " + origin + ": grad_scaler state is out of range");
+    }
   }
   {
     const auto cpu = r.get("rng_torch_cpu");

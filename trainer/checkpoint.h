@@ -4,7 +4,8 @@
 // File format: a `torch::pickle_save` zip (readable with torch::pickle_load, or torch.load in Python) holding a
 // dict: format/format_version, model / ema / grads (name -> tensor dicts under state-dict names), ema_updates,
 // optimizer (uint8 bytes of LibTorch's own optimizer archive) and optimizer_type, state (counters), settings,
-// loader_state, rng_* entries, date, version.
+// loader_state, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for mixed-precision runs,
+// so files written before it existed still load.
 
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "trainer/ema.h"
+#include "trainer/grad_scaler.h"
 #include "trainer/rng_state.h"
 #include "trainer/schedule.h"
 
@@ -33,6 +35,8 @@ struct CheckpointState {
   std::string settings_text;       // the run settings as YAML or JSON text
   std::string loader_state;        // opaque text from the data loader (sampler order, position, ...)
   RngState rng;
+  bool has_grad_scaler = false;    // mixed precision: the loss scale and its growth counter continue on resume
+  GradScalerState grad_scaler;
   std::string date;                // written by save_checkpoint (UTC, ISO 8601)
   std::string version;             // written by save_checkpoint (project version)
 };

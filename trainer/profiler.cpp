@@ -37,7 +37,7 @@ struct SyntheticStepRunner::State {
 };
 
 SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image,
-                                         const torch::Device& device, bool channels_last)
+                                         const torch::Device& device, bool channels_last, bool amp)
     : state_(std::make_unique<State>()) {
   state_->imgsz = imgsz;
   state_->labels_per_image = labels_per_image;
@@ -49,6 +49,7 @@ SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgs
   core_config.batches_per_epoch = 1000;
   core_config.channels_last = channels_last;
   core_config.device = device;
+  core_config.amp = amp && device.is_cuda();
   state_->core = std::make_unique<TrainingCore>(DetectionModel(config), DetectionModel(config), core_config);
 }
 
@@ -80,7 +81,7 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
                                double budget_bytes, int max_batch) {
   const BatchSpec spec = parse_batch_spec(settings.batch);
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last);
+  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
   AutoBatchOptions options;
   options.budget_fraction = spec.budget_fraction;
   options.imgsz = settings.imgsz;
@@ -114,7 +115,7 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::string& variant = variants[v];
     const ModelConfig config = load_model_config(variant, 80);
-    SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last);
+    SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
     const std::vector<StepProfile> rows =
         profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.imgsz);
     std::cout << format_profile_table(variant, rows) << std::flush;

@@ -24,8 +24,9 @@ SyntheticBatch synthetic_batch(int64_t batch, int64_t imgsz, int64_t nc, int64_t
 // batch; the optimizer state is created by the first step and kept, as in a real run.
 class SyntheticStepRunner {
  public:
+  // `amp` as the real run uses it (mixed precision on CUDA changes the memory a step needs).
   SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image, const torch::Device& device,
-                      bool channels_last);
+                      bool channels_last, bool amp = false);
   ~SyntheticStepRunner();
   void train_step(int batch);
   void validation_step(int batch);  // forward only, no gradients, eval mode

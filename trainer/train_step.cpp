@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "trainer/autocast.h"
+
 namespace yolo8 {
 
 void to_channels_last(torch::nn::Module& module) {
@@ -25,8 +27,38 @@ std::vector<int64_t> freeze_layer_indices(const std::string& freeze) {
   return first_n;
 }
 
+namespace {
+
+GradScalerConfig scaler_config(const TrainCoreConfig& config) {
+  GradScalerConfig scaler = config.grad_scaler;
+  scaler.enabled = (config.amp && config.device.is_cuda()) || config.force_grad_scaler;
+  return scaler;
+}
+
+// The 2-norm clipping of torch::nn::utils::clip_grad_norm_ (same maths, so the same bits), without its host
+// read of the norm: the scaler's found-inf read stays the only sync of a step.
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  }
+  if (norms.empty()) return;
+  const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+  const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), torch::nullopt, 1.0);
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+}  // namespace
+
 TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const TrainCoreConfig& config)
-    : config_(config), model_(std::move(model)), ema_model_(std::move(ema_model)) {
+    : config_(config),
+      model_(std::move(model)),
+      ema_model_(std::move(ema_model)),
+      scaler_(scaler_config(config)),
+      autocast_(config.amp && config.device.is_cuda()) {
   model_->to(config_.device);
   ema_model_->to(config_.device);
   if (config_.channels_last) {
@@ -86,24 +118,45 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
       chunk_rows.select(1, 0).sub_(static_cast<double>(first));
     }
     const torch::Tensor chunk_images = prepare_images(chunks > 1 ? images.slice(0, first, last) : images);
-    const std::vector<torch::Tensor> feats = model_->forward_maps(chunk_images);
+    std::vector<torch::Tensor> feats;
+    {
+      CudaAutocastGuard autocast(autocast_);
+      feats = model_->forward_maps(chunk_images);
+    }
+    // The loss (assigner, IoU, DFL) runs in float32 on float16 head outputs.
+    if (autocast_) {
+      for (auto& feat : feats) feat = feat.to(torch::kFloat);
+    }
     const LossOutput loss = (*loss_)(feats, targets_from_labels(chunk_rows));
-    loss.total.backward();
+    scaler_.scale(loss.total).backward();
     const double weight = static_cast<double>(last - first) / static_cast<double>(batch);
     outcome.loss_items = outcome.loss_items.defined() ? outcome.loss_items + loss.items * weight
                                                       : (chunks > 1 ? loss.items * weight : loss.items);
   }
   if (schedule_->should_step(ni)) {
-    optimizer_step();
+    const bool taken = optimizer_step();
     schedule_->record_step(ni);
-    outcome.optimizer_stepped = true;
+    outcome.optimizer_stepped = taken;
+    outcome.skipped_non_finite = !taken;
   }
   return outcome;
 }
 
-void TrainingCore::optimizer_step() {
+bool TrainingCore::optimizer_step() {
   if (config_.before_optimizer_step) config_.before_optimizer_step(trainable_);
-  recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm);
+  if (!scaler_.enabled()) {
+    recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm);
+    return true;
+  }
+  // The reference's order: unscale, clip the true gradients, step unless inf/NaN, update the scale.
+  scaler_.unscale(trainable_);
+  clip_grad_norm_on_device(model_->parameters(), config_.clip_norm);
+  const bool taken = scaler_.should_step();
+  if (taken) built_.optimizer->step();
+  scaler_.update();
+  built_.optimizer->zero_grad();
+  if (taken) ema_->update(*model_);
+  return taken;
 }
 
 void TrainingCore::end_epoch() { schedule_->end_epoch(*built_.optimizer); }

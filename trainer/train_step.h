@@ -12,6 +12,7 @@
 
 #include "models/yolo.h"
 #include "trainer/ema.h"
+#include "trainer/grad_scaler.h"
 #include "trainer/loss.h"
 #include "trainer/optimizer.h"
 #include "trainer/schedule.h"
@@ -28,14 +29,21 @@ struct TrainCoreConfig {
   bool channels_last = true;
   std::vector<int64_t> freeze_layers;  // indices of model.N whose parameters stay fixed
   torch::Device device = torch::kCPU;
-  // Called with the trainable parameters once per accumulation window, before clipping: data-parallel runs
-  // combine their gradients here.
+  // Mixed precision: forward under autocast and a gradient scaler. Only on CUDA; ignored on other devices.
+  bool amp = false;
+  // Test hook: the gradient scaler without autocast, on any device (the scaler's maths on CPU).
+  bool force_grad_scaler = false;
+  GradScalerConfig grad_scaler;  // `enabled` is derived from amp / force_grad_scaler
+  // Called with the trainable parameters once per accumulation window, before unscaling and clipping:
+  // data-parallel runs sum their (still scaled) gradients here, so an inf on any rank reaches every rank and
+  // all of them skip the same step.
   std::function<void(const std::vector<torch::Tensor>&)> before_optimizer_step;
 };
 
 struct StepOutcome {
   torch::Tensor loss_items;  // (3) box, cls, dfl (detached)
-  bool optimizer_stepped = false;
+  bool optimizer_stepped = false;  // the optimizer and the EMA moved
+  bool skipped_non_finite = false;  // an accumulation window ended but the scaler found inf/NaN gradients
 };
 
 class TrainingCore {
@@ -58,6 +66,9 @@ class TrainingCore {
   DetectionModel& model() { return model_; }
   DetectionModel& ema_model() { return ema_model_; }
   ModelEma& ema() { return *ema_; }
+  GradScaler& grad_scaler() { return scaler_; }
+  // True when the forward runs under CUDA autocast.
+  bool autocast() const { return autocast_; }
   torch::optim::Optimizer& optimizer() { return *built_.optimizer; }
   TrainSchedule& schedule() { return *schedule_; }
   const BuiltOptimizer& built_optimizer() const { return built_; }
@@ -67,7 +78,8 @@ class TrainingCore {
   std::vector<double> learning_rates() const;
 
  private:
-  void optimizer_step();
+  // Returns false when the scaler skipped the step.
+  bool optimizer_step();
 
   TrainCoreConfig config_;
   DetectionModel model_;
@@ -77,6 +89,8 @@ class TrainingCore {
   std::unique_ptr<TrainSchedule> schedule_;
   std::unique_ptr<DetectionLoss> loss_;
   std::vector<torch::Tensor> trainable_;
+  GradScaler scaler_;
+  bool autocast_ = false;
 };
 
 // Moves every 4-D parameter and buffer to channels-last (faster convolutions on CPU and GPU).

@@ -2,15 +2,21 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <sstream>
+
+#include "trainer/checkpoint.h"
 #include "trainer/memory_meter.h"
 #include "trainer/profiler.h"
 
 namespace yolo8 {
 namespace {
 
-TrainingCore make_core(int64_t batch) {
+TrainingCore make_core(int64_t batch, bool force_grad_scaler = false, bool amp = false) {
   const ModelConfig config = load_model_config("yolov8n.yaml", 3);
   TrainCoreConfig core_config;
+  core_config.force_grad_scaler = force_grad_scaler;
+  core_config.amp = amp;
   core_config.shape = RunShape{64, batch, 10, 3};
   core_config.batches_per_epoch = 8;
   core_config.optim.optimizer = "SGD";
@@ -36,7 +42,9 @@ TEST(TrainStep, StepsTheOptimizerAndMovesTheWeights) {
 TEST(TrainStep, DflProjectionStaysFrozen) {
   TrainingCore core = make_core(2);
   for (const auto& item : core.model()->named_parameters()) {
-    if (item.key().find(".dfl.") != std::string::npos) EXPECT_FALSE(item.value().requires_grad()) << item.key();
+    if (item.key().find(".dfl.") != std::string::npos) {
+      EXPECT_FALSE(item.value().requires_grad()) << item.key();
+    }
   }
 }
 
@@ -62,6 +70,153 @@ TEST(TrainStep, ChunkedStepFitsWhereTheFullBatchDoesNot) {
   core.optimizer().zero_grad();
   EXPECT_NO_THROW(core.step(0, 3, batch.images, batch.labels, 2));
   set_cpu_memory_cap(0);
+}
+
+
+// A power-of-two loss scale commutes with every rounding step, so the scaler (without autocast) trains the
+// same weights as the plain path.
+TEST(TrainStepAmp, ForcedScalerGivesTheSameWeights) {
+  TrainingCore plain = make_core(4);
+  TrainingCore scaled = make_core(4, /*force_grad_scaler=*/true);
+  ASSERT_FALSE(plain.grad_scaler().enabled());
+  ASSERT_TRUE(scaled.grad_scaler().enabled());
+  EXPECT_FALSE(scaled.autocast());
+  for (int64_t ni = 0; ni < 3; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, static_cast<uint64_t>(10 + ni));
+    const StepOutcome a = plain.step(0, ni, batch.images, batch.labels);
+    const StepOutcome b = scaled.step(0, ni, batch.images, batch.labels);
+    EXPECT_TRUE(b.optimizer_stepped);
+    EXPECT_FALSE(b.skipped_non_finite);
+    EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items, 1e-6, 1e-7));
+  }
+  EXPECT_EQ(scaled.grad_scaler().state().growth_tracker, 3);
+  const auto pa = plain.model()->named_parameters();
+  const auto pb = scaled.model()->named_parameters();
+  double worst = 0.0;
+  for (const auto& item : pa) {
+    const torch::Tensor diff = (item.value() - pb[item.key()]).abs().max();
+    worst = std::max(worst, diff.item<double>());
+    EXPECT_TRUE(torch::allclose(item.value(), pb[item.key()], 1e-6, 1e-6)) << item.key();
+  }
+  const auto ea = plain.ema_model()->named_parameters();
+  const auto eb = scaled.ema_model()->named_parameters();
+  for (const auto& item : ea) EXPECT_TRUE(torch::allclose(item.value(), eb[item.key()], 1e-6, 1e-6)) << item.key();
+  EXPECT_EQ(plain.ema().updates(), scaled.ema().updates());
+  std::ostringstream worst_text;
+  worst_text << std::scientific << worst;
+  RecordProperty("max_abs_weight_difference", worst_text.str());
+}
+
+TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
+  TrainingCore core = make_core(4, /*force_grad_scaler=*/true);
+  const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 1);
+  core.step(0, 0, batch.images, batch.labels);  // optimizer state exists, EMA has one update
+  std::vector<torch::Tensor> weights, ema_weights;
+  for (const auto& p : core.model()->parameters()) weights.push_back(p.clone());
+  for (const auto& p : core.ema_model()->parameters()) ema_weights.push_back(p.clone());
+  const int64_t ema_updates = core.ema().updates();
+  const double scale = core.grad_scaler().current_scale();
+
+  torch::Tensor target = core.model()->parameters()[0];
+  ASSERT_TRUE(target.requires_grad());
+  const unsigned hook = target.register_hook(
+      [](const torch::Tensor& grad) { return grad * std::numeric_limits<float>::infinity(); });
+  const StepOutcome outcome = core.step(0, 1, batch.images, batch.labels);
+  target.remove_hook(hook);
+  EXPECT_FALSE(outcome.optimizer_stepped);
+  EXPECT_TRUE(outcome.skipped_non_finite);
+  EXPECT_EQ(core.grad_scaler().current_scale(), scale / 2);
+  EXPECT_EQ(core.ema().updates(), ema_updates);
+  const auto after = core.model()->parameters();
+  for (size_t i = 0; i < weights.size(); ++i) EXPECT_TRUE(torch::equal(weights[i], after[i])) << "parameter " << i;
+  const auto ema_after = core.ema_model()->parameters();
+  for (size_t i = 0; i < ema_weights.size(); ++i) EXPECT_TRUE(torch::equal(ema_weights[i], ema_after[i])) << i;
+  // The poisoned gradients are dropped; the next clean step trains again.
+  const StepOutcome next = core.step(0, 2, batch.images, batch.labels);
+  EXPECT_TRUE(next.optimizer_stepped);
+  EXPECT_EQ(core.ema().updates(), ema_updates + 1);
+  EXPECT_FALSE(torch::equal(weights[0], core.model()->parameters()[0]));
+  EXPECT_TRUE(torch::isfinite(core.model()->parameters()[0]).all().item<bool>());
+}
+
+// batch 2 with nbs 4 accumulates two iterations; growth_interval 1 moves the scale at every optimizer step.
+TrainingCore make_scaled_core() {
+  const ModelConfig config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig core_config;
+  core_config.force_grad_scaler = true;
+  core_config.grad_scaler.growth_interval = 1;
+  core_config.shape = RunShape{64, 2, 10, 3};
+  core_config.batches_per_epoch = 32;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = 4;
+  torch::manual_seed(0);
+  DetectionModel model(config);
+  return TrainingCore(model, DetectionModel(config), core_config);
+}
+
+void run_iterations(TrainingCore& core, int64_t first, int64_t last) {
+  for (int64_t ni = first; ni < last; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(2, 64, 3, 3, static_cast<uint64_t>(20 + ni));
+    core.step(0, ni, batch.images, batch.labels);
+  }
+}
+
+// Stopped in the middle of an accumulation window, the stored gradients are scaled: the resumed run must scale
+// with the same factor to end bitwise where the uninterrupted run does.
+TEST(TrainStepAmp, ScaledRunResumesMidAccumulationBitwise) {
+  TrainingCore uninterrupted = make_scaled_core();
+  run_iterations(uninterrupted, 0, 5);
+  EXPECT_EQ(uninterrupted.grad_scaler().current_scale(), 65536.0 * 4);  // two clean steps, growth after each
+
+  TrainingCore first = make_scaled_core();
+  run_iterations(first, 0, 3);  // step at ni 1, ni 2 accumulated
+  CheckpointState state;
+  state.schedule = first.schedule().state();
+  state.has_grad_scaler = true;
+  state.grad_scaler = first.grad_scaler().state();
+  CheckpointSources sources;
+  sources.model = first.model().ptr().get();
+  sources.ema = &first.ema();
+  sources.optimizer = &first.optimizer();
+  sources.include_grads = true;
+  const std::vector<char> bytes = encode_checkpoint(state, sources);
+
+  torch::manual_seed(123);  // different initial weights: everything must come from the checkpoint
+  TrainingCore resumed = make_scaled_core();
+  CheckpointTargets targets;
+  targets.model = resumed.model().ptr().get();
+  targets.ema = &resumed.ema();
+  targets.optimizer = &resumed.optimizer();
+  const CheckpointState loaded = decode_checkpoint(bytes, targets);
+  to_channels_last(*resumed.model());
+  to_channels_last(*resumed.ema_model());
+  resumed.schedule().restore(loaded.schedule);
+  ASSERT_TRUE(loaded.has_grad_scaler);
+  resumed.grad_scaler().restore(loaded.grad_scaler);
+  run_iterations(resumed, 3, 5);
+
+  EXPECT_EQ(resumed.grad_scaler().current_scale(), uninterrupted.grad_scaler().current_scale());
+  const auto a = uninterrupted.model()->named_parameters();
+  const auto b = resumed.model()->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
+  const auto ea = uninterrupted.ema_model()->named_parameters();
+  const auto eb = resumed.ema_model()->named_parameters();
+  for (const auto& item : ea) EXPECT_TRUE(torch::equal(item.value(), eb[item.key()])) << item.key();
+}
+
+// amp asks for CUDA autocast; on CPU the step is today's float32 step with no scaler.
+TEST(TrainStepAmp, AmpOnCpuIsThePlainStep) {
+  TrainingCore plain = make_core(4);
+  TrainingCore amp = make_core(4, /*force_grad_scaler=*/false, /*amp=*/true);
+  EXPECT_FALSE(amp.grad_scaler().enabled());
+  EXPECT_FALSE(amp.autocast());
+  const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 5);
+  plain.step(0, 0, batch.images, batch.labels);
+  amp.step(0, 0, batch.images, batch.labels);
+  const auto pa = plain.model()->parameters();
+  const auto pb = amp.model()->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
 }
 
 }  // namespace
