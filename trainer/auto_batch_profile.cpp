@@ -57,7 +57,7 @@ AutoBatchProfileRow profile_variant(const std::string& variant, const Settings& 
   row.verification_retries = chosen.steps_down;
   // What a real run does next: more steps at that batch (optimizer state now exists) and validation at 2x.
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last);
+  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
   int64_t peak = 0;
   double seconds = 0;
   for (int step = 0; step < kConfirmationSteps; ++step) {
