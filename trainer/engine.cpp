@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "data/synth.h"
+#include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/engine_common.h"
 #include "trainer/exit_codes.h"
@@ -103,7 +104,7 @@ int run_val(const Settings& settings) {
   config.save_json = settings.save_json;
   DetectionValidator validator(model->nc(), names, config);
   const auto start = Clock::now();
-  engine::run_validation(model, loader, validator, nullptr, device, settings.channels_last, "val");
+  engine::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val");
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
@@ -187,7 +188,12 @@ int run_predict(const Settings& settings) {
                               .to(torch::kFloat)
                               .div_(255.0)
                               .contiguous();
-    torch::Tensor detections = non_max_suppression(model->predict(input).to(torch::kCPU), nms)[0];
+    torch::Tensor prediction;
+    {
+      CudaAutocastGuard autocast(settings.half && device.is_cuda());
+      prediction = model->predict(input);
+    }
+    torch::Tensor detections = non_max_suppression(prediction.to(torch::kCPU, torch::kFloat), nms)[0];
     if (!settings.classes.empty() && detections.size(0) > 0) {
       torch::Tensor keep = torch::zeros({detections.size(0)}, torch::kBool);
       for (int cls : settings.classes) keep |= detections.select(1, 5) == cls;

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <thread>
 
+#include "trainer/autocast.h"
 #include "trainer/plots.h"
 #include "trainer/progress.h"
 #include "trainer/stop_signal.h"
@@ -122,7 +123,7 @@ std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& sp
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
 // empty) receives the first batch's labels and predictions as mosaics.
 void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
-                    const DetectionLoss* loss, const torch::Device& device, bool channels_last,
+                    const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
                     const std::string& prefix, const fs::path& plot_dir, const std::vector<std::string>& names) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
@@ -133,7 +134,13 @@ void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionVa
   while (auto batch = loader.next()) {
     torch::Tensor images = batch->images.to(device).to(torch::kFloat).div_(255.0);
     if (channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);
-    const DetectOutput output = model->forward(images);
+    DetectOutput output;
+    {
+      CudaAutocastGuard autocast(half && device.is_cuda());
+      output = model->forward(images);
+    }
+    output.pred = output.pred.to(torch::kFloat);
+    for (auto& level : output.feats) level = level.to(torch::kFloat);
     const std::vector<torch::Tensor> detections = validator.add_batch(
         output.pred, batch->labels, images.size(2), images.size(3), batch_geometry(*batch), batch->paths);
     if (!plot_dir.empty() && batch->index == 0) {

@@ -67,9 +67,10 @@ std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& sp
                                                      const Settings& settings, bool verbose);
 
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
-// empty) receives the first batch's labels and predictions as mosaics.
+// empty) receives the first batch's labels and predictions as mosaics. `half`: the forward pass under CUDA
+// autocast (the reference validates in half precision on GPUs); NMS and metrics stay float32.
 void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
-                    const DetectionLoss* loss, const torch::Device& device, bool channels_last,
+                    const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
                     const std::string& prefix, const fs::path& plot_dir = {},
                     const std::vector<std::string>& names = {});
 

@@ -475,7 +475,7 @@ void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, st
   val_config.single_cls = settings_.single_cls;
   DetectionValidator validator(nc_, names_, val_config);
   engine::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_,
-                         settings_.channels_last, "      val");
+                         settings_.channels_last, settings_.amp, "      val");
   metrics = validator.results();
   val_loss = validator.mean_loss();
   std::cout << validator.table();
@@ -517,7 +517,7 @@ int TrainingRun::finish() {
     val_config.save_json = settings_.save_json;
     DetectionValidator validator(nc_, names_, val_config);
     engine::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,
-                           "      val", settings_.plots ? run_dir_ : fs::path(), names_);
+                           settings_.amp, "      val", settings_.plots ? run_dir_ : fs::path(), names_);
     std::cout << validator.table();
     if (settings_.save_json) validator.write_json((run_dir_ / "predictions.json").string());
     if (settings_.plots) {
