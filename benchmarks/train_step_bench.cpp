@@ -13,6 +13,9 @@
 
 #include "models/yolo.h"
 #include "trainer/train_step.h"
+#ifdef YOLO8_HAVE_DATA
+#include "data/loader.h"
+#endif
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -32,6 +35,9 @@ torch::Tensor synthetic_labels(int64_t batch, int64_t per_image, int64_t nc) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef YOLO8_HAVE_DATA
+  yolo8::data::keep_large_buffers_in_heap();  // as in training, where the loader sets it
+#endif
   std::map<std::string, std::string> args{{"imgsz", "320"}, {"batch", "16"}, {"steps", "5"}, {"model", "yolov8n.yaml"},
                                           {"labels", "8"}, {"threads", "0"}};
   std::string json_path = "benchmarks/results/train_step.json";

@@ -79,19 +79,6 @@ double available_memory_bytes() {
   return -1;
 }
 
-// Decoded images, canvases and batch tensors are a few MB each and live for one batch. By default glibc hands such
-// blocks back to the kernel when freed and page-faults them in again for the next batch, which cost 8 % of the
-// loader's time at imgsz 640; kept in the heap, their pages are reused.
-void keep_large_buffers_in_heap() {
-#ifdef __GLIBC__
-  static std::once_flag once;
-  std::call_once(once, [] {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);   // glibc's maximum
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);  // what the heap may keep unused before returning it
-  });
-#endif
-}
-
 bool is_jpeg(const std::string& path) {
   auto dot = path.find_last_of('.');
   if (dot == std::string::npos) return false;
@@ -427,6 +414,19 @@ std::optional<Batch> DataLoader::next() {
 std::pair<int64_t, int64_t> DataLoader::position() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {epoch_, consume_next_};
+}
+
+// Decoded images, canvases and batch tensors are a few MB each and live for one batch. By default glibc hands such
+// blocks back to the kernel when freed and page-faults them in again for the next batch, which cost 8 % of the
+// loader's time at imgsz 640; kept in the heap, their pages are reused.
+void keep_large_buffers_in_heap() {
+#ifdef __GLIBC__
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);   // glibc's maximum
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);  // what the heap may keep unused before returning it
+  });
+#endif
 }
 
 std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::string& split, const LoaderConfig& cfg,

@@ -107,6 +107,11 @@ class DataLoader {
   Batch build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool closed) const;
 };
 
+// Keeps multi-megabyte buffers (decoded images, batch tensors, activations) in the heap instead of fresh kernel
+// mappings that are page-faulted in again for every batch (glibc; process-wide, idempotent). The loader calls it;
+// programs that train without one (benchmarks of the bare step) call it to measure the same allocator.
+void keep_large_buffers_in_heap();
+
 // The trainer's entry point: verifies (or reads the cached index of) one split of a data.yaml, prints its report
 // to `log` when given, and returns a loader; throws naming the split when no usable image is left.
 // train = augmented, shuffled batches; otherwise validation batches (letterbox, rectangular, sorted).
