@@ -6,16 +6,22 @@
 # runs the unit and golden tests (the CUDA ones included), profiles every variant at 640 on synthetic batches and
 # sizes batch=auto under two budgets. Results land in $OUT (default build-gpu/out): at most 8 files.
 # Each stage has its own time limit so that a slow one still leaves the others their turn.
+# A dry run on a CPU machine: OUT=/tmp/gpu IMGSZ=128 VARIANTS=n BATCHES=1,2 BUDGETS=0.5 BUILD_TIMEOUT=1200 bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 start=$(date +%s)
+imgsz=${IMGSZ:-640}
+variants=${VARIANTS:-n,s,m,l,x}
+batches=${BATCHES:-1,2,4,8,16,32}
+budgets=${BUDGETS:-16 40}
+build_timeout=${BUILD_TIMEOUT:-330}
 stage() { echo "== $(( $(date +%s) - start )) s: $*"; }
 
 stage "machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || echo "no nvidia-smi"
 nproc
 
 stage "unpack .deps"
@@ -43,15 +49,16 @@ done
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 
 stage "configure"
-torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null ||
+  echo "no PyTorch in python3: CMake looks for LibTorch in the usual places"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
   -DYOLO8_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_OpenCV=ON || { stage "configure failed"; exit 1; }
 grep -q "YOLO8_WITH_CUDA:.*ON\|CUDA=ON" build-gpu/CMakeCache.txt || true
 
 stage "build"
 # -k 0: every error of this compiler in one run (LibTorch 2.x API differences show up only here).
-timeout 330 ninja -C build-gpu -k 0 2>&1 | grep -E "error|FAILED|warning: .*deprecated|^\[[0-9]+/[0-9]+\] Linking" | head -80
+timeout "$build_timeout" ninja -C build-gpu -k 0 2>&1 | grep -E "error|FAILED|warning: .*deprecated|^\[[0-9]+/[0-9]+\] Linking" | head -80
 if [[ ! -x build-gpu/trainer/yolo8 ]]; then stage "build failed"; exit 1; fi
 yolo8=build-gpu/trainer/yolo8
 
@@ -59,15 +66,15 @@ stage "tests (unit, golden; CUDA ones included)"
 timeout 120 ctest --test-dir build-gpu -L "unit|golden" -j 8 --timeout 100 --output-on-failure > "$OUT/ctest.log" 2>&1
 tail -15 "$OUT/ctest.log"
 
-stage "profile n,s,m,l,x at 640"
-timeout 150 $yolo8 profile variants=n,s,m,l,x imgsz=640 batch=1,2,4,8,16,32 device=0 project=/tmp/yolo8-runs \
+stage "profile $variants at $imgsz"
+timeout 150 $yolo8 profile variants=$variants imgsz=$imgsz batch=$batches device=0 project=/tmp/yolo8-runs \
   name=variants exist_ok=true
-cp /tmp/yolo8-runs/profile/variants/profile.json "$OUT/profile_640.json" 2>/dev/null
+cp /tmp/yolo8-runs/profile/variants/profile.json "$OUT/profile_$imgsz.json" 2>/dev/null
 cp /tmp/yolo8-runs/profile/variants/memory-table.yaml "$OUT/memory-table.yaml" 2>/dev/null
 
-for budget in 16 40; do
+for budget in $budgets; do
   stage "batch=auto under gpu_mem=$budget GiB"
-  timeout 90 $yolo8 profile variants=n,s,m,l,x imgsz=640 batch=auto gpu_mem=$budget device=0 \
+  timeout 90 $yolo8 profile variants=$variants imgsz=$imgsz batch=auto gpu_mem=$budget device=0 \
     project=/tmp/yolo8-runs name=auto$budget exist_ok=true | grep -v "auto-batch:"
   cp /tmp/yolo8-runs/profile/auto$budget/auto_batch.json "$OUT/auto_batch_${budget}gib.json" 2>/dev/null
 done
