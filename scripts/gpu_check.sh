@@ -65,6 +65,8 @@ yolo8=build-gpu/trainer/yolo8
 stage "tests (unit, golden; CUDA ones included)"
 timeout 120 ctest --test-dir build-gpu -L "unit|golden" -j 8 --timeout 100 --output-on-failure > "$OUT/ctest.log" 2>&1
 tail -15 "$OUT/ctest.log"
+# The CUDA-only tests again, with their printed figures (ctest shows output only on failure).
+timeout 60 build-gpu/tests/trainer/test_trainer_unit --gtest_filter='*Cuda*:*CUDA*'
 
 stage "profile $variants at $imgsz"
 timeout 150 $yolo8 profile variants=$variants imgsz=$imgsz batch=$batches device=0 project=/tmp/yolo8-runs \
