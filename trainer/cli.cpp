@@ -39,8 +39,10 @@ const std::vector<ModeInfo>& modes() {
        "yolo8 export model=best.pt format=state_dict out=best_state_dict.pt", {"model", "format", "out"}},
       {"info", "print a model's layers, parameters and GFLOPs at 640",
        "yolo8 info model=yolov8m.yaml", {"model", "imgsz"}},
-      {"profile", "measure peak memory and speed of training steps on synthetic batches",
-       "yolo8 profile model=yolov8s.yaml imgsz=640 batch=1,2,4,8,16", {"model", "imgsz", "batch", "device"}},
+      {"profile",
+       "measure peak memory and speed of training steps on synthetic batches; variants=n,s,m,l,x profiles "
+       "several models; batch=auto gpu_mem=G shows the batch each one gets under a G GiB budget",
+       "yolo8 profile model=yolov8s.yaml imgsz=640 batch=1,2,4,8,16", {"model", "imgsz", "batch", "device", "gpu_mem"}},
       {"data", "dataset tools: `data check data=d.yaml`, `data synth out=DIR train=N val=M imgsz=S seed=K`",
        "yolo8 data check data=datasets/defects/data.yaml", {"data", "imgsz", "seed", "out", "workers"}},
   };

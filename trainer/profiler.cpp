@@ -88,7 +88,7 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
   options.nominal_batch = settings.nbs;
   options.max_batch = std::max(1, max_batch);
   options.device = device;
-  options.log = [](const std::string& line) { std::cout << "  auto-batch: " << line << "\n"; };
+  options.log = [](const std::string& line) { std::cout << "  " << line << "\n"; };  // lines name auto-batch
   options.validation_step = [&](int batch) {
     return measure_peak_bytes(meter, [&] { runner.validation_step(batch); });
   };
