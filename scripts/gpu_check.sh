@@ -52,6 +52,11 @@ stage "configure"
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null ||
   echo "no PyTorch in python3: CMake looks for LibTorch in the usual places"
+# NCCL's header comes with its pip package (nvidia-nccl-*), not with LibTorch; without it NCCL is left out.
+nccl_include=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' \
+  2>/dev/null || true)
+if [[ -n $nccl_include && -f $nccl_include/nccl.h ]]; then export CPATH=$nccl_include${CPATH:+:$CPATH}; fi
+echo "nccl.h: ${nccl_include:-not found}"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
   -DYOLO8_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_OpenCV=ON || { stage "configure failed"; exit 1; }
 grep -q "YOLO8_WITH_CUDA:.*ON\|CUDA=ON" build-gpu/CMakeCache.txt || true

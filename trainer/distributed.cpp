@@ -1,14 +1,21 @@
 #include "trainer/distributed.h"
 
-// The c10d Gloo header compiles only with this switch, which LibTorch's CMake config does not export; it is
-// defined here rather than as a compile flag so every target keeps the shared precompiled header.
+// Each backend is built where its library's headers are present: Debian ships Gloo's (libgloo-dev), a PyTorch
+// wheel may ship neither Gloo's nor NCCL's. The c10d headers compile only with the USE_C10D_* switches, which
+// LibTorch's CMake config does not export; they are defined here rather than as compile flags so every target
+// keeps the shared precompiled header.
+#if __has_include(<gloo/config.h>)
+#define YOLO8_HAVE_GLOO 1
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO 1
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
-#ifdef YOLO8_WITH_CUDA
+#if defined(YOLO8_WITH_CUDA) && __has_include(<nccl.h>)
+#define YOLO8_HAVE_NCCL 1
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
 #endif
@@ -158,6 +165,7 @@ DistributedContext::DistributedContext(const DistributedConfig& config, torch::D
   }
   try {
     if (backend == "gloo") {
+#ifdef YOLO8_HAVE_GLOO
       auto options = c10d::ProcessGroupGloo::Options::create(config_.timeout);
       // A loopback master means a single machine; elsewhere GLOO_SOCKET_IFNAME picks the interface or the
       // host name decides, as with torchrun.
@@ -172,8 +180,12 @@ DistributedContext::DistributedContext(const DistributedConfig& config, torch::D
       impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, config_.rank, config_.world_size,
                                                                  options);
       impl->device = torch::kCPU;
+#else
+      throw std::invalid_argument("this yolo8 was built without Gloo (no gloo/config.h at build time): "
+                                  "data-parallel CPU training needs it (Debian: libgloo-dev)");
+#endif
     } else if (backend == "nccl") {
-#ifdef YOLO8_WITH_CUDA
+#ifdef YOLO8_HAVE_NCCL
       if (!device.is_cuda()) throw std::invalid_argument("the nccl backend needs a CUDA device");
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = config_.timeout;
@@ -181,7 +193,7 @@ DistributedContext::DistributedContext(const DistributedConfig& config, torch::D
                                                                  options);
       impl->device = device;
 #else
-      throw std::invalid_argument("the nccl backend needs a CUDA build of yolo8");
+      throw std::invalid_argument("the nccl backend needs a CUDA build of yolo8 with NCCL's headers (nccl.h)");
 #endif
     }
   } catch (const std::invalid_argument&) {
