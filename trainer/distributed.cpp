@@ -67,7 +67,7 @@ int parse_int_variable(const char* name, const char* value, int min_value, int m
   return static_cast<int>(parsed);
 }
 
-bool is_loopback(const std::string& address) {
+[[maybe_unused]] bool is_loopback(const std::string& address) {
   return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
 }
 
