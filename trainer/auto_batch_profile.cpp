@@ -15,6 +15,7 @@
 #include "trainer/memory_model.h"
 #include "trainer/profiler.h"
 #include "trainer/run_dir.h"
+#include "trainer/threads.h"
 
 namespace yolo8 {
 namespace fs = std::filesystem;
@@ -125,6 +126,7 @@ std::string format_auto_batch_profile(const std::vector<AutoBatchProfileRow>& ro
 
 std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings,
                                                          const std::vector<std::string>& variants) {
+  configure_threads(settings);
   const torch::Device device = profile_device(settings);
   const double budget = memory_budget_bytes(settings, device);
   // The cap a leased run gets: going over it is an out-of-memory error, not a neighbour's problem.

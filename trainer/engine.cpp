@@ -80,7 +80,7 @@ std::string resolve_resume_checkpoint(const Settings& settings) {
 int run_train(const Settings& settings) { return TrainingRun(settings).run(); }
 
 int run_val(const Settings& settings) {
-  engine::configure_threads(settings);
+  configure_threads(settings);
   if (settings.data.empty()) throw SettingsError("setting 'data' is required for val");
   const torch::Device device = engine::pick_device(settings);
   data::DatasetSpec spec = as_input_error([&] { return data::load_data_yaml(settings.data); });
@@ -147,7 +147,7 @@ std::vector<std::string> list_images(const std::string& source) {
 }  // namespace
 
 int run_predict(const Settings& settings) {
-  engine::configure_threads(settings);
+  configure_threads(settings);
   if (settings.source.empty()) throw SettingsError("setting 'source' is required for predict (an image or a folder)");
   const torch::Device device = engine::pick_device(settings);
   LoadedModel loaded = load_any_model(settings.model);

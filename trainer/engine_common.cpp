@@ -43,12 +43,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void configure_threads(const Settings& settings) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(settings.threads > 0 ? settings.threads : cores);
-  at::globalContext().setDeterministicAlgorithms(settings.deterministic, /*warn_only=*/true);
-}
-
 torch::Device pick_device(const Settings& settings) {
   const std::vector<int> ids = settings.device_ids();
 #ifdef YOLO8_WITH_CUDA

@@ -23,6 +23,7 @@
 #include "trainer/engine.h"
 #include "trainer/loss.h"
 #include "trainer/settings.h"
+#include "trainer/threads.h"
 #include "trainer/validator.h"
 
 namespace yolo8::engine {
@@ -57,7 +58,6 @@ void try_plot(const std::string& what, Function&& function) {
   }
 }
 
-void configure_threads(const Settings& settings);
 torch::Device pick_device(const Settings& settings);
 
 data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train);

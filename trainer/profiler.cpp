@@ -10,6 +10,7 @@
 #include "trainer/memory_meter.h"
 #include "trainer/memory_model.h"
 #include "trainer/run_dir.h"
+#include "trainer/threads.h"
 #include "trainer/train_step.h"
 
 namespace yolo8 {
@@ -97,6 +98,7 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
 }
 
 int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches) {
+  configure_threads(settings);
   torch::Device device = torch::kCPU;
 #ifdef YOLO8_WITH_CUDA
   if (!settings.device_ids().empty()) device = torch::Device(torch::kCUDA, settings.device_ids().front());

@@ -43,7 +43,7 @@ int TrainingRun::run() {
 std::optional<int> TrainingRun::set_up() {
   run_start_ = Clock::now();
   install_stop_signal_handlers();
-  engine::configure_threads(requested_);
+  configure_threads(requested_);
   settings_ = requested_;
   resume_path_ = resolve_resume_checkpoint(requested_);
   if (!resume_path_.empty()) adopt_resumed_settings();
