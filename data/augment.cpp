@@ -281,8 +281,9 @@ struct AxisSpan {
 AxisSpan plan_axis(double gain, double shift, int in_size, int out_size) {
   const double edge_shift = shift + 0.5 - 0.5 * gain;  // the same map for edges
   AxisSpan a;
-  a.src0 = std::max(0, static_cast<int>(std::floor(-edge_shift / gain)));
-  a.src1 = std::min(in_size, static_cast<int>(std::ceil((out_size - edge_shift) / gain)));
+  // Clamped in double first: a tiny gain (scale close to 1 - scale) puts these far outside int's range.
+  a.src0 = static_cast<int>(std::clamp(std::floor(-edge_shift / gain), 0.0, static_cast<double>(in_size)));
+  a.src1 = static_cast<int>(std::clamp(std::ceil((out_size - edge_shift) / gain), 0.0, static_cast<double>(in_size)));
   if (a.src1 <= a.src0) return {};
   a.dst0 = static_cast<int>(std::lround(edge_shift + gain * a.src0));
   a.dst1 = static_cast<int>(std::lround(edge_shift + gain * a.src1));

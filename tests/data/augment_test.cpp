@@ -209,6 +209,29 @@ TEST(DataPerspective, AxisAlignedResizeMatchesGeneralWarp) {
   EXPECT_GT(checked, 30);
 }
 
+// Scale gains near 0 and near 2 (scale=0.999) keep the output size and boxes inside the image, without overflow.
+TEST(DataPerspective, ExtremeScalesStayInsideTheImage) {
+  cv::Mat img(48, 64, CV_8UC3, cv::Scalar::all(114));
+  img(cv::Rect(10, 10, 20, 20)).setTo(cv::Scalar::all(250));
+  AugmentConfig cfg;
+  cfg.scale = 0.999;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    for (int border : {0, -16}) {
+      std::vector<PixBox> boxes = {{0, 10, 10, 30, 30}};
+      Rng rng(seed);
+      cv::Mat out;
+      random_perspective(img, boxes, cfg, border, rng, out, seed % 2, false);
+      ASSERT_EQ(out.size(), cv::Size(64 + 2 * border, 48 + 2 * border));
+      for (const auto& b : boxes) {
+        EXPECT_GE(b.x1, 0);
+        EXPECT_LE(b.x2, out.cols);
+        EXPECT_GE(b.y1, 0);
+        EXPECT_LE(b.y2, out.rows);
+      }
+    }
+  }
+}
+
 // The table loop equals the reference recipe: BGR->HSV, cv::LUT with the three gains, HSV->BGR.
 // The fused mosaic + warp (partial canvas) equals building the whole canvas and warping it.
 TEST(DataMosaic, FusedEqualsCanvasThenWarp) {
