@@ -52,11 +52,11 @@ int orientation_from_app1(const uint8_t* data, size_t size) {
   const size_t n = size - 6;
   const bool little = tiff[0] == 'I' && tiff[1] == 'I';
   if (!little && !(tiff[0] == 'M' && tiff[1] == 'M')) return 1;
-  const uint32_t ifd = read_u32(tiff + 4, little);
+  const size_t ifd = read_u32(tiff + 4, little);  // size_t: an offset near 4 GiB must not wrap past the check
   if (ifd + 2 > n) return 1;
-  const uint32_t entries = read_u16(tiff + ifd, little);
-  for (uint32_t e = 0; e < entries; ++e) {
-    const size_t at = ifd + 2 + 12 * static_cast<size_t>(e);
+  const size_t entries = read_u16(tiff + ifd, little);
+  for (size_t e = 0; e < entries; ++e) {
+    const size_t at = ifd + 2 + 12 * e;
     if (at + 12 > n) return 1;
     if (read_u16(tiff + at, little) == 0x0112) {
       const uint32_t value = read_u16(tiff + at + 8, little);
@@ -102,7 +102,8 @@ bool decode_jpeg(const std::vector<uint8_t>& bytes, int reduce, cv::Mat& out, in
     return false;
   }
   jpeg_create_decompress(&info);
-  jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  // Older libjpeg declares the buffer non-const; it is only read.
+  jpeg_mem_src(&info, const_cast<unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
   jpeg_save_markers(&info, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&info, TRUE);
   orientation = 1;

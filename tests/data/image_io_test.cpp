@@ -81,6 +81,19 @@ TEST(DataImageIo, EveryExifOrientationMatchesImread) {
   }
 }
 
+// An IFD offset near 4 GiB (or past the segment) is ignored: orientation 1, no read outside the buffer.
+TEST(DataImageIo, HostileExifOffsetsAreIgnored) {
+  const cv::Mat img = test_picture(24, 32);
+  for (const uint32_t offset : {0xFFFFFFFEu, 0xFFFFFFF0u, 0x10000u, 30u}) {
+    std::vector<uint8_t> bytes = jpeg_with_orientation(img, 6, false);
+    // SOI, APP1 marker and length, "Exif\0\0", "II", 42: the IFD offset starts at byte 16.
+    for (int k = 0; k < 4; ++k) bytes[16 + k] = static_cast<uint8_t>(offset >> (8 * k));
+    EXPECT_EQ(jpeg_exif_orientation(bytes), 1) << offset;
+    const cv::Mat got = decode_image(bytes);
+    ASSERT_EQ(got.size(), img.size()) << offset;
+  }
+}
+
 TEST(DataImageIo, ReducedDecodeMatchesImreadReduced) {
   const std::string dir = test::scratch_dir("reduced");
   const cv::Mat img = test_picture(203, 317);  // odd sizes: the reduced size rounds up
