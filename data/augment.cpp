@@ -203,6 +203,22 @@ struct Warp {
   bool needed = true;  // false: the identity, the image is copied
 };
 
+// Left-right / up-down flips of a width x height image as a matrix. Pixel centres flip as x -> W - 1 - x
+// (cv::flip, `centres`), box edges as x -> W - x.
+cv::Matx33d flip_matrix(bool flip_lr, bool flip_ud, int width, int height, bool centres) {
+  cv::Matx33d flip = cv::Matx33d::eye();
+  const int shift = centres ? 1 : 0;
+  if (flip_lr) {
+    flip(0, 0) = -1;
+    flip(0, 2) = width - shift;
+  }
+  if (flip_ud) {
+    flip(1, 1) = -1;
+    flip(1, 2) = height - shift;
+  }
+  return flip;
+}
+
 // The reference's matrix M = T * S * R * P * C with its draws in the same order; flips folded in last.
 Warp draw_warp(int in_w, int in_h, const AugmentConfig& cfg, int border, Rng& rng, bool flip_lr, bool flip_ud) {
   Warp w;
@@ -226,20 +242,8 @@ Warp draw_warp(int in_w, int in_h, const AugmentConfig& cfg, int border, Rng& rn
   trans(0, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * w.width;
   trans(1, 2) = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * w.height;
   const cv::Matx33d m = trans * shear_m * rot * persp_m * center;
-  // Pixel centres flip as x -> W - 1 - x (cv::flip), box edges as x -> W - x.
-  cv::Matx33d flip_img = cv::Matx33d::eye(), flip_box = cv::Matx33d::eye();
-  if (flip_lr) {
-    flip_img(0, 0) = flip_box(0, 0) = -1;
-    flip_img(0, 2) = w.width - 1;
-    flip_box(0, 2) = w.width;
-  }
-  if (flip_ud) {
-    flip_img(1, 1) = flip_box(1, 1) = -1;
-    flip_img(1, 2) = w.height - 1;
-    flip_box(1, 2) = w.height;
-  }
-  w.m_img = flip_img * m;
-  w.m_box = flip_box * m;
+  w.m_img = flip_matrix(flip_lr, flip_ud, w.width, w.height, true) * m;
+  w.m_box = flip_matrix(flip_lr, flip_ud, w.width, w.height, false) * m;
   w.m_plain = m;
   w.flip_lr = flip_lr;
   w.flip_ud = flip_ud;
@@ -312,16 +316,7 @@ cv::Matx33d axis_box_matrix(const Warp& w, const AxisPlan& plan) {
   } else {
     m(0, 0) = m(1, 1) = 0;  // nothing of the input is visible: every box collapses and is dropped
   }
-  cv::Matx33d flip = cv::Matx33d::eye();
-  if (w.flip_lr) {
-    flip(0, 0) = -1;
-    flip(0, 2) = w.width;
-  }
-  if (w.flip_ud) {
-    flip(1, 1) = -1;
-    flip(1, 2) = w.height;
-  }
-  return flip * m;
+  return flip_matrix(w.flip_lr, w.flip_ud, w.width, w.height, false) * m;
 }
 
 // The snapped region may overhang the output by a pixel or two on each side. The output is a view into a buffer

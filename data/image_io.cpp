@@ -141,24 +141,6 @@ int reduced_flag(int reduce) {
 
 }  // namespace
 
-int jpeg_exif_orientation(const std::vector<uint8_t>& bytes) {
-  if (!is_jpeg_stream(bytes)) return 1;
-  size_t at = 2;
-  // Walk the marker segments up to the first scan.
-  while (at + 4 <= bytes.size() && bytes[at] == 0xFF) {
-    const uint8_t marker = bytes[at + 1];
-    if (marker == 0xDA || marker == 0xD9) break;
-    const size_t length = static_cast<size_t>(bytes[at + 2]) << 8 | bytes[at + 3];
-    if (length < 2 || at + 2 + length > bytes.size()) break;
-    if (marker == 0xE1) {
-      const int found = orientation_from_app1(bytes.data() + at + 4, length - 2);
-      if (found != 1) return found;
-    }
-    at += 2 + length;
-  }
-  return 1;
-}
-
 cv::Mat decode_image(const std::vector<uint8_t>& bytes, int reduce) {
   if (reduce != 1 && reduce != 2 && reduce != 4 && reduce != 8) reduce = 1;
   cv::Mat img;

@@ -16,7 +16,4 @@ cv::Mat read_image(const std::string& path, int reduce = 1);
 // The same from bytes already in memory.
 cv::Mat decode_image(const std::vector<uint8_t>& bytes, int reduce = 1);
 
-// EXIF orientation (1..8) found in a JPEG's APP1 segment; 1 when there is none.
-int jpeg_exif_orientation(const std::vector<uint8_t>& bytes);
-
 }  // namespace yolo8::data

@@ -20,16 +20,6 @@
 namespace yolo8 {
 namespace fs = std::filesystem;
 
-torch::Device profile_device(const Settings& settings) {
-#ifdef YOLO8_WITH_CUDA
-  if (!settings.device_ids().empty()) return torch::Device(torch::kCUDA, settings.device_ids().front());
-  if (settings.device != "cpu" && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
-#else
-  (void)settings;
-#endif
-  return torch::kCPU;
-}
-
 namespace {
 
 constexpr int kConfirmationSteps = 3;

@@ -11,9 +11,6 @@
 
 namespace yolo8 {
 
-// The device a profile runs on: device=N (or the first of a list) on CUDA, else the CPU.
-torch::Device profile_device(const Settings& settings);
-
 struct AutoBatchProfileRow {
   std::string variant;
   bool fits = false;           // false: not even batch 1 fits the budget

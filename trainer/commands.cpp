@@ -9,10 +9,10 @@
 
 #include "models/model_info.h"
 #include "models/weights.h"
+#include "trainer/auto_batch_profile.h"
 #include "trainer/distributed.h"
 #include "trainer/engine.h"
 #include "trainer/exit_codes.h"
-#include "trainer/auto_batch_profile.h"
 #include "trainer/profiler.h"
 #include "trainer/settings.h"
 
@@ -102,12 +102,16 @@ int run_mode(const CommandLine& command) {
     auto keys = take_keys(pairs, {"batch", "variants"});
     Settings settings = resolve_settings(pairs, "profile");
     const std::string batch_list = keys.count("batch") ? keys["batch"] : "1,2,4,8,16";
-    const bool auto_batch = batch_list == "auto" || batch_list == "-1" ||
-                            (batch_list.find(',') == std::string::npos && batch_list.find('.') != std::string::npos);
+    // One value that batch= reads as auto (auto, -1, a fraction) sizes the batch; anything else is a list.
+    bool auto_batch = false;
+    if (batch_list.find(',') == std::string::npos) {
+      Settings single = settings;
+      set_setting(single, "batch", batch_list, "command line");
+      auto_batch = parse_batch_spec(single.batch).automatic;
+      if (auto_batch) settings = single;
+    }
     Settings scratch;
-    if (auto_batch) {
-      set_setting(settings, "batch", batch_list, "command line");
-    } else {
+    if (!auto_batch) {
       set_setting(scratch, "classes", batch_list, "command line");
     }
     std::vector<int> batches = scratch.classes;

@@ -97,13 +97,19 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
                       budget_bytes, options);
 }
 
+torch::Device profile_device(const Settings& settings) {
+#ifdef YOLO8_WITH_CUDA
+  if (!settings.device_ids().empty()) return torch::Device(torch::kCUDA, settings.device_ids().front());
+  if (settings.device != "cpu" && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+#else
+  (void)settings;
+#endif
+  return torch::kCPU;
+}
+
 int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches) {
   configure_threads(settings);
-  torch::Device device = torch::kCPU;
-#ifdef YOLO8_WITH_CUDA
-  if (!settings.device_ids().empty()) device = torch::Device(torch::kCUDA, settings.device_ids().front());
-  else if (settings.device != "cpu" && torch::cuda::is_available()) device = torch::Device(torch::kCUDA, 0);
-#endif
+  const torch::Device device = profile_device(settings);
   const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
   MemoryMeter meter(device);
   MemoryTable table;

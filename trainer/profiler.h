@@ -36,6 +36,9 @@ class SyntheticStepRunner {
   std::unique_ptr<State> state_;
 };
 
+// The device a profile runs on: device=N (or the first of a list) on CUDA, else the CPU.
+torch::Device profile_device(const Settings& settings);
+
 // Memory budget in bytes for the run: the lease's memory, else gpu_mem GiB, else the device's memory.
 double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib = 0.0);
 

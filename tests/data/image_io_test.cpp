@@ -68,7 +68,6 @@ TEST(DataImageIo, EveryExifOrientationMatchesImread) {
   for (int orientation = 1; orientation <= 8; ++orientation) {
     for (bool big_endian : {false, true}) {
       const auto bytes = jpeg_with_orientation(img, orientation, big_endian);
-      EXPECT_EQ(jpeg_exif_orientation(bytes), orientation);
       const std::string path = write_bytes(dir, "o" + std::to_string(orientation) + ".jpg", bytes);
       const cv::Mat expected = cv::imread(path, cv::IMREAD_COLOR);
       const cv::Mat got = read_image(path);
@@ -88,9 +87,9 @@ TEST(DataImageIo, HostileExifOffsetsAreIgnored) {
     std::vector<uint8_t> bytes = jpeg_with_orientation(img, 6, false);
     // SOI, APP1 marker and length, "Exif\0\0", "II", 42: the IFD offset starts at byte 16.
     for (int k = 0; k < 4; ++k) bytes[16 + k] = static_cast<uint8_t>(offset >> (8 * k));
-    EXPECT_EQ(jpeg_exif_orientation(bytes), 1) << offset;
     const cv::Mat got = decode_image(bytes);
-    ASSERT_EQ(got.size(), img.size()) << offset;
+    ASSERT_EQ(got.size(), img.size()) << offset;  // orientation 6 would have swapped the sides
+    EXPECT_EQ(cv::norm(got, decode_image(jpeg_with_orientation(img, 1, false)), cv::NORM_INF), 0) << offset;
   }
 }
 
