@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "trainer/checkpoint.h"
-#include "trainer/ema.h"
-#include "trainer/optimizer.h"
-#include "trainer/schedule.h"
+#include "trainer/core/checkpoint.h"
+#include "trainer/core/ema.h"
+#include "trainer/core/optimizer.h"
+#include "trainer/core/schedule.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "benchmarks/loss_nms_bench_util.h"
-#include "trainer/box_ops.h"
-#include "trainer/loss.h"
+#include "trainer/detect/box_ops.h"
+#include "trainer/detect/loss.h"
 
 namespace {
 

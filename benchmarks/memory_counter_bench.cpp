@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainer/memory_meter.h"
+#include "trainer/core/memory_meter.h"
 
 namespace {
 

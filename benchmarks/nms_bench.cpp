@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "benchmarks/loss_nms_bench_util.h"
-#include "trainer/nms.h"
+#include "trainer/detect/nms.h"
 
 int main(int argc, char** argv) {
   using namespace yolo8;

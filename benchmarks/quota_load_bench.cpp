@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "quota/http_server.h"
-#include "quota/policy.h"
-#include "quota/service.h"
-#include "quota/sha256.h"
-#include "quota/store.h"
+#include "quota/server/http_server.h"
+#include "quota/core/policy.h"
+#include "quota/service/service.h"
+#include "quota/core/sha256.h"
+#include "quota/store/store.h"
 
 using namespace yolo8::quota;
 using nlohmann::json;

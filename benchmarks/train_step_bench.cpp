@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "models/yolo.h"
-#include "trainer/train_step.h"
-#ifdef YOLO8_HAVE_DATA
+#include "trainer/core/train_step.h"
+#ifdef YOLO8_BENCH_HEAP_TUNING
 #include "data/loader.h"
 #endif
 
@@ -35,7 +35,7 @@ torch::Tensor synthetic_labels(int64_t batch, int64_t per_image, int64_t nc) {
 }  // namespace
 
 int main(int argc, char** argv) {
-#ifdef YOLO8_HAVE_DATA
+#ifdef YOLO8_BENCH_HEAP_TUNING
   yolo8::data::keep_large_buffers_in_heap();  // as in training, where the loader sets it
 #endif
   std::map<std::string, std::string> args{{"imgsz", "320"}, {"batch", "16"}, {"steps", "5"}, {"model", "yolov8n.yaml"},
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       const auto feats = core.model()->forward_maps(input);
       const double forward_ms = ms_since(start);
       start = Clock::now();
-      const auto loss = core.loss()(feats, yolo8::TrainingCore::targets_from_labels(labels));
+      const auto loss = core.loss()(feats, yolo8::LossTargets::from_label_rows(labels));
       const double loss_ms = ms_since(start);
       start = Clock::now();
       loss.total.backward();

@@ -174,6 +174,21 @@ bool DataLoader::update_close_mosaic(int64_t epoch, int64_t epochs) {
   return mosaic();
 }
 
+std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("shard_order: rank " + std::to_string(rank) + " of world size " +
+                                std::to_string(world_size));
+  }
+  const size_t world = static_cast<size_t>(world_size);
+  const size_t n = global_order.size();
+  if (n == 0) return {};
+  const size_t per_rank = (n + world - 1) / world;
+  std::vector<size_t> shard;
+  shard.reserve(per_rank);
+  for (size_t k = 0; k < per_rank; ++k) shard.push_back(global_order[(static_cast<size_t>(rank) + k * world) % n]);
+  return shard;
+}
+
 std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
   if (rect_) return rect_order_;
   std::vector<size_t> order(records_.size());
@@ -182,15 +197,7 @@ std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
     Rng rng(Rng::mix(cfg_.seed, static_cast<uint64_t>(epoch), ~uint64_t{0}));
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.randint(i))]);
   }
-  if (train_ && cfg_.world_size > 1 && !order.empty()) {
-    // Every rank gets the same count: the order is padded from its start, then dealt out round-robin.
-    std::vector<size_t> shard;
-    const size_t padded = static_cast<size_t>(shard_size()) * static_cast<size_t>(cfg_.world_size);
-    for (size_t i = static_cast<size_t>(cfg_.rank); i < padded; i += static_cast<size_t>(cfg_.world_size)) {
-      shard.push_back(order[i % order.size()]);
-    }
-    return shard;
-  }
+  if (train_ && cfg_.world_size > 1) return shard_order(order, cfg_.rank, cfg_.world_size);
   return order;
 }
 

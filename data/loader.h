@@ -107,6 +107,11 @@ class DataLoader {
   Batch build_batch(int64_t epoch, int64_t b, const std::vector<size_t>& order, bool closed) const;
 };
 
+// This rank's share of an epoch's sample order, which must be the same on every rank (same seed): the order
+// is padded by wrapping around to a multiple of world_size and rank r takes positions r, r+W, r+2W, ...
+// Every rank gets ceil(n/W) samples, hence the same number of batches and of collective calls.
+std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int rank, int world_size);
+
 // Keeps multi-megabyte buffers (decoded images, batch tensors, activations) in the heap instead of fresh kernel
 // mappings that are page-faulted in again for every batch (glibc; process-wide, idempotent). The loader calls it;
 // programs that train without one (benchmarks of the bare step) call it to measure the same allocator.

@@ -10,12 +10,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "quota/k8s_render.h"
-#include "quota/http_server.h"
-#include "quota/policy.h"
-#include "quota/report.h"
-#include "quota/service.h"
-#include "quota/sha256.h"
+#include "quota/server/k8s_render.h"
+#include "quota/server/http_server.h"
+#include "quota/core/policy.h"
+#include "quota/server/report.h"
+#include "quota/service/service.h"
+#include "quota/core/sha256.h"
 
 using nlohmann::json;
 using namespace yolo8::quota;

@@ -408,5 +408,23 @@ TEST(DataLoader, BadInputs) {
   EXPECT_THROW(dl.next(), std::logic_error);
 }
 
+TEST(DataLoader, ShardOrderDealsAnEpochEvenlyAcrossRanks) {
+  const std::vector<size_t> order = {9, 4, 7, 1, 0, 3, 8};
+  EXPECT_EQ(shard_order(order, 0, 1), order);
+  EXPECT_EQ(shard_order(order, 0, 2), (std::vector<size_t>{9, 7, 0, 8}));
+  EXPECT_EQ(shard_order(order, 1, 2), (std::vector<size_t>{4, 1, 3, 9}));  // padded by wrapping around
+  std::vector<size_t> seen;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto shard = shard_order(order, rank, 3);
+    EXPECT_EQ(shard.size(), 3u);
+    seen.insert(seen.end(), shard.begin(), shard.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  EXPECT_EQ(seen.size(), order.size()) << "every sample is used";
+  EXPECT_TRUE(shard_order({}, 1, 2).empty());
+  EXPECT_THROW(shard_order(order, 2, 2), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace yolo8::data

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "test_paths.h"
-#include "trainer/settings.h"
+#include "trainer/app/settings.h"
 
 namespace yolo8 {
 namespace {

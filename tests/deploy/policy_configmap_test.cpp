@@ -6,7 +6,7 @@
 
 #include "test_paths.h"
 
-#include "quota/policy.h"
+#include "quota/core/policy.h"
 
 namespace yolo8 {
 namespace {

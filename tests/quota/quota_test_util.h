@@ -2,8 +2,8 @@
 // Shared helpers for the quota tests: the example policy and fixed clock points.
 #include <string>
 
-#include "quota/policy.h"
-#include "quota/service.h"
+#include "quota/core/policy.h"
+#include "quota/service/service.h"
 #include "test_paths.h"
 
 namespace yolo8::quota::testing {

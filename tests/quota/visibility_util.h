@@ -4,7 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "quota/service.h"
+#include "quota/server/metrics.h"
+#include "quota/service/service.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota::testing {
@@ -17,6 +18,7 @@ namespace yolo8::quota::testing {
 struct ScriptedHistory {
   std::shared_ptr<std::atomic<int64_t>> clock = std::make_shared<std::atomic<int64_t>>(kMonday + 9 * kHour);
   std::unique_ptr<QuotaService> service;
+  std::unique_ptr<MetricsExporter> metrics;
   int64_t t0 = kMonday + 9 * kHour;
 
   explicit ScriptedHistory(const std::string& db_path = "") {
@@ -25,7 +27,10 @@ struct ScriptedHistory {
     auto c = clock;
     o.clock = [c] { return c->load(); };
     service = std::make_unique<QuotaService>(example_policy(), o);
+    metrics = std::make_unique<MetricsExporter>(*service);
   }
+  // What GET /metrics answers (the exporter keeps its histograms between scrapes, as quotad's does).
+  std::string metrics_text() { return metrics->text(); }
   int post(const std::string& path, const std::string& token, const std::string& body) {
     return service->handle(api_call("POST", path, token, body)).status;
   }

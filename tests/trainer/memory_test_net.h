@@ -3,14 +3,14 @@
 
 #include <torch/torch.h>
 
-#include "trainer/auto_batch.h"
-#include "trainer/memory_meter.h"
+#include "trainer/core/auto_batch.h"
+#include "trainer/core/memory_meter.h"
 
 namespace yolo8::test {
 
 // A few strided convs and a classifier: memory grows with batch and pixel count like a detector's.
-struct TinyNetImpl : torch::nn::Module {
-  TinyNetImpl()
+struct ConvStackNetImpl : torch::nn::Module {
+  ConvStackNetImpl()
       : c1(register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)))),
         c2(register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)))),
         c3(register_module("c3", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).stride(2).padding(1)))),
@@ -25,7 +25,7 @@ struct TinyNetImpl : torch::nn::Module {
   torch::nn::Conv2d c1, c2, c3;
   torch::nn::Linear head;
 };
-TORCH_MODULE(TinyNet);
+TORCH_MODULE(ConvStackNet);
 
 // One training step (forward, loss, backward, SGD with momentum) measured by the meter.
 struct TinyTrainer {
@@ -52,7 +52,7 @@ struct TinyTrainer {
   }
   int imgsz;
   MemoryMeter meter;
-  TinyNet net;
+  ConvStackNet net;
   torch::optim::SGD optimizer;
 };
 

@@ -4,11 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "trainer/cli.h"
-#include "trainer/engine.h"
-#include "trainer/exit_codes.h"
-#include "trainer/settings.h"
-#include "trainer/stop_signal.h"
+#include "trainer/app/cli.h"
+#include "trainer/app/model_loading.h"
+#include "trainer/core/exit_codes.h"
+#include "trainer/app/settings.h"
+#include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {
   // First thing: a SIGTERM during start-up must still end in a clean stop, not a killed process.

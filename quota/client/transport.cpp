@@ -1,0 +1,79 @@
+#include "quota/client/transport.h"
+
+#include <httplib.h>
+
+#include <mutex>
+
+namespace yolo8::quota {
+namespace {
+
+using nlohmann::json;
+
+class LocalTransport : public QuotaTransport {
+ public:
+  LocalTransport(Policy policy, const ServiceOptions& options, std::string user)
+      : service_(std::move(policy), options), user_(std::move(user)) {}
+
+  ApiResponse call(const ApiRequest& request) override {
+    ApiRequest trusted = request;
+    trusted.trusted_user = user_;
+    return service_.handle(trusted);
+  }
+
+ private:
+  QuotaService service_;
+  std::string user_;
+};
+
+class HttpTransport : public QuotaTransport {
+ public:
+  HttpTransport(const std::string& url, std::string token) : client_(url), token_(std::move(token)) {
+    client_.set_connection_timeout(2, 0);
+    client_.set_read_timeout(5, 0);
+    client_.set_write_timeout(5, 0);
+    // heartbeats come every few seconds: a held keep-alive connection would only pin a server worker
+    client_.set_keep_alive(false);
+    client_.set_tcp_nodelay(true);
+  }
+
+  ApiResponse call(const ApiRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    httplib::Headers headers;
+    if (!token_.empty()) headers.emplace("Authorization", "Bearer " + token_);
+    if (!request.idempotency_key.empty()) headers.emplace("Idempotency-Key", request.idempotency_key);
+    httplib::Result result = request.method == "GET"
+                                 ? client_.Get(request.path.c_str(), headers)
+                                 : client_.Post(request.path.c_str(), headers, request.body, "application/json");
+    ApiResponse response;
+    if (!result) {
+      response.status = 0;  // unreachable
+      response.body = json{{"reason", "quotad unreachable: " + httplib::to_string(result.error())}};
+      return response;
+    }
+    response.status = result->status;
+    try {
+      response.body = json::parse(result->body);
+    } catch (const json::exception&) {
+      response.body = json{{"reason", result->body}};
+    }
+    return response;
+  }
+
+ private:
+  std::mutex mu_;
+  httplib::Client client_;
+  std::string token_;
+};
+
+}  // namespace
+
+std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const ServiceOptions& options,
+                                                     const std::string& user) {
+  return std::make_unique<LocalTransport>(std::move(policy), options, user);
+}
+
+std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token) {
+  return std::make_unique<HttpTransport>(url, token);
+}
+
+}  // namespace yolo8::quota

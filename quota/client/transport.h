@@ -1,0 +1,27 @@
+#pragma once
+// How the client reaches the quota API: one interface, two transports.
+#include <memory>
+#include <string>
+
+#include "quota/core/api.h"
+#include "quota/core/policy.h"
+#include "quota/service/service.h"
+
+namespace yolo8::quota {
+
+class QuotaTransport {
+ public:
+  virtual ~QuotaTransport() = default;
+  // Never throws for a refusal: status 0 means the service could not be reached.
+  virtual ApiResponse call(const ApiRequest& request) = 0;
+};
+
+// The embedded service (local mode): its state in a SQLite file that processes on one machine share; every call
+// acts as `user` without a token.
+std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const ServiceOptions& options,
+                                                     const std::string& user);
+
+// A shared quotad at `url` (http://host:port), with a bearer token when not empty.
+std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token);
+
+}  // namespace yolo8::quota

@@ -1,0 +1,12 @@
+#include "quota/core/api.h"
+
+#include <chrono>
+
+namespace yolo8::quota {
+
+int64_t system_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace yolo8::quota

@@ -1,0 +1,213 @@
+#pragma once
+// The pure lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "quota/core/policy.h"
+
+namespace yolo8::quota {
+
+enum class LeaseState { kPendingApproval, kQueued, kGranted, kRevoking, kReleased, kExpired, kRejected };
+enum class Outcome { kNone, kCompleted, kPreempted, kFailed, kCancelled };
+std::string to_string(LeaseState s);
+LeaseState parse_lease_state(const std::string& s);
+std::string to_string(Outcome o);
+Outcome parse_outcome(const std::string& s);  // throws PolicyError
+bool is_terminal(LeaseState s);
+
+struct LeaseRequest {
+  std::string team;
+  std::string user;
+  std::string job;
+  std::string model = "yolov8n";
+  int imgsz = 640;
+  int batch = 0;          // images per step over all GPUs; 0 = auto (the trainer fits it)
+  int gpus = 0;           // 0 = policy default
+  double memory_gib = 0;  // per GPU: the share for shared leases, a minimum GPU size otherwise
+  Priority priority = Priority::kNormal;
+  bool preemptible = true;
+  bool shared = false;  // share a GPU by memory when the policy allows
+  std::string justification;
+  std::string idempotency_key;
+};
+
+// Per-heartbeat figures the trainer reports (kept for the metrics work; negative = not reported).
+struct Telemetry {
+  int64_t step = -1;
+  int epoch = -1;
+  double gpu_util = -1;         // 0..1
+  double memory_used_gib = -1;  // peak per GPU
+  int64_t last_checkpoint_ms = 0;
+};
+
+struct Lease {
+  int64_t id = 0;
+  LeaseRequest req;
+  LeaseState state = LeaseState::kQueued;
+  Outcome outcome = Outcome::kNone;
+  int gpus = 1;
+  double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
+  bool shared = false;
+  std::vector<int> devices;  // indices into Policy::gpus
+  std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
+  bool over_base = false;    // granted beyond the team's base (a burst lease)
+  bool emergency = false;
+  bool review_pending = false;
+  int64_t approval_id = 0;
+  int64_t created_ms = 0;
+  int64_t granted_ms = 0;
+  int64_t last_seen_ms = 0;
+  int64_t deadline_ms = 0;  // revoking: release by then
+  int64_t ended_ms = 0;
+  int64_t free_at_ms = 0;   // expired: GPUs return at this time
+  int64_t charged_until_ms = 0;
+  double gpu_hours = 0;     // charged so far
+  int64_t preempted_for = 0;          // the waiting lease this victim makes room for
+  std::vector<int64_t> waiting_on;    // victims this queued lease waits for
+  std::string reason;                 // why queued / why it ended
+  Telemetry telemetry;
+
+  // Share of GPUs counted against the team limit and credits.
+  double units(const Policy& p) const;
+  bool holds_gpus(int64_t now_ms) const;
+};
+
+struct Approval {
+  int64_t id = 0;
+  int64_t lease_id = 0;
+  std::string team;
+  std::string user;
+  std::string model;
+  std::string justification;
+  std::string state = "pending";  // pending | approved | rejected
+  std::string decided_by;
+  std::string note;
+  int64_t created_ms = 0;
+  int64_t decided_ms = 0;
+};
+
+struct AuditEntry {
+  int64_t seq = 0;  // increasing, never reused
+  int64_t ts_ms = 0;
+  std::string actor;
+  std::string action;
+  int64_t lease_id = 0;
+  std::string team;
+  std::string detail;
+};
+
+struct AcquireResult {
+  enum class Kind { kGranted, kQueued, kNeedsApproval, kNotAllowed, kAdmissionRefused, kCreditsSpent, kInvalid };
+  Kind kind = Kind::kInvalid;
+  int64_t lease_id = 0;
+  int64_t approval_id = 0;
+  int position = 0;   // 1-based queue position
+  int max_batch = 0;  // admission refusals: largest total batch that fits (0: none)
+  double needed_gib = 0;
+  std::string reason;
+  bool replayed = false;  // answered from the idempotency key
+};
+
+struct HeartbeatResult {
+  bool found = false;
+  LeaseState state = LeaseState::kExpired;
+  int64_t deadline_ms = 0;
+  int position = 0;
+  std::string reason;
+};
+
+struct TeamStatus {
+  std::string name;
+  double base = 0, burst = 0, limit_now = 0, in_use = 0;
+  bool in_burst_window = false;
+  int leases_active = 0, queued = 0, pending_approval = 0;
+};
+
+// Everything the engine changed since the last take_changes(), for one storage transaction.
+struct Changes {
+  std::set<int64_t> leases;
+  std::set<int64_t> approvals;
+  std::vector<AuditEntry> audit;
+  std::set<std::pair<std::string, std::string>> usage;  // (user, month)
+  bool empty() const { return leases.empty() && approvals.empty() && audit.empty() && usage.empty(); }
+};
+
+class Engine {
+ public:
+  explicit Engine(Policy policy);
+
+  const Policy& policy() const { return policy_; }
+
+  AcquireResult acquire(const LeaseRequest& req, int64_t now_ms);
+  // The answer acquire() would give now for an existing lease (used for idempotent replays and polling).
+  AcquireResult status_of(int64_t lease_id, int64_t now_ms) const;
+  HeartbeatResult heartbeat(int64_t lease_id, const Telemetry& t, int64_t now_ms);
+  // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
+  bool release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor = "");
+  // Moves an approved request into the queue. Throws PolicyError if not pending.
+  void approve(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note = "");
+  void reject(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note = "");
+  // Closes the after-the-fact review of an emergency lease. Throws PolicyError if none is pending.
+  void review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note);
+  // Expiry, preemption deadlines, credit accrual and the queue; call every second or so.
+  void tick(int64_t now_ms);
+
+  const Lease* find(int64_t lease_id) const;
+  const Approval* find_approval(int64_t approval_id) const;
+  const std::map<int64_t, Lease>& leases() const { return leases_; }
+  const std::map<int64_t, Approval>& approvals() const { return approvals_; }
+  const std::vector<AuditEntry>& audit() const { return audit_; }
+  std::vector<TeamStatus> teams(int64_t now_ms) const;
+  int queue_position(int64_t lease_id) const;
+  double team_units(const std::string& team, int64_t now_ms) const;
+  // GPU-hours charged to `user` in `month`, including the running leases' unbilled time.
+  double used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const;
+  double credit_allowance(const std::string& user, const std::string& month, int64_t now_ms) const;
+  const std::map<std::pair<std::string, std::string>, double>& usage() const { return usage_; }
+
+  // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, ...).
+  std::vector<std::string> check_invariants(int64_t now_ms) const;
+
+  Changes take_changes();
+  // Rebuilds state from storage.
+  // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
+  // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs.
+  void restore(std::vector<Lease> leases, std::vector<Approval> approvals, std::vector<AuditEntry> audit,
+               std::map<std::pair<std::string, std::string>, double> usage, int64_t next_audit_seq,
+               int64_t restart_now_ms);
+  // Drops ended leases older than `keep_ms` from memory (they stay in storage).
+  void prune(int64_t now_ms, int64_t keep_ms);
+
+ private:
+  struct Placement {
+    std::vector<int> devices;
+  };
+  std::optional<Placement> place(const Lease& l, int64_t now_ms, const std::set<int64_t>& ignore) const;
+  bool try_grant(Lease& l, int64_t now_ms);
+  bool try_preempt(Lease& l, int64_t now_ms);
+  void schedule(int64_t now_ms);
+  void end_lease(Lease& l, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
+                 const std::string& reason, const std::string& actor);
+  void charge(Lease& l, int64_t until_ms);
+  void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* l,
+           const std::string& detail);
+  std::vector<const Lease*> queue_order() const;
+  std::string queue_reason(const Lease& l, int64_t now_ms) const;
+
+  Policy policy_;
+  std::map<int64_t, Lease> leases_;
+  std::map<int64_t, Approval> approvals_;
+  std::vector<AuditEntry> audit_;
+  std::map<std::pair<std::string, std::string>, double> usage_;
+  std::map<std::pair<std::string, std::string>, int64_t> idempotency_;  // (user, key) -> lease
+  int64_t next_lease_ = 1;
+  int64_t next_approval_ = 1;
+  int64_t next_audit_seq_ = 1;
+  Changes changes_;
+};
+
+}  // namespace yolo8::quota

@@ -1,0 +1,24 @@
+#pragma once
+// quotad's read-only status page at `/`: plain HTML with inline CSS, no scripts, no external assets.
+#include <cstdint>
+#include <string>
+
+#include "quota/core/engine.h"
+#include "quota/core/usage.h"
+#include "quota/service/service.h"
+
+namespace yolo8::quota {
+
+// Teams with usage-vs-quota bars, running leases, the queue and the waste list at `now_ms`.
+// The page refreshes itself every `refresh_s` seconds through a meta tag (0: never).
+std::string render_status_page(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
+                               int64_t now_ms, int refresh_s = 30);
+
+// The page for a running service.
+std::string render_status_page(QuotaService& service);
+
+std::string html_escape(const std::string& s);
+// "1 h 05 min", "42 s"
+std::string format_duration_ms(int64_t ms);
+
+}  // namespace yolo8::quota

@@ -1,0 +1,328 @@
+#include "quota/store/store.h"
+
+#include <chrono>
+#include <thread>
+
+#include <sqlite3.h>
+
+#include <memory>
+
+#include "quota/core/codec.h"
+
+namespace yolo8::quota {
+
+namespace {
+
+constexpr const char* kSchema = R"SQL(
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, team TEXT NOT NULL, user TEXT NOT NULL,
+  ended_ms INTEGER NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS leases_state ON leases(state, ended_ms);
+CREATE TABLE IF NOT EXISTS approvals (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, team TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+  lease_id INTEGER NOT NULL, team TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+  BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+  BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TABLE IF NOT EXISTS usage (
+  user TEXT NOT NULL, month TEXT NOT NULL, gpu_hours REAL NOT NULL, PRIMARY KEY (user, month));
+CREATE TABLE IF NOT EXISTS heartbeats (
+  lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
+  memory_used_gib REAL, last_checkpoint_ms INTEGER);
+CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
+INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
+)SQL";
+
+struct StmtDeleter {
+  void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
+};
+using Stmt = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
+
+std::string text(sqlite3_stmt* s, int col) {
+  const unsigned char* t = sqlite3_column_text(s, col);
+  return t == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(t));
+}
+
+void bind_text(sqlite3_stmt* s, int i, const std::string& v) {
+  sqlite3_bind_text(s, i, v.c_str(), int(v.size()), SQLITE_TRANSIENT);
+}
+
+}  // namespace
+
+Store::Store(const std::string& path, bool full_sync) : path_(path) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                      nullptr) != SQLITE_OK) {
+    const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw StoreError(path + ": cannot open the quota database: " + msg);
+  }
+  sqlite3_busy_timeout(db_, 30000);  // other processes (local mode) hold the lock only briefly
+  // Several trainers may create the database at the same moment (local mode). Switching to WAL can answer
+  // "locked" without waiting for the busy timeout, so the set-up is retried while the file is busy.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      exec("PRAGMA journal_mode=WAL");
+      exec(full_sync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
+      exec("PRAGMA foreign_keys=ON");
+      exec("BEGIN IMMEDIATE");
+      exec(kSchema);
+      exec("COMMIT");
+      break;
+    } catch (const StoreError&) {
+      const int code = sqlite3_errcode(db_) & 0xff;
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      if ((code != SQLITE_BUSY && code != SQLITE_LOCKED) || attempt >= 300) {
+        sqlite3_close(db_);
+        db_ = nullptr;
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+Store::~Store() {
+  if (db_ != nullptr) sqlite3_close(db_);
+}
+
+void Store::fail(const std::string& what) {
+  throw StoreError(path_ + ": " + what + ": " + sqlite3_errmsg(db_));
+}
+
+void Store::exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    throw StoreError(path_ + ": " + msg);
+  }
+}
+
+sqlite3_stmt* Store::prepare(const char* sql) {
+  sqlite3_stmt* s = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &s, nullptr) != SQLITE_OK) fail("prepare");
+  return s;
+}
+
+void Store::begin_immediate() {
+  exec("BEGIN IMMEDIATE");
+  in_tx_ = true;
+}
+
+void Store::commit() {
+  exec("COMMIT");
+  in_tx_ = false;
+}
+
+void Store::rollback() {
+  if (!in_tx_) return;
+  in_tx_ = false;
+  sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
+  Snapshot snap;
+  {
+    Stmt s(prepare("SELECT body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?"));
+    sqlite3_bind_int64(s.get(), 1, now_ms - keep_ended_ms);
+    while (sqlite3_step(s.get()) == SQLITE_ROW) {
+      snap.leases.push_back(lease_from_json(nlohmann::json::parse(text(s.get(), 0))));
+    }
+  }
+  {
+    Stmt s(prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms FROM heartbeats "
+                   "WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
+    for (auto& l : snap.leases) {
+      if (l.state != LeaseState::kGranted && l.state != LeaseState::kRevoking) continue;
+      sqlite3_reset(s.get());
+      sqlite3_bind_int64(s.get(), 1, l.id);
+      if (sqlite3_step(s.get()) == SQLITE_ROW) {
+        l.telemetry.step = sqlite3_column_int64(s.get(), 0);
+        l.telemetry.epoch = sqlite3_column_int(s.get(), 1);
+        l.telemetry.gpu_util = sqlite3_column_double(s.get(), 2);
+        l.telemetry.memory_used_gib = sqlite3_column_double(s.get(), 3);
+        l.telemetry.last_checkpoint_ms = sqlite3_column_int64(s.get(), 4);
+        l.last_seen_ms = std::max<int64_t>(l.last_seen_ms, sqlite3_column_int64(s.get(), 5));
+      }
+    }
+  }
+  {
+    Stmt s(prepare("SELECT body FROM approvals"));
+    while (sqlite3_step(s.get()) == SQLITE_ROW) {
+      snap.approvals.push_back(approval_from_json(nlohmann::json::parse(text(s.get(), 0))));
+    }
+  }
+  {
+    Stmt s(prepare("SELECT user, month, gpu_hours FROM usage"));
+    while (sqlite3_step(s.get()) == SQLITE_ROW) {
+      snap.usage[{text(s.get(), 0), text(s.get(), 1)}] = sqlite3_column_double(s.get(), 2);
+    }
+  }
+  {
+    Stmt s(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
+    if (sqlite3_step(s.get()) == SQLITE_ROW) snap.next_audit_seq = sqlite3_column_int64(s.get(), 0) + 1;
+  }
+  if (audit_tail > 0) {
+    snap.audit = audit(snap.next_audit_seq - 1 - int64_t(audit_tail), audit_tail);
+  }
+  return snap;
+}
+
+void Store::write(const Engine& engine, const Changes& changes) {
+  if (changes.empty()) return;
+  const bool own_tx = !in_tx_;
+  if (own_tx) exec("BEGIN IMMEDIATE");
+  try {
+    if (!changes.leases.empty()) {
+      Stmt s(prepare("INSERT OR REPLACE INTO leases(id, state, team, user, ended_ms, body) VALUES (?,?,?,?,?,?)"));
+      for (int64_t id : changes.leases) {
+        const Lease* l = engine.find(id);
+        if (l == nullptr) continue;
+        sqlite3_reset(s.get());
+        sqlite3_bind_int64(s.get(), 1, l->id);
+        bind_text(s.get(), 2, to_string(l->state));
+        bind_text(s.get(), 3, l->req.team);
+        bind_text(s.get(), 4, l->req.user);
+        sqlite3_bind_int64(s.get(), 5, std::max(l->ended_ms, l->free_at_ms));
+        bind_text(s.get(), 6, to_json(*l, engine.policy()).dump());
+        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write lease");
+      }
+    }
+    if (!changes.approvals.empty()) {
+      Stmt s(prepare("INSERT OR REPLACE INTO approvals(id, state, team, body) VALUES (?,?,?,?)"));
+      for (int64_t id : changes.approvals) {
+        const Approval* a = engine.find_approval(id);
+        if (a == nullptr) continue;
+        sqlite3_reset(s.get());
+        sqlite3_bind_int64(s.get(), 1, a->id);
+        bind_text(s.get(), 2, a->state);
+        bind_text(s.get(), 3, a->team);
+        bind_text(s.get(), 4, to_json(*a).dump());
+        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write approval");
+      }
+    }
+    if (!changes.audit.empty()) {
+      Stmt s(prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?,?,?,?,?,?,?)"));
+      for (const auto& a : changes.audit) {
+        sqlite3_reset(s.get());
+        sqlite3_bind_int64(s.get(), 1, a.seq);
+        sqlite3_bind_int64(s.get(), 2, a.ts_ms);
+        bind_text(s.get(), 3, a.actor);
+        bind_text(s.get(), 4, a.action);
+        sqlite3_bind_int64(s.get(), 5, a.lease_id);
+        bind_text(s.get(), 6, a.team);
+        bind_text(s.get(), 7, a.detail);
+        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("append audit");
+      }
+    }
+    if (!changes.usage.empty()) {
+      Stmt s(prepare("INSERT OR REPLACE INTO usage(user, month, gpu_hours) VALUES (?,?,?)"));
+      for (const auto& key : changes.usage) {
+        auto it = engine.usage().find(key);
+        if (it == engine.usage().end()) continue;
+        sqlite3_reset(s.get());
+        bind_text(s.get(), 1, key.first);
+        bind_text(s.get(), 2, key.second);
+        sqlite3_bind_double(s.get(), 3, it->second);
+        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write usage");
+      }
+    }
+  } catch (...) {
+    if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+  if (own_tx) exec("COMMIT");
+}
+
+void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
+  if (samples.empty()) return;
+  const bool own_tx = !in_tx_;
+  if (own_tx) exec("BEGIN IMMEDIATE");
+  try {
+    Stmt s(prepare("INSERT INTO heartbeats(lease_id, ts_ms, step, epoch, gpu_util, memory_used_gib, "
+                   "last_checkpoint_ms) VALUES (?,?,?,?,?,?,?)"));
+    for (const auto& h : samples) {
+      sqlite3_reset(s.get());
+      sqlite3_bind_int64(s.get(), 1, h.lease_id);
+      sqlite3_bind_int64(s.get(), 2, h.ts_ms);
+      sqlite3_bind_int64(s.get(), 3, h.telemetry.step);
+      sqlite3_bind_int(s.get(), 4, h.telemetry.epoch);
+      sqlite3_bind_double(s.get(), 5, h.telemetry.gpu_util);
+      sqlite3_bind_double(s.get(), 6, h.telemetry.memory_used_gib);
+      sqlite3_bind_int64(s.get(), 7, h.telemetry.last_checkpoint_ms);
+      if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write heartbeat");
+    }
+  } catch (...) {
+    if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+  if (own_tx) exec("COMMIT");
+}
+
+std::vector<AuditEntry> Store::audit(int64_t after_seq, size_t limit, const std::string& team) {
+  Stmt s(prepare("SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit "
+                 "WHERE seq > ? AND (? = '' OR team = ?) ORDER BY seq LIMIT ?"));
+  sqlite3_bind_int64(s.get(), 1, after_seq);
+  bind_text(s.get(), 2, team);
+  bind_text(s.get(), 3, team);
+  sqlite3_bind_int64(s.get(), 4, int64_t(limit));
+  std::vector<AuditEntry> out;
+  while (sqlite3_step(s.get()) == SQLITE_ROW) {
+    AuditEntry a;
+    a.seq = sqlite3_column_int64(s.get(), 0);
+    a.ts_ms = sqlite3_column_int64(s.get(), 1);
+    a.actor = text(s.get(), 2);
+    a.action = text(s.get(), 3);
+    a.lease_id = sqlite3_column_int64(s.get(), 4);
+    a.team = text(s.get(), 5);
+    a.detail = text(s.get(), 6);
+    out.push_back(a);
+  }
+  return out;
+}
+
+int64_t Store::count_heartbeats() {
+  Stmt s(prepare("SELECT COUNT(*) FROM heartbeats"));
+  return sqlite3_step(s.get()) == SQLITE_ROW ? sqlite3_column_int64(s.get(), 0) : 0;
+}
+
+namespace {
+
+bool running(const Lease& l) { return l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking; }
+
+}  // namespace
+
+void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTracker& tracker) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
+  }
+  sqlite3_busy_timeout(db, 10000);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms",
+                         -1, &st, nullptr) != SQLITE_OK) {
+    const std::string msg = sqlite3_errmsg(db);
+    sqlite3_close(db);
+    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
+  }
+  for (const auto& [id, l] : engine.leases()) {
+    if (!running(l)) continue;
+    tracker.forget(id);
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, id);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      tracker.observe(id, sqlite3_column_int64(st, 0), sqlite3_column_double(st, 1));
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+}  // namespace yolo8::quota

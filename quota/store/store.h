@@ -1,0 +1,74 @@
+#pragma once
+// SQLite persistence of the engine: WAL mode, one transaction per state change, append-only audit.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "quota/core/engine.h"
+#include "quota/core/usage.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace yolo8::quota {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct HeartbeatSample {
+  int64_t lease_id = 0;
+  int64_t ts_ms = 0;
+  Telemetry telemetry;
+};
+
+struct Snapshot {
+  std::vector<Lease> leases;
+  std::vector<Approval> approvals;
+  std::vector<AuditEntry> audit;  // the latest entries only
+  std::map<std::pair<std::string, std::string>, double> usage;
+  int64_t next_audit_seq = 1;
+};
+
+class Store {
+ public:
+  // Opens (creating) the database. `full_sync` = synchronous=FULL (survives power loss); otherwise NORMAL,
+  // which in WAL mode still survives a crash of the process.
+  explicit Store(const std::string& path, bool full_sync = false);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Unfinished leases, leases that ended within `keep_ended_ms`, approvals, usage, the last `audit_tail`
+  // audit entries. Running leases get their latest reported telemetry back from the heartbeat table.
+  Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail);
+  // Writes what the engine changed; inside an open transaction it joins it, otherwise it is one transaction.
+  void write(const Engine& engine, const Changes& changes);
+  void write_heartbeats(const std::vector<HeartbeatSample>& samples);
+
+  // Cross-process exclusive section (local mode): BEGIN IMMEDIATE ... COMMIT / ROLLBACK.
+  void begin_immediate();
+  void commit();
+  void rollback();
+
+  std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
+  int64_t count_heartbeats();
+  const std::string& path() const { return path_; }
+
+ private:
+  void exec(const char* sql);
+  sqlite3_stmt* prepare(const char* sql);
+  [[noreturn]] void fail(const std::string& what);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  bool in_tx_ = false;
+};
+
+// Refolds the stored heartbeat samples of the engine's running leases (quotad restarted), so the waste list
+// survives a restart. Throws std::runtime_error if the database cannot be read.
+void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTracker& tracker);
+
+}  // namespace yolo8::quota

@@ -1,0 +1,48 @@
+# cmake -DCLOSURES=FILE -P check_layering.cmake: fails (exit 1) when a library links what its layer forbids.
+# A rule: LIBRARY|regex of forbidden link items|why.
+set(rules
+  "yolo_detect|opencv|^yolo_data$|^yolo8_app$|^yolo_train_core$|^yolo_quota|detection maths is LibTorch only"
+  "yolo_train_core|opencv|^yolo_data$|^yolo8_app$|^yolo_quota|the training core never links OpenCV, data or quota"
+  "yolo_models|opencv|^yolo_data$|^yolo_detect$|^yolo_train_core$|^yolo8_app$|models have no OpenCV and no trainer"
+  "yolo_quota_core|torch|c10|opencv|HTTPLIB|httplib|SQLite|sqlite|the quota core has no LibTorch, HTTP or SQLite"
+  "yolo_quota_store|torch|c10|opencv|HTTPLIB|httplib|quota storage has no LibTorch and no HTTP"
+  "yolo_quota_service|torch|c10|opencv|HTTPLIB|httplib|^yolo_quota_server$|the API router has no LibTorch and no HTTP"
+  "yolo_quota_client|torch|c10|opencv|^yolo_quota_server$|the client has no LibTorch and no server"
+  "yolo_quota_server|torch|c10|opencv|quotad has no LibTorch"
+  "yolo8_app|^yolo_quota_server$|the trainer links the quota client, never the server"
+)
+if(NOT EXISTS "${CLOSURES}")
+  message(FATAL_ERROR "no link closures at '${CLOSURES}'")
+endif()
+file(STRINGS "${CLOSURES}" lines)
+set(failures 0)
+set(checked 0)
+foreach(rule IN LISTS rules)
+  string(REPLACE "|" ";" parts "${rule}")
+  list(POP_FRONT parts library)
+  list(POP_BACK parts why)
+  foreach(line IN LISTS lines)
+    if(NOT line MATCHES "^${library}:")
+      continue()
+    endif()
+    math(EXPR checked "${checked} + 1")
+    string(LENGTH "${library}: " prefix_length)
+    string(SUBSTRING "${line}" ${prefix_length} -1 deps)
+    string(REPLACE " " ";" deps "${deps}")
+    foreach(dep IN LISTS deps)
+      foreach(pattern IN LISTS parts)
+        if(dep MATCHES "${pattern}")
+          message(SEND_ERROR "${library} links ${dep}: ${why}")
+          math(EXPR failures "${failures} + 1")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "none of the rules' libraries is in ${CLOSURES}")
+endif()
+if(failures GREATER 0)
+  message(FATAL_ERROR "${failures} layering violation(s)")
+endif()
+message(STATUS "layering: ${checked} libraries checked, no violation")

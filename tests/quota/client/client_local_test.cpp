@@ -1,0 +1,172 @@
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "quota/client/client.h"
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+std::string temp_db(const std::string& name) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name + "_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+ClientConfig local_config(const std::string& db, int gpus) {
+  ClientConfig c;
+  c.mode = "local";
+  c.local_db = db;
+  c.local_gpus = gpus;
+  c.local_gpu_memory_gib = 24;
+  c.user = "me";
+  c.poll_interval_s = 0.05;
+  return c;
+}
+
+TEST(QuotaClientLocal, OffModeIsANoOp) {
+  ClientConfig c;
+  c.mode = "off";
+  QuotaClient q(c);
+  EXPECT_FALSE(q.enabled());
+  EXPECT_EQ(q.acquire(LeaseRequest{}).id, 0);
+  q.start_heartbeats();
+  EXPECT_FALSE(q.unreachable_too_long());
+  q.release(Outcome::kCompleted);
+  ClientConfig bad;
+  bad.mode = "ftp://x";
+  EXPECT_THROW(QuotaClient{bad}, std::invalid_argument);
+}
+
+TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
+  EXPECT_EQ(client_config_from_setting("off").mode, "off");
+  EXPECT_EQ(client_config_from_setting("local", 4).local_gpus, 4);
+  const ClientConfig p = client_config_from_setting("local:/tmp/x.db");
+  EXPECT_EQ(p.mode, "local");
+  EXPECT_EQ(p.local_db, "/tmp/x.db");
+  setenv("YOLO8_QUOTA_TOKEN", "tok", 1);
+  const ClientConfig u = client_config_from_setting("http://quotad:8470");
+  EXPECT_EQ(u.mode, "http://quotad:8470");
+  EXPECT_EQ(u.token, "tok");
+  unsetenv("YOLO8_QUOTA_TOKEN");
+  EXPECT_THROW(client_config_from_setting("https://secure"), std::invalid_argument);
+  EXPECT_THROW(client_config_from_setting("remote"), std::invalid_argument);
+}
+
+TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
+  const std::string db = temp_db("local_turns");
+  QuotaClient first(local_config(db, 1));
+  QuotaClient second(local_config(db, 1));
+  LeaseRequest r;
+  r.model = "yolov8n";
+  r.job = "a";
+  const LeaseInfo a = first.acquire(r);
+  EXPECT_EQ(a.state, "granted");
+  EXPECT_EQ(a.devices, std::vector<std::string>{"local:0"});
+  first.start_heartbeats();
+  std::vector<int> positions;
+  std::atomic<bool> granted{false};
+  std::thread waiter([&] {
+    r.job = "b";
+    second.acquire(r, [&](const WaitInfo& w) { positions.push_back(w.position); });
+    granted = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(granted);
+  first.release(Outcome::kCompleted);
+  waiter.join();
+  EXPECT_TRUE(granted);
+  ASSERT_FALSE(positions.empty());
+  EXPECT_EQ(positions.front(), 1);
+  second.release(Outcome::kCompleted);
+}
+
+TEST(QuotaClientLocal, AdmissionUsesTheMemoryTableAndReportsTheLargestBatch) {
+  ClientConfig c = local_config(temp_db("local_admission"), 1);
+  c.local_memory_table = std::string(yolo8::test::kSourceDir) + "/configs/memory-table.yaml";
+  QuotaClient q(c);
+  LeaseRequest r;
+  r.model = "yolov8x";
+  r.batch = 64;  // 5 + 0.85 * 64 = 59.4 GiB > 24
+  try {
+    q.acquire(r);
+    FAIL() << "expected a refusal";
+  } catch (const QuotaRefused& e) {
+    EXPECT_EQ(e.status(), 422);
+    EXPECT_EQ(e.max_batch(), 22);  // floor((24 - 5) / 0.85)
+    EXPECT_NE(std::string(e.what()).find("batch=auto"), std::string::npos) << e.what();
+  }
+  r.batch = 16;
+  EXPECT_EQ(q.acquire(r).state, "granted");
+  q.release(Outcome::kCompleted);
+}
+
+TEST(QuotaClientLocal, ProcessesSharingTheDatabaseNeverOverAllocate) {
+  const std::string db = temp_db("local_procs");
+  constexpr int kProcs = 6;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kProcs; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      char result = 'E';
+      try {
+        QuotaClient q(local_config(db, 2));
+        LeaseRequest r;
+        r.job = "proc" + std::to_string(i);
+        try {
+          q.acquire(r, {}, 1.0);
+          result = 'G';
+          if (write(fds[1], &result, 1) != 1) _exit(3);
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          q.release(Outcome::kCompleted);
+          _exit(0);
+        } catch (const std::runtime_error& error) {
+          result = 'Q';  // gave up waiting: the two GPUs were held
+          std::fprintf(stderr, "proc %d: %s\n", i, error.what());
+        }
+      } catch (const std::exception& error) {
+        result = 'E';
+        std::fprintf(stderr, "proc %d failed: %s\n", i, error.what());
+      } catch (...) {
+        result = 'E';
+      }
+      if (write(fds[1], &result, 1) != 1) _exit(3);
+      _exit(0);
+    }
+    kids.push_back(pid);
+  }
+  close(fds[1]);
+  std::string results;
+  char ch;
+  while (read(fds[0], &ch, 1) == 1) results += ch;
+  close(fds[0]);
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  EXPECT_EQ(std::count(results.begin(), results.end(), 'G'), 2) << results;
+  EXPECT_EQ(std::count(results.begin(), results.end(), 'Q'), kProcs - 2) << results;
+  // the shared state is sound and nothing is left running
+  ServiceOptions o;
+  o.db_path = db;
+  o.reload_per_call = true;
+  QuotaService s(local_policy(2, 24, "me"), o);
+  EXPECT_TRUE(s.check_invariants().empty());
+  s.inspect([](const Engine& e) {
+    for (const auto& [id, l] : e.leases()) EXPECT_TRUE(is_terminal(l.state)) << "lease " << id;
+  });
+}
+
+}  // namespace
+}  // namespace yolo8::quota

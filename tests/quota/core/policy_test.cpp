@@ -1,0 +1,114 @@
+#include "quota/core/policy.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+using testing::kHour;
+using testing::kMinute;
+using testing::kMonday;
+
+std::string minimal(const std::string& extra_team = "") {
+  return "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+         "users:\n  u: {token_sha256: " + std::string(64, 'a') + "}\n"
+         "teams:\n  t:\n    base: 2\n    burst: 3\n    members: [u]\n" + extra_team;
+}
+
+std::string error_of(const std::string& yaml) {
+  try {
+    load_policy_from_string(yaml, "test.yaml");
+  } catch (const PolicyError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Policy, LoadsTheExampleDepartment) {
+  const Policy p = testing::example_policy();
+  EXPECT_EQ(p.total_gpus(), 20);
+  EXPECT_EQ(p.emergency_pool_gpus(), 3);
+  ASSERT_TRUE(p.teams.count("team-cv"));
+  EXPECT_DOUBLE_EQ(p.teams.at("team-cv").base, 8);
+  EXPECT_DOUBLE_EQ(p.teams.at("team-cv").burst, 14);
+  EXPECT_DOUBLE_EQ(p.teams.at("team-robotics").burst, 6);
+  EXPECT_EQ(p.users.at("carol").role, Role::kLead);
+  EXPECT_EQ(p.users.at("carol").team, "team-cv");
+  EXPECT_EQ(p.users.at("admin").role, Role::kAdmin);
+  ASSERT_NE(p.find_user_by_token("alice-token"), nullptr);
+  EXPECT_EQ(p.find_user_by_token("alice-token")->name, "alice");
+  EXPECT_EQ(p.find_user_by_token("wrong"), nullptr);
+  EXPECT_TRUE(p.memory_table.has("yolov8x"));
+  EXPECT_FALSE(p.needs_approval("yolov8n"));
+  EXPECT_TRUE(p.needs_approval("yolov8x"));
+  EXPECT_TRUE(p.needs_approval("my-custom-net"));
+}
+
+TEST(Policy, BurstWindowInNamedOffset) {
+  const Policy p = testing::example_policy();
+  const Team& cv = p.teams.at("team-cv");
+  // window is 09:00-12:00 at +01:00 = 08:00-11:00 UTC on weekdays
+  EXPECT_FALSE(cv.in_burst_window(kMonday + 7 * kHour + 59 * kMinute));
+  EXPECT_TRUE(cv.in_burst_window(kMonday + 8 * kHour));
+  EXPECT_TRUE(cv.in_burst_window(kMonday + 10 * kHour + 59 * kMinute));
+  EXPECT_FALSE(cv.in_burst_window(kMonday + 11 * kHour));
+  EXPECT_FALSE(cv.in_burst_window(kMonday - 2 * 24 * kHour + 9 * kHour));  // Saturday
+  EXPECT_DOUBLE_EQ(cv.limit_at(kMonday + 9 * kHour), 14);
+  EXPECT_DOUBLE_EQ(cv.limit_at(kMonday + 13 * kHour), 8);
+}
+
+TEST(Policy, CivilTime) {
+  EXPECT_EQ(weekday_of(kMonday), 0);
+  EXPECT_EQ(weekday_of(kMonday - 1), 6);
+  EXPECT_EQ(minute_of_day(kMonday + 9 * kHour + 30 * kMinute), 570);
+  EXPECT_EQ(month_key(kMonday), "2026-11");
+  EXPECT_EQ(month_key(kMonday + 24 * kHour), "2026-12");
+  EXPECT_EQ(previous_month_key("2026-01"), "2025-12");
+  EXPECT_EQ(parse_utc_offset_min("+05:30"), 330);
+  EXPECT_EQ(parse_utc_offset_min("UTC-03:00"), -180);
+  EXPECT_THROW(parse_utc_offset_min("Europe/Paris"), PolicyError);
+}
+
+TEST(Policy, MemoryTableEstimate) {
+  const Policy p = testing::example_policy();
+  // yolov8x: 5 + 0.85 * batch, activations scale with (imgsz / 640)^2
+  EXPECT_NEAR(p.memory_table.estimate_gib("yolov8x", 640, 16), 5 + 0.85 * 16, 1e-9);
+  EXPECT_NEAR(p.memory_table.estimate_gib("yolov8x", 1280, 16), 5 + 0.85 * 16 * 4, 1e-9);
+  EXPECT_EQ(p.memory_table.max_batch("yolov8x", 640, 80), 88);
+  EXPECT_EQ(p.memory_table.max_batch("yolov8x", 640, 4), 0);
+}
+
+TEST(Policy, ErrorsNameFileLineAndKey) {
+  EXPECT_EQ(error_of(minimal()), "");
+  std::string e = error_of(minimal() + "    bogus: 1\n");
+  EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("teams.t.bogus"), std::string::npos) << e;
+  EXPECT_NE(e.find(":11:"), std::string::npos) << e;
+  e = error_of(minimal("    burst_windows:\n      - {days: [mon], from: \"09:00\", to: \"10:00\", timezone: Europe/Paris}\n"));
+  EXPECT_NE(e.find("timezone"), std::string::npos) << e;
+  e = error_of(minimal("    burst_windows:\n      - {days: [moonday], from: \"09:00\", to: \"10:00\"}\n"));
+  EXPECT_NE(e.find("weekday"), std::string::npos) << e;
+  e = error_of(minimal("    burst_windows:\n      - {days: [mon], from: \"9h\", to: \"10:00\"}\n"));
+  EXPECT_NE(e.find("HH:MM"), std::string::npos) << e;
+  e = error_of(minimal() + "    leads: [nobody]\n");
+  EXPECT_NE(e.find("unknown user 'nobody'"), std::string::npos) << e;
+  e = error_of("inventory:\n  nodes: []\nteams: {}\n");
+  EXPECT_NE(e.find("inventory.nodes"), std::string::npos) << e;
+  e = error_of("");
+  EXPECT_NE(e.find("(top level): must be a mapping"), std::string::npos) << e;
+  e = error_of(minimal() + "    ? [a, b]\n    : 1\n");
+  EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
+  e = error_of("inventory: [\n");
+  EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+  e = error_of(minimal() + "leases: {ttl_s: ten}\n");
+  EXPECT_NE(e.find("leases.ttl_s"), std::string::npos) << e;
+  EXPECT_NE(e.find("wrong type"), std::string::npos) << e;
+  e = error_of("inventory:\n  nodes:\n    - {name: n1, gpus: 2, memory_gib: 24}\n"
+               "teams:\n  t: {base: 3}\n");
+  EXPECT_NE(e.find("teams.t.burst"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace yolo8::quota

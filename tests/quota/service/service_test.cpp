@@ -1,0 +1,218 @@
+#include "quota/service/service.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "quota/server/metrics.h"
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+using nlohmann::json;
+using testing::kHour;
+using testing::kMinute;
+using testing::kMonday;
+
+std::string temp_db(const std::string& name) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name + "_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+using testing::api_call;
+
+struct Clock {
+  std::shared_ptr<std::atomic<int64_t>> t = std::make_shared<std::atomic<int64_t>>(kMonday + 9 * kHour);
+  std::function<int64_t()> fn() const {
+    auto p = t;
+    return [p] { return p->load(); };
+  }
+};
+
+TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
+  const std::string db = temp_db("restart");
+  Clock clock;
+  ServiceOptions o;
+  o.db_path = db;
+  o.clock = clock.fn();
+  json before;
+  int64_t audit_count = 0;
+  {
+    QuotaService s(testing::example_policy(), o);
+    for (int i = 0; i < 14; ++i) {
+      ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+    }
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s"})")).status, 202);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8x","justification":"x"})")).status,
+              403);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status, 200);
+    *clock.t += 20 * kMinute;
+    for (int id = 2; id <= 15; ++id) {
+      s.handle(api_call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", "admin-token",
+                    R"({"step":100,"last_checkpoint_ms":)" + std::to_string(clock.t->load()) + "}"));
+    }
+    s.flush_heartbeats();
+    // robotics reclaims its guarantee: one cv burst lease is revoked
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
+    before = s.handle(api_call("GET", "/v1/leases", "admin-token")).body;
+    audit_count = int64_t(s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"].size());
+  }
+  QuotaService again(testing::example_policy(), o);
+  const json after = again.handle(api_call("GET", "/v1/leases", "admin-token")).body;
+  ASSERT_EQ(before["leases"].size(), after["leases"].size());
+  for (size_t i = 0; i < before["leases"].size(); ++i) {
+    const json& b = before["leases"][i];
+    const json& a = after["leases"][i];
+    EXPECT_EQ(a["id"], b["id"]);
+    EXPECT_EQ(a["state"], b["state"]);
+    EXPECT_EQ(a["devices"], b["devices"]);
+    EXPECT_EQ(a["over_base"], b["over_base"]);
+  }
+  EXPECT_TRUE(again.check_invariants().empty());
+  // heartbeat telemetry came back from the batch table
+  const json l2 = again.handle(api_call("GET", "/v1/leases/2", "admin-token")).body;
+  EXPECT_EQ(l2["telemetry"]["step"], 100);
+  // the pending approval survived and the audit numbering continues
+  const json approvals = again.handle(api_call("GET", "/v1/approvals", "admin-token")).body;
+  ASSERT_EQ(approvals["approvals"].size(), 1u);
+  EXPECT_EQ(approvals["approvals"][0]["state"], "pending");
+  ASSERT_EQ(again.handle(api_call("POST", "/v1/approvals/1/approve", "dave-token")).status, 200);
+  const json audit = again.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
+  EXPECT_GT(int64_t(audit.size()), audit_count);
+  for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], int64_t(i) + 1);
+}
+
+TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {
+  const std::string db = temp_db("reorder");
+  auto policy = [](bool swapped) {
+    const std::string a = "    - {name: big, gpus: 2, memory_gib: 80}\n";
+    const std::string b = "    - {name: small, gpus: 2, memory_gib: 24}\n";
+    return load_policy_from_string("inventory:\n  nodes:\n" + (swapped ? b + a : a + b) +
+                                       "users:\n  alice: {token_sha256: "
+                                       "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
+                                       "teams:\n  t: {base: 4, members: [alice]}\ncredits: {monthly_gpu_hours: 0}\nemergency_pool: 0\n",
+                                   "reorder.yaml");
+  };
+  ServiceOptions o;
+  o.db_path = db;
+  json first;
+  {
+    QuotaService s(policy(false), o);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":2,"memory_gib":40})")).status, 201);
+    first = s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body;
+    ASSERT_EQ(first["devices"], json({"big:0", "big:1"}));
+  }
+  QuotaService s(policy(true), o);
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["devices"], first["devices"]);
+  // the two big GPUs stay taken: a second 40 GiB request waits
+  EXPECT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1,"memory_gib":40})")).status, 202);
+  EXPECT_TRUE(s.check_invariants().empty());
+}
+
+TEST(QuotaService, AuditTableIsAppendOnly) {
+  const std::string db = temp_db("audit");
+  {
+    ServiceOptions o;
+    o.db_path = db;
+    QuotaService s(testing::example_policy(), o);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+  EXPECT_NE(sqlite3_exec(raw, "UPDATE audit SET detail = 'x'", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_NE(sqlite3_exec(raw, "DELETE FROM audit", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(raw, "PRAGMA journal_mode", -1, &st, nullptr);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 0))), "wal");
+  sqlite3_finalize(st);
+  sqlite3_close(raw);
+}
+
+TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  struct Case {
+    ApiRequest req;
+    int status;
+  };
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8l","justification":"j"})")).status,
+            403);
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);  // lease 2
+  const std::vector<Case> cases = {
+      {api_call("GET", "/v1/teams", ""), 401},
+      {api_call("GET", "/v1/teams", "nope"), 401},
+      {api_call("POST", "/v1/leases", "alice-token", "{not json"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", "[1,2,3]"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":"two"})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1.5})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1e300})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"priority":"urgent"})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"imgsz":-640})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", std::string(30000, '[') + std::string(30000, ']')), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"team":"team-robotics"})"), 403},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"user":"bob"})"), 403},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":4096})"), 400},
+      {api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8x","batch":1000,"justification":"j"})"), 422},
+      {api_call("POST", "/v1/approvals/1/approve", "alice-token"), 403},  // a member
+      {api_call("POST", "/v1/approvals/1/approve", "dave-token"), 403},   // lead of another team
+      {api_call("POST", "/v1/approvals/99/approve", "carol-token"), 404},
+      {api_call("GET", "/v1/approvals", "bob-token"), 403},
+      {api_call("GET", "/v1/audit", "bob-token"), 403},
+      {api_call("GET", "/v1/leases/999", "alice-token"), 404},
+      {api_call("GET", "/v1/leases/abc", "alice-token"), 404},
+      {api_call("GET", "/v1/leases/2", "erin-token"), 403},
+      {api_call("POST", "/v1/leases/2/heartbeat", "erin-token", "{}"), 403},
+      {api_call("POST", "/v1/leases/2/heartbeat", "alice-token", R"({"gpu_util":"high"})"), 400},
+      {api_call("POST", "/v1/leases/2/release", "alice-token", R"({"outcome":"exploded"})"), 400},
+      {api_call("POST", "/v1/leases/2/release", "bob-token", "{}"), 403},  // same team, not the owner, not a lead
+      {api_call("GET", "/v1/nothing", "alice-token"), 404},
+      {api_call("POST", "/v1/approvals/1/approve", "carol-token"), 200},
+      {api_call("POST", "/v1/approvals/1/approve", "carol-token"), 409},
+      {api_call("POST", "/v1/leases/2/release", "carol-token", R"({"outcome":"cancelled"})"), 200},  // lead of the team
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ApiResponse r = s.handle(cases[i].req);
+    EXPECT_EQ(r.status, cases[i].status) << "case " << i << ": " << cases[i].req.method << " " << cases[i].req.path
+                                         << " " << cases[i].req.body.substr(0, 60) << " -> " << r.body.dump();
+    if (r.status >= 400) {
+      EXPECT_TRUE(r.body.contains("reason") && !r.body["reason"].get<std::string>().empty()) << "case " << i;
+    }
+  }
+  EXPECT_EQ(s.handle(api_call("GET", "/healthz", "")).status, 200);
+  EXPECT_TRUE(s.check_invariants().empty());
+}
+
+TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  ApiRequest r = api_call("POST", "/v1/leases", "alice-token", R"({"gpus":1})");
+  r.idempotency_key = "retry-1";
+  const ApiResponse a = s.handle(r);
+  const ApiResponse b = s.handle(r);
+  ASSERT_EQ(a.status, 201);
+  EXPECT_EQ(b.status, 201);
+  EXPECT_EQ(a.body["lease_id"], b.body["lease_id"]);
+  EXPECT_EQ(b.body["replayed"], true);
+  r.idempotency_key = std::string(200, 'k');
+  EXPECT_EQ(s.handle(r).status, 400);
+}
+
+TEST(QuotaService, MetricsExposeTeamsAndStates) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));
+  const std::string m = MetricsExporter(s).text();
+  EXPECT_NE(m.find("quotad_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_leases{state=\"granted\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_gpus_total 20"), std::string::npos);
+  EXPECT_NE(m.find("quotad_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace yolo8::quota

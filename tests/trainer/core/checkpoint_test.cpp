@@ -1,0 +1,339 @@
+// Checkpoint round trips (bitwise), the next optimizer step after a restore, validation of bad files.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <type_traits>
+
+#include "tests/trainer/tiny_net.h"
+#include "trainer/core/checkpoint.h"
+#include "trainer/core/optimizer.h"
+#include "trainer/core/rng_state.h"
+#include "trainer/core/schedule.h"
+
+namespace yolo8 {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
+  const auto ca = a.contiguous();
+  const auto cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+void expect_modules_bitwise(const torch::nn::Module& a, const torch::nn::Module& b) {
+  const auto ta = state_tensors(a);
+  const auto tb = state_tensors(b);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (size_t i = 0; i < ta.size(); ++i) {
+    EXPECT_EQ(ta[i].first, tb[i].first);
+    EXPECT_TRUE(bitwise_equal(ta[i].second, tb[i].second)) << ta[i].first;
+  }
+}
+
+// The optimizer's state key for a parameter: LibTorch 1.13 uses the TensorImpl address as text, later versions
+// may key by pointer.
+template <typename Map>
+typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+class CheckpointTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::temp_directory_path() / ("yolo8_ckpt_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+struct MiniRun {
+  test::TinyNet net;
+  BuiltOptimizer built;
+  std::unique_ptr<ModelEma> ema;
+  std::unique_ptr<TrainSchedule> schedule;
+  OptimSettings settings;
+  RunShape shape{64, 4, 5, 2};
+
+  explicit MiniRun(const std::string& optimizer, int64_t seed) {
+    torch::manual_seed(seed);
+    net = test::TinyNet();
+    settings.optimizer = optimizer;
+    settings.warmup_epochs = 1.0;
+    built = build_optimizer(*net, settings, shape);
+    ema = std::make_unique<ModelEma>(ModelEma::clone_of(net.ptr()));
+    schedule = std::make_unique<TrainSchedule>(settings, built.choice, shape.batch, shape.epochs, 16);
+  }
+  // One training iteration of the recipe on fixed data.
+  void iterate(int64_t epoch, int64_t ni) {
+    schedule->begin_iteration(*built.optimizer, epoch, ni);
+    test::tiny_backward(net, 100 + ni);
+    if (schedule->should_step(ni)) {
+      built.optimizer->step();
+      built.optimizer->zero_grad();
+      schedule->record_step(ni);
+      ema->update(*net);
+    }
+  }
+};
+
+TEST_P(CheckpointTest, RoundTripIsBitwiseAndNextStepMatches) {
+  MiniRun a(GetParam(), 1);
+  a.schedule = std::make_unique<TrainSchedule>(a.settings, a.built.choice, 16, a.shape.epochs, 16);  // accumulate 4
+  for (int64_t ni = 0; ni < 10; ++ni) a.iterate(0, ni);
+  ASSERT_GE(a.schedule->optimizer_steps(), 3);
+  ASSERT_FALSE(a.built.optimizer->state().empty());
+
+  CheckpointState st;
+  st.epoch = 0;
+  st.iteration_in_epoch = 10;
+  st.global_iteration = 10;
+  st.batch = 16;
+  st.schedule = a.schedule->state();
+  st.optimizer_choice = a.built.choice;
+  st.best_fitness = 0.123456789012345;
+  st.has_best_fitness = true;
+  st.settings_text = "optimizer: " + GetParam() + "\nlr0: 0.01\n";
+  st.loader_state = R"({"order_seed": 5, "position": 40})";
+  st.rng = capture_torch_rng();
+  std::mt19937 mt(42);
+  mt.discard(17);
+  st.rng.streams["augment"] = engine_state(mt);
+  const std::string file = path("last.pt");
+  save_checkpoint(file, st, {a.net.get(), a.ema.get(), a.built.optimizer.get(), /*include_grads=*/true});
+
+  MiniRun b(GetParam(), 2);  // other initial weights
+  b.schedule = std::make_unique<TrainSchedule>(b.settings, b.built.choice, 16, b.shape.epochs, 16);
+  CheckpointTargets targets;
+  targets.model = b.net.get();
+  targets.ema = b.ema.get();
+  targets.optimizer = b.built.optimizer.get();
+  const auto got = load_checkpoint(file, targets);
+  b.schedule->restore(got.schedule);
+
+  expect_modules_bitwise(*a.net, *b.net);
+  expect_modules_bitwise(a.ema->module(), b.ema->module());
+  EXPECT_EQ(b.ema->updates(), a.ema->updates());
+  EXPECT_EQ(got.epoch, 0);
+  EXPECT_EQ(got.iteration_in_epoch, 10);
+  EXPECT_EQ(got.global_iteration, 10);
+  EXPECT_EQ(got.batch, 16);
+  EXPECT_EQ(got.schedule.scheduler_epoch, st.schedule.scheduler_epoch);
+  EXPECT_EQ(got.schedule.accumulate, st.schedule.accumulate);
+  EXPECT_EQ(got.schedule.last_opt_step, st.schedule.last_opt_step);
+  EXPECT_EQ(got.schedule.optimizer_steps, st.schedule.optimizer_steps);
+  EXPECT_EQ(got.optimizer_choice.name, GetParam());
+  EXPECT_EQ(got.optimizer_choice.lr, a.built.choice.lr);
+  EXPECT_EQ(got.optimizer_choice.momentum, a.built.choice.momentum);
+  EXPECT_EQ(got.optimizer_choice.warmup_bias_lr, a.built.choice.warmup_bias_lr);
+  EXPECT_EQ(got.best_fitness, st.best_fitness);
+  EXPECT_TRUE(got.has_best_fitness);
+  EXPECT_EQ(got.settings_text, st.settings_text);
+  EXPECT_EQ(got.loader_state, st.loader_state);
+  EXPECT_FALSE(got.date.empty());
+  EXPECT_FALSE(got.version.empty());
+  EXPECT_TRUE(bitwise_equal(got.rng.torch_cpu, st.rng.torch_cpu));
+  std::mt19937 mt2;
+  set_engine_state(mt2, got.rng.streams.at("augment"));
+  EXPECT_EQ(mt2(), mt());
+
+  // Optimizer hyper-parameters and per-parameter state.
+  auto& oa = *a.built.optimizer;
+  auto& ob = *b.built.optimizer;
+  size_t compared = 0;
+  for (size_t g = 0; g < 3; ++g) {
+    EXPECT_EQ(group_lr(oa, g), group_lr(ob, g));
+    EXPECT_EQ(group_momentum(oa, g), group_momentum(ob, g));
+    EXPECT_EQ(group_weight_decay(oa, g), group_weight_decay(ob, g));
+    const auto& pa = oa.param_groups()[g].params();
+    const auto& pb = ob.param_groups()[g].params();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const auto ka = state_key(oa.state(), pa[i]);
+      const auto kb = state_key(ob.state(), pb[i]);
+      ASSERT_EQ(oa.state().count(ka), ob.state().count(kb));
+      if (!oa.state().count(ka)) continue;
+      ++compared;
+      if (GetParam() == "SGD") {
+        auto& sa = static_cast<torch::optim::SGDParamState&>(*oa.state().at(ka));
+        auto& sb = static_cast<torch::optim::SGDParamState&>(*ob.state().at(kb));
+        EXPECT_TRUE(bitwise_equal(sa.momentum_buffer(), sb.momentum_buffer()));
+      } else if (GetParam() == "Adam") {
+        auto& sa = static_cast<torch::optim::AdamParamState&>(*oa.state().at(ka));
+        auto& sb = static_cast<torch::optim::AdamParamState&>(*ob.state().at(kb));
+        EXPECT_EQ(sa.step(), sb.step());
+        EXPECT_TRUE(bitwise_equal(sa.exp_avg(), sb.exp_avg()));
+        EXPECT_TRUE(bitwise_equal(sa.exp_avg_sq(), sb.exp_avg_sq()));
+      } else {
+        auto& sa = static_cast<torch::optim::AdamWParamState&>(*oa.state().at(ka));
+        auto& sb = static_cast<torch::optim::AdamWParamState&>(*ob.state().at(kb));
+        EXPECT_EQ(sa.step(), sb.step());
+        EXPECT_TRUE(bitwise_equal(sa.exp_avg(), sb.exp_avg()));
+        EXPECT_TRUE(bitwise_equal(sa.exp_avg_sq(), sb.exp_avg_sq()));
+      }
+    }
+  }
+  EXPECT_EQ(compared, a.net->parameters().size());  // every parameter has state after a step
+  // Pending (accumulated, not yet stepped) gradients came back too.
+  ASSERT_TRUE(a.net->conv->weight.grad().defined());
+  EXPECT_TRUE(bitwise_equal(a.net->conv->weight.grad(), b.net->conv->weight.grad()));
+
+  // Continuing both runs gives bitwise-identical weights, EMA and counters.
+  for (int64_t ni = 10; ni < 24; ++ni) {
+    a.iterate(0, ni);
+    b.iterate(0, ni);
+  }
+  EXPECT_EQ(a.schedule->optimizer_steps(), b.schedule->optimizer_steps());
+  EXPECT_GT(a.schedule->optimizer_steps(), st.schedule.optimizer_steps);
+  expect_modules_bitwise(*a.net, *b.net);
+  expect_modules_bitwise(a.ema->module(), b.ema->module());
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, CheckpointTest, ::testing::Values("SGD", "Adam", "AdamW"));
+
+class CheckpointFiles : public CheckpointTest {};
+
+void expect_one_line_error(const std::string& file, const std::string& what_part) {
+  try {
+    load_checkpoint(file);
+    ADD_FAILURE() << "no error for " << file;
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what_part), std::string::npos) << msg;
+  }
+}
+
+TEST_F(CheckpointFiles, TruncatedOrCorruptFilesThrowOneLineErrors) {
+  MiniRun a("SGD", 1);
+  const std::string file = path("last.pt");
+  save_checkpoint(file, CheckpointState{}, {a.net.get(), a.ema.get(), a.built.optimizer.get()});
+  ASSERT_TRUE(checkpoint_readable(file));
+  std::ifstream in(file, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 1000u);
+
+  auto write = [&](const std::string& name, const std::vector<char>& data) {
+    std::ofstream out(path(name), std::ios::binary);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    return path(name);
+  };
+  expect_one_line_error(write("half.pt", std::vector<char>(bytes.begin(), bytes.begin() + bytes.size() / 2)),
+                        "truncated or corrupt");
+  expect_one_line_error(write("short.pt", std::vector<char>(bytes.begin(), bytes.end() - 1)), "truncated or corrupt");
+  expect_one_line_error(write("empty.pt", {}), "empty");
+  expect_one_line_error(write("text.pt", std::vector<char>(2000, 'x')), "truncated or corrupt");
+  auto flipped = bytes;
+  flipped[bytes.size() / 3] ^= 0x5a;
+  std::string err;
+  EXPECT_FALSE(checkpoint_readable(write("flipped.pt", flipped), &err));
+  EXPECT_NE(err.find("corrupt"), std::string::npos) << err;
+  expect_one_line_error(path("missing.pt"), "cannot open");
+
+  // A valid zip of another kind is refused by its format tag.
+  const auto other = torch::pickle_save(c10::IValue(torch::ones({3})));
+  expect_one_line_error(write("other.pt", other), "not a dict");
+}
+
+TEST_F(CheckpointFiles, MismatchesNameWhatDiffers) {
+  MiniRun a("SGD", 1);
+  const std::string file = path("last.pt");
+  save_checkpoint(file, CheckpointState{}, {a.net.get(), nullptr, a.built.optimizer.get()});
+
+  struct Wide : torch::nn::Module {
+    Wide() {
+      conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).bias(false)));
+      bn = register_module("bn", torch::nn::BatchNorm2d(8));
+      fc = register_module("fc", torch::nn::Linear(8, 2));
+    }
+    torch::nn::Conv2d conv{nullptr};
+    torch::nn::BatchNorm2d bn{nullptr};
+    torch::nn::Linear fc{nullptr};
+  } wide;
+  CheckpointTargets t;
+  t.model = &wide;
+  try {
+    load_checkpoint(file, t);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'conv.weight'"), std::string::npos) << e.what();
+  }
+  MiniRun adam("Adam", 1);
+  t = {};
+  t.optimizer = adam.built.optimizer.get();
+  try {
+    load_checkpoint(file, t);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("SGD"), std::string::npos) << e.what();
+  }
+  t = {};
+  t.ema = a.ema.get();
+  EXPECT_THROW(load_checkpoint(file, t), std::runtime_error);  // saved without EMA
+}
+
+TEST_F(CheckpointFiles, AtomicWriteReplacesAndCleansUp) {
+  const std::string file = path("blob.bin");
+  const std::string first(1000, 'a');
+  const std::string second(10, 'b');
+  write_file_atomic(file, first.data(), first.size());
+  write_file_atomic(file, second.data(), second.size());
+  std::ifstream in(file, std::ios::binary);
+  const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, second);
+  // A stale temporary of a writer that is gone (pid 1 is alive; use our own pid) is removed by the next write.
+  const std::string stale = path(".blob.bin.tmp." + std::to_string(::getpid()) + ".99");
+  std::ofstream(stale) << "partial";
+  write_file_atomic(file, first.data(), first.size());
+  EXPECT_FALSE(fs::exists(stale));
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1u);
+  EXPECT_THROW(write_file_atomic(path("no/such/dir/x.bin"), "x", 1), std::system_error);
+}
+
+TEST(RngState, TorchAndEngineStatesRestore) {
+  torch::manual_seed(11);
+  const auto saved = capture_torch_rng();
+  const auto a = torch::randn({5});
+  restore_torch_rng(saved);
+  const auto b = torch::randn({5});
+  EXPECT_TRUE(torch::equal(a, b));
+  std::mt19937_64 e(9);
+  const auto text = engine_state(e);
+  const auto x = e();
+  std::mt19937_64 f;
+  set_engine_state(f, text);
+  EXPECT_EQ(f(), x);
+  EXPECT_THROW(set_engine_state(f, "not a state"), std::invalid_argument);
+  RngState bad;
+  bad.torch_cpu = torch::zeros({3}, torch::kFloat);
+  EXPECT_THROW(restore_torch_rng(bad), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace yolo8

@@ -1,0 +1,282 @@
+#include "trainer/core/train_step.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <sstream>
+
+#include "trainer/core/auto_batch.h"
+#include "trainer/core/checkpoint.h"
+#include "trainer/core/memory_meter.h"
+#include "trainer/core/synthetic_step.h"
+
+namespace yolo8 {
+namespace {
+
+TrainingCore make_core(int64_t batch, bool force_grad_scaler = false, bool amp = false,
+                       const torch::Device& device = torch::kCPU) {
+  const ModelConfig config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig core_config;
+  core_config.device = device;
+  core_config.force_grad_scaler = force_grad_scaler;
+  core_config.amp = amp;
+  core_config.shape = RunShape{64, batch, 10, 3};
+  core_config.batches_per_epoch = 8;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = batch;  // an optimizer step every iteration
+  torch::manual_seed(0);
+  DetectionModel model(config);
+  return TrainingCore(model, DetectionModel(config), core_config);
+}
+
+TEST(TrainStep, StepsTheOptimizerAndMovesTheWeights) {
+  TrainingCore core = make_core(4);
+  const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 1);
+  const torch::Tensor before = core.model()->parameters()[0].clone();
+  const StepOutcome outcome = core.step(0, 0, batch.images, batch.labels);
+  EXPECT_TRUE(outcome.optimizer_stepped);
+  EXPECT_EQ(outcome.loss_items.numel(), 3);
+  EXPECT_GT(outcome.loss_items.sum().item<double>(), 0.0);
+  EXPECT_FALSE(torch::equal(before, core.model()->parameters()[0]));
+  EXPECT_EQ(core.ema().updates(), 1);
+}
+
+TEST(TrainStep, DflProjectionStaysFrozen) {
+  TrainingCore core = make_core(2);
+  for (const auto& item : core.model()->named_parameters()) {
+    if (item.key().find(".dfl.") != std::string::npos) {
+      EXPECT_FALSE(item.value().requires_grad()) << item.key();
+    }
+  }
+}
+
+TEST(TrainStep, FreezeSettingParsesCountsAndLists) {
+  EXPECT_EQ(freeze_layer_indices("3"), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(freeze_layer_indices("0,5"), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(freeze_layer_indices("[7]"), (std::vector<int64_t>{7}));
+  EXPECT_TRUE(freeze_layer_indices("").empty());
+}
+
+// The out-of-memory fallback: two passes of half the batch fit where one full pass does not, and give
+// nearly the gradient of the full pass (the loss normalises per pass, so not bitwise).
+TEST(TrainStep, ChunkedStepFitsWhereTheFullBatchDoesNot) {
+  const SyntheticBatch batch = synthetic_batch(8, 64, 3, 3, 2);
+  MemoryMeter meter(torch::kCPU);
+  TrainingCore core = make_core(8);
+  core.step(0, 0, batch.images, batch.labels);  // creates the optimizer state outside the measurement
+  const int64_t full_peak = measure_peak_bytes(meter, [&] { core.step(0, 1, batch.images, batch.labels); });
+  const int64_t half_peak = measure_peak_bytes(meter, [&] { core.step(0, 2, batch.images, batch.labels, 2); });
+  ASSERT_LT(half_peak, full_peak);
+  set_cpu_memory_cap((half_peak + full_peak) / 2);
+  EXPECT_THROW(core.step(0, 3, batch.images, batch.labels), OutOfMemory);
+  core.optimizer().zero_grad();
+  EXPECT_NO_THROW(core.step(0, 3, batch.images, batch.labels, 2));
+  set_cpu_memory_cap(0);
+}
+
+
+// A power-of-two loss scale commutes with every rounding step, so the scaler (without autocast) trains the
+// same weights as the plain path.
+TEST(TrainStepAmp, ForcedScalerGivesTheSameWeights) {
+  TrainingCore plain = make_core(4);
+  TrainingCore scaled = make_core(4, /*force_grad_scaler=*/true);
+  ASSERT_FALSE(plain.grad_scaler().enabled());
+  ASSERT_TRUE(scaled.grad_scaler().enabled());
+  EXPECT_FALSE(scaled.autocast());
+  for (int64_t ni = 0; ni < 3; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, static_cast<uint64_t>(10 + ni));
+    const StepOutcome a = plain.step(0, ni, batch.images, batch.labels);
+    const StepOutcome b = scaled.step(0, ni, batch.images, batch.labels);
+    EXPECT_TRUE(b.optimizer_stepped);
+    EXPECT_FALSE(b.skipped_non_finite);
+    EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items, 1e-6, 1e-7));
+  }
+  EXPECT_EQ(scaled.grad_scaler().state().growth_tracker, 3);
+  const auto pa = plain.model()->named_parameters();
+  const auto pb = scaled.model()->named_parameters();
+  double worst = 0.0;
+  for (const auto& item : pa) {
+    const torch::Tensor diff = (item.value() - pb[item.key()]).abs().max();
+    worst = std::max(worst, diff.item<double>());
+    EXPECT_TRUE(torch::allclose(item.value(), pb[item.key()], 1e-6, 1e-6)) << item.key();
+  }
+  const auto ea = plain.ema_model()->named_parameters();
+  const auto eb = scaled.ema_model()->named_parameters();
+  for (const auto& item : ea) EXPECT_TRUE(torch::allclose(item.value(), eb[item.key()], 1e-6, 1e-6)) << item.key();
+  EXPECT_EQ(plain.ema().updates(), scaled.ema().updates());
+  std::ostringstream worst_text;
+  worst_text << std::scientific << worst;
+  RecordProperty("max_abs_weight_difference", worst_text.str());
+}
+
+TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
+  TrainingCore core = make_core(4, /*force_grad_scaler=*/true);
+  const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 1);
+  core.step(0, 0, batch.images, batch.labels);  // optimizer state exists, EMA has one update
+  std::vector<torch::Tensor> weights, ema_weights;
+  for (const auto& p : core.model()->parameters()) weights.push_back(p.clone());
+  for (const auto& p : core.ema_model()->parameters()) ema_weights.push_back(p.clone());
+  const int64_t ema_updates = core.ema().updates();
+  const double scale = core.grad_scaler().current_scale();
+
+  torch::Tensor target = core.model()->parameters()[0];
+  ASSERT_TRUE(target.requires_grad());
+  const unsigned hook = target.register_hook(
+      [](const torch::Tensor& grad) { return grad * std::numeric_limits<float>::infinity(); });
+  const StepOutcome outcome = core.step(0, 1, batch.images, batch.labels);
+  target.remove_hook(hook);
+  EXPECT_FALSE(outcome.optimizer_stepped);
+  EXPECT_TRUE(outcome.skipped_non_finite);
+  EXPECT_EQ(core.grad_scaler().current_scale(), scale / 2);
+  EXPECT_EQ(core.ema().updates(), ema_updates);
+  const auto after = core.model()->parameters();
+  for (size_t i = 0; i < weights.size(); ++i) EXPECT_TRUE(torch::equal(weights[i], after[i])) << "parameter " << i;
+  const auto ema_after = core.ema_model()->parameters();
+  for (size_t i = 0; i < ema_weights.size(); ++i) EXPECT_TRUE(torch::equal(ema_weights[i], ema_after[i])) << i;
+  // The poisoned gradients are dropped; the next clean step trains again.
+  const StepOutcome next = core.step(0, 2, batch.images, batch.labels);
+  EXPECT_TRUE(next.optimizer_stepped);
+  EXPECT_EQ(core.ema().updates(), ema_updates + 1);
+  EXPECT_FALSE(torch::equal(weights[0], core.model()->parameters()[0]));
+  EXPECT_TRUE(torch::isfinite(core.model()->parameters()[0]).all().item<bool>());
+}
+
+// batch 2 with nbs 4 accumulates two iterations; growth_interval 1 moves the scale at every optimizer step.
+TrainingCore make_scaled_core() {
+  const ModelConfig config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig core_config;
+  core_config.force_grad_scaler = true;
+  core_config.grad_scaler.growth_interval = 1;
+  core_config.shape = RunShape{64, 2, 10, 3};
+  core_config.batches_per_epoch = 32;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = 4;
+  torch::manual_seed(0);
+  DetectionModel model(config);
+  return TrainingCore(model, DetectionModel(config), core_config);
+}
+
+void run_iterations(TrainingCore& core, int64_t first, int64_t last) {
+  for (int64_t ni = first; ni < last; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(2, 64, 3, 3, static_cast<uint64_t>(20 + ni));
+    core.step(0, ni, batch.images, batch.labels);
+  }
+}
+
+// Stopped in the middle of an accumulation window, the stored gradients are scaled: the resumed run must scale
+// with the same factor to end bitwise where the uninterrupted run does.
+TEST(TrainStepAmp, ScaledRunResumesMidAccumulationBitwise) {
+  TrainingCore uninterrupted = make_scaled_core();
+  run_iterations(uninterrupted, 0, 5);
+  EXPECT_EQ(uninterrupted.grad_scaler().current_scale(), 65536.0 * 4);  // two clean steps, growth after each
+
+  TrainingCore first = make_scaled_core();
+  run_iterations(first, 0, 3);  // step at ni 1, ni 2 accumulated
+  CheckpointState state;
+  state.schedule = first.schedule().state();
+  state.has_grad_scaler = true;
+  state.grad_scaler = first.grad_scaler().state();
+  CheckpointSources sources;
+  sources.model = first.model().ptr().get();
+  sources.ema = &first.ema();
+  sources.optimizer = &first.optimizer();
+  sources.include_grads = true;
+  const std::vector<char> bytes = encode_checkpoint(state, sources);
+
+  torch::manual_seed(123);  // different initial weights: everything must come from the checkpoint
+  TrainingCore resumed = make_scaled_core();
+  CheckpointTargets targets;
+  targets.model = resumed.model().ptr().get();
+  targets.ema = &resumed.ema();
+  targets.optimizer = &resumed.optimizer();
+  const CheckpointState loaded = decode_checkpoint(bytes, targets);
+  to_channels_last(*resumed.model());
+  to_channels_last(*resumed.ema_model());
+  resumed.schedule().restore(loaded.schedule);
+  ASSERT_TRUE(loaded.has_grad_scaler);
+  resumed.grad_scaler().restore(loaded.grad_scaler);
+  run_iterations(resumed, 3, 5);
+
+  EXPECT_EQ(resumed.grad_scaler().current_scale(), uninterrupted.grad_scaler().current_scale());
+  const auto a = uninterrupted.model()->named_parameters();
+  const auto b = resumed.model()->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
+  const auto ea = uninterrupted.ema_model()->named_parameters();
+  const auto eb = resumed.ema_model()->named_parameters();
+  for (const auto& item : ea) EXPECT_TRUE(torch::equal(item.value(), eb[item.key()])) << item.key();
+}
+
+// amp asks for CUDA autocast; on CPU the step is today's float32 step with no scaler.
+TEST(TrainStepAmp, AmpOnCpuIsThePlainStep) {
+  TrainingCore plain = make_core(4);
+  TrainingCore amp = make_core(4, /*force_grad_scaler=*/false, /*amp=*/true);
+  EXPECT_FALSE(amp.grad_scaler().enabled());
+  EXPECT_FALSE(amp.autocast());
+  const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 5);
+  plain.step(0, 0, batch.images, batch.labels);
+  amp.step(0, 0, batch.images, batch.labels);
+  const auto pa = plain.model()->parameters();
+  const auto pb = amp.model()->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// On a GPU: float32 agrees with the CPU step, and AMP trains with finite losses in less memory. Skipped where no
+// CUDA device is present (every CPU machine, CI included); scripts/gpu_check.sh runs them.
+
+bool have_cuda() {
+#ifdef YOLO8_WITH_CUDA
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
+}
+
+TEST(TrainStepCuda, Float32StepAgreesWithTheCpuStep) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  TrainingCore cpu = make_core(4);
+  TrainingCore gpu = make_core(4, false, false, torch::Device(torch::kCUDA, 0));
+  for (int64_t ni = 0; ni < 2; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(4, 128, 3, 4, static_cast<uint64_t>(ni));
+    const StepOutcome a = cpu.step(0, ni, batch.images, batch.labels);
+    const StepOutcome b = gpu.step(0, ni, batch.images, batch.labels);
+    // cuDNN may use TF32 convolutions: agreement to a few parts in a thousand, not bitwise.
+    EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items.to(torch::kCPU), 5e-3, 1e-4))
+        << a.loss_items << " vs " << b.loss_items;
+  }
+}
+
+TEST(TrainStepCuda, AmpTrainsWithFiniteLossesInLessMemory) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device device(torch::kCUDA, 0);
+  MemoryMeter meter(device);
+  int64_t peaks[2] = {0, 0};
+  for (bool amp : {false, true}) {
+    TrainingCore core = make_core(16, false, amp, device);
+    EXPECT_EQ(core.autocast(), amp);
+    EXPECT_EQ(core.grad_scaler().enabled(), amp);
+    int stepped = 0;
+    torch::Tensor first_loss, last_loss;
+    for (int64_t ni = 0; ni < 6; ++ni) {
+      const SyntheticBatch batch = synthetic_batch(16, 320, 3, 6, 7);  // one batch, so the loss must fall
+      StepOutcome outcome;
+      const int64_t peak = measure_peak_bytes(meter, [&] { outcome = core.step(0, ni, batch.images, batch.labels); });
+      if (ni > 0) peaks[amp] = std::max(peaks[amp], peak);  // after the optimizer state exists
+      ASSERT_TRUE(torch::isfinite(outcome.loss_items).all().item<bool>()) << "amp " << amp << " step " << ni;
+      stepped += outcome.optimizer_stepped;
+      if (ni == 0) first_loss = outcome.loss_items.sum().cpu();
+      last_loss = outcome.loss_items.sum().cpu();
+    }
+    EXPECT_GE(stepped, 5) << "amp " << amp;  // a scaler may skip one early step on an overflow, not more
+    EXPECT_LT(last_loss.item<double>(), first_loss.item<double>()) << "amp " << amp;
+    for (const auto& p : core.model()->parameters()) ASSERT_TRUE(torch::isfinite(p).all().item<bool>());
+  }
+  std::printf("peak of a yolov8n step at batch 16, imgsz 320: float32 %.1f MiB, AMP %.1f MiB\n",
+              peaks[0] / 1048576.0, peaks[1] / 1048576.0);
+  EXPECT_LT(peaks[1], peaks[0]);
+}
+
+}  // namespace
+}  // namespace yolo8

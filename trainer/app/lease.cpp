@@ -1,0 +1,89 @@
+#include "trainer/app/lease.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <unistd.h>
+
+#include "quota/core/policy.h"
+#include "trainer/core/stop_signal.h"
+
+namespace yolo8 {
+
+TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
+  if (settings.quota == "off") return;
+  if (settings.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
+  quota::ClientConfig config;
+  config.mode = settings.quota;
+  config.token = settings.quota_token;
+  if (config.token.empty()) {
+    if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
+  }
+  config.local_db = settings.quota_db;
+  config.local_gpus = std::max(1, gpus);
+  config.user = settings.user;
+  client_ = std::make_unique<quota::QuotaClient>(config);
+
+  quota::LeaseRequest request;
+  request.team = settings.team;
+  request.user = settings.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.user;
+  request.job = job_name;
+  request.model = std::filesystem::path(settings.model).stem().string();
+  request.imgsz = settings.imgsz;
+  request.batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
+  request.gpus = std::max(1, gpus);
+  request.priority = quota::parse_priority(settings.priority);
+  request.preemptible = settings.preemptible;
+  request.justification = settings.justification;
+  request.idempotency_key = job_name + "-" + std::to_string(getpid()) + "-" +
+                            std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  std::cout << "Asking " << (settings.quota == "local" ? std::string("the local quota") : settings.quota)
+            << " for a lease: team " << request.team << ", " << request.model << ", " << request.gpus << " GPU, priority "
+            << settings.priority << "\n";
+  const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
+    // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
+    if (stop_requested()) throw StoppedWhileWaiting();
+    std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason << std::endl;
+  });
+  std::cout << "Lease " << lease.id << " granted: " << lease.devices.size() << " GPU, " << lease.memory_gib
+            << " GiB each, heartbeat every " << lease.heartbeat_interval_s << " s\n";
+  client_->start_heartbeats([this] {
+    quota::Telemetry telemetry;
+    telemetry.step = telemetry_.step.load();
+    telemetry.epoch = telemetry_.epoch.load();
+    telemetry.memory_used_gib = telemetry_.memory_used_gib.load();
+    telemetry.gpu_util = telemetry_.gpu_util.load();
+    telemetry.last_checkpoint_ms = telemetry_.last_checkpoint_ms.load();
+    return telemetry;
+  });
+}
+
+TrainingLease::~TrainingLease() {
+  if (client_ && !released_) {
+    try {
+      client_->release(quota::Outcome::kFailed);
+    } catch (const std::exception& error) {
+      std::cerr << "yolo8: could not release the lease: " << error.what() << "\n";
+    }
+  }
+}
+
+double TrainingLease::memory_gib() const { return client_ ? client_->lease().memory_gib : 0.0; }
+
+int64_t TrainingLease::id() const { return client_ ? client_->lease().id : 0; }
+
+void TrainingLease::check() {
+  if (!client_) return;
+  if (client_->revoked() || client_->lost()) request_stop(StopReason::kLeaseRevoked);
+  if (client_->unreachable_too_long()) request_stop(StopReason::kQuotaUnreachable);
+}
+
+void TrainingLease::release(quota::Outcome outcome) {
+  if (!client_ || released_) return;
+  released_ = true;
+  client_->release(outcome);
+  std::cout << "Lease " << client_->lease().id << " released (" << quota::to_string(outcome) << ")\n";
+}
+
+}  // namespace yolo8

@@ -1,0 +1,168 @@
+// Helpers shared by the dataset-driven modes (train, val, predict). Compiled only with OpenCV; see engine.h.
+
+#include "trainer/app/mode_support.h"
+
+#include <nlohmann/json.hpp>
+#ifdef YOLO8_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "trainer/core/autocast.h"
+#include "trainer/app/plots.h"
+#include "trainer/app/progress.h"
+#include "trainer/core/stop_signal.h"
+
+namespace yolo8::app {
+namespace fs = std::filesystem;
+namespace {
+
+std::vector<ImageGeometry> batch_geometry(const data::Batch& batch) {
+  std::vector<ImageGeometry> geometry;
+  const torch::Tensor ratio_pad = batch.ratio_pad.to(torch::kDouble).contiguous();
+  const auto rows = ratio_pad.accessor<double, 2>();
+  for (size_t i = 0; i < batch.orig_shapes.size(); ++i) {
+    geometry.push_back({batch.orig_shapes[i].first, batch.orig_shapes[i].second, rows[i][0], rows[i][1], rows[i][2],
+                        rows[i][3]});
+  }
+  return geometry;
+}
+
+}  // namespace
+
+std::string yaml_text(const YAML::Node& node) {
+  YAML::Emitter emitter;
+  emitter << node;
+  return emitter.c_str();
+}
+
+void warn_plot_failed(const std::string& what, const std::exception& error) {
+  std::cerr << "warning: could not plot " << what << ": " << error.what() << "\n";
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+torch::Device pick_device(const Settings& settings) {
+  const std::vector<int> ids = settings.device_ids();
+#ifdef YOLO8_WITH_CUDA
+  if (ids.size() > 1) {
+    // One process per GPU (launched by yolo8 itself, torchrun or an indexed Job): LOCAL_RANK picks the GPU.
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    const size_t index = local_rank ? static_cast<size_t>(std::atoi(local_rank)) : 0;
+    if (index >= ids.size()) {
+      throw SettingsError("LOCAL_RANK " + std::to_string(index) + " has no GPU in device=" + settings.device);
+    }
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(ids[index]));  // NCCL needs the current device set
+    return torch::Device(torch::kCUDA, ids[index]);
+  }
+  if (!ids.empty()) return torch::Device(torch::kCUDA, ids.front());
+  if (settings.device.empty() && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+#else
+  if (!ids.empty()) {
+    throw SettingsError("setting 'device' asks for GPU " + settings.device +
+                        " but this yolo8 was built with a CPU-only LibTorch; use device=cpu");
+  }
+#endif
+  return torch::kCPU;
+}
+
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train) {
+  data::LoaderConfig config;
+  config.imgsz = settings.imgsz;
+  config.batch = batch;
+  config.workers = settings.workers;
+  config.cache = data::parse_cache_mode(settings.cache);
+  config.rect = train ? settings.rect : true;
+  config.single_cls = settings.single_cls;
+  config.fraction = train ? settings.fraction : 1.0;
+  config.seed = static_cast<uint64_t>(settings.seed);
+  config.stride = stride;
+  config.shuffle = train;
+  return config;
+}
+
+data::AugmentConfig augment_config(const Settings& settings) {
+  data::AugmentConfig config;
+  config.hsv_h = settings.hsv_h;
+  config.hsv_s = settings.hsv_s;
+  config.hsv_v = settings.hsv_v;
+  config.degrees = settings.degrees;
+  config.translate = settings.translate;
+  config.scale = settings.scale;
+  config.shear = settings.shear;
+  config.perspective = settings.perspective;
+  config.flipud = settings.flipud;
+  config.fliplr = settings.fliplr;
+  config.mosaic = settings.mosaic;
+  config.mixup = settings.mixup;
+  config.close_mosaic = settings.close_mosaic;
+  return config;
+}
+
+std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& spec, const std::string& split,
+                                                     const Settings& settings, bool verbose) {
+  data::CheckOptions options;
+  options.nc = spec.nc;
+  options.workers = std::max(1, settings.workers);
+  auto index = std::make_shared<data::DatasetIndex>(
+      as_input_error([&] { return data::build_split_index(spec, split, options); }));
+  if (verbose) data::print_report(std::cout, split, *index, 10);
+  if (index->records.empty()) {
+    throw DataError(spec.yaml_path + ": split '" + split + "' has no usable image (see the report above)");
+  }
+  return index;
+}
+
+// Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
+// empty) receives the first batch's labels and predictions as mosaics.
+void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
+                    const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
+                    const std::string& prefix, const fs::path& plot_dir, const std::vector<std::string>& names) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  loader.start_epoch(0);
+  ProgressBar bar(prefix, loader.num_batches());
+  long done = 0;
+  while (auto batch = loader.next()) {
+    torch::Tensor images = batch->images.to(device).to(torch::kFloat).div_(255.0);
+    if (channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);
+    DetectOutput output;
+    {
+      CudaAutocastGuard autocast(half && device.is_cuda());
+      output = model->forward(images);
+    }
+    output.pred = output.pred.to(torch::kFloat);
+    for (auto& level : output.feats) level = level.to(torch::kFloat);
+    const std::vector<torch::Tensor> detections = validator.add_batch(
+        output.pred, batch->labels, images.size(2), images.size(3), batch_geometry(*batch), batch->paths);
+    if (!plot_dir.empty() && batch->index == 0) {
+      try_plot("validation mosaics", [&] {
+        plot_batch_mosaic((plot_dir / "val_batch0_labels.jpg").string(), batch->images, batch->labels, names,
+                          batch->paths);
+        plot_batch_mosaic((plot_dir / "val_batch0_pred.jpg").string(), batch->images,
+                          detections_to_mosaic_rows(detections, batch->ratio_pad, images.size(2), images.size(3)),
+                          names, batch->paths);
+      });
+    }
+    if (loss != nullptr) validator.add_loss(*loss, output.feats, batch->labels);
+    bar.update(++done, "");
+    if (stop_is_urgent()) break;  // a second signal: the checkpoint matters, the numbers do not
+  }
+  bar.finish("");
+  model->train(was_training);
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+  out << text;
+}
+
+}  // namespace yolo8::app
+

@@ -1,0 +1,61 @@
+#pragma once
+// Building blocks shared by the dataset-driven modes (train in train_run.cpp; val and predict in modes.cpp):
+// settings to loader / augmentation configs, dataset splits, devices, validation passes. Needs OpenCV (data/).
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/augment.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "models/yolo.h"
+#include "trainer/app/model_loading.h"
+#include "trainer/app/settings.h"
+#include "trainer/detect/loss.h"
+#include "trainer/detect/validator.h"
+
+namespace yolo8::app {
+
+using Clock = std::chrono::steady_clock;
+
+std::string yaml_text(const YAML::Node& node);
+double seconds_since(Clock::time_point start);
+
+// Plots must never stop a run: a failure is a warning.
+void warn_plot_failed(const std::string& what, const std::exception& error);
+template <typename Function>
+void try_plot(const std::string& what, Function&& function) {
+  try {
+    function();
+  } catch (const std::exception& error) {
+    warn_plot_failed(what, error);
+  }
+}
+
+torch::Device pick_device(const Settings& settings);
+
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train);
+data::AugmentConfig augment_config(const Settings& settings);
+// The split's index, with its report when `verbose`; throws DataError when no image is usable.
+std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& spec, const std::string& split,
+                                                     const Settings& settings, bool verbose);
+
+// Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
+// empty) receives the first batch's labels and predictions as mosaics. `half`: the forward pass under CUDA
+// autocast (the reference validates in half precision on GPUs); NMS and metrics stay float32.
+void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
+                    const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
+                    const std::string& prefix, const std::filesystem::path& plot_dir = {},
+                    const std::vector<std::string>& names = {});
+
+void write_text(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace yolo8::app

@@ -1,0 +1,67 @@
+#pragma once
+// Weights for every mode from whatever the user names (a yolo8 training checkpoint, an Ultralytics `.pt`, a
+// state-dict file, a model YAML), the metadata a training checkpoint carries, and the resume decision. No OpenCV.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "models/weights.h"
+#include "models/yolo.h"
+#include "trainer/app/settings.h"
+
+namespace yolo8 {
+
+// A problem with the user's data or weights: main() exits 2, retrying will not help.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Model weights from a yolo8 checkpoint (last.pt / best.pt: the EMA weights), an Ultralytics `.pt`, a
+// state-dict file or a model YAML (fresh weights).
+LoadedModel load_any_model(const std::string& spec, int64_t nc_override = 0);
+
+// True when `path` is a checkpoint written by yolo8's trainer.
+bool is_training_checkpoint(const std::string& path);
+
+// The checkpoint a `resume` setting points at ("" when the run starts fresh); throws when resume=true or a
+// path finds nothing resumable.
+std::string resolve_resume_checkpoint(const Settings& settings);
+
+namespace app {
+
+// Setup failures (data, weights, checkpoints) are the user's to fix: exit 2, not 1.
+template <typename Function>
+auto as_input_error(Function&& function) -> decltype(function()) {
+  try {
+    return function();
+  } catch (const SettingsError&) {
+    throw;
+  } catch (const DataError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw DataError(error.what());
+  }
+}
+
+// What a training checkpoint stores besides tensors (as JSON in its settings text).
+struct CheckpointMeta {
+  std::string settings_yaml;
+  std::string model_yaml;
+  std::vector<std::string> names;
+  std::string run_dir;
+};
+std::string encode_meta(const CheckpointMeta& meta);
+CheckpointMeta decode_meta(const std::string& text, const std::string& path);
+DetectionModel model_from_meta(const CheckpointMeta& meta, const std::string& source, int64_t nc_override = 0);
+
+// Copies every tensor whose name and shape match; returns how many.
+size_t transfer_matching(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& source);
+std::map<std::string, torch::Tensor> as_map(const NamedTensors& tensors);
+}  // namespace app
+}  // namespace yolo8

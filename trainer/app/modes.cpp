@@ -1,0 +1,214 @@
+// Dataset-driven modes. Compiled only with OpenCV; see engine.h.
+
+#include "trainer/app/modes.h"
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "data/synth.h"
+#include "trainer/core/autocast.h"
+#include "trainer/core/checkpoint.h"
+#include "trainer/app/mode_support.h"
+#include "trainer/app/threads.h"
+#include "trainer/core/exit_codes.h"
+#include "trainer/detect/nms.h"
+#include "trainer/app/run_dir.h"
+#include "trainer/app/train_run.h"
+#include "trainer/core/train_step.h"
+
+namespace yolo8 {
+namespace fs = std::filesystem;
+using app::as_input_error;
+using app::Clock;
+using app::seconds_since;
+
+int run_train(const Settings& settings) { return TrainingRun(settings).run(); }
+
+int run_val(const Settings& settings) {
+  configure_threads(settings);
+  if (settings.data.empty()) throw SettingsError("setting 'data' is required for val");
+  const torch::Device device = app::pick_device(settings);
+  data::DatasetSpec spec = as_input_error([&] { return data::load_data_yaml(settings.data); });
+  std::vector<std::string> names = settings.single_cls ? std::vector<std::string>{"item"} : spec.names;
+  LoadedModel loaded = load_any_model(settings.model, static_cast<int64_t>(names.size()));
+  if (!loaded.names.empty() && !settings.single_cls) names = loaded.names;
+  DetectionModel model = loaded.model;
+  model->to(device);
+  model->eval();
+  if (settings.channels_last) to_channels_last(*model);
+  const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
+  const int stride = static_cast<int>(model->max_stride());
+  const int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 32;
+  data::DataLoader loader(index, app::loader_config(settings, batch, stride, false), app::augment_config(settings),
+                          false);
+  ValConfig config;
+  config.conf = settings.conf >= 0 ? settings.conf : 0.001;
+  config.iou = settings.iou;
+  config.max_det = settings.max_det;
+  config.single_cls = settings.single_cls;
+  config.save_json = settings.save_json;
+  DetectionValidator validator(model->nc(), names, config);
+  const auto start = Clock::now();
+  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val");
+  const double seconds = seconds_since(start);
+  std::cout << validator.table();
+  std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
+            << " ms per image at imgsz " << settings.imgsz << " (loading, inference, NMS)\n";
+  if (settings.save_json) {
+    const fs::path run_dir = make_run_dir(settings.project, "val", settings.name, settings.exist_ok);
+    validator.write_json((run_dir / "predictions.json").string());
+    std::cout << "Predictions written to " << (run_dir / "predictions.json").string() << "\n";
+  }
+  return kExitCompleted;
+}
+
+namespace {
+
+cv::Scalar class_colour(int64_t cls) {
+  static const int kPalette[][3] = {{56, 56, 255}, {151, 157, 255}, {31, 112, 255}, {29, 178, 255},
+                                    {49, 210, 207}, {10, 249, 72},   {23, 204, 146}, {134, 219, 61},
+                                    {52, 147, 26},  {187, 212, 0},   {168, 153, 44}, {255, 194, 0}};
+  const auto& c = kPalette[cls % 12];
+  return cv::Scalar(c[0], c[1], c[2]);
+}
+
+std::vector<std::string> list_images(const std::string& source) {
+  std::vector<std::string> files;
+  if (fs::is_directory(source)) {
+    for (const auto& entry : fs::recursive_directory_iterator(source)) {
+      if (entry.is_regular_file() && data::is_image_extension(entry.path().string())) {
+        files.push_back(entry.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+  } else if (fs::is_regular_file(source)) {
+    files.push_back(source);
+  } else {
+    throw DataError("source '" + source + "' is neither an image nor a folder");
+  }
+  return files;
+}
+
+}  // namespace
+
+int run_predict(const Settings& settings) {
+  configure_threads(settings);
+  if (settings.source.empty()) throw SettingsError("setting 'source' is required for predict (an image or a folder)");
+  const torch::Device device = app::pick_device(settings);
+  LoadedModel loaded = load_any_model(settings.model);
+  DetectionModel model = loaded.model;
+  model->to(device);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const int stride = static_cast<int>(model->max_stride());
+  const fs::path run_dir = make_run_dir(settings.project, "predict", settings.name, settings.exist_ok);
+  if (settings.save_txt) fs::create_directories(run_dir / "labels");
+  NmsConfig nms;
+  nms.conf_thres = settings.conf >= 0 ? settings.conf : 0.25;
+  nms.iou_thres = settings.iou;
+  nms.max_det = settings.max_det;
+  nms.agnostic = settings.agnostic_nms;
+  const std::vector<std::string> files = list_images(settings.source);
+  int64_t total_detections = 0;
+  for (const std::string& file : files) {
+    const cv::Mat image = cv::imread(file, cv::IMREAD_COLOR);
+    if (image.empty()) {
+      std::cerr << "predict: skipping unreadable image " << file << "\n";
+      continue;
+    }
+    // Minimal padding to the stride, as the reference's predictor does.
+    const double gain = std::min(static_cast<double>(settings.imgsz) / image.rows,
+                                 static_cast<double>(settings.imgsz) / image.cols);
+    const int new_h = static_cast<int>(std::lround(image.rows * gain));
+    const int new_w = static_cast<int>(std::lround(image.cols * gain));
+    const int out_h = (new_h + stride - 1) / stride * stride;
+    const int out_w = (new_w + stride - 1) / stride * stride;
+    data::LetterboxInfo info;
+    const cv::Mat boxed = data::letterbox(image, out_h, out_w, true, &info);
+    cv::Mat rgb;
+    cv::cvtColor(boxed, rgb, cv::COLOR_BGR2RGB);
+    torch::Tensor input = torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8)
+                              .permute({0, 3, 1, 2})
+                              .to(device)
+                              .to(torch::kFloat)
+                              .div_(255.0)
+                              .contiguous();
+    torch::Tensor prediction;
+    {
+      CudaAutocastGuard autocast(settings.half && device.is_cuda());
+      prediction = model->predict(input);
+    }
+    torch::Tensor detections = non_max_suppression(prediction.to(torch::kCPU, torch::kFloat), nms)[0];
+    if (!settings.classes.empty() && detections.size(0) > 0) {
+      torch::Tensor keep = torch::zeros({detections.size(0)}, torch::kBool);
+      for (int cls : settings.classes) keep |= detections.select(1, 5) == cls;
+      detections = detections.index({keep});
+    }
+    const ImageGeometry geometry{image.rows, image.cols, info.ratio, info.ratio, static_cast<double>(info.left),
+                                 static_cast<double>(info.top)};
+    detections = boxes_to_original(detections, geometry);
+    total_detections += detections.size(0);
+    cv::Mat drawn = image.clone();
+    const int thickness = settings.line_width > 0 ? settings.line_width
+                                                  : std::max(1, static_cast<int>(std::lround((image.rows + image.cols) * 0.002)));
+    std::ofstream txt;
+    if (settings.save_txt) txt.open(run_dir / "labels" / (fs::path(file).stem().string() + ".txt"));
+    const auto rows = detections.accessor<float, 2>();
+    for (int64_t k = 0; k < detections.size(0); ++k) {
+      const int64_t cls = static_cast<int64_t>(rows[k][5]);
+      const cv::Point top_left(static_cast<int>(rows[k][0]), static_cast<int>(rows[k][1]));
+      const cv::Point bottom_right(static_cast<int>(rows[k][2]), static_cast<int>(rows[k][3]));
+      cv::rectangle(drawn, top_left, bottom_right, class_colour(cls), thickness, cv::LINE_AA);
+      if (settings.show_labels) {
+        std::ostringstream label;
+        label << (cls < static_cast<int64_t>(loaded.names.size()) ? loaded.names[cls] : std::to_string(cls));
+        if (settings.show_conf) label << " " << std::fixed << std::setprecision(2) << rows[k][4];
+        int baseline = 0;
+        const double font = std::max(0.4, thickness / 3.0);
+        const cv::Size size = cv::getTextSize(label.str(), cv::FONT_HERSHEY_SIMPLEX, font, 1, &baseline);
+        const cv::Point origin(top_left.x, std::max(size.height + 2, top_left.y));
+        cv::rectangle(drawn, origin - cv::Point(0, size.height + 2), origin + cv::Point(size.width, baseline),
+                      class_colour(cls), cv::FILLED);
+        cv::putText(drawn, label.str(), origin, cv::FONT_HERSHEY_SIMPLEX, font, cv::Scalar(255, 255, 255), 1,
+                    cv::LINE_AA);
+      }
+      if (txt) {
+        const double cx = (rows[k][0] + rows[k][2]) / 2.0 / image.cols, cy = (rows[k][1] + rows[k][3]) / 2.0 / image.rows;
+        const double w = (rows[k][2] - rows[k][0]) / image.cols, h = (rows[k][3] - rows[k][1]) / image.rows;
+        txt << cls << " " << std::setprecision(6) << cx << " " << cy << " " << w << " " << h;
+        if (settings.save_conf) txt << " " << rows[k][4];
+        txt << "\n";
+      }
+    }
+    if (settings.save) cv::imwrite((run_dir / fs::path(file).filename()).string(), drawn);
+    std::cout << file << ": " << detections.size(0) << " detections\n";
+  }
+  std::cout << files.size() << " images, " << total_detections << " detections. Results saved to " << run_dir.string()
+            << "\n";
+  return kExitCompleted;
+}
+
+int run_data_check(const Settings& settings) {
+  if (settings.data.empty()) throw SettingsError("setting 'data' is required: yolo8 data check data=d.yaml");
+  const bool usable = data::check_dataset(settings.data, std::cout, std::max(1, settings.workers));
+  return usable ? kExitCompleted : kExitBadInput;
+}
+
+int run_data_synth(const std::string& out, int train_images, int val_images, int imgsz, int seed) {
+  if (out.empty()) throw SettingsError("setting 'out' is required: yolo8 data synth out=DIR train=N val=M");
+  const data::SynthResult result =
+      data::synthesize_dataset(out, train_images, val_images, imgsz, static_cast<uint64_t>(seed));
+  std::cout << "Wrote " << result.train_images << " training images (" << result.train_instances << " objects) and "
+            << result.val_images << " validation images (" << result.val_instances << " objects): "
+            << result.yaml_path << "\n";
+  return kExitCompleted;
+}
+
+}  // namespace yolo8
+

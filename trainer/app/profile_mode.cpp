@@ -1,0 +1,88 @@
+#include "trainer/app/profile_mode.h"
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "trainer/app/run_dir.h"
+#include "trainer/app/threads.h"
+#include "trainer/core/exit_codes.h"
+#include "trainer/core/memory_meter.h"
+#include "trainer/core/memory_model.h"
+#include "trainer/core/synthetic_step.h"
+
+namespace yolo8 {
+namespace fs = std::filesystem;
+
+double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib) {
+  if (lease_gib > 0) return lease_gib * kBytesPerGib;
+  if (settings.gpu_mem > 0) return settings.gpu_mem * kBytesPerGib;
+  return static_cast<double>(default_memory_budget_bytes(device));
+}
+
+AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settings, const torch::Device& device,
+                               double budget_bytes, int max_batch) {
+  const BatchSpec spec = parse_batch_spec(settings.batch);
+  MemoryMeter meter(device);
+  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
+  AutoBatchOptions options;
+  options.budget_fraction = spec.budget_fraction;
+  options.imgsz = settings.imgsz;
+  options.nominal_batch = settings.nbs;
+  options.max_batch = std::max(1, max_batch);
+  options.device = device;
+  options.log = [](const std::string& line) { std::cout << "  " << line << "\n"; };  // lines name auto-batch
+  options.validation_step = [&](int batch) {
+    return measure_peak_bytes(meter, [&] { runner.validation_step(batch); });
+  };
+  return choose_batch([&](int batch) { return measure_peak_bytes(meter, [&] { runner.train_step(batch); }); },
+                      budget_bytes, options);
+}
+
+torch::Device profile_device(const Settings& settings) {
+#ifdef YOLO8_WITH_CUDA
+  if (!settings.device_ids().empty()) return torch::Device(torch::kCUDA, settings.device_ids().front());
+  if (settings.device != "cpu" && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+#else
+  (void)settings;
+#endif
+  return torch::kCPU;
+}
+
+int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches) {
+  configure_threads(settings);
+  const torch::Device device = profile_device(settings);
+  const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
+  MemoryMeter meter(device);
+  MemoryTable table;
+  table.reference_imgsz = 640;
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  table.source = std::string("yolo8 profile on ") + (device.is_cuda() ? "CUDA" : "CPU (instrumented allocator)") +
+                 ", imgsz " + std::to_string(settings.imgsz) + ", " + date;
+  std::string json = "[";
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const std::string& variant = variants[v];
+    const ModelConfig config = load_model_config(variant, 80);
+    SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
+    const std::vector<StepProfile> rows =
+        profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.imgsz);
+    std::cout << format_profile_table(variant, rows) << std::flush;
+    json += (v ? "," : "") + profile_json(variant, device.str(), rows);
+    bool any_fit = false;
+    for (const auto& row : rows) any_fit = any_fit || !row.out_of_memory;
+    if (any_fit) table.variants.push_back(to_table_row(fs::path(variant).stem().string(), fit_profile(rows)));
+  }
+  json += "]";
+  std::ofstream(run_dir / "profile.json") << json << "\n";
+  const std::string table_path = settings.out.empty() ? (run_dir / "memory-table.yaml").string() : settings.out;
+  write_memory_table(table_path, table);
+  std::cout << "Profile written to " << (run_dir / "profile.json").string() << "; memory table (for quotad) to "
+            << table_path << "\n";
+  return kExitCompleted;
+}
+
+}  // namespace yolo8

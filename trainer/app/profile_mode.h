@@ -1,0 +1,28 @@
+#pragma once
+// `yolo8 profile` and the memory budget / auto-batch decisions the modes take from the settings.
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "models/yolo.h"
+#include "trainer/app/settings.h"
+#include "trainer/core/auto_batch.h"
+
+namespace yolo8 {
+
+// The device a profile runs on: device=N (or the first of a list) on CUDA, else the CPU.
+torch::Device profile_device(const Settings& settings);
+
+// Memory budget in bytes for the run: the lease's memory, else gpu_mem GiB, else the device's memory.
+double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib = 0.0);
+
+// batch=auto / -1 / fraction: the largest batch whose full step and validation at twice the batch fit the budget.
+AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settings, const torch::Device& device,
+                               double budget_bytes, int max_batch);
+
+// `yolo8 profile model=... variants=n,s batch=1,2,4 imgsz=640`: table, JSON and the memory table.
+int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches);
+
+}  // namespace yolo8

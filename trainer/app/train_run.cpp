@@ -1,0 +1,599 @@
+// `yolo8 train`, split into set-up, epochs, epoch end and finish. Compiled only with OpenCV; see engine.h.
+
+#include "trainer/app/train_run.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+
+#include "trainer/core/checkpoint.h"
+#include "trainer/core/exit_codes.h"
+#include "trainer/app/plots.h"
+#include "trainer/app/profile_mode.h"
+#include "trainer/app/threads.h"
+
+namespace yolo8 {
+namespace fs = std::filesystem;
+using app::Clock;
+using app::seconds_since;
+
+TrainingRun::TrainingRun(const Settings& requested) : requested_(requested), settings_(requested) {}
+
+TrainingRun::~TrainingRun() = default;
+
+int TrainingRun::run() {
+  if (const std::optional<int> exit_code = set_up()) return *exit_code;
+  for (int64_t epoch = start_epoch_; epoch < settings_.epochs; ++epoch) {
+    EpochTotals totals;
+    if (const std::optional<int> exit_code = train_epoch(epoch, totals)) return *exit_code;
+    const EpochEnd end = end_epoch(epoch, totals);
+    if (end.exit_code) return *end.exit_code;
+    if (end.stop_training) break;
+  }
+  return finish();
+}
+
+// ---------------------------------------------------------------------------------------------------- set-up
+
+std::optional<int> TrainingRun::set_up() {
+  run_start_ = Clock::now();
+  install_stop_signal_handlers();
+  configure_threads(requested_);
+  settings_ = requested_;
+  resume_path_ = resolve_resume_checkpoint(requested_);
+  if (!resume_path_.empty()) adopt_resumed_settings();
+  if (settings_.data.empty()) throw SettingsError("setting 'data' is required for train, e.g. data=coco128.yaml");
+  torch::manual_seed(static_cast<uint64_t>(settings_.seed));
+  device_ = app::pick_device(settings_);
+  // Data parallel when RANK/WORLD_SIZE say so; rank 0 validates, saves, plots and holds the lease.
+  dist_ = DistributedContext::from_env(device_);
+  is_main_ = dist_.is_main();
+  if (!is_main_) std::cout.setstate(std::ios::failbit);
+
+  load_datasets();
+  build_models();
+  if (const std::optional<int> exit_code = acquire_lease()) return exit_code;
+  size_batch();
+  open_run_dir();
+  create_loaders();
+  build_training_core();
+  if (const std::optional<int> exit_code = restore_checkpoint()) return exit_code;
+  prepare_outputs();
+  return std::nullopt;
+}
+
+// Resuming restores the run's own settings; only where and how fast it runs may change.
+void TrainingRun::adopt_resumed_settings() {
+  const CheckpointState peek = load_checkpoint(resume_path_);
+  resume_meta_ = app::decode_meta(peek.settings_text, resume_path_);
+  const std::string saved_cfg = (fs::temp_directory_path() / ("yolo8-resume-" + std::to_string(getpid()) + ".yaml"));
+  app::write_text(saved_cfg, resume_meta_.settings_yaml);
+  Settings restored = resolve_settings({{"cfg", saved_cfg}}, "train");
+  fs::remove(saved_cfg);
+  for (const char* key : {"batch", "device", "workers", "quota", "quota_db", "quota_token", "gpu_mem", "threads",
+                          "verbose", "plots"}) {
+    if (get_setting(requested_, key) != get_setting(Settings{}, key)) {
+      set_setting(restored, key, get_setting(requested_, key));
+    }
+  }
+  restored.resume = requested_.resume;
+  settings_ = restored;
+  run_dir_ = fs::path(resume_path_).parent_path().parent_path();
+  std::cout << "Resuming " << resume_path_ << " (epoch " << peek.epoch + 1 << ", batch " << peek.iteration_in_epoch
+            << ")\n";
+}
+
+void TrainingRun::load_datasets() {
+  spec_ = app::as_input_error([&] { return data::load_data_yaml(settings_.data); });
+  names_ = spec_.names;
+  if (settings_.single_cls) names_ = {"item"};
+  nc_ = static_cast<int64_t>(names_.size());
+  train_index_ = app::load_split(spec_, "train", settings_, settings_.verbose);
+  val_index_ = app::load_split(spec_, spec_.val.empty() ? "train" : "val", settings_, settings_.verbose);
+}
+
+// A YAML starts fresh (optionally from pretrained weights); a .pt continues from its weights.
+void TrainingRun::build_models() {
+  if (!resume_path_.empty()) {
+    model_ = app::model_from_meta(resume_meta_, resume_path_);
+    ema_model_ = app::model_from_meta(resume_meta_, resume_path_);
+  } else {
+    const bool from_weights = fs::path(settings_.model).extension() == ".pt";
+    if (from_weights) {
+      LoadedModel loaded = load_any_model(settings_.model);
+      model_ = build_model(loaded.model->config().yaml, settings_.model, "", nc_);
+      const size_t copied = app::transfer_matching(*model_, app::as_map(state_dict(*loaded.model)));
+      std::cout << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
+                << settings_.model << "\n";
+    } else {
+      model_ = app::as_input_error([&] { return build_model(settings_.model, nc_); });
+      if (settings_.pretrained != "true" && settings_.pretrained != "false") {
+        LoadedModel loaded = load_any_model(settings_.pretrained);
+        const size_t copied = app::transfer_matching(*model_, app::as_map(state_dict(*loaded.model)));
+        std::cout << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
+                  << settings_.pretrained << "\n";
+      }
+    }
+    ema_model_ = DetectionModel(model_->config());
+  }
+  stride_ = static_cast<int>(model_->max_stride());
+  if (settings_.imgsz % stride_ != 0) {
+    const int rounded = (settings_.imgsz + stride_ - 1) / stride_ * stride_;
+    std::cout << "imgsz=" << settings_.imgsz << " is not a multiple of the stride " << stride_ << "; using "
+              << rounded << "\n";
+    settings_.imgsz = rounded;
+  }
+}
+
+// The lease comes before the batch: its memory is the budget the batch is sized to.
+std::optional<int> TrainingRun::acquire_lease() {
+  const std::string job_name = run_dir_.empty()
+                                   ? (settings_.name.empty() ? std::string("train") : settings_.name)
+                                   : run_dir_.filename().string();
+  try {
+    Settings lease_settings = settings_;
+    if (!is_main_) lease_settings.quota = "off";
+    lease_ = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(),
+                                             std::max<int>(1, static_cast<int>(settings_.device_ids().size())));
+  } catch (const StoppedWhileWaiting& stopped) {
+    std::cout << stopped.what() << "\n";
+    return kExitPreempted;
+  } catch (const quota::QuotaRefused& refused) {
+    std::string message = "the quota service refused the lease (" + std::to_string(refused.status()) + "): " +
+                          refused.what();
+    if (refused.max_batch() > 0) message += "; at most batch=" + std::to_string(refused.max_batch()) + " fits";
+    throw DataError(message);
+  }
+  lease_gib_ = lease_->memory_gib();
+  // An explicit budget is enforced: on CUDA as the allocator's fraction, on CPU by the counting allocator.
+  if (lease_gib_ > 0 || settings_.gpu_mem > 0) {
+    cap_memory_bytes(static_cast<int64_t>(memory_budget_bytes(settings_, device_, lease_gib_)), device_);
+  }
+  return std::nullopt;
+}
+
+void TrainingRun::size_batch() {
+  batch_ = settings_.batch >= 1 ? static_cast<int>(settings_.batch) : 0;
+  if (batch_ == 0) {
+    const double budget = memory_budget_bytes(settings_, device_, lease_gib_);
+    std::cout << "batch=" << get_setting(settings_, "batch") << ": sizing the batch to a budget of " << std::fixed
+              << std::setprecision(2) << budget / kBytesPerGib << " GiB\n";
+    const AutoBatchResult chosen = auto_batch_for(model_->config(), settings_, device_, budget,
+                                                  static_cast<int>(train_index_->records.size()));
+    std::cout << format_auto_batch_summary(chosen) << "\n";
+    batch_ = chosen.batch;
+  }
+  // `batch` is global; under data parallelism each process loads its share.
+  local_batch_ = batch_;
+  if (dist_.enabled()) {
+    const int world = dist_.world_size();
+    if (settings_.batch >= 1) {
+      if (batch_ % world != 0) {
+        throw SettingsError("setting 'batch' (" + std::to_string(batch_) + ", global) must be a multiple of the " +
+                            std::to_string(world) + " processes");
+      }
+      local_batch_ = batch_ / world;
+    } else {
+      local_batch_ = static_cast<int>(-dist_.all_reduce_max(-static_cast<int64_t>(batch_)));  // the smallest fit
+      batch_ = local_batch_ * world;
+    }
+  }
+}
+
+void TrainingRun::open_run_dir() {
+  if (run_dir_.empty()) {
+    run_dir_ = is_main_ ? make_run_dir(settings_.project, "train", settings_.name, settings_.exist_ok)
+                        : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
+  }
+  if (is_main_) app::write_text(run_dir_ / "args.yaml", settings_to_yaml(settings_));
+  std::cout << "Settings:\n" << settings_table(settings_) << "Run folder: " << run_dir_.string() << "\n";
+}
+
+void TrainingRun::create_loaders() {
+  data::LoaderConfig train_config = app::loader_config(settings_, local_batch_, stride_, true);
+  train_config.rank = dist_.rank();
+  train_config.world_size = dist_.world_size();
+  train_loader_ =
+      std::make_unique<data::DataLoader>(train_index_, train_config, app::augment_config(settings_), true);
+  val_loader_ = std::make_unique<data::DataLoader>(
+      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, false), app::augment_config(settings_),
+      false);
+  batches_per_epoch_ = train_loader_->num_batches();
+}
+
+void TrainingRun::build_training_core() {
+  TrainCoreConfig config;
+  config.optim.optimizer = settings_.optimizer;
+  config.optim.lr0 = settings_.lr0;
+  config.optim.lrf = settings_.lrf;
+  config.optim.momentum = settings_.momentum;
+  config.optim.weight_decay = settings_.weight_decay;
+  config.optim.warmup_epochs = settings_.warmup_epochs;
+  config.optim.warmup_momentum = settings_.warmup_momentum;
+  config.optim.warmup_bias_lr = settings_.warmup_bias_lr;
+  config.optim.nbs = settings_.nbs;
+  config.optim.cos_lr = settings_.cos_lr;
+  config.shape = RunShape{train_loader_->size(), batch_, settings_.epochs, nc_};
+  config.batches_per_epoch = batches_per_epoch_;
+  config.box = settings_.box;
+  config.cls = settings_.cls;
+  config.dfl = settings_.dfl;
+  config.channels_last = settings_.channels_last;
+  config.freeze_layers = freeze_layer_indices(settings_.freeze);
+  config.device = device_;
+  config.amp = settings_.amp && device_.is_cuda();
+  if (dist_.enabled()) {
+    dist_.broadcast_parameters(*model_);
+    // The loss is a sum over the local batch, so summed gradients equal one process on the global batch.
+    config.before_optimizer_step = [this](const std::vector<torch::Tensor>& parameters) {
+      dist_.average_gradients(parameters, GradReduction::kSum);
+    };
+  }
+  core_ = std::make_unique<TrainingCore>(model_, ema_model_, config);
+  meta_ = app::CheckpointMeta{settings_to_yaml(settings_), app::yaml_text(model_->config().yaml), names_,
+                                 run_dir_.string()};
+}
+
+// Weights, optimizer, EMA, counters, scaler and RNG of the checkpoint; an exit code when it already finished.
+std::optional<int> TrainingRun::restore_checkpoint() {
+  if (resume_path_.empty()) return std::nullopt;
+  TrainingCore& core = *core_;
+  CheckpointTargets targets;
+  targets.model = core.model().ptr().get();
+  targets.ema = &core.ema();
+  targets.optimizer = &core.optimizer();
+  targets.device = device_;
+  const CheckpointState state = load_checkpoint(resume_path_, targets);
+  if (settings_.channels_last) {
+    to_channels_last(*core.model());  // loading may hand back contiguous tensors; the layout changes the maths
+    to_channels_last(*core.ema_model());
+  }
+  core.schedule().restore(state.schedule);
+  // A run resumed without amp (or on CPU) keeps its default identity scaler.
+  if (state.has_grad_scaler && core.grad_scaler().enabled()) core.grad_scaler().restore(state.grad_scaler);
+  restore_torch_rng(state.rng);
+  start_epoch_ = state.epoch;
+  first_batch_ = state.iteration_in_epoch;
+  best_fitness_ = state.best_fitness;
+  has_best_ = state.has_best_fitness;
+  if (state.batch != batch_) {
+    // Nominal batch kept: accumulation and decay follow the new batch; the epoch restarts at its beginning.
+    first_batch_ = 0;
+    const BatchPlan plan = core.schedule().change_batch(core.optimizer(), batch_, batches_per_epoch_,
+                                                        start_epoch_ * batches_per_epoch_);
+    std::cout << "Batch changed " << state.batch << " -> " << batch_ << ": accumulate " << plan.accumulate
+              << ", epoch " << start_epoch_ + 1 << " restarts\n";
+  }
+  if (start_epoch_ >= settings_.epochs) {
+    std::cout << resume_path_ << " already finished its " << settings_.epochs << " epochs\n";
+    lease_->release(quota::Outcome::kCompleted);
+    return kExitCompleted;
+  }
+  return std::nullopt;
+}
+
+void TrainingRun::prepare_outputs() {
+  if (settings_.plots && is_main_ && resume_path_.empty()) {
+    app::try_plot("labels", [&] {
+      plot_labels((run_dir_ / "labels.jpg").string(), dataset_labels(*train_index_), names_);
+    });
+  }
+  if (is_main_) {
+    results_ = std::make_unique<ResultsCsv>(run_dir_ / "results.csv");
+    results_->keep_epochs_up_to(static_cast<int>(start_epoch_));
+  }
+  last_pt_ = run_dir_ / "weights" / "last.pt";
+  best_pt_ = run_dir_ / "weights" / "best.pt";
+  std::cout << "Training " << settings_.model << " on " << train_loader_->size() << " images, "
+            << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
+            << core_->schedule().accumulate() << " to nbs " << settings_.nbs << "), " << settings_.epochs
+            << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
+            << (core_->autocast() ? " with AMP" : "") << "\n";
+  // Test hook: behave as if SIGTERM arrived during global iteration N (0-based count of finished steps).
+  const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
+  stop_at_iteration_ = stop_env ? std::atoll(stop_env) : -1;
+  time_limit_s_ = settings_.time * 3600.0;
+  train_start_ = Clock::now();
+  run_meter_ = std::make_unique<MemoryMeter>(device_);
+}
+
+// ---------------------------------------------------------------------------------------------------- epochs
+
+std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) {
+  const auto epoch_start = Clock::now();
+  data::DataLoader& loader = *train_loader_;
+  if (loader.update_close_mosaic(epoch, settings_.epochs) == false &&
+      epoch == settings_.epochs - settings_.close_mosaic) {
+    std::cout << "Closing the mosaic for the last " << settings_.close_mosaic << " epochs\n";
+  }
+  const int64_t epoch_first_batch = epoch == start_epoch_ ? first_batch_ : 0;
+  loader.start_epoch(epoch, epoch_first_batch);
+  // The reference drops gradients left over from the previous epoch's unfinished accumulation.
+  if (epoch_first_batch == 0) core_->optimizer().zero_grad();
+  core_->model()->train();
+  char prefix[64];
+  std::snprintf(prefix, sizeof(prefix), "%lld/%d", static_cast<long long>(epoch + 1), settings_.epochs);
+  ProgressBar bar(prefix, batches_per_epoch_);
+  int64_t done = epoch_first_batch;
+  double wait_s = 0.0, step_s = 0.0;
+  auto wait_start = Clock::now();
+  while (auto batch = loader.next()) {
+    wait_s += seconds_since(wait_start);
+    if (settings_.plots && is_main_ && epoch == 0 && batch->index < 3) {
+      app::try_plot("training batch", [&] {
+        plot_batch_mosaic((run_dir_ / ("train_batch" + std::to_string(batch->index) + ".jpg")).string(),
+                          batch->images, batch->labels, names_, batch->paths);
+      });
+    }
+    const auto step_start = Clock::now();
+    const int64_t i = batch->index;
+    const int64_t ni = i + batches_per_epoch_ * epoch;
+    // The first epoch guards against running out of memory: the batch is split in two and retried.
+    const StepOutcome outcome = epoch == start_epoch_ ? step_with_memory_fallback(epoch, ni, *batch)
+                                                      : core_->step(epoch, ni, batch->images, batch->labels, chunks_);
+    totals.loss_sum += outcome.loss_items.to(torch::kCPU).to(torch::kDouble);
+    ++totals.loss_count;
+    step_s += seconds_since(step_start);
+    busy_seconds_ += seconds_since(step_start);
+    images_seen_ += static_cast<double>(batch->images.size(0));
+    ++done;
+    const torch::Tensor mean = totals.loss_sum / static_cast<double>(totals.loss_count);
+    char fields[160];
+    std::snprintf(fields, sizeof(fields), "box %.4f cls %.4f dfl %.4f inst %3lld size %lld", mean[0].item<double>(),
+                  mean[1].item<double>(), mean[2].item<double>(), static_cast<long long>(batch->labels.size(0)),
+                  static_cast<long long>(batch->images.size(2)));
+    bar.update(done, fields);
+    record_step_and_agree_on_stop(epoch, ni);
+    // A stop inside the epoch checkpoints here; on its last batch the epoch-end path saves instead.
+    if (pending_stop_ != StopReason::kNone && i + 1 < batches_per_epoch_) {
+      bar.finish(fields);
+      return stop_inside_epoch(epoch, i, ni);
+    }
+    if (pending_stop_ != StopReason::kNone) break;
+    wait_start = Clock::now();
+  }
+  bar.finish("");
+  if (settings_.verbose) {
+    std::printf("      time: steps %.1f s, waiting for data %.1f s (%.0f%%)\n", step_s, wait_s,
+                100.0 * wait_s / std::max(1e-9, wait_s + step_s));
+  }
+  train_seconds_ += seconds_since(epoch_start);
+  totals.learning_rates = core_->learning_rates();
+  core_->end_epoch();
+  return std::nullopt;
+}
+
+// On out of memory the gradients of the window are put back and the batch runs in twice as many passes.
+StepOutcome TrainingRun::step_with_memory_fallback(int64_t epoch, int64_t ni, const data::Batch& batch) {
+  std::vector<torch::Tensor> saved_grads;
+  for (auto& parameter : core_->model()->parameters()) {
+    saved_grads.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
+  }
+  while (true) {
+    try {
+      return core_->step(epoch, ni, batch.images, batch.labels, chunks_);
+    } catch (const std::exception& error) {
+      const int64_t chunk_size = (batch.images.size(0) + chunks_ - 1) / chunks_;
+      if (!is_out_of_memory(error) || chunk_size <= 1) throw;
+      size_t k = 0;
+      for (auto& parameter : core_->model()->parameters()) {
+        const torch::Tensor& saved = saved_grads[k++];
+        if (saved.defined()) {
+          parameter.mutable_grad() = saved.clone();
+        } else {
+          parameter.mutable_grad() = torch::Tensor();
+        }
+      }
+      release_cached_memory(device_);
+      chunks_ *= 2;
+      std::cout << "\nOut of memory at " << chunk_size << " images per pass; retrying in passes of "
+                << (batch.images.size(0) + chunks_ - 1) / chunks_ << " (the batch stays " << batch_ << ")\n";
+    }
+  }
+}
+
+// Time limit, test hook, lease telemetry and heartbeat; then every rank agrees on a stop at the same step.
+void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
+  if (time_limit_s_ > 0 && seconds_since(run_start_) > time_limit_s_) request_stop(StopReason::kTimeLimit);
+  if (stop_at_iteration_ >= 0 && ni + 1 >= stop_at_iteration_) request_stop(StopReason::kSignal);
+  LeaseTelemetry& telemetry = lease_->telemetry();
+  telemetry.step.store(ni + 1);
+  telemetry.epoch.store(static_cast<int>(epoch));
+  telemetry.memory_used_gib.store(static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib);
+  telemetry.gpu_util.store(busy_seconds_ / std::max(1e-9, seconds_since(train_start_)));
+  lease_->check();
+  pending_stop_ = agree_on_stop(dist_);  // a no-op for one process
+}
+
+int TrainingRun::stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni) {
+  const auto stop_start = Clock::now();
+  save(last_pt_, epoch, i + 1, ni + 1, true, true);
+  dist_.barrier();
+  std::cout << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << " after batch " << i + 1
+            << "; checkpoint " << last_pt_.string() << " written in " << std::fixed << std::setprecision(2)
+            << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
+            << " s after the stop request. Resume with resume=" << last_pt_.string() << "\n";
+  return exit_after_stop();
+}
+
+// ---------------------------------------------------------------------------------------------------- epoch end
+
+TrainingRun::EpochEnd TrainingRun::end_epoch(int64_t epoch, const EpochTotals& totals) {
+  const bool final_epoch = epoch + 1 == settings_.epochs;
+  DetectionResults metrics;
+  std::vector<double> val_loss = {0, 0, 0};
+  validate_epoch(final_epoch, metrics, val_loss);
+  const torch::Tensor mean_loss =
+      totals.loss_count ? totals.loss_sum / static_cast<double>(totals.loss_count) : totals.loss_sum;
+  const double fitness = metrics.fitness;
+  const bool improved = !has_best_ || fitness >= best_fitness_;
+  if (improved) {
+    best_fitness_ = fitness;
+    has_best_ = true;
+    epochs_without_improvement_ = 0;
+  } else {
+    ++epochs_without_improvement_;
+  }
+  const double elapsed = seconds_since(run_start_);
+  const std::vector<double>& lrs = totals.learning_rates;
+  if (is_main_) {
+    results_->append({static_cast<double>(epoch + 1), mean_loss[0].item<double>(), mean_loss[1].item<double>(),
+                      mean_loss[2].item<double>(), metrics.precision, metrics.recall, metrics.map50,
+                      metrics.map50_95, val_loss[0], val_loss[1], val_loss[2], lrs.at(0), lrs.at(1), lrs.at(2),
+                      elapsed, static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib,
+                      device_.is_cuda() ? elapsed / 3600.0 * std::max(1, dist_.world_size()) : 0.0,
+                      train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0.0});
+  }
+  if (settings_.plots && is_main_) {
+    app::try_plot("results", [&] {
+      plot_results_csv((run_dir_ / "results.csv").string(), (run_dir_ / "results.png").string());
+    });
+  }
+  if (settings_.save) save_epoch_checkpoints(epoch, improved);
+  if (pending_stop_ == StopReason::kNone) pending_stop_ = agree_on_stop(dist_);
+  if (pending_stop_ != StopReason::kNone) return EpochEnd{stop_at_epoch_end(epoch), false};
+  const bool patience_hit = is_main_ && settings_.patience > 0 && epochs_without_improvement_ >= settings_.patience;
+  const bool time_hit = time_limit_s_ > 0 && elapsed > time_limit_s_;
+  if (dist_.all_reduce_flag(patience_hit || time_hit)) {
+    std::cout << (patience_hit ? "Stopping early: no improvement in the last " + std::to_string(settings_.patience) +
+                                     " epochs\n"
+                               : "Time limit of " + std::to_string(settings_.time) + " h reached\n");
+    return EpochEnd{std::nullopt, true};
+  }
+  return EpochEnd{};
+}
+
+// Validation of the EMA weights on rank 0; a pending stop skips it (the grace period is for the checkpoint).
+void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, std::vector<double>& val_loss) {
+  if (!(settings_.val || final_epoch) || pending_stop_ != StopReason::kNone || !is_main_) return;
+  ValConfig val_config;
+  val_config.single_cls = settings_.single_cls;
+  DetectionValidator validator(nc_, names_, val_config);
+  app::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_,
+                         settings_.channels_last, settings_.amp, "      val");
+  metrics = validator.results();
+  val_loss = validator.mean_loss();
+  std::cout << validator.table();
+}
+
+void TrainingRun::save_epoch_checkpoints(int64_t epoch, bool improved) {
+  const int64_t global_iteration = (epoch + 1) * batches_per_epoch_;
+  save(last_pt_, epoch + 1, 0, global_iteration, true, false);
+  if (improved) save(best_pt_, epoch + 1, 0, global_iteration, false, false);
+  if (settings_.save_period > 0 && (epoch + 1) % settings_.save_period == 0) {
+    save(run_dir_ / "weights" / ("epoch" + std::to_string(epoch + 1) + ".pt"), epoch + 1, 0, global_iteration, false,
+         false);
+  }
+}
+
+int TrainingRun::stop_at_epoch_end(int64_t epoch) {
+  dist_.barrier();
+  std::cout << "Stopped (" << to_string(pending_stop_) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
+            << last_pt_.string() << " written " << std::fixed << std::setprecision(2) << seconds_since_stop_request()
+            << " s after the stop request\n";
+  return exit_after_stop();
+}
+
+// ---------------------------------------------------------------------------------------------------- finish
+
+int TrainingRun::finish() {
+  if (!is_main_) {
+    report_cost("completed");
+    return kExitCompleted;
+  }
+  // Final validation of best.pt with the per-class table.
+  if (settings_.save && fs::exists(best_pt_)) {
+    std::cout << "\nValidating " << best_pt_.string() << "\n";
+    LoadedModel best = load_any_model(best_pt_.string());
+    best.model->to(device_);
+    if (settings_.channels_last) to_channels_last(*best.model);
+    ValConfig val_config;
+    val_config.single_cls = settings_.single_cls;
+    val_config.save_json = settings_.save_json;
+    DetectionValidator validator(nc_, names_, val_config);
+    app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,
+                           settings_.amp, "      val", settings_.plots ? run_dir_ : fs::path(), names_);
+    std::cout << validator.table();
+    if (settings_.save_json) validator.write_json((run_dir_ / "predictions.json").string());
+    if (settings_.plots) {
+      app::try_plot("validation curves", [&] {
+        plot_validation(run_dir_.string(), validator.results().per_class, validator.confusion().matrix(), names_);
+      });
+    }
+  }
+  lease_->release(quota::Outcome::kCompleted);
+  report_cost("completed");
+  const double total_s = seconds_since(run_start_);
+  std::cout << "\n" << settings_.epochs - start_epoch_ << " epochs completed in " << std::fixed
+            << std::setprecision(3) << total_s / 3600.0 << " hours (" << std::setprecision(1)
+            << (train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0) << " training images/s). Results saved to "
+            << run_dir_.string() << "\n";
+  return kExitCompleted;
+}
+
+// ---------------------------------------------------------------------------------------------------- shared
+
+void TrainingRun::save(const fs::path& path, int64_t epoch, int64_t iteration_in_epoch, int64_t global_iteration,
+                       bool with_optimizer, bool with_grads) {
+  if (!is_main_) return;
+  TrainingCore& core = *core_;
+  CheckpointState state;
+  state.epoch = epoch;
+  state.iteration_in_epoch = iteration_in_epoch;
+  state.global_iteration = global_iteration;
+  state.batch = batch_;
+  state.schedule = core.schedule().state();
+  state.best_fitness = best_fitness_;
+  state.has_best_fitness = has_best_;
+  state.settings_text = app::encode_meta(meta_);
+  state.rng = capture_torch_rng();
+  state.has_grad_scaler = core.grad_scaler().enabled();
+  state.grad_scaler = core.grad_scaler().state();
+  CheckpointSources sources;
+  sources.model = core.model().ptr().get();
+  sources.ema = &core.ema();
+  sources.optimizer = with_optimizer ? &core.optimizer() : nullptr;
+  sources.include_grads = with_grads;
+  save_checkpoint(path.string(), state, sources);
+  lease_->telemetry().last_checkpoint_ms.store(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+// What the run cost, printed and stored as cost.json at every exit of the loop.
+void TrainingRun::report_cost(const std::string& outcome) {
+  const double wall = seconds_since(run_start_);
+  const int gpus = device_.is_cuda() ? std::max(1, dist_.world_size()) : 0;
+  nlohmann::json cost;
+  cost["outcome"] = outcome;
+  cost["wall_seconds"] = wall;
+  cost["gpu_hours"] = wall / 3600.0 * gpus;
+  const double training_wall = seconds_since(train_start_);  // epochs including validation
+  cost["images_per_second"] = training_wall > 0 ? images_seen_ / training_wall : 0.0;
+  cost["busy_fraction"] = training_wall > 0 ? busy_seconds_ / training_wall : 0.0;
+  cost["peak_memory_gib"] = static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib;
+  cost["lease_memory_gib"] = lease_gib_;
+  cost["lease_id"] = lease_->id();
+  cost["batch"] = batch_;
+  cost["device"] = device_.str();
+  if (is_main_) app::write_text(run_dir_ / "cost.json", cost.dump(2) + "\n");
+  std::printf("Cost: %.2f GPU-hours, %.1f images/s, busy %.0f%% of the time, peak memory %.2f GiB%s\n",
+              cost["gpu_hours"].get<double>(), cost["images_per_second"].get<double>(),
+              100.0 * cost["busy_fraction"].get<double>(), cost["peak_memory_gib"].get<double>(),
+              lease_gib_ > 0 ? (" of a " + std::to_string(lease_gib_).substr(0, 5) + " GiB lease").c_str() : "");
+}
+
+int TrainingRun::exit_after_stop() {
+  const bool timed_out = pending_stop_ == StopReason::kTimeLimit;
+  lease_->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
+  report_cost(timed_out ? "completed" : "preempted");
+  return timed_out ? kExitCompleted : kExitPreempted;
+}
+
+}  // namespace yolo8
+

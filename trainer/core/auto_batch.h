@@ -1,0 +1,141 @@
+#pragma once
+// Batch size from the memory budget: profile a few small batches, fit the memory model, predict the
+// largest batch that fits, verify it with a real step, and fall back by halving on out-of-memory.
+// Works on step callbacks only, so it knows nothing of the model, the loss or the data.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "trainer/core/memory_meter.h"
+#include "trainer/core/memory_model.h"
+
+namespace yolo8 {
+
+// Runs one step at `batch` and returns its measured peak bytes (see measure_peak_bytes); throws
+// (OutOfMemory, a c10 out-of-memory error) when the step does not fit. Must be repeatable: the
+// auto-batch calls it several times at different batches.
+using StepFn = std::function<int64_t(int batch)>;
+
+// Resets the meter's peak, runs `fn`, returns the peak bytes seen during it.
+int64_t measure_peak_bytes(MemoryMeter& meter, const std::function<void()>& fn);
+
+// The `batch` setting: >= 1 a fixed batch, -1 auto on the full budget, 0 < x < 1 auto on that
+// fraction of the budget.
+struct BatchSpec {
+  bool automatic = false;
+  double budget_fraction = 1.0;  // when automatic
+  int fixed_batch = 0;           // when not automatic
+};
+// Throws std::invalid_argument naming the key `batch` for any other value (0, -2, 2.5 ...).
+BatchSpec parse_batch_spec(double batch);
+
+// max(round(nominal / batch), 1): gradients accumulated per optimizer step to keep the nominal batch.
+int accumulate_for(int batch, int nominal_batch = 64);
+
+struct AutoBatchOptions {
+  double safety_margin = 0.9;               // predicted peak <= budget · fraction · margin
+  double budget_fraction = 1.0;             // from BatchSpec
+  std::vector<int> profile_batches{1, 2, 4};  // increasing
+  int max_batch = 1024;                     // e.g. the dataset size
+  int nominal_batch = 64;
+  int max_verify_steps = 4;                 // real steps after profiling, up or down
+  // Optional forward-only validation step; called at validation_batch_factor · b, its peak counts too.
+  StepFn validation_step;
+  int validation_batch_factor = 2;
+  int imgsz = 640;  // recorded in the fit; the steps run at whatever size they were built for
+  c10::Device device = c10::Device(c10::kCPU);  // its CUDA cache is emptied after an out-of-memory
+  std::function<void(const std::string&)> log;  // progress lines; none when empty
+};
+
+struct AutoBatchResult {
+  int batch = 0;
+  int accumulate = 1;
+  double budget_bytes = 0.0;          // budget · fraction, the limit the verified peak respects
+  double predicted_peak_bytes = 0.0;  // model's prediction for `batch` (train and validation)
+  int64_t measured_peak_bytes = 0;    // verified: max of the train step and the validation step
+  MemoryFit fit;                      // from all measured samples
+  std::vector<MemorySample> train_samples;
+  std::vector<MemorySample> validation_samples;
+  int steps_down = 0;  // verification steps that failed (over budget or out of memory)
+};
+
+// Picks the largest batch whose measured peak fits the budget, as described above. Throws
+// OutOfMemory when not even batch 1 fits; std::invalid_argument on bad options or budget.
+AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const AutoBatchOptions& options = {});
+
+// One line for the run log: budget, batch, accumulation, predicted and measured peak.
+std::string format_auto_batch_summary(const AutoBatchResult& result);
+
+// Halves the batch when a step runs out of memory, down to 1, then rethrows. Keeps the batch between
+// calls, so a trainer can guard every step of the first epoch with one guard.
+class OomGuard {
+ public:
+  // Called on each halving with the old and new batch and the error's message.
+  using Report = std::function<void(int from_batch, int to_batch, const std::string& error)>;
+
+  // An empty report prints one line per halving to stderr.
+  explicit OomGuard(int batch, c10::Device device = c10::Device(c10::kCPU), Report report = {});
+
+  // Runs fn(batch()) until it returns; non-out-of-memory errors pass through untouched.
+  void run(const std::function<void(int batch)>& fn);
+
+  int batch() const { return batch_; }
+  int halvings() const { return halvings_; }
+
+ private:
+  int batch_;
+  int halvings_ = 0;
+  c10::Device device_;
+  Report report_;
+};
+
+struct OomFallbackResult {
+  int batch = 0;  // the batch that succeeded
+  int halvings = 0;
+};
+
+// One-shot form of OomGuard.
+OomFallbackResult run_with_oom_fallback(int batch, const std::function<void(int batch)>& fn,
+                                        OomGuard::Report report = {},
+                                        c10::Device device = c10::Device(c10::kCPU));
+
+// --- Profiler: peak memory and speed of a step at several batches (`yolo8 profile`). ---
+
+struct ProfileOptions {
+  int warmup_steps = 1;  // untimed, but their peak counts (the first step creates optimizer state)
+  int timed_steps = 3;
+  bool stop_at_out_of_memory = true;  // skip larger batches after the first that does not fit
+};
+
+struct StepProfile {
+  int batch = 0;
+  int imgsz = 0;
+  bool out_of_memory = false;
+  int64_t peak_bytes = 0;           // tensor memory (CUDA: allocated) peak over all steps at this batch
+  int64_t reserved_peak_bytes = 0;  // CUDA: the caching allocator's reserved peak; CPU: = peak_bytes
+  double step_seconds = 0.0;        // median over the timed steps
+  double images_per_second = 0.0;
+};
+
+// Runs `step(batch)` warmup + timed times for each batch; CUDA work is synchronised before each
+// clock read. Non-out-of-memory errors propagate.
+std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<void(int batch)>& step,
+                                       const std::vector<int>& batches, int imgsz,
+                                       const ProfileOptions& options = {});
+
+// Linear fit of the rows that fit in memory (at least one needed), at the rows' imgsz.
+MemoryFit fit_profile(const std::vector<StepProfile>& rows);
+
+// Fixed-width text table: batch, peak and reserved GiB, ms/step, images/s.
+std::string format_profile_table(const std::string& variant, const std::vector<StepProfile>& rows);
+
+// JSON text: {"variant", "imgsz", "device", "rows": [{batch, out_of_memory, peak_bytes, ...}],
+// "fit": {"fixed_gib", "per_image_gib", "reference_imgsz"}} (fit omitted when no row fits).
+std::string profile_json(const std::string& variant, const std::string& device,
+                         const std::vector<StepProfile>& rows);
+
+}  // namespace yolo8

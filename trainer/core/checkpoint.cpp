@@ -1,0 +1,563 @@
+#include "trainer/core/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+
+#ifndef YOLO8_VERSION
+#define YOLO8_VERSION "unknown"
+#endif
+
+namespace yolo8 {
+namespace {
+
+using GenericDict = c10::impl::GenericDict;
+
+std::string one_line(const std::exception& e) {
+  std::string msg;
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    msg = ce->what_without_backtrace();
+  } else {
+    msg = e.what();
+  }
+  const auto nl = msg.find('\n');
+  if (nl != std::string::npos) msg.resize(nl);
+  return msg;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+GenericDict new_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+// Pickling reads CPU bytes in place; only device tensors need a host copy.
+torch::Tensor for_saving(const torch::Tensor& t) { return t.device().is_cpu() ? t.detach() : t.detach().cpu(); }
+
+GenericDict tensor_dict(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : tensors) d.insert(name, for_saving(t));
+  return d;
+}
+
+std::vector<char> optimizer_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::vector<char> out;
+  archive.save_to([&out](const void* data, size_t n) -> size_t {
+    const char* p = static_cast<const char*>(data);
+    out.insert(out.end(), p, p + n);
+    return n;
+  });
+  return out;
+}
+
+std::string optimizer_type(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "SGD";
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "AdamW";
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "Adam";
+  if (dynamic_cast<const torch::optim::RMSprop*>(&o)) return "RMSprop";
+  if (dynamic_cast<const torch::optim::Adagrad*>(&o)) return "Adagrad";
+  return "other";
+}
+
+// Reading helpers that name the missing or mistyped key.
+struct Reader {
+  const GenericDict& dict;
+  const std::string& origin;
+  std::string where;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("checkpoint " + origin + ": " + where + what);
+  }
+  bool has(const std::string& key) const { return dict.contains(key); }
+  c10::IValue get(const std::string& key) const {
+    if (!dict.contains(key)) fail("missing key '" + key + "'");
+    return dict.at(key);
+  }
+  int64_t integer(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isInt()) fail("key '" + key + "' is not an integer");
+    return v.toInt();
+  }
+  double real(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isDouble()) fail("key '" + key + "' is not a float");
+    return v.toDouble();
+  }
+  bool boolean(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isBool()) fail("key '" + key + "' is not a bool");
+    return v.toBool();
+  }
+  std::string text(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isString()) fail("key '" + key + "' is not a string");
+    return v.toStringRef();
+  }
+  torch::Tensor tensor(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isTensor()) fail("key '" + key + "' is not a tensor");
+    return v.toTensor();
+  }
+  GenericDict sub(const std::string& key) const {
+    auto v = get(key);
+    if (!v.isGenericDict()) fail("key '" + key + "' is not a dict");
+    return v.toGenericDict();
+  }
+};
+
+// Copies stored tensors into a module's parameters and buffers; strict about names, shapes and dtypes.
+void load_tensors(const GenericDict& stored, const torch::nn::Module& module, const std::string& origin,
+                  const std::string& section) {
+  const auto targets = state_tensors(module);
+  if (stored.size() != targets.size()) {
+    throw std::runtime_error("checkpoint " + origin + ": " + section + " holds " + std::to_string(stored.size()) +
+                             " tensors, the model has " + std::to_string(targets.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : targets) {
+    if (!stored.contains(name)) {
+      throw std::runtime_error("checkpoint " + origin + ": " + section + " lacks tensor '" + name + "'");
+    }
+    const auto v = stored.at(name);
+    if (!v.isTensor()) throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' is not a tensor");
+    const auto s = v.toTensor();
+    if (!s.sizes().equals(t.sizes()) || s.scalar_type() != t.scalar_type()) {
+      throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' has shape " +
+                               c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
+                               ", the model " + c10::str(t.sizes()) + " " + c10::toString(t.scalar_type()));
+    }
+    auto target = t;
+    target.copy_(s);
+  }
+}
+
+// A 64-bit hash over the stored tensor bytes: a flipped bit inside tensor data would otherwise load silently.
+class ContentHash {
+ public:
+  void add(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p + i, n - i);
+    mix(tail ^ (static_cast<uint64_t>(n) << 56));
+  }
+  void add(const std::string& s) { add(s.data(), s.size()); }
+  void add(const torch::Tensor& t) {
+    const auto c = t.contiguous();
+    add(std::string(c10::toString(c.scalar_type())) + c10::str(c.sizes()));
+    add(c.data_ptr(), c.nbytes());
+  }
+  void add(const GenericDict& d) {
+    for (const auto& e : d) {
+      add(e.key().toStringRef());
+      add(e.value().toTensor());
+    }
+  }
+  int64_t value() const { return static_cast<int64_t>(h_); }
+
+ private:
+  void mix(uint64_t w) {
+    h_ ^= w;
+    h_ *= 0x100000001b3ULL;
+    h_ ^= h_ >> 29;
+  }
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+int64_t content_hash(const GenericDict& root) {
+  ContentHash h;
+  for (const char* key : {"model", "grads", "ema"}) {
+    if (root.contains(key)) h.add(root.at(key).toGenericDict());
+  }
+  if (root.contains("optimizer")) h.add(root.at("optimizer").toTensor());
+  return h.value();
+}
+
+// LibTorch 1.13 restores optimizer state but not the param-group options; they are stored here instead.
+GenericDict group_options(const torch::optim::OptimizerOptions& options) {
+  auto d = new_dict();
+  d.insert("lr", options.get_lr());
+  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    d.insert("momentum", o->momentum());
+    d.insert("dampening", o->dampening());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("nesterov", o->nesterov());
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    d.insert("beta1", std::get<0>(o->betas()));
+    d.insert("beta2", std::get<1>(o->betas()));
+    d.insert("eps", o->eps());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("amsgrad", o->amsgrad());
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    d.insert("beta1", std::get<0>(o->betas()));
+    d.insert("beta2", std::get<1>(o->betas()));
+    d.insert("eps", o->eps());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("amsgrad", o->amsgrad());
+  }
+  return d;
+}
+
+void apply_group_options(const Reader& r, torch::optim::OptimizerOptions& options) {
+  options.set_lr(r.real("lr"));
+  if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    o->momentum(r.real("momentum")).dampening(r.real("dampening")).weight_decay(r.real("weight_decay"));
+    o->nesterov(r.boolean("nesterov"));
+  } else if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    o->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
+    o->amsgrad(r.boolean("amsgrad"));
+  } else if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    o->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
+    o->amsgrad(r.boolean("amsgrad"));
+  }
+}
+
+void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    const auto dot = rest.find('.');
+    long pid = 0;
+    try {
+      pid = std::stol(rest.substr(0, dot));
+    } catch (const std::exception&) {
+      continue;
+    }
+    // Ours from an earlier failed attempt, or a writer that no longer exists.
+    if (pid == static_cast<long>(::getpid()) || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+}
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+}  // namespace
+
+std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
+  if (sources.model == nullptr) throw std::invalid_argument("encode_checkpoint: a model is required");
+  auto root = new_dict();
+  root.insert("format", std::string(kCheckpointFormat));
+  root.insert("format_version", kCheckpointFormatVersion);
+  root.insert("date", state.date.empty() ? utc_now() : state.date);
+  root.insert("version", state.version.empty() ? std::string(YOLO8_VERSION) : state.version);
+  root.insert("settings", state.settings_text);
+  root.insert("loader_state", state.loader_state);
+
+  auto counters = new_dict();
+  counters.insert("epoch", state.epoch);
+  counters.insert("iteration_in_epoch", state.iteration_in_epoch);
+  counters.insert("global_iteration", state.global_iteration);
+  counters.insert("batch", state.batch);
+  counters.insert("scheduler_epoch", state.schedule.scheduler_epoch);
+  counters.insert("accumulate", state.schedule.accumulate);
+  counters.insert("last_opt_step", state.schedule.last_opt_step);
+  counters.insert("optimizer_steps", state.schedule.optimizer_steps);
+  counters.insert("best_fitness", state.best_fitness);
+  counters.insert("has_best_fitness", state.has_best_fitness);
+  root.insert("state", counters);
+
+  auto choice = new_dict();
+  choice.insert("name", state.optimizer_choice.name);
+  choice.insert("lr", state.optimizer_choice.lr);
+  choice.insert("momentum", state.optimizer_choice.momentum);
+  choice.insert("warmup_bias_lr", state.optimizer_choice.warmup_bias_lr);
+  root.insert("optimizer_choice", choice);
+
+  if (state.has_grad_scaler) {
+    auto scaler = new_dict();
+    scaler.insert("scale", state.grad_scaler.scale);
+    scaler.insert("growth_tracker", state.grad_scaler.growth_tracker);
+    root.insert("grad_scaler", scaler);
+  }
+
+  root.insert("model", tensor_dict(state_tensors(*sources.model)));
+  if (sources.include_grads) {
+    std::vector<std::pair<std::string, torch::Tensor>> grads;
+    for (const auto& p : sources.model->named_parameters(true)) {
+      if (p.value().grad().defined()) grads.emplace_back(p.key(), p.value().grad());
+    }
+    root.insert("grads", tensor_dict(grads));
+  }
+  if (sources.ema != nullptr) {
+    root.insert("ema", tensor_dict(state_tensors(sources.ema->module())));
+    root.insert("ema_updates", sources.ema->updates());
+  }
+  if (sources.optimizer != nullptr) {
+    const auto bytes = optimizer_bytes(*sources.optimizer);
+    auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    root.insert("optimizer", t);
+    root.insert("optimizer_type", optimizer_type(*sources.optimizer));
+    c10::impl::GenericList groups(c10::AnyType::get());
+    for (const auto& g : sources.optimizer->param_groups()) groups.push_back(group_options(g.options()));
+    root.insert("optimizer_groups", groups);
+  }
+
+  if (state.rng.torch_cpu.defined()) {
+    root.insert("rng_torch_cpu", state.rng.torch_cpu.cpu());
+  } else {
+    root.insert("rng_torch_cpu", c10::IValue());
+  }
+  c10::List<torch::Tensor> cuda;
+  for (const auto& t : state.rng.torch_cuda) cuda.push_back(t.cpu());
+  root.insert("rng_torch_cuda", cuda);
+  c10::Dict<std::string, std::string> streams;
+  for (const auto& [k, v] : state.rng.streams) streams.insert(k, v);
+  root.insert("rng_streams", streams);
+  root.insert("checksum", content_hash(root));
+  return torch::pickle_save(c10::IValue(root));
+}
+
+CheckpointState decode_checkpoint(const std::vector<char>& bytes, const CheckpointTargets& targets,
+                                  const std::string& origin) {
+  if (bytes.empty()) throw std::runtime_error("checkpoint " + origin + ": empty file");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint " + origin + ": unreadable (truncated or corrupt): " + one_line(e));
+  }
+  if (!value.isGenericDict()) throw std::runtime_error("checkpoint " + origin + ": not a dict at the top level");
+  const GenericDict root = value.toGenericDict();
+  Reader r{root, origin, ""};
+  if (!r.has("format") || !r.get("format").isString() || r.text("format") != kCheckpointFormat) {
+    throw std::runtime_error("checkpoint " + origin + ": not a yolo8 training checkpoint (no format '" +
+                             kCheckpointFormat + "')");
+  }
+  const int64_t version = r.integer("format_version");
+  if (version != kCheckpointFormatVersion) {
+    throw std::runtime_error("checkpoint " + origin + ": format version " + std::to_string(version) +
+                             " is not supported (expected " + std::to_string(kCheckpointFormatVersion) + ")");
+  }
+
+  for (const char* key : {"model", "grads", "ema"}) {
+    if (!r.has(key)) continue;
+    for (const auto& e : r.sub(key)) {
+      if (!e.key().isString() || !e.value().isTensor()) r.fail(std::string("section '") + key + "' holds a non-tensor");
+    }
+  }
+  if (r.has("optimizer")) r.tensor("optimizer");
+  if (content_hash(root) != r.integer("checksum")) r.fail("content checksum mismatch (corrupt file)");
+
+  CheckpointState s;
+  s.date = r.text("date");
+  s.version = r.text("version");
+  s.settings_text = r.text("settings");
+  s.loader_state = r.text("loader_state");
+  {
+    const GenericDict c = r.sub("state");
+    Reader cr{c, origin, "state: "};
+    s.epoch = cr.integer("epoch");
+    s.iteration_in_epoch = cr.integer("iteration_in_epoch");
+    s.global_iteration = cr.integer("global_iteration");
+    s.batch = cr.integer("batch");
+    s.schedule.scheduler_epoch = cr.integer("scheduler_epoch");
+    s.schedule.accumulate = cr.integer("accumulate");
+    s.schedule.last_opt_step = cr.integer("last_opt_step");
+    s.schedule.optimizer_steps = cr.integer("optimizer_steps");
+    s.best_fitness = cr.real("best_fitness");
+    s.has_best_fitness = cr.boolean("has_best_fitness");
+    if (s.epoch < 0 || s.iteration_in_epoch < 0 || s.global_iteration < 0 || s.schedule.accumulate < 1 ||
+        s.schedule.optimizer_steps < 0) {
+      throw std::runtime_error("checkpoint " + origin + ": state counters are out of range");
+    }
+  }
+  {
+    const GenericDict c = r.sub("optimizer_choice");
+    Reader cr{c, origin, "optimizer_choice: "};
+    s.optimizer_choice.name = cr.text("name");
+    s.optimizer_choice.lr = cr.real("lr");
+    s.optimizer_choice.momentum = cr.real("momentum");
+    s.optimizer_choice.warmup_bias_lr = cr.real("warmup_bias_lr");
+  }
+  if (r.has("grad_scaler")) {
+    const GenericDict c = r.sub("grad_scaler");
+    Reader cr{c, origin, "grad_scaler: "};
+    s.has_grad_scaler = true;
+    s.grad_scaler.scale = cr.real("scale");
+    s.grad_scaler.growth_tracker = cr.integer("growth_tracker");
+    if (!(s.grad_scaler.scale > 0) || !std::isfinite(s.grad_scaler.scale) || s.grad_scaler.growth_tracker < 0) {
+      throw std::runtime_error("checkpoint " + origin + ": grad_scaler state is out of range");
+    }
+  }
+  {
+    const auto cpu = r.get("rng_torch_cpu");
+    if (cpu.isTensor()) s.rng.torch_cpu = cpu.toTensor();
+    const auto cuda = r.get("rng_torch_cuda");
+    if (!cuda.isList()) r.fail("key 'rng_torch_cuda' is not a list");
+    for (const auto& t : cuda.toListRef()) {
+      if (!t.isTensor()) r.fail("key 'rng_torch_cuda' holds a non-tensor");
+      s.rng.torch_cuda.push_back(t.toTensor());
+    }
+    for (const auto& e : r.sub("rng_streams")) {
+      if (!e.key().isString() || !e.value().isString()) r.fail("key 'rng_streams' holds a non-string");
+      s.rng.streams[e.key().toStringRef()] = e.value().toStringRef();
+    }
+  }
+
+  const GenericDict model = r.sub("model");
+  if (targets.model != nullptr) {
+    load_tensors(model, *targets.model, origin, "model");
+    if (targets.load_grads && r.has("grads")) {
+      const GenericDict grads = r.sub("grads");
+      for (const auto& p : targets.model->named_parameters(true)) {
+        auto param = p.value();
+        if (!grads.contains(p.key())) {
+          param.mutable_grad() = torch::Tensor();
+          continue;
+        }
+        const auto g = grads.at(p.key());
+        if (!g.isTensor() || !g.toTensor().sizes().equals(param.sizes())) {
+          throw std::runtime_error("checkpoint " + origin + ": gradient '" + p.key() + "' does not fit the model");
+        }
+        param.mutable_grad() = g.toTensor().to(param.device()).clone();
+      }
+    }
+  }
+  if (targets.ema != nullptr) {
+    if (!r.has("ema")) r.fail("no EMA stored");
+    load_tensors(r.sub("ema"), targets.ema->module(), origin, "ema");
+    targets.ema->set_updates(r.integer("ema_updates"));
+  }
+  if (targets.optimizer != nullptr) {
+    if (!r.has("optimizer")) r.fail("no optimizer state stored");
+    const std::string type = r.text("optimizer_type");
+    if (type != optimizer_type(*targets.optimizer)) {
+      r.fail("optimizer is " + type + " but the run builds " + optimizer_type(*targets.optimizer));
+    }
+    const auto t = r.tensor("optimizer").contiguous();
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()), targets.device);
+      targets.optimizer->load(archive);
+    } catch (const std::exception& e) {
+      r.fail("optimizer state does not fit: " + one_line(e));
+    }
+    const auto groups = r.get("optimizer_groups");
+    if (!groups.isList() || groups.toListRef().size() != targets.optimizer->param_groups().size()) {
+      r.fail("optimizer_groups does not match the optimizer's " +
+             std::to_string(targets.optimizer->param_groups().size()) + " param groups");
+    }
+    for (size_t i = 0; i < groups.toListRef().size(); ++i) {
+      const auto& g = groups.toListRef()[i];
+      if (!g.isGenericDict()) r.fail("optimizer_groups holds a non-dict");
+      const GenericDict gd = g.toGenericDict();
+      apply_group_options(Reader{gd, origin, "optimizer group " + std::to_string(i) + ": "},
+                          targets.optimizer->param_groups()[i].options());
+    }
+  }
+  return s;
+}
+
+void write_file_atomic(const std::string& path, const void* data, size_t size) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (target.filename().empty()) throw std::invalid_argument("write_file_atomic: '" + path + "' names no file");
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  remove_stale_temporaries(dir, prefix);
+  static std::atomic<uint64_t> counter{0};
+  const fs::path tmp = dir / (prefix + std::to_string(::getpid()) + "." + std::to_string(counter++));
+
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot create " + tmp.string());
+  const char* p = static_cast<const char*>(data);
+  size_t left = size;
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = err;
+    throw_errno(what);
+  };
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write " + tmp.string());
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  while (::fsync(fd) != 0) {
+    if (errno != EINTR) fail("cannot fsync " + tmp.string());
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    throw_errno("cannot close " + tmp.string());
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    throw_errno("cannot rename " + tmp.string() + " to " + path);
+  }
+  // The rename is durable only once the folder entry is on disk.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw_errno("cannot open folder " + dir.string());
+  int rc;
+  while ((rc = ::fsync(dfd)) != 0 && errno == EINTR) {
+  }
+  const int err = errno;
+  ::close(dfd);
+  if (rc != 0) {
+    errno = err;
+    throw_errno("cannot fsync folder " + dir.string());
+  }
+}
+
+void save_checkpoint(const std::string& path, const CheckpointState& state, const CheckpointSources& sources) {
+  const auto bytes = encode_checkpoint(state, sources);
+  write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+CheckpointState load_checkpoint(const std::string& path, const CheckpointTargets& targets) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw std::runtime_error("checkpoint " + path + ": cannot open (" + std::strerror(errno) + ")");
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  std::vector<char> bytes(static_cast<size_t>(size));
+  in.seekg(0);
+  if (size > 0 && !in.read(bytes.data(), size)) throw std::runtime_error("checkpoint " + path + ": read error");
+  return decode_checkpoint(bytes, targets, path);
+}
+
+bool checkpoint_readable(const std::string& path, std::string* error) {
+  try {
+    load_checkpoint(path, {});
+    return true;
+  } catch (const std::exception& e) {
+    if (error != nullptr) *error = e.what();
+    return false;
+  }
+}
+
+}  // namespace yolo8

@@ -1,0 +1,75 @@
+#pragma once
+// Training checkpoints: everything needed to continue a run exactly, written atomically.
+//
+// File format: a `torch::pickle_save` zip (readable with torch::pickle_load, or torch.load in Python) holding a
+// dict: format/format_version, model / ema / grads (name -> tensor dicts under state-dict names), ema_updates,
+// optimizer (uint8 bytes of LibTorch's own optimizer archive) and optimizer_type, state (counters), settings,
+// loader_state, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for mixed-precision runs,
+// so files written before it existed still load.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/core/ema.h"
+#include "trainer/core/grad_scaler.h"
+#include "trainer/core/rng_state.h"
+#include "trainer/core/schedule.h"
+
+namespace yolo8 {
+
+inline constexpr const char* kCheckpointFormat = "yolo8-train-checkpoint";
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+struct CheckpointState {
+  int64_t epoch = 0;               // epoch in progress
+  int64_t iteration_in_epoch = 0;  // batches of `epoch` already done (0 at an epoch boundary)
+  int64_t global_iteration = 0;    // global index of the next iteration
+  int64_t batch = 0;               // batch size the run used
+  ScheduleState schedule;          // scheduler epoch, accumulate, last optimizer step, optimizer steps
+  OptimizerChoice optimizer_choice;  // `auto` resolved once; a resume reuses it (see build_optimizer_with)
+  double best_fitness = 0.0;
+  bool has_best_fitness = false;
+  std::string settings_text;       // the run settings as YAML or JSON text
+  std::string loader_state;        // opaque text from the data loader (sampler order, position, ...)
+  RngState rng;
+  bool has_grad_scaler = false;    // mixed precision: the loss scale and its growth counter continue on resume
+  GradScalerState grad_scaler;
+  std::string date;                // written by save_checkpoint (UTC, ISO 8601)
+  std::string version;             // written by save_checkpoint (project version)
+};
+
+struct CheckpointSources {
+  const torch::nn::Module* model = nullptr;         // required
+  const ModelEma* ema = nullptr;                     // optional
+  const torch::optim::Optimizer* optimizer = nullptr;  // optional
+  bool include_grads = false;  // store accumulated gradients (mid-accumulation checkpoints)
+};
+
+struct CheckpointTargets {
+  torch::nn::Module* model = nullptr;  // optional: weights copied in (names and shapes must match)
+  ModelEma* ema = nullptr;             // optional: EMA weights and updates
+  torch::optim::Optimizer* optimizer = nullptr;  // optional: same type and param-group layout required
+  bool load_grads = true;              // restore stored gradients into `model` when present
+  torch::Device device = torch::kCPU;  // where optimizer state tensors are placed
+};
+
+// Serialises to bytes (the file content) and back.
+std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources);
+CheckpointState decode_checkpoint(const std::vector<char>& bytes, const CheckpointTargets& targets,
+                                  const std::string& origin = "<memory>");
+
+// Atomic save: temporary file in the same folder, write, fsync, rename over `path`, fsync the folder. A crash at
+// any point leaves either the previous file or the new one at `path`. Stale temporaries of dead writers are removed.
+void save_checkpoint(const std::string& path, const CheckpointState& state, const CheckpointSources& sources);
+// Loads and validates; every failure is a std::runtime_error whose one-line message names the file.
+CheckpointState load_checkpoint(const std::string& path, const CheckpointTargets& targets = {});
+// True when `path` loads (without touching any model); `error` gets the reason otherwise.
+bool checkpoint_readable(const std::string& path, std::string* error = nullptr);
+
+// Writes `size` bytes to `path` atomically (see save_checkpoint).
+void write_file_atomic(const std::string& path, const void* data, size_t size);
+
+}  // namespace yolo8

@@ -1,0 +1,63 @@
+#include "trainer/core/synthetic_step.h"
+
+#include "trainer/core/train_step.h"
+
+namespace yolo8 {
+
+SyntheticBatch synthetic_batch(int64_t batch, int64_t imgsz, int64_t nc, int64_t labels_per_image, uint64_t seed) {
+  torch::Generator generator = at::detail::createCPUGenerator(seed);
+  SyntheticBatch out;
+  out.images = torch::randint(0, 256, {batch, 3, imgsz, imgsz}, generator, torch::kUInt8);
+  const int64_t count = batch * labels_per_image;
+  const torch::Tensor index = torch::arange(batch, torch::kFloat).repeat_interleave(labels_per_image).unsqueeze(1);
+  const torch::Tensor cls = torch::randint(0, nc, {count, 1}, generator, torch::kFloat);
+  // Sizes from 2 % to 50 % of the image so every level of the head gets targets.
+  const torch::Tensor size = torch::rand({count, 2}, generator) * 0.48 + 0.02;
+  const torch::Tensor centre = size / 2 + torch::rand({count, 2}, generator) * (1 - size);
+  out.labels = torch::cat({index, cls, centre, size}, 1);
+  return out;
+}
+
+struct SyntheticStepRunner::State {
+  std::unique_ptr<TrainingCore> core;
+  int64_t imgsz = 640;
+  int64_t labels_per_image = 8;
+  int64_t iteration = 0;
+};
+
+SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image,
+                                         const torch::Device& device, bool channels_last, bool amp)
+    : state_(std::make_unique<State>()) {
+  state_->imgsz = imgsz;
+  state_->labels_per_image = labels_per_image;
+  TrainCoreConfig core_config;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.nbs = 1;  // step the optimizer every iteration: its state is part of the peak
+  core_config.shape = RunShape{1000, 1, 100, config.nc};
+  core_config.batches_per_epoch = 1000;
+  core_config.channels_last = channels_last;
+  core_config.device = device;
+  core_config.amp = amp && device.is_cuda();
+  state_->core = std::make_unique<TrainingCore>(DetectionModel(config), DetectionModel(config), core_config);
+}
+
+SyntheticStepRunner::~SyntheticStepRunner() = default;
+
+void SyntheticStepRunner::train_step(int batch) {
+  const SyntheticBatch data = synthetic_batch(batch, state_->imgsz, state_->core->model()->nc(),
+                                              state_->labels_per_image, static_cast<uint64_t>(batch));
+  state_->core->model()->train();
+  state_->core->step(0, state_->iteration++, data.images, data.labels);
+}
+
+void SyntheticStepRunner::validation_step(int batch) {
+  torch::NoGradGuard no_grad;
+  const SyntheticBatch data = synthetic_batch(batch, state_->imgsz, state_->core->model()->nc(), 1, 0);
+  DetectionModel& ema = state_->core->ema_model();
+  ema->eval();
+  const DetectOutput output = ema->forward(state_->core->prepare_images(data.images));
+  (void)output;
+}
+
+}  // namespace yolo8
