@@ -232,12 +232,15 @@ TEST(DeployManifests, TrainingJobsFollowTheExitCodeContract) {
         if (values == std::vector<int>{2}) fail_2 = action == "FailJob";
       }
       for (const auto& cond : rule["onPodConditions"]) {
-        if (cond["type"].as<std::string>("") == "DisruptionTarget") ignore_disruption = action == "Ignore";
+        // The schema requires status; "True" is a pod that was disrupted (a "False" rule would never match).
+        if (cond["type"].as<std::string>("") == "DisruptionTarget") {
+          ignore_disruption = action == "Ignore" && cond["status"].as<std::string>("") == "True";
+        }
       }
     }
     EXPECT_TRUE(ignore_75) << "exit 75 (preempted) must be ignored";
     EXPECT_TRUE(fail_2) << "exit 2 (bad settings) must fail the Job";
-    EXPECT_TRUE(ignore_disruption) << "DisruptionTarget must be ignored";
+    EXPECT_TRUE(ignore_disruption) << "DisruptionTarget (status True) must be ignored";
 
     EXPECT_GE(spec["backoffLimit"].as<int>(-1), 1);
     EXPECT_EQ(pod["restartPolicy"].as<std::string>(""), "Never");
