@@ -21,6 +21,23 @@ else
   echo "setup: all Debian packages present"
 fi
 
+# The Kubernetes schema validator of tests/deploy (node + the npm packages its lock file pins). Debian's nodejs and
+# npm only where the machine has no npm of its own (a Node.js from elsewhere bundles it; the two conflict).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing nodejs npm"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+schema_dir=tests/deploy/k8s-schema
+# npm ci deletes node_modules and installs again: only when the lock file changed since the last install.
+if ! cmp -s "$schema_dir/package-lock.json" "$schema_dir/node_modules/.yolo8-installed-lock.json"; then
+  echo "setup: installing the Kubernetes schema validator's npm packages"
+  (cd "$schema_dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  cp "$schema_dir/package-lock.json" "$schema_dir/node_modules/.yolo8-installed-lock.json"
+fi
+
 [[ "${1:-}" == "--no-build" ]] && exit 0
 
 build_dir=${BUILD_DIR:-build}
