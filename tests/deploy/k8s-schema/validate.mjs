@@ -95,7 +95,8 @@ async function check(obj) {
 
 function documents(text, source) {
   const objects = [];
-  for (const doc of YAML.parseAllDocuments(text)) {
+  // YAML 1.1 as Kubernetes reads it (go-yaml): an unquoted yes/no/on/off is a boolean there, not a string.
+  for (const doc of YAML.parseAllDocuments(text, { version: "1.1" })) {
     if (doc.errors.length) throw new Error(`${source}: YAML: ${doc.errors[0].message}`);
     const obj = doc.toJS();
     if (obj !== null && obj !== undefined) objects.push(obj);
