@@ -436,17 +436,4 @@ void keep_large_buffers_in_heap() {
 #endif
 }
 
-std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::string& split, const LoaderConfig& cfg,
-                                        const AugmentConfig& aug, bool train, std::ostream* log) {
-  CheckOptions opts;
-  opts.workers = std::max(1, cfg.workers);
-  auto index = std::make_shared<DatasetIndex>(build_split_index(spec, split, opts));
-  if (log) print_report(*log, split, *index, 20);
-  if (index->records.empty())
-    throw std::runtime_error(spec.yaml_path + ": split '" + split + "' has no usable images");
-  auto loader = std::make_unique<DataLoader>(index, cfg, aug, train);
-  if (log && !loader->cache_note().empty()) *log << split << ": " << loader->cache_note() << "\n";
-  return loader;
-}
-
 }  // namespace yolo8::data

@@ -117,10 +117,4 @@ std::vector<size_t> shard_order(const std::vector<size_t>& global_order, int ran
 // programs that train without one (benchmarks of the bare step) call it to measure the same allocator.
 void keep_large_buffers_in_heap();
 
-// The trainer's entry point: verifies (or reads the cached index of) one split of a data.yaml, prints its report
-// to `log` when given, and returns a loader; throws naming the split when no usable image is left.
-// train = augmented, shuffled batches; otherwise validation batches (letterbox, rectangular, sorted).
-std::unique_ptr<DataLoader> make_loader(const DatasetSpec& spec, const std::string& split, const LoaderConfig& cfg,
-                                        const AugmentConfig& aug, bool train, std::ostream* log = nullptr);
-
 }  // namespace yolo8::data

@@ -342,22 +342,6 @@ TEST(DataAugmentConsistency, RotatedBoxesStillEncloseTheirColour) {
   EXPECT_LT(c.outside_px, c.colour_px * 0.03);
 }
 
-TEST(DataLoader, MakeLoaderReportsAndBuilds) {
-  std::ostringstream log;
-  LoaderConfig cfg;
-  cfg.imgsz = 64;
-  cfg.batch = 8;
-  cfg.workers = 1;
-  auto dl = make_loader(load_data_yaml(synth_yaml()), "val", cfg, AugmentConfig{}, false, &log);
-  EXPECT_EQ(dl->size(), 10);
-  EXPECT_NE(log.str().find("val: 10 files, 10 images"), std::string::npos) << log.str();
-  auto dir = scratch_dir("empty_split");
-  write_text(dir + "/images/train/a.jpg", "garbage");
-  write_text(dir + "/data.yaml", "train: images/train\nnames: [a]\n");
-  EXPECT_THROW(make_loader(load_data_yaml(dir + "/data.yaml"), "train", cfg, AugmentConfig{}, true),
-               std::runtime_error);
-}
-
 TEST(DataLoader, SingleClsFractionAndRectTraining) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;

@@ -13,8 +13,9 @@
 
 namespace yolo8::test {
 
-// Starts `yolo8 ARGS...` with extra environment variables; its stdout goes to /dev/null.
-inline pid_t spawn_yolo8(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+// Starts `yolo8 ARGS...` with extra environment variables; its stdout goes to `stdout_path` (/dev/null by default).
+inline pid_t spawn_yolo8(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
+                         const std::string& stdout_path = "/dev/null") {
   const std::string binary = std::string(kBinaryDir) + "/trainer/yolo8";
   const pid_t child = fork();
   if (child == 0) {
@@ -22,7 +23,7 @@ inline pid_t spawn_yolo8(const std::vector<std::string>& args, const std::map<st
     std::vector<char*> argv{const_cast<char*>(binary.c_str())};
     for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
-    if (!freopen("/dev/null", "w", stdout)) _exit(127);
+    if (!freopen(stdout_path.c_str(), "w", stdout)) _exit(127);
     execv(binary.c_str(), argv.data());
     _exit(127);
   }

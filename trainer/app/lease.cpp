@@ -14,19 +14,16 @@ namespace yolo8 {
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
   if (settings.quota == "off") return;
   if (settings.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
-  quota::ClientConfig config;
-  config.mode = settings.quota;
-  config.token = settings.quota_token;
-  if (config.token.empty()) {
-    if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
-  }
-  config.local_db = settings.quota_db;
-  config.local_gpus = std::max(1, gpus);
-  config.user = settings.user;
+  // The client's own reading of the setting (mode, $YOLO8_QUOTA_TOKEN); explicit settings win over it.
+  quota::ClientConfig config = quota::client_config_from_setting(settings.quota, std::max(1, gpus));
+  if (!settings.quota_token.empty()) config.token = settings.quota_token;
+  if (!settings.quota_db.empty()) config.local_db = settings.quota_db;
+  if (!settings.user.empty()) config.user = settings.user;
   client_ = std::make_unique<quota::QuotaClient>(config);
 
   quota::LeaseRequest request;
-  request.team = settings.team;
+  // The local quota's policy has one team, its user's: the service fills it in (the `team` setting is for quotad).
+  request.team = config.mode == "local" ? std::string() : settings.team;
   request.user = settings.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.user;
   request.job = job_name;
   request.model = std::filesystem::path(settings.model).stem().string();
@@ -39,8 +36,8 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.idempotency_key = job_name + "-" + std::to_string(getpid()) + "-" +
                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
   std::cout << "Asking " << (settings.quota == "local" ? std::string("the local quota") : settings.quota)
-            << " for a lease: team " << request.team << ", " << request.model << ", " << request.gpus << " GPU, priority "
-            << settings.priority << "\n";
+            << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model
+            << ", " << request.gpus << " GPU, priority " << settings.priority << "\n";
   const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
     // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
     if (stop_requested()) throw StoppedWhileWaiting();

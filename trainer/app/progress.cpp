@@ -4,16 +4,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace yolo8 {
 
 ProgressBar::ProgressBar(std::string prefix, long total, int interactive, std::FILE* out)
     : prefix_(std::move(prefix)),
       total_(std::max(total, 1L)),
-      interactive_(interactive < 0 ? isatty(fileno(out)) != 0 : interactive != 0),
+      interactive_(interactive < 0 ? out != nullptr && isatty(fileno(out)) != 0 : interactive != 0),
       out_(out),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
+
+ProgressBar::ProgressBar(std::string prefix, long total, const Console& console, int interactive)
+    : ProgressBar(std::move(prefix), total, interactive, console.out_file()) {}
 
 std::string ProgressBar::format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -28,6 +32,7 @@ std::string ProgressBar::format_duration(double seconds) {
 }
 
 void ProgressBar::update(long done, const std::string& fields) {
+  if (out_ == nullptr) return;
   const auto now = std::chrono::steady_clock::now();
   if (interactive_) {
     // Redraw at most 10 times a second; the terminal is not the bottleneck we want.
@@ -47,6 +52,7 @@ void ProgressBar::update(long done, const std::string& fields) {
 }
 
 void ProgressBar::finish(const std::string& fields) {
+  if (out_ == nullptr) return;
   if (interactive_) {
     draw(total_, fields, false);
     std::fputc('\n', out_);

@@ -5,12 +5,16 @@
 #include <cstdio>
 #include <string>
 
+#include "trainer/app/console.h"
+
 namespace yolo8 {
 
 class ProgressBar {
  public:
-  // `interactive` defaults to whether stdout is a terminal.
+  // `interactive` defaults to whether `out` is a terminal; a null `out` draws nothing.
   ProgressBar(std::string prefix, long total, int interactive = -1, std::FILE* out = stdout);
+  // Draws on the console's out file: nothing on a quiet (non-main rank) console.
+  ProgressBar(std::string prefix, long total, const Console& console, int interactive = -1);
   // `done` items finished; `fields` is the running text (losses, instances, memory).
   void update(long done, const std::string& fields);
   void finish(const std::string& fields);

@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 using app::Clock;
 using app::seconds_since;
 
-TrainingRun::TrainingRun(const Settings& requested) : requested_(requested), settings_(requested) {}
+TrainingRun::TrainingRun(const Settings& requested, TrainingRunOptions options)
+    : options_(options), requested_(requested), settings_(requested) {}
 
 TrainingRun::~TrainingRun() = default;
 
@@ -42,6 +43,8 @@ int TrainingRun::run() {
 
 std::optional<int> TrainingRun::set_up() {
   run_start_ = Clock::now();
+  // Rank 0 prints; known before the process group forms, so every line of the set-up follows it.
+  console_ = std::make_unique<Console>(distributed_config_from_env().rank);
   install_stop_signal_handlers();
   configure_threads(requested_);
   settings_ = requested_;
@@ -53,7 +56,6 @@ std::optional<int> TrainingRun::set_up() {
   // Data parallel when RANK/WORLD_SIZE say so; rank 0 validates, saves, plots and holds the lease.
   dist_ = DistributedContext::from_env(device_);
   is_main_ = dist_.is_main();
-  if (!is_main_) std::cout.setstate(std::ios::failbit);
 
   load_datasets();
   build_models();
@@ -71,6 +73,7 @@ std::optional<int> TrainingRun::set_up() {
 void TrainingRun::adopt_resumed_settings() {
   const CheckpointState peek = load_checkpoint(resume_path_);
   resume_meta_ = app::decode_meta(peek.settings_text, resume_path_);
+  resumed_optimizer_ = peek.optimizer_choice;
   const std::string saved_cfg = (fs::temp_directory_path() / ("yolo8-resume-" + std::to_string(getpid()) + ".yaml"));
   app::write_text(saved_cfg, resume_meta_.settings_yaml);
   Settings restored = resolve_settings({{"cfg", saved_cfg}}, "train");
@@ -84,8 +87,8 @@ void TrainingRun::adopt_resumed_settings() {
   restored.resume = requested_.resume;
   settings_ = restored;
   run_dir_ = fs::path(resume_path_).parent_path().parent_path();
-  std::cout << "Resuming " << resume_path_ << " (epoch " << peek.epoch + 1 << ", batch " << peek.iteration_in_epoch
-            << ")\n";
+  console_->out() << "Resuming " << resume_path_ << " (epoch " << peek.epoch + 1 << ", batch "
+                  << peek.iteration_in_epoch << ")\n";
 }
 
 void TrainingRun::load_datasets() {
@@ -93,8 +96,8 @@ void TrainingRun::load_datasets() {
   names_ = spec_.names;
   if (settings_.single_cls) names_ = {"item"};
   nc_ = static_cast<int64_t>(names_.size());
-  train_index_ = app::load_split(spec_, "train", settings_, settings_.verbose);
-  val_index_ = app::load_split(spec_, spec_.val.empty() ? "train" : "val", settings_, settings_.verbose);
+  train_index_ = app::load_split(spec_, "train", settings_, settings_.verbose && is_main_);
+  val_index_ = app::load_split(spec_, spec_.val.empty() ? "train" : "val", settings_, settings_.verbose && is_main_);
 }
 
 // A YAML starts fresh (optionally from pretrained weights); a .pt continues from its weights.
@@ -108,15 +111,15 @@ void TrainingRun::build_models() {
       LoadedModel loaded = load_any_model(settings_.model);
       model_ = build_model(loaded.model->config().yaml, settings_.model, "", nc_);
       const size_t copied = app::transfer_matching(*model_, app::as_map(state_dict(*loaded.model)));
-      std::cout << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
-                << settings_.model << "\n";
+      console_->out() << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
+                      << settings_.model << "\n";
     } else {
       model_ = app::as_input_error([&] { return build_model(settings_.model, nc_); });
       if (settings_.pretrained != "true" && settings_.pretrained != "false") {
         LoadedModel loaded = load_any_model(settings_.pretrained);
         const size_t copied = app::transfer_matching(*model_, app::as_map(state_dict(*loaded.model)));
-        std::cout << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
-                  << settings_.pretrained << "\n";
+        console_->out() << "Transferred " << copied << "/" << state_dict(*model_).size() << " tensors from "
+                        << settings_.pretrained << "\n";
       }
     }
     ema_model_ = DetectionModel(model_->config());
@@ -124,8 +127,8 @@ void TrainingRun::build_models() {
   stride_ = static_cast<int>(model_->max_stride());
   if (settings_.imgsz % stride_ != 0) {
     const int rounded = (settings_.imgsz + stride_ - 1) / stride_ * stride_;
-    std::cout << "imgsz=" << settings_.imgsz << " is not a multiple of the stride " << stride_ << "; using "
-              << rounded << "\n";
+    console_->out() << "imgsz=" << settings_.imgsz << " is not a multiple of the stride " << stride_ << "; using "
+                    << rounded << "\n";
     settings_.imgsz = rounded;
   }
 }
@@ -141,7 +144,7 @@ std::optional<int> TrainingRun::acquire_lease() {
     lease_ = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(),
                                              std::max<int>(1, static_cast<int>(settings_.device_ids().size())));
   } catch (const StoppedWhileWaiting& stopped) {
-    std::cout << stopped.what() << "\n";
+    console_->out() << stopped.what() << "\n";
     return kExitPreempted;
   } catch (const quota::QuotaRefused& refused) {
     std::string message = "the quota service refused the lease (" + std::to_string(refused.status()) + "): " +
@@ -161,11 +164,11 @@ void TrainingRun::size_batch() {
   batch_ = settings_.batch >= 1 ? static_cast<int>(settings_.batch) : 0;
   if (batch_ == 0) {
     const double budget = memory_budget_bytes(settings_, device_, lease_gib_);
-    std::cout << "batch=" << get_setting(settings_, "batch") << ": sizing the batch to a budget of " << std::fixed
-              << std::setprecision(2) << budget / kBytesPerGib << " GiB\n";
+    console_->out() << "batch=" << get_setting(settings_, "batch") << ": sizing the batch to a budget of " << std::fixed
+                    << std::setprecision(2) << budget / kBytesPerGib << " GiB\n";
     const AutoBatchResult chosen = auto_batch_for(model_->config(), settings_, device_, budget,
                                                   static_cast<int>(train_index_->records.size()));
-    std::cout << format_auto_batch_summary(chosen) << "\n";
+    console_->out() << format_auto_batch_summary(chosen) << "\n";
     batch_ = chosen.batch;
   }
   // `batch` is global; under data parallelism each process loads its share.
@@ -191,7 +194,7 @@ void TrainingRun::open_run_dir() {
                         : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
   }
   if (is_main_) app::write_text(run_dir_ / "args.yaml", settings_to_yaml(settings_));
-  std::cout << "Settings:\n" << settings_table(settings_) << "Run folder: " << run_dir_.string() << "\n";
+  console_->out() << "Settings:\n" << settings_table(settings_) << "Run folder: " << run_dir_.string() << "\n";
 }
 
 void TrainingRun::create_loaders() {
@@ -227,6 +230,9 @@ void TrainingRun::build_training_core() {
   config.freeze_layers = freeze_layer_indices(settings_.freeze);
   config.device = device_;
   config.amp = settings_.amp && device_.is_cuda();
+  // `auto` was resolved when the run began; a resume (even with another batch) trains with that choice. Files
+  // written before the choice was stored hold an empty name and resolve again.
+  if (!resumed_optimizer_.name.empty()) config.optimizer_choice = resumed_optimizer_;
   if (dist_.enabled()) {
     dist_.broadcast_parameters(*model_);
     // The loss is a sum over the local batch, so summed gradients equal one process on the global batch.
@@ -235,6 +241,10 @@ void TrainingRun::build_training_core() {
     };
   }
   core_ = std::make_unique<TrainingCore>(model_, ema_model_, config);
+  oom_guard_ = std::make_unique<OomGuard>(device_, [this](int64_t from, int64_t to, const std::string&) {
+    console_->out() << "\nOut of memory at " << from << " images per pass; retrying in passes of " << to
+                    << " (the batch stays " << batch_ << ")\n";
+  });
   meta_ = app::CheckpointMeta{settings_to_yaml(settings_), app::yaml_text(model_->config().yaml), names_,
                                  run_dir_.string()};
 }
@@ -266,11 +276,11 @@ std::optional<int> TrainingRun::restore_checkpoint() {
     first_batch_ = 0;
     const BatchPlan plan = core.schedule().change_batch(core.optimizer(), batch_, batches_per_epoch_,
                                                         start_epoch_ * batches_per_epoch_);
-    std::cout << "Batch changed " << state.batch << " -> " << batch_ << ": accumulate " << plan.accumulate
-              << ", epoch " << start_epoch_ + 1 << " restarts\n";
+    console_->out() << "Batch changed " << state.batch << " -> " << batch_ << ": accumulate " << plan.accumulate
+                    << ", epoch " << start_epoch_ + 1 << " restarts\n";
   }
   if (start_epoch_ >= settings_.epochs) {
-    std::cout << resume_path_ << " already finished its " << settings_.epochs << " epochs\n";
+    console_->out() << resume_path_ << " already finished its " << settings_.epochs << " epochs\n";
     lease_->release(quota::Outcome::kCompleted);
     return kExitCompleted;
   }
@@ -289,14 +299,11 @@ void TrainingRun::prepare_outputs() {
   }
   last_pt_ = run_dir_ / "weights" / "last.pt";
   best_pt_ = run_dir_ / "weights" / "best.pt";
-  std::cout << "Training " << settings_.model << " on " << train_loader_->size() << " images, "
-            << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
-            << core_->schedule().accumulate() << " to nbs " << settings_.nbs << "), " << settings_.epochs
-            << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
-            << (core_->autocast() ? " with AMP" : "") << "\n";
-  // Test hook: behave as if SIGTERM arrived during global iteration N (0-based count of finished steps).
-  const char* stop_env = std::getenv("YOLO8_TEST_STOP_AT_ITERATION");
-  stop_at_iteration_ = stop_env ? std::atoll(stop_env) : -1;
+  console_->out() << "Training " << settings_.model << " on " << train_loader_->size() << " images, "
+                  << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
+                  << core_->schedule().accumulate() << " to nbs " << settings_.nbs << "), " << settings_.epochs
+                  << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
+                  << (core_->autocast() ? " with AMP" : "") << "\n";
   time_limit_s_ = settings_.time * 3600.0;
   train_start_ = Clock::now();
   run_meter_ = std::make_unique<MemoryMeter>(device_);
@@ -309,7 +316,7 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   data::DataLoader& loader = *train_loader_;
   if (loader.update_close_mosaic(epoch, settings_.epochs) == false &&
       epoch == settings_.epochs - settings_.close_mosaic) {
-    std::cout << "Closing the mosaic for the last " << settings_.close_mosaic << " epochs\n";
+    console_->out() << "Closing the mosaic for the last " << settings_.close_mosaic << " epochs\n";
   }
   const int64_t epoch_first_batch = epoch == start_epoch_ ? first_batch_ : 0;
   loader.start_epoch(epoch, epoch_first_batch);
@@ -318,7 +325,7 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   core_->model()->train();
   char prefix[64];
   std::snprintf(prefix, sizeof(prefix), "%lld/%d", static_cast<long long>(epoch + 1), settings_.epochs);
-  ProgressBar bar(prefix, batches_per_epoch_);
+  ProgressBar bar(prefix, batches_per_epoch_, *console_);
   int64_t done = epoch_first_batch;
   double wait_s = 0.0, step_s = 0.0;
   auto wait_start = Clock::now();
@@ -334,8 +341,9 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
     const int64_t i = batch->index;
     const int64_t ni = i + batches_per_epoch_ * epoch;
     // The first epoch guards against running out of memory: the batch is split in two and retried.
-    const StepOutcome outcome = epoch == start_epoch_ ? step_with_memory_fallback(epoch, ni, *batch)
-                                                      : core_->step(epoch, ni, batch->images, batch->labels, chunks_);
+    const StepOutcome outcome =
+        epoch == start_epoch_ ? core_->guarded_step(epoch, ni, batch->images, batch->labels, *oom_guard_)
+                              : core_->step(epoch, ni, batch->images, batch->labels, oom_guard_->passes());
     totals.loss_sum += outcome.loss_items.to(torch::kCPU).to(torch::kDouble);
     ++totals.loss_count;
     step_s += seconds_since(step_start);
@@ -359,8 +367,8 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   }
   bar.finish("");
   if (settings_.verbose) {
-    std::printf("      time: steps %.1f s, waiting for data %.1f s (%.0f%%)\n", step_s, wait_s,
-                100.0 * wait_s / std::max(1e-9, wait_s + step_s));
+    console_->printf("      time: steps %.1f s, waiting for data %.1f s (%.0f%%)\n", step_s, wait_s,
+                     100.0 * wait_s / std::max(1e-9, wait_s + step_s));
   }
   train_seconds_ += seconds_since(epoch_start);
   totals.learning_rates = core_->learning_rates();
@@ -368,39 +376,10 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   return std::nullopt;
 }
 
-// On out of memory the gradients of the window are put back and the batch runs in twice as many passes.
-StepOutcome TrainingRun::step_with_memory_fallback(int64_t epoch, int64_t ni, const data::Batch& batch) {
-  std::vector<torch::Tensor> saved_grads;
-  for (auto& parameter : core_->model()->parameters()) {
-    saved_grads.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
-  }
-  while (true) {
-    try {
-      return core_->step(epoch, ni, batch.images, batch.labels, chunks_);
-    } catch (const std::exception& error) {
-      const int64_t chunk_size = (batch.images.size(0) + chunks_ - 1) / chunks_;
-      if (!is_out_of_memory(error) || chunk_size <= 1) throw;
-      size_t k = 0;
-      for (auto& parameter : core_->model()->parameters()) {
-        const torch::Tensor& saved = saved_grads[k++];
-        if (saved.defined()) {
-          parameter.mutable_grad() = saved.clone();
-        } else {
-          parameter.mutable_grad() = torch::Tensor();
-        }
-      }
-      release_cached_memory(device_);
-      chunks_ *= 2;
-      std::cout << "\nOut of memory at " << chunk_size << " images per pass; retrying in passes of "
-                << (batch.images.size(0) + chunks_ - 1) / chunks_ << " (the batch stays " << batch_ << ")\n";
-    }
-  }
-}
-
-// Time limit, test hook, lease telemetry and heartbeat; then every rank agrees on a stop at the same step.
+// Time limit, the options' stop, lease telemetry and heartbeat; then every rank agrees on a stop at the same step.
 void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
   if (time_limit_s_ > 0 && seconds_since(run_start_) > time_limit_s_) request_stop(StopReason::kTimeLimit);
-  if (stop_at_iteration_ >= 0 && ni + 1 >= stop_at_iteration_) request_stop(StopReason::kSignal);
+  if (options_.stop_at_iteration >= 0 && ni + 1 >= options_.stop_at_iteration) request_stop(StopReason::kSignal);
   LeaseTelemetry& telemetry = lease_->telemetry();
   telemetry.step.store(ni + 1);
   telemetry.epoch.store(static_cast<int>(epoch));
@@ -414,10 +393,10 @@ int TrainingRun::stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni) {
   const auto stop_start = Clock::now();
   save(last_pt_, epoch, i + 1, ni + 1, true, true);
   dist_.barrier();
-  std::cout << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << " after batch " << i + 1
-            << "; checkpoint " << last_pt_.string() << " written in " << std::fixed << std::setprecision(2)
-            << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
-            << " s after the stop request. Resume with resume=" << last_pt_.string() << "\n";
+  console_->out() << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << " after batch " << i + 1
+                  << "; checkpoint " << last_pt_.string() << " written in " << std::fixed << std::setprecision(2)
+                  << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
+                  << " s after the stop request. Resume with resume=" << last_pt_.string() << "\n";
   return exit_after_stop();
 }
 
@@ -460,9 +439,9 @@ TrainingRun::EpochEnd TrainingRun::end_epoch(int64_t epoch, const EpochTotals& t
   const bool patience_hit = is_main_ && settings_.patience > 0 && epochs_without_improvement_ >= settings_.patience;
   const bool time_hit = time_limit_s_ > 0 && elapsed > time_limit_s_;
   if (dist_.all_reduce_flag(patience_hit || time_hit)) {
-    std::cout << (patience_hit ? "Stopping early: no improvement in the last " + std::to_string(settings_.patience) +
-                                     " epochs\n"
-                               : "Time limit of " + std::to_string(settings_.time) + " h reached\n");
+    console_->out() << (patience_hit ? "Stopping early: no improvement in the last " +
+                                           std::to_string(settings_.patience) + " epochs\n"
+                                     : "Time limit of " + std::to_string(settings_.time) + " h reached\n");
     return EpochEnd{std::nullopt, true};
   }
   return EpochEnd{};
@@ -478,7 +457,7 @@ void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, st
                          settings_.channels_last, settings_.amp, "      val");
   metrics = validator.results();
   val_loss = validator.mean_loss();
-  std::cout << validator.table();
+  console_->out() << validator.table();
 }
 
 void TrainingRun::save_epoch_checkpoints(int64_t epoch, bool improved) {
@@ -493,9 +472,9 @@ void TrainingRun::save_epoch_checkpoints(int64_t epoch, bool improved) {
 
 int TrainingRun::stop_at_epoch_end(int64_t epoch) {
   dist_.barrier();
-  std::cout << "Stopped (" << to_string(pending_stop_) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
-            << last_pt_.string() << " written " << std::fixed << std::setprecision(2) << seconds_since_stop_request()
-            << " s after the stop request\n";
+  console_->out() << "Stopped (" << to_string(pending_stop_) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
+                  << last_pt_.string() << " written " << std::fixed << std::setprecision(2)
+                  << seconds_since_stop_request() << " s after the stop request\n";
   return exit_after_stop();
 }
 
@@ -508,7 +487,7 @@ int TrainingRun::finish() {
   }
   // Final validation of best.pt with the per-class table.
   if (settings_.save && fs::exists(best_pt_)) {
-    std::cout << "\nValidating " << best_pt_.string() << "\n";
+    console_->out() << "\nValidating " << best_pt_.string() << "\n";
     LoadedModel best = load_any_model(best_pt_.string());
     best.model->to(device_);
     if (settings_.channels_last) to_channels_last(*best.model);
@@ -518,7 +497,7 @@ int TrainingRun::finish() {
     DetectionValidator validator(nc_, names_, val_config);
     app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,
                            settings_.amp, "      val", settings_.plots ? run_dir_ : fs::path(), names_);
-    std::cout << validator.table();
+    console_->out() << validator.table();
     if (settings_.save_json) validator.write_json((run_dir_ / "predictions.json").string());
     if (settings_.plots) {
       app::try_plot("validation curves", [&] {
@@ -529,10 +508,10 @@ int TrainingRun::finish() {
   lease_->release(quota::Outcome::kCompleted);
   report_cost("completed");
   const double total_s = seconds_since(run_start_);
-  std::cout << "\n" << settings_.epochs - start_epoch_ << " epochs completed in " << std::fixed
-            << std::setprecision(3) << total_s / 3600.0 << " hours (" << std::setprecision(1)
-            << (train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0) << " training images/s). Results saved to "
-            << run_dir_.string() << "\n";
+  console_->out() << "\n" << settings_.epochs - start_epoch_ << " epochs completed in " << std::fixed
+                  << std::setprecision(3) << total_s / 3600.0 << " hours (" << std::setprecision(1)
+                  << (train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0)
+                  << " training images/s). Results saved to " << run_dir_.string() << "\n";
   return kExitCompleted;
 }
 
@@ -548,6 +527,7 @@ void TrainingRun::save(const fs::path& path, int64_t epoch, int64_t iteration_in
   state.global_iteration = global_iteration;
   state.batch = batch_;
   state.schedule = core.schedule().state();
+  state.optimizer_choice = core.built_optimizer().choice;
   state.best_fitness = best_fitness_;
   state.has_best_fitness = has_best_;
   state.settings_text = app::encode_meta(meta_);
@@ -582,10 +562,10 @@ void TrainingRun::report_cost(const std::string& outcome) {
   cost["batch"] = batch_;
   cost["device"] = device_.str();
   if (is_main_) app::write_text(run_dir_ / "cost.json", cost.dump(2) + "\n");
-  std::printf("Cost: %.2f GPU-hours, %.1f images/s, busy %.0f%% of the time, peak memory %.2f GiB%s\n",
-              cost["gpu_hours"].get<double>(), cost["images_per_second"].get<double>(),
-              100.0 * cost["busy_fraction"].get<double>(), cost["peak_memory_gib"].get<double>(),
-              lease_gib_ > 0 ? (" of a " + std::to_string(lease_gib_).substr(0, 5) + " GiB lease").c_str() : "");
+  console_->printf("Cost: %.2f GPU-hours, %.1f images/s, busy %.0f%% of the time, peak memory %.2f GiB%s\n",
+                   cost["gpu_hours"].get<double>(), cost["images_per_second"].get<double>(),
+                   100.0 * cost["busy_fraction"].get<double>(), cost["peak_memory_gib"].get<double>(),
+                   lease_gib_ > 0 ? (" of a " + std::to_string(lease_gib_).substr(0, 5) + " GiB lease").c_str() : "");
 }
 
 int TrainingRun::exit_after_stop() {

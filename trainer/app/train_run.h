@@ -15,7 +15,9 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "models/yolo.h"
+#include "trainer/core/auto_batch.h"
 #include "trainer/core/distributed.h"
+#include "trainer/app/console.h"
 #include "trainer/app/mode_support.h"
 #include "trainer/app/lease.h"
 #include "trainer/core/memory_meter.h"
@@ -27,9 +29,15 @@
 
 namespace yolo8 {
 
+// How a caller drives a run beyond its settings.
+struct TrainingRunOptions {
+  // >= 0: stop as SIGTERM would once this many global iterations are done (checkpoint, exit kExitPreempted).
+  int64_t stop_at_iteration = -1;
+};
+
 class TrainingRun {
  public:
-  explicit TrainingRun(const Settings& requested);
+  explicit TrainingRun(const Settings& requested, TrainingRunOptions options = {});
   ~TrainingRun();
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
@@ -64,7 +72,6 @@ class TrainingRun {
 
   // The epochs; an exit code when a stop inside the epoch ended the run.
   std::optional<int> train_epoch(int64_t epoch, EpochTotals& totals);
-  StepOutcome step_with_memory_fallback(int64_t epoch, int64_t ni, const data::Batch& batch);
   void record_step_and_agree_on_stop(int64_t epoch, int64_t ni);
   int stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni);
 
@@ -84,11 +91,14 @@ class TrainingRun {
   int exit_after_stop();
 
   // Declared in the order the set-up creates them, so they are destroyed as the single function did.
+  TrainingRunOptions options_;
   app::Clock::time_point run_start_;
+  std::unique_ptr<Console> console_;  // quiet on ranks other than 0
   Settings requested_;
   Settings settings_;
   std::string resume_path_;
   app::CheckpointMeta resume_meta_;
+  OptimizerChoice resumed_optimizer_;  // the checkpoint's resolved optimizer (empty name: none stored)
   std::filesystem::path run_dir_;
   torch::Device device_ = torch::kCPU;
   DistributedContext dist_;
@@ -117,8 +127,7 @@ class TrainingRun {
   std::unique_ptr<ResultsCsv> results_;
   std::filesystem::path last_pt_;
   std::filesystem::path best_pt_;
-  int64_t stop_at_iteration_ = -1;  // test hook YOLO8_TEST_STOP_AT_ITERATION
-  int64_t chunks_ = 1;              // passes per batch; grows only when a step runs out of memory
+  std::unique_ptr<OomGuard> oom_guard_;  // passes per batch; grows only when a first-epoch step runs out of memory
   StopReason pending_stop_ = StopReason::kNone;
   int epochs_without_improvement_ = 0;
   double time_limit_s_ = 0.0;

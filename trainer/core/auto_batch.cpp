@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
+#include "trainer/core/optimizer.h"
+
 namespace yolo8 {
 
 namespace {
@@ -81,13 +83,6 @@ BatchSpec parse_batch_spec(double batch) {
                                 "budget in (0, 1)");
   }
   return spec;
-}
-
-int accumulate_for(int batch, int nominal_batch) {
-  if (batch < 1 || nominal_batch < 1) {
-    throw std::invalid_argument("accumulate_for: batch and nominal batch must be >= 1");
-  }
-  return std::max(static_cast<int>(std::lround(static_cast<double>(nominal_batch) / batch)), 1);
 }
 
 AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const AutoBatchOptions& options) {
@@ -234,7 +229,10 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
   result.batch = best;
   result.measured_peak_bytes = best_peak;
   result.predicted_peak_bytes = result.fit.predict_peak_bytes(best, options.imgsz);
-  result.accumulate = accumulate_for(best, options.nominal_batch);
+  // The trainer's own rule (round half to even), so the summary states what the run will do.
+  OptimSettings nominal;
+  nominal.nbs = options.nominal_batch;
+  result.accumulate = static_cast<int>(plan_batch(nominal, best).accumulate);
   log("auto-batch: chose batch " + std::to_string(best) + " (measured peak " + gib(static_cast<double>(best_peak)) +
       ", predicted " + gib(result.predicted_peak_bytes) + ", budget " + gib(budget) + "), accumulate " +
       std::to_string(result.accumulate));
@@ -247,42 +245,33 @@ std::string format_auto_batch_summary(const AutoBatchResult& result) {
          ", measured peak " + gib(static_cast<double>(result.measured_peak_bytes));
 }
 
-OomGuard::OomGuard(int batch, c10::Device device, Report report)
-    : batch_(batch), device_(device), report_(std::move(report)) {
-  if (batch < 1) {
-    throw std::invalid_argument("out-of-memory guard: batch must be >= 1, got " + std::to_string(batch));
-  }
-}
+OomGuard::OomGuard(c10::Device device, Report report) : device_(device), report_(std::move(report)) {}
 
-void OomGuard::run(const std::function<void(int batch)>& fn) {
+void OomGuard::run(int64_t images, const std::function<void(int64_t passes)>& fn, const std::function<void()>& undo) {
+  if (images < 1) {
+    throw std::invalid_argument("out-of-memory guard: a step needs >= 1 image, got " + std::to_string(images));
+  }
+  const auto per_pass = [&] { return (images + passes_ - 1) / passes_; };
   for (;;) {
     try {
-      fn(batch_);
+      fn(passes_);
       return;
     } catch (const std::exception& e) {
-      if (!is_out_of_memory(e) || batch_ <= 1) {
-        throw;
-      }
-      const int from = batch_;
-      batch_ = std::max(batch_ / 2, 1);
-      ++halvings_;
+      const int64_t from = per_pass();
+      if (!is_out_of_memory(e) || from <= 1) throw;
+      if (undo) undo();
       release_cached_memory(device_);
+      passes_ *= 2;
+      ++splits_;
       const std::string message = first_line(e.what());
       if (report_) {
-        report_(from, batch_, message);
+        report_(from, per_pass(), message);
       } else {
-        std::cerr << "out of memory at batch " << from << ", retrying with batch " << batch_ << " ("
-                  << message << ")\n";
+        std::cerr << "out of memory at " << from << " images per pass, retrying in passes of " << per_pass()
+                  << " (" << message << ")\n";
       }
     }
   }
-}
-
-OomFallbackResult run_with_oom_fallback(int batch, const std::function<void(int batch)>& fn,
-                                        OomGuard::Report report, c10::Device device) {
-  OomGuard guard(batch, device, std::move(report));
-  guard.run(fn);
-  return {guard.batch(), guard.halvings()};
 }
 
 namespace {

@@ -33,15 +33,12 @@ struct BatchSpec {
 // Throws std::invalid_argument naming the key `batch` for any other value (0, -2, 2.5 ...).
 BatchSpec parse_batch_spec(double batch);
 
-// max(round(nominal / batch), 1): gradients accumulated per optimizer step to keep the nominal batch.
-int accumulate_for(int batch, int nominal_batch = 64);
-
 struct AutoBatchOptions {
   double safety_margin = 0.9;               // predicted peak <= budget · fraction · margin
   double budget_fraction = 1.0;             // from BatchSpec
   std::vector<int> profile_batches{1, 2, 4};  // increasing
   int max_batch = 1024;                     // e.g. the dataset size
-  int nominal_batch = 64;
+  int nominal_batch = 64;                   // `nbs`: the result's accumulate is plan_batch's
   int max_verify_steps = 4;                 // real steps after profiling, up or down
   // Optional forward-only validation step; called at validation_batch_factor · b, its peak counts too.
   StepFn validation_step;
@@ -70,38 +67,31 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
 // One line for the run log: budget, batch, accumulation, predicted and measured peak.
 std::string format_auto_batch_summary(const AutoBatchResult& result);
 
-// Halves the batch when a step runs out of memory, down to 1, then rethrows. Keeps the batch between
-// calls, so a trainer can guard every step of the first epoch with one guard.
+// The out-of-memory fallback of a training step: when a step runs out of memory it is retried in twice as many
+// passes (half the images each; the batch, and so the recipe, stays) down to one image per pass, then the error
+// is rethrown. The split is kept between calls, so one guard covers every step of an epoch. TrainingCore's
+// guarded_step is the trainer's use of it.
 class OomGuard {
  public:
-  // Called on each halving with the old and new batch and the error's message.
-  using Report = std::function<void(int from_batch, int to_batch, const std::string& error)>;
+  // Called on each split with the images per pass before and after, and the error's first line.
+  using Report = std::function<void(int64_t from_images, int64_t to_images, const std::string& error)>;
 
-  // An empty report prints one line per halving to stderr.
-  explicit OomGuard(int batch, c10::Device device = c10::Device(c10::kCPU), Report report = {});
+  // An empty report prints one line per split to stderr.
+  explicit OomGuard(c10::Device device = c10::Device(c10::kCPU), Report report = {});
 
-  // Runs fn(batch()) until it returns; non-out-of-memory errors pass through untouched.
-  void run(const std::function<void(int batch)>& fn);
+  // Runs fn(passes()) for a batch of `images` until it returns. Before each retry `undo` (when given) puts back
+  // what the failed attempt changed, e.g. the accumulated gradients. Other errors pass through untouched.
+  void run(int64_t images, const std::function<void(int64_t passes)>& fn, const std::function<void()>& undo = {});
 
-  int batch() const { return batch_; }
-  int halvings() const { return halvings_; }
+  int64_t passes() const { return passes_; }
+  int splits() const { return splits_; }
 
  private:
-  int batch_;
-  int halvings_ = 0;
+  int64_t passes_ = 1;
+  int splits_ = 0;
   c10::Device device_;
   Report report_;
 };
-
-struct OomFallbackResult {
-  int batch = 0;  // the batch that succeeded
-  int halvings = 0;
-};
-
-// One-shot form of OomGuard.
-OomFallbackResult run_with_oom_fallback(int batch, const std::function<void(int batch)>& fn,
-                                        OomGuard::Report report = {},
-                                        c10::Device device = c10::Device(c10::kCPU));
 
 // --- Profiler: peak memory and speed of a step at several batches (`yolo8 profile`). ---
 

@@ -268,7 +268,6 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
   root.insert("date", state.date.empty() ? utc_now() : state.date);
   root.insert("version", state.version.empty() ? std::string(YOLO8_VERSION) : state.version);
   root.insert("settings", state.settings_text);
-  root.insert("loader_state", state.loader_state);
 
   auto counters = new_dict();
   counters.insert("epoch", state.epoch);
@@ -370,7 +369,6 @@ CheckpointState decode_checkpoint(const std::vector<char>& bytes, const Checkpoi
   s.date = r.text("date");
   s.version = r.text("version");
   s.settings_text = r.text("settings");
-  s.loader_state = r.text("loader_state");
   {
     const GenericDict c = r.sub("state");
     Reader cr{c, origin, "state: "};

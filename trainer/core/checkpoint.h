@@ -3,9 +3,11 @@
 //
 // File format: a `torch::pickle_save` zip (readable with torch::pickle_load, or torch.load in Python) holding a
 // dict: format/format_version, model / ema / grads (name -> tensor dicts under state-dict names), ema_updates,
-// optimizer (uint8 bytes of LibTorch's own optimizer archive) and optimizer_type, state (counters), settings,
-// loader_state, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for mixed-precision runs,
-// so files written before it existed still load.
+// optimizer (uint8 bytes of LibTorch's own optimizer archive), optimizer_type and optimizer_choice, state
+// (counters), settings, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for
+// mixed-precision runs, so files written before it existed still load. The data loader keeps no state of its
+// own: its order follows the seed and the epoch, its position is iteration_in_epoch (an empty `loader_state`
+// in older files is ignored).
 
 #include <torch/torch.h>
 
@@ -33,7 +35,6 @@ struct CheckpointState {
   double best_fitness = 0.0;
   bool has_best_fitness = false;
   std::string settings_text;       // the run settings as YAML or JSON text
-  std::string loader_state;        // opaque text from the data loader (sampler order, position, ...)
   RngState rng;
   bool has_grad_scaler = false;    // mixed precision: the loss scale and its growth counter continue on resume
   GradScalerState grad_scaler;

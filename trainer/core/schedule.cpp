@@ -97,17 +97,38 @@ BatchPlan TrainSchedule::change_batch(torch::optim::Optimizer& optimizer, int64_
   return plan;
 }
 
-double recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
-                             double max_norm) {
-  std::vector<torch::Tensor> with_grad;
-  for (const auto& p : model.parameters()) {
-    if (p.grad().defined()) with_grad.push_back(p);
+namespace {
+
+// The 2-norm clipping of torch::nn::utils::clip_grad_norm_ (same maths, so the same bits), without its host
+// read of the norm: the scaler's found-inf read stays the only sync of a step.
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
   }
-  const double norm = with_grad.empty() ? 0.0 : torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
-  optimizer.step();
+  if (norms.empty()) return;
+  const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+  const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), torch::nullopt, 1.0);
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+}  // namespace
+
+bool recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
+                           double max_norm, GradScaler* scaler) {
+  const std::vector<torch::Tensor> params = model.parameters();
+  // The reference's order: unscale, clip the true gradients, step unless inf/NaN, update the scale.
+  if (scaler != nullptr) scaler->unscale(params);
+  clip_grad_norm_on_device(params, max_norm);
+  const bool taken = scaler == nullptr || scaler->should_step();
+  if (taken) optimizer.step();
+  if (scaler != nullptr) scaler->update();
   optimizer.zero_grad();
-  if (ema != nullptr) ema->update(model);
-  return norm;
+  if (taken && ema != nullptr) ema->update(model);
+  return taken;
 }
 
 void TrainSchedule::restore(const ScheduleState& state) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trainer/core/ema.h"
+#include "trainer/core/grad_scaler.h"
 #include "trainer/core/optimizer.h"
 
 namespace yolo8 {
@@ -68,10 +69,13 @@ class TrainSchedule {
   ScheduleState state_;
 };
 
-// The reference's optimizer step: clip the total gradient norm to `max_norm`, step, zero the gradients and update
-// the EMA (when given). Returns the gradient norm before clipping. The caller then calls schedule.record_step(ni).
-double recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
-                             double max_norm = 10.0);
+// The reference's optimizer step, one path with or without mixed precision: unscale the gradients (`scaler`
+// given and enabled), clip their total 2-norm to `max_norm` on the device (torch::nn::utils::clip_grad_norm_'s
+// maths, so the same bits, without its host read of the norm), step unless the scaler found inf/NaN, update the
+// scale, zero the gradients and update the EMA (when given) after a step. Returns whether the optimizer stepped.
+// The caller then calls schedule.record_step(ni).
+bool recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
+                           double max_norm = 10.0, GradScaler* scaler = nullptr);
 
 // numpy.interp with two support points, same arithmetic (exact end points).
 double interp2(double x, double x0, double x1, double y0, double y1);

@@ -31,24 +31,12 @@ namespace {
 
 GradScalerConfig scaler_config(const TrainCoreConfig& config) {
   GradScalerConfig scaler = config.grad_scaler;
-  scaler.enabled = (config.amp && config.device.is_cuda()) || config.force_grad_scaler;
+  switch (config.loss_scaling) {
+    case LossScaling::kAuto: scaler.enabled = config.amp && config.device.is_cuda(); break;
+    case LossScaling::kOn: scaler.enabled = true; break;
+    case LossScaling::kOff: scaler.enabled = false; break;
+  }
   return scaler;
-}
-
-// The 2-norm clipping of torch::nn::utils::clip_grad_norm_ (same maths, so the same bits), without its host
-// read of the norm: the scaler's found-inf read stays the only sync of a step.
-void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
-  std::vector<torch::Tensor> norms;
-  for (const auto& p : params) {
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
-  }
-  if (norms.empty()) return;
-  const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
-  const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), torch::nullopt, 1.0);
-  torch::NoGradGuard no_grad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().mul_(coef);
-  }
 }
 
 }  // namespace
@@ -77,7 +65,10 @@ TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const
   model_->train();
   ema_ = std::make_unique<ModelEma>(ema_model_.ptr(), *model_);
 
-  built_ = build_optimizer(*model_, config_.optim, config_.shape);
+  built_ = config_.optimizer_choice
+               ? build_optimizer_with(*model_, *config_.optimizer_choice,
+                                      plan_batch(config_.optim, config_.shape.batch))
+               : build_optimizer(*model_, config_.optim, config_.shape);
   schedule_ = std::make_unique<TrainSchedule>(config_.optim, built_.choice, config_.shape.batch,
                                               config_.shape.epochs, config_.batches_per_epoch, config_.start_epoch);
   LossConfig loss_config;
@@ -139,19 +130,26 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
 
 bool TrainingCore::optimizer_step() {
   if (config_.before_optimizer_step) config_.before_optimizer_step(trainable_);
-  if (!scaler_.enabled()) {
-    recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm);
-    return true;
+  return recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm, &scaler_);
+}
+
+StepOutcome TrainingCore::guarded_step(int64_t epoch, int64_t ni, const torch::Tensor& images,
+                                       const torch::Tensor& labels, OomGuard& guard) {
+  std::vector<torch::Tensor> saved_grads;
+  for (auto& parameter : model_->parameters()) {
+    saved_grads.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
   }
-  // The reference's order: unscale, clip the true gradients, step unless inf/NaN, update the scale.
-  scaler_.unscale(trainable_);
-  clip_grad_norm_on_device(model_->parameters(), config_.clip_norm);
-  const bool taken = scaler_.should_step();
-  if (taken) built_.optimizer->step();
-  scaler_.update();
-  built_.optimizer->zero_grad();
-  if (taken) ema_->update(*model_);
-  return taken;
+  const auto restore_grads = [&] {
+    size_t k = 0;
+    for (auto& parameter : model_->parameters()) {
+      const torch::Tensor& saved = saved_grads[k++];
+      parameter.mutable_grad() = saved.defined() ? saved.clone() : torch::Tensor();
+    }
+  };
+  StepOutcome outcome;
+  guard.run(images.size(0), [&](int64_t passes) { outcome = step(epoch, ni, images, labels, passes); },
+            restore_grads);
+  return outcome;
 }
 
 void TrainingCore::end_epoch() { schedule_->end_epoch(*built_.optimizer); }

@@ -7,10 +7,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/yolo.h"
+#include "trainer/core/auto_batch.h"
 #include "trainer/core/ema.h"
 #include "trainer/core/grad_scaler.h"
 #include "trainer/detect/loss.h"
@@ -19,8 +21,14 @@
 
 namespace yolo8 {
 
+// Whether the loss is scaled (GradScaler): kAuto exactly when the forward runs under autocast (amp on CUDA);
+// kOn on any device (a float32 run then takes the mixed-precision step, inf/NaN skips included); kOff never.
+enum class LossScaling { kAuto, kOn, kOff };
+
 struct TrainCoreConfig {
   OptimSettings optim;
+  // A resumed run's resolved optimizer (build_optimizer_with); unset: resolve optim.optimizer for `shape`.
+  std::optional<OptimizerChoice> optimizer_choice;
   RunShape shape;                 // dataset size, batch, epochs, nc (for optimizer=auto)
   int64_t batches_per_epoch = 1;
   int64_t start_epoch = 0;
@@ -29,11 +37,10 @@ struct TrainCoreConfig {
   bool channels_last = true;
   std::vector<int64_t> freeze_layers;  // indices of model.N whose parameters stay fixed
   torch::Device device = torch::kCPU;
-  // Mixed precision: forward under autocast and a gradient scaler. Only on CUDA; ignored on other devices.
+  // Mixed precision: forward under autocast. Only on CUDA; ignored on other devices.
   bool amp = false;
-  // Test hook: the gradient scaler without autocast, on any device (the scaler's maths on CPU).
-  bool force_grad_scaler = false;
-  GradScalerConfig grad_scaler;  // `enabled` is derived from amp / force_grad_scaler
+  LossScaling loss_scaling = LossScaling::kAuto;
+  GradScalerConfig grad_scaler;  // `enabled` follows loss_scaling
   // Called with the trainable parameters once per accumulation window, before unscaling and clipping:
   // data-parallel runs sum their (still scaled) gradients here, so an inf on any rank reaches every rank and
   // all of them skip the same step.
@@ -56,6 +63,10 @@ class TrainingCore {
   // the out-of-memory fallback, which keeps the batch (and so the recipe) while halving the memory.
   StepOutcome step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels,
                    int64_t chunks = 1);
+  // step() under the trainer's out-of-memory fallback: on out of memory the window's gradients are put back and
+  // the batch runs in the guard's larger number of passes (kept for later calls).
+  StepOutcome guarded_step(int64_t epoch, int64_t ni, const torch::Tensor& images, const torch::Tensor& labels,
+                           OomGuard& guard);
   // Once per finished epoch: the LR scheduler step.
   void end_epoch();
 

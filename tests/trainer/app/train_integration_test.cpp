@@ -5,7 +5,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +12,7 @@
 #include "trainer/core/checkpoint.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
+#include "trainer/app/train_run.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 
@@ -55,6 +55,13 @@ class TrainIntegration : public ::testing::Test {
 };
 fs::path TrainIntegration::root_;
 
+// A run stopped as SIGTERM would stop it once `iteration` global iterations are done.
+int run_train_stopping_at(const Settings& settings, int64_t iteration) {
+  TrainingRunOptions options;
+  options.stop_at_iteration = iteration;
+  return TrainingRun(settings, options).run();
+}
+
 TEST_F(TrainIntegration, WritesTheRunFolder) {
   reset_stop_state();
   ASSERT_EQ(run_train(settings("outputs", 1)), kExitCompleted);
@@ -69,6 +76,11 @@ TEST_F(TrainIntegration, WritesTheRunFolder) {
   EXPECT_NE(header.find("metrics/mAP50-95(B)"), std::string::npos);
   EXPECT_EQ(std::stoi(row.substr(0, row.find(','))), 1);
   EXPECT_TRUE(is_training_checkpoint((run / "weights" / "last.pt").string()));
+  // `auto` resolved (16 images, batch 4, 1 epoch: AdamW) is stored for a resume to reuse.
+  const CheckpointState state = load_checkpoint((run / "weights" / "last.pt").string());
+  EXPECT_EQ(state.optimizer_choice.name, "AdamW");
+  EXPECT_GT(state.optimizer_choice.lr, 0.0);
+  EXPECT_GT(state.optimizer_choice.momentum, 0.0);
 }
 
 // Stops inside epoch 2 in the middle of a gradient accumulation, then at an epoch boundary; both resumes
@@ -78,13 +90,10 @@ TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
   ASSERT_EQ(run_train(settings("straight", 2)), kExitCompleted);
   const auto reference = weights_of(root_ / "runs" / "train" / "straight" / "weights" / "last.pt");
 
-  for (const char* stop_at : {"6", "4"}) {
-    const std::string name = std::string("interrupted") + stop_at;
+  for (const int64_t stop_at : {6, 4}) {
+    const std::string name = "interrupted" + std::to_string(stop_at);
     reset_stop_state();
-    setenv("YOLO8_TEST_STOP_AT_ITERATION", stop_at, 1);
-    const int first = run_train(settings(name, 2));
-    unsetenv("YOLO8_TEST_STOP_AT_ITERATION");
-    ASSERT_EQ(first, kExitPreempted) << "stop at " << stop_at;
+    ASSERT_EQ(run_train_stopping_at(settings(name, 2), stop_at), kExitPreempted) << "stop at " << stop_at;
     const fs::path last = root_ / "runs" / "train" / name / "weights" / "last.pt";
     ASSERT_TRUE(checkpoint_readable(last.string()));
     reset_stop_state();
@@ -102,10 +111,7 @@ TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
 // Resuming with another batch keeps the nominal batch: accumulation follows the new batch and the run ends.
 TEST_F(TrainIntegration, ResumeWithAnotherBatchContinues) {
   reset_stop_state();
-  setenv("YOLO8_TEST_STOP_AT_ITERATION", "3", 1);
-  const int first = run_train(settings("rebatch", 2));
-  unsetenv("YOLO8_TEST_STOP_AT_ITERATION");
-  ASSERT_EQ(first, kExitPreempted);
+  ASSERT_EQ(run_train_stopping_at(settings("rebatch", 2), 3), kExitPreempted);
   const fs::path last = root_ / "runs" / "train" / "rebatch" / "weights" / "last.pt";
   EXPECT_EQ(load_checkpoint(last.string()).batch, 4);
   reset_stop_state();
@@ -117,6 +123,36 @@ TEST_F(TrainIntegration, ResumeWithAnotherBatchContinues) {
   EXPECT_EQ(state.batch, 8);
   EXPECT_EQ(state.epoch, 2);
   EXPECT_EQ(state.global_iteration, 2 * 2);  // two epochs of 16 images in batches of 8
+}
+
+// `auto` is resolved once: with nbs=1, 16 images and 1000 epochs it picks SGD at batch 1 (16000 iterations) but
+// would pick AdamW at batch 2 (8000). The resume at batch 2 must keep SGD, not fail on a mismatched optimizer.
+// 1000 epochs do not fit in a test: the run's time limit (restored on resume, long enough for the first run's
+// set-up on a loaded machine) ends the resumed run as completed.
+TEST_F(TrainIntegration, ResumeWithAnotherBatchKeepsTheAutoOptimizer) {
+  Settings first_settings = settings("auto_optimizer", 1000);
+  first_settings.batch = 1;
+  first_settings.nbs = 1;
+  first_settings.val = false;
+  first_settings.plots = false;
+  first_settings.time = 45.0 / 3600.0;
+  reset_stop_state();
+  ASSERT_EQ(run_train_stopping_at(first_settings, 2), kExitPreempted);
+  const fs::path last = root_ / "runs" / "train" / "auto_optimizer" / "weights" / "last.pt";
+  const CheckpointState stopped = load_checkpoint(last.string());
+  ASSERT_EQ(stopped.optimizer_choice.name, "SGD");
+  ASSERT_EQ(stopped.global_iteration, 2);
+
+  reset_stop_state();
+  Settings resume = settings("auto_optimizer", 1000);
+  resume.resume = "auto";
+  resume.batch = 2;
+  ASSERT_EQ(run_train(resume), kExitCompleted);
+  const CheckpointState resumed = load_checkpoint(last.string());
+  EXPECT_EQ(resumed.optimizer_choice.name, "SGD");
+  EXPECT_EQ(resumed.optimizer_choice.lr, stopped.optimizer_choice.lr);
+  EXPECT_EQ(resumed.batch, 2);
+  EXPECT_GE(resumed.global_iteration, 1);  // trained at batch 2 (the epoch restarts after a batch change)
 }
 
 TEST_F(TrainIntegration, MissingDataIsAnInputError) {

@@ -8,6 +8,7 @@
 
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/memory_meter.h"
+#include "trainer/core/optimizer.h"
 #include "tests/trainer/memory_test_net.h"
 
 namespace yolo8 {
@@ -27,7 +28,7 @@ void expect_meaningful_choice(const AutoBatchResult& r, double budget) {
   EXPECT_GE(static_cast<double>(r.measured_peak_bytes), 0.8 * budget)
       << "batch " << r.batch << " uses " << r.measured_peak_bytes << " of " << budget;
   EXPECT_GE(r.batch, 8);
-  EXPECT_EQ(r.accumulate, accumulate_for(r.batch, 64));
+  EXPECT_EQ(r.accumulate, plan_batch(OptimSettings{}, r.batch).accumulate);
   EXPECT_GT(r.fit.train.per_image_bytes, 0.0);
   EXPECT_NEAR(r.predicted_peak_bytes, static_cast<double>(r.measured_peak_bytes),
               0.1 * static_cast<double>(r.measured_peak_bytes));
@@ -133,54 +134,43 @@ TEST_F(AutoBatchTest, NothingFitsThrowsOutOfMemory) {
   EXPECT_THROW(choose_batch(broken, -1.0), std::invalid_argument);
 }
 
-TEST_F(AutoBatchTest, InjectedOomHalvesAndSucceeds) {
-  std::vector<std::pair<int, int>> halvings;
-  std::vector<int> tried;
-  const OomFallbackResult r = run_with_oom_fallback(
-      32,
-      [&](int b) {
-        tried.push_back(b);
-        if (b > 8) {
-          throw OutOfMemory("injected at batch " + std::to_string(b));
-        }
-      },
-      [&](int from, int to, const std::string& error) {
-        halvings.emplace_back(from, to);
-        EXPECT_NE(error.find("out of memory"), std::string::npos);
-      });
-  EXPECT_EQ(r.batch, 8);
-  EXPECT_EQ(r.halvings, 2);
-  EXPECT_EQ(tried, (std::vector<int>{32, 16, 8}));
-  EXPECT_EQ(halvings, (std::vector<std::pair<int, int>>{{32, 16}, {16, 8}}));
+// The trainer's fallback (TrainingCore::guarded_step runs it; train_step_test runs that under a memory cap):
+// the batch stays, the passes double.
+TEST_F(AutoBatchTest, InjectedOomSplitsIntoMorePassesAndSucceeds) {
+  std::vector<std::pair<int64_t, int64_t>> splits;
+  std::vector<int64_t> tried;
+  int undone = 0;
+  OomGuard guard(c10::Device(c10::kCPU), [&](int64_t from, int64_t to, const std::string& error) {
+    splits.emplace_back(from, to);
+    EXPECT_NE(error.find("out of memory"), std::string::npos);
+  });
+  const auto step = [&](int64_t passes) {
+    tried.push_back(passes);
+    if (32 / passes > 8) throw OutOfMemory("injected at " + std::to_string(32 / passes) + " images per pass");
+  };
+  guard.run(32, step, [&] { ++undone; });
+  EXPECT_EQ(guard.passes(), 4);
+  EXPECT_EQ(guard.splits(), 2);
+  EXPECT_EQ(undone, 2);
+  EXPECT_EQ(tried, (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(splits, (std::vector<std::pair<int64_t, int64_t>>{{32, 16}, {16, 8}}));
+  // The split is kept for later steps.
+  tried.clear();
+  guard.run(32, step);
+  EXPECT_EQ(tried, (std::vector<int64_t>{4}));
 }
 
-TEST_F(AutoBatchTest, RealOomUnderCapHalvesAndTrains) {
-  TinyTrainer trainer(64);
-  trainer.train_step(1);
-  const int64_t peak8 = trainer.train_step(8);
-  set_cpu_memory_cap(peak8 + peak8 / 20);
-  OomGuard guard(32, c10::Device(c10::kCPU), [](int, int, const std::string&) {});
-  guard.run([&](int b) { trainer.train_step(b); });
-  EXPECT_LE(guard.batch(), 8);
-  EXPECT_GE(guard.halvings(), 2);
-  // The guard keeps the reduced batch for later steps.
-  int seen = 0;
-  guard.run([&](int b) { seen = b; trainer.train_step(b); });
-  EXPECT_EQ(seen, guard.batch());
-  set_cpu_memory_cap(0);
-}
-
-TEST_F(AutoBatchTest, GuardRethrowsAtBatchOneAndPassesOtherErrors) {
+TEST_F(AutoBatchTest, GuardRethrowsAtOneImagePerPassAndPassesOtherErrors) {
   int calls = 0;
-  EXPECT_THROW(run_with_oom_fallback(4, [&](int) { ++calls; throw OutOfMemory("always"); },
-                                     [](int, int, const std::string&) {}),
-               OutOfMemory);
-  EXPECT_EQ(calls, 3);  // 4, 2, 1
+  OomGuard guard(c10::Device(c10::kCPU), [](int64_t, int64_t, const std::string&) {});
+  EXPECT_THROW(guard.run(4, [&](int64_t) { ++calls; throw OutOfMemory("always"); }), OutOfMemory);
+  EXPECT_EQ(calls, 3);  // 4, 2, 1 images per pass
   calls = 0;
-  EXPECT_THROW(run_with_oom_fallback(4, [&](int) { ++calls; throw std::runtime_error("bad label"); }),
-               std::runtime_error);
+  OomGuard other;
+  EXPECT_THROW(other.run(4, [&](int64_t) { ++calls; throw std::runtime_error("bad label"); }), std::runtime_error);
   EXPECT_EQ(calls, 1);
-  EXPECT_THROW(OomGuard(0), std::invalid_argument);
+  EXPECT_EQ(other.passes(), 1);
+  EXPECT_THROW(other.run(0, [](int64_t) {}), std::invalid_argument);
 }
 
 TEST(BatchSpecTest, ParsesAllForms) {
@@ -201,13 +191,18 @@ TEST(BatchSpecTest, ParsesAllForms) {
   }
 }
 
-TEST(BatchSpecTest, AccumulateKeepsNominalBatch) {
-  EXPECT_EQ(accumulate_for(16), 4);
-  EXPECT_EQ(accumulate_for(24), 3);  // 2.67 rounds to 3
-  EXPECT_EQ(accumulate_for(64), 1);
-  EXPECT_EQ(accumulate_for(200), 1);
-  EXPECT_EQ(accumulate_for(1), 64);
-  EXPECT_THROW(accumulate_for(0), std::invalid_argument);
+// The summary's accumulation is the trainer's (plan_batch rounds half to even: nbs 10 at batch 4 is 2, not 3).
+TEST(BatchSpecTest, AccumulateIsTheTrainersPlan) {
+  AutoBatchOptions options;
+  options.nominal_batch = 10;
+  options.profile_batches = {1, 2};
+  options.max_batch = 4;
+  const AutoBatchResult r = choose_batch([](int b) { return static_cast<int64_t>(100 + 10 * b); }, 1e6, options);
+  ASSERT_EQ(r.batch, 4);
+  OptimSettings settings;
+  settings.nbs = 10;
+  EXPECT_EQ(r.accumulate, plan_batch(settings, 4).accumulate);
+  EXPECT_EQ(r.accumulate, 2);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "tests/trainer/tiny_net.h"
 #include "trainer/core/optimizer.h"
@@ -123,6 +125,69 @@ TEST(Schedule, ResumeWithAnotherBatchDuringWarmup) {
   sched.begin_iteration(*built.optimizer, 1, 40);
   EXPECT_EQ(sched.accumulate(), 1);  // round(1.4)
   EXPECT_NEAR(group_momentum(*built.optimizer, 1), 0.8 + 0.4 * 0.137, 1e-12);
+}
+
+// One optimizer step for both precisions: without a scaler it is the reference's clip_grad_norm_ + step, bit for
+// bit; with one it unscales first and skips a step whose gradients hold inf.
+std::vector<torch::Tensor> weights_of(test::TinyNet& net) {
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : net->parameters()) weights.push_back(p.detach().clone());
+  return weights;
+}
+
+TEST(RecipeOptimizerStep, ClipsBitwiseLikeClipGradNorm) {
+  torch::manual_seed(3);
+  test::TinyNet reference;
+  test::TinyNet net(std::dynamic_pointer_cast<test::TinyNetImpl>(reference->clone()));
+  OptimSettings settings;
+  settings.optimizer = "SGD";
+  const RunShape shape{64, 16, 10, 2};
+  BuiltOptimizer ref_opt = build_optimizer(*reference, settings, shape);
+  BuiltOptimizer opt = build_optimizer(*net, settings, shape);
+  for (int64_t seed = 0; seed < 3; ++seed) {
+    test::tiny_backward(reference, seed);
+    test::tiny_backward(net, seed);
+    torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.05);  // small: the clip acts
+    ref_opt.optimizer->step();
+    ref_opt.optimizer->zero_grad();
+    EXPECT_TRUE(recipe_optimizer_step(*opt.optimizer, *net, nullptr, 0.05));
+  }
+  const auto a = weights_of(reference);
+  const auto b = weights_of(net);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+TEST(RecipeOptimizerStep, ScaledStepUnscalesAndSkipsInf) {
+  torch::manual_seed(3);
+  test::TinyNet plain;
+  test::TinyNet scaled(std::dynamic_pointer_cast<test::TinyNetImpl>(plain->clone()));
+  OptimSettings settings;
+  settings.optimizer = "SGD";
+  const RunShape shape{64, 16, 10, 2};
+  BuiltOptimizer plain_opt = build_optimizer(*plain, settings, shape);
+  BuiltOptimizer scaled_opt = build_optimizer(*scaled, settings, shape);
+  ModelEma ema = ModelEma::clone_of(scaled.ptr());
+  GradScaler scaler;
+  test::tiny_backward(plain, 1);
+  EXPECT_TRUE(recipe_optimizer_step(*plain_opt.optimizer, *plain, nullptr));
+  auto gen = at::detail::createCPUGenerator(1);
+  scaler.scale(scaled->forward(at::randn({2, 3, 6, 6}, gen)).square().sum()).backward();
+  EXPECT_TRUE(recipe_optimizer_step(*scaled_opt.optimizer, *scaled, &ema, 10.0, &scaler));
+  EXPECT_EQ(ema.updates(), 1);
+  const auto a = weights_of(plain);
+  const auto b = weights_of(scaled);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << "parameter " << i;
+
+  test::tiny_backward(scaled, 2);
+  scaled->parameters()[0].grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(recipe_optimizer_step(*scaled_opt.optimizer, *scaled, &ema, 10.0, &scaler));
+  EXPECT_EQ(ema.updates(), 1);
+  EXPECT_EQ(scaler.current_scale(), 65536.0 / 2);
+  const auto c = weights_of(scaled);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(torch::equal(b[i], c[i])) << "parameter " << i;
+  for (const auto& p : scaled->parameters()) {
+    EXPECT_FALSE(p.grad().defined() && p.grad().abs().sum().item<double>() != 0) << "gradients are zeroed";
+  }
 }
 
 }  // namespace

@@ -13,12 +13,12 @@
 namespace yolo8 {
 namespace {
 
-TrainingCore make_core(int64_t batch, bool force_grad_scaler = false, bool amp = false,
+TrainingCore make_core(int64_t batch, bool scale_loss = false, bool amp = false,
                        const torch::Device& device = torch::kCPU) {
   const ModelConfig config = load_model_config("yolov8n.yaml", 3);
   TrainCoreConfig core_config;
   core_config.device = device;
-  core_config.force_grad_scaler = force_grad_scaler;
+  if (scale_loss) core_config.loss_scaling = LossScaling::kOn;
   core_config.amp = amp;
   core_config.shape = RunShape{64, batch, 10, 3};
   core_config.batches_per_epoch = 8;
@@ -75,12 +75,11 @@ TEST(TrainStep, ChunkedStepFitsWhereTheFullBatchDoesNot) {
   set_cpu_memory_cap(0);
 }
 
-
 // A power-of-two loss scale commutes with every rounding step, so the scaler (without autocast) trains the
 // same weights as the plain path.
 TEST(TrainStepAmp, ForcedScalerGivesTheSameWeights) {
   TrainingCore plain = make_core(4);
-  TrainingCore scaled = make_core(4, /*force_grad_scaler=*/true);
+  TrainingCore scaled = make_core(4, /*scale_loss=*/true);
   ASSERT_FALSE(plain.grad_scaler().enabled());
   ASSERT_TRUE(scaled.grad_scaler().enabled());
   EXPECT_FALSE(scaled.autocast());
@@ -111,7 +110,7 @@ TEST(TrainStepAmp, ForcedScalerGivesTheSameWeights) {
 }
 
 TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
-  TrainingCore core = make_core(4, /*force_grad_scaler=*/true);
+  TrainingCore core = make_core(4, /*scale_loss=*/true);
   const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 1);
   core.step(0, 0, batch.images, batch.labels);  // optimizer state exists, EMA has one update
   std::vector<torch::Tensor> weights, ema_weights;
@@ -146,7 +145,7 @@ TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
 TrainingCore make_scaled_core() {
   const ModelConfig config = load_model_config("yolov8n.yaml", 3);
   TrainCoreConfig core_config;
-  core_config.force_grad_scaler = true;
+  core_config.loss_scaling = LossScaling::kOn;
   core_config.grad_scaler.growth_interval = 1;
   core_config.shape = RunShape{64, 2, 10, 3};
   core_config.batches_per_epoch = 32;
@@ -211,7 +210,7 @@ TEST(TrainStepAmp, ScaledRunResumesMidAccumulationBitwise) {
 // amp asks for CUDA autocast; on CPU the step is today's float32 step with no scaler.
 TEST(TrainStepAmp, AmpOnCpuIsThePlainStep) {
   TrainingCore plain = make_core(4);
-  TrainingCore amp = make_core(4, /*force_grad_scaler=*/false, /*amp=*/true);
+  TrainingCore amp = make_core(4, /*scale_loss=*/false, /*amp=*/true);
   EXPECT_FALSE(amp.grad_scaler().enabled());
   EXPECT_FALSE(amp.autocast());
   const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 5);

@@ -1,0 +1,75 @@
+// How the trainer reads a split (app::load_split): the index with its report, and an input error naming the
+// split when no image is usable. (data::make_loader, an unused second entry point, was removed.)
+#include "trainer/app/mode_support.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "data/synth.h"
+
+namespace yolo8 {
+namespace {
+namespace fs = std::filesystem;
+
+// Captures std::cout for the lifetime of the object.
+class CoutCapture {
+ public:
+  CoutCapture() : previous_(std::cout.rdbuf(text_.rdbuf())) {}
+  ~CoutCapture() { std::cout.rdbuf(previous_); }
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::streambuf* previous_;
+};
+
+TEST(LoadSplit, ReadsTheSplitWithItsReport) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_load_split_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  data::synthesize_dataset((root / "ds").string(), 6, 10, 64, 1);
+  const data::DatasetSpec spec = data::load_data_yaml((root / "ds" / "data.yaml").string());
+  Settings settings;
+  settings.workers = 1;
+  std::string report;
+  std::shared_ptr<const data::DatasetIndex> index;
+  {
+    CoutCapture capture;
+    index = app::load_split(spec, "val", settings, /*verbose=*/true);
+    report = capture.text();
+  }
+  EXPECT_EQ(index->records.size(), 10u);
+  EXPECT_NE(report.find("val: 10 files, 10 images"), std::string::npos) << report;
+  {
+    CoutCapture capture;
+    app::load_split(spec, "train", settings, /*verbose=*/false);
+    EXPECT_EQ(capture.text(), "");
+  }
+  fs::remove_all(root);
+}
+
+TEST(LoadSplit, NoUsableImageIsAnInputErrorNamingTheSplit) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("yolo8_load_split_empty_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "images" / "train");
+  std::ofstream(dir / "images" / "train" / "a.jpg") << "garbage";
+  std::ofstream(dir / "data.yaml") << "train: images/train\nnames: [a]\n";
+  const data::DatasetSpec spec = data::load_data_yaml((dir / "data.yaml").string());
+  Settings settings;
+  settings.workers = 1;
+  try {
+    CoutCapture quiet;
+    app::load_split(spec, "train", settings, true);
+    FAIL() << "an empty split was accepted";
+  } catch (const DataError& error) {
+    EXPECT_NE(std::string(error.what()).find("split 'train'"), std::string::npos) << error.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace yolo8
