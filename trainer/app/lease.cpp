@@ -12,35 +12,37 @@
 namespace yolo8 {
 
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
-  if (settings.quota == "off") return;
-  if (settings.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
+  if (settings.lease.quota == "off") return;
+  if (settings.lease.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
   quota::ClientConfig config;
-  config.mode = settings.quota;
-  config.token = settings.quota_token;
+  config.mode = settings.lease.quota;
+  config.token = settings.lease.quota_token;
   if (config.token.empty()) {
     if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
   }
-  config.local_db = settings.quota_db;
+  config.local_db = settings.lease.quota_db;
   config.local_gpus = std::max(1, gpus);
-  config.user = settings.user;
+  config.user = settings.lease.user;
   client_ = std::make_unique<quota::QuotaClient>(config);
 
   quota::LeaseRequest request;
-  request.team = settings.team;
-  request.user = settings.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.user;
+  request.team = settings.lease.team;
+  request.user =
+      settings.lease.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.lease.user;
   request.job = job_name;
   request.model = std::filesystem::path(settings.model).stem().string();
-  request.imgsz = settings.imgsz;
+  request.imgsz = settings.loader.imgsz;
   request.batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
   request.gpus = std::max(1, gpus);
-  request.priority = quota::parse_priority(settings.priority);
-  request.preemptible = settings.preemptible;
-  request.justification = settings.justification;
+  request.priority = quota::parse_priority(settings.lease.priority);
+  request.preemptible = settings.lease.preemptible;
+  request.justification = settings.lease.justification;
   request.idempotency_key = job_name + "-" + std::to_string(getpid()) + "-" +
                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::cout << "Asking " << (settings.quota == "local" ? std::string("the local quota") : settings.quota)
+  std::cout << "Asking "
+            << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
             << " for a lease: team " << request.team << ", " << request.model << ", " << request.gpus << " GPU, priority "
-            << settings.priority << "\n";
+            << settings.lease.priority << "\n";
   const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
     // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
     if (stop_requested()) throw StoppedWhileWaiting();
