@@ -55,6 +55,7 @@ void validate(const AugmentConfig& c) {
 
 void validate(const LoaderConfig& c) {
   require(c.stride > 0, "stride", "must be > 0");
+  require(c.imgsz >= 32 && c.imgsz <= 8192, "imgsz", "must be between 32 and 8192, got " + std::to_string(c.imgsz));
   require(c.imgsz >= c.stride && c.imgsz % c.stride == 0, "imgsz",
           "must be a positive multiple of " + std::to_string(c.stride) + ", got " + std::to_string(c.imgsz));
   require(c.batch >= 1, "batch", "must be >= 1, got " + std::to_string(c.batch));

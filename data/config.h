@@ -1,5 +1,6 @@
 #pragma once
-// Knobs of the data pipeline: plain structs with Ultralytics' names and defaults.
+// Knobs of the data pipeline: plain structs with Ultralytics' names and defaults. No OpenCV and no LibTorch
+// (library yolo_data_config), so the settings can hold them on a machine built without OpenCV.
 #include <cstdint>
 #include <string>
 
@@ -27,6 +28,8 @@ struct AugmentConfig {
   int close_mosaic = 10;      // mosaic off for the last N epochs
 };
 
+// The fields the command line sets (imgsz, workers, cache, rect, single_cls, fraction, seed) live in yolo8's
+// Settings as one LoaderConfig; a loader copies it and fills in the rest.
 struct LoaderConfig {
   int imgsz = 640;
   int batch = 16;

@@ -54,8 +54,8 @@ TEST(DeployJobSettings, JobArgumentsResolveAsTrainSettings) {
       Settings settings;
       ASSERT_NO_THROW(settings = resolve_settings(pairs, "train"));
       EXPECT_EQ(settings.resume, "auto");
-      EXPECT_EQ(settings.quota, "http://quotad.yolo8-system.svc.cluster.local:8080");
-      EXPECT_EQ(settings.team, doc["metadata"]["namespace"].as<std::string>());
+      EXPECT_EQ(settings.lease.quota, "http://quotad.yolo8-system.svc.cluster.local:8080");
+      EXPECT_EQ(settings.lease.team, doc["metadata"]["namespace"].as<std::string>());
       EXPECT_EQ(settings.project, "/runs");
       EXPECT_FALSE(settings.name.empty());
     }

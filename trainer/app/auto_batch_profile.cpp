@@ -49,7 +49,7 @@ AutoBatchProfileRow profile_variant(const std::string& variant, const Settings& 
   row.verification_retries = chosen.steps_down;
   // What a real run does next: more steps at that batch (optimizer state now exists) and validation at 2x.
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
+  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
   int64_t peak = 0;
   double seconds = 0;
   for (int step = 0; step < kConfirmationSteps; ++step) {
@@ -125,9 +125,11 @@ std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings
   const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
   std::vector<AutoBatchProfileRow> rows;
   for (const auto& variant : variants) rows.push_back(profile_variant(variant, settings, device, budget));
-  std::cout << "batch=auto at imgsz " << settings.imgsz << " on " << device.str() << "\n"
+  std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"
             << format_auto_batch_profile(rows);
-  nlohmann::json json = {{"device", device.str()}, {"imgsz", settings.imgsz}, {"budget_gib", budget / kBytesPerGib},
+  nlohmann::json json = {{"device", device.str()},
+                         {"imgsz", settings.loader.imgsz},
+                         {"budget_gib", budget / kBytesPerGib},
                          {"rows", nlohmann::json::array()}};
   for (const auto& row : rows) json["rows"].push_back(to_json(row));
   std::ofstream(run_dir / "auto_batch.json") << json.dump(2) << "\n";

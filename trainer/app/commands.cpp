@@ -64,9 +64,9 @@ int run_mode(const CommandLine& command) {
     if (command.action == "synth") {
       const auto keys = take_keys(pairs, {"train", "val"});
       Settings settings = resolve_settings(pairs, "data");
-      const int imgsz = settings.imgsz;
+      const int imgsz = settings.loader.imgsz;
       return run_data_synth(settings.out, parse_count(keys, "train", 256), parse_count(keys, "val", 64), imgsz,
-                            settings.seed);
+                            settings.loader.seed);
     }
     if (command.action != "check") {
       throw SettingsError("`yolo8 data` needs an action: check (data=d.yaml) or synth (out=DIR train=N val=M)");
@@ -115,7 +115,7 @@ int run_mode(const CommandLine& command) {
   if (settings.mode == "info") {
     LoadedModel loaded = load_model_for_cli(settings.model);
     const std::string name = std::filesystem::path(settings.model).stem().string();
-    std::cout << format_model_info(model_info(loaded.model, settings.imgsz), name);
+    std::cout << format_model_info(model_info(loaded.model, settings.loader.imgsz), name);
     return kExitCompleted;
   }
   if (settings.mode == "export") {

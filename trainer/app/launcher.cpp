@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -57,23 +56,6 @@ int find_free_port() {
   }
   ::close(fd);
   return ntohs(address.sin_port);
-}
-
-std::vector<int> parse_device_ids(const std::string& device) {
-  std::vector<int> ids;
-  if (device.empty() || device == "cpu") return ids;
-  std::string item;
-  std::istringstream stream(device);
-  while (std::getline(stream, item, ',')) {
-    if (item.rfind("cuda:", 0) == 0) item = item.substr(5);
-    char* end = nullptr;
-    const long value = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 0) {
-      throw std::invalid_argument("device='" + device + "': '" + item + "' is not a GPU index");
-    }
-    ids.push_back(static_cast<int>(value));
-  }
-  return ids;
 }
 
 int launch_local_workers(const std::vector<int>& device_ids, const std::vector<std::string>& args,

@@ -20,17 +20,14 @@ struct LaunchOptions {
 
 // Starts one child per entry of `device_ids` running `args` (argv without argv[0]) with RANK=LOCAL_RANK=i,
 // WORLD_SIZE=n, MASTER_ADDR=127.0.0.1 and MASTER_PORT set; a child picks its device as
-// device_ids[LOCAL_RANK]. SIGTERM/SIGINT received meanwhile are forwarded to the children (each runs in its
-// own process group, so a terminal's Ctrl-C reaches them once). Waits for all and returns 0 when all
-// completed, 75 when any was preempted and none failed, else the first failing exit code (128+signal for
-// a child killed by a signal).
+// device_ids[LOCAL_RANK] (Settings::device_ids). SIGTERM/SIGINT received meanwhile are forwarded to the
+// children (each runs in its own process group, so a terminal's Ctrl-C reaches them once). Waits for all and
+// returns 0 when all completed, 75 when any was preempted and none failed, else the first failing exit code
+// (128+signal for a child killed by a signal).
 int launch_local_workers(const std::vector<int>& device_ids, const std::vector<std::string>& args,
                          const LaunchOptions& options = {});
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int find_free_port();
-
-// Parses "0,1" / "0" / "cpu" style device lists into CUDA indices ("cpu" and "" give none).
-std::vector<int> parse_device_ids(const std::string& device);
 
 }  // namespace yolo8

@@ -12,32 +12,34 @@
 namespace yolo8 {
 
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
-  if (settings.quota == "off") return;
-  if (settings.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
+  if (settings.lease.quota == "off") return;
+  if (settings.lease.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
   // The client's own reading of the setting (mode, $YOLO8_QUOTA_TOKEN); explicit settings win over it.
-  quota::ClientConfig config = quota::client_config_from_setting(settings.quota, std::max(1, gpus));
-  if (!settings.quota_token.empty()) config.token = settings.quota_token;
-  if (!settings.quota_db.empty()) config.local_db = settings.quota_db;
-  if (!settings.user.empty()) config.user = settings.user;
+  quota::ClientConfig config = quota::client_config_from_setting(settings.lease.quota, std::max(1, gpus));
+  if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
+  if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
+  if (!settings.lease.user.empty()) config.user = settings.lease.user;
   client_ = std::make_unique<quota::QuotaClient>(config);
 
   quota::LeaseRequest request;
   // The local quota's policy has one team, its user's: the service fills it in (the `team` setting is for quotad).
-  request.team = config.mode == "local" ? std::string() : settings.team;
-  request.user = settings.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.user;
+  request.team = config.mode == "local" ? std::string() : settings.lease.team;
+  request.user =
+      settings.lease.user.empty() ? (std::getenv("USER") ? std::getenv("USER") : "unknown") : settings.lease.user;
   request.job = job_name;
   request.model = std::filesystem::path(settings.model).stem().string();
-  request.imgsz = settings.imgsz;
+  request.imgsz = settings.loader.imgsz;
   request.batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
   request.gpus = std::max(1, gpus);
-  request.priority = quota::parse_priority(settings.priority);
-  request.preemptible = settings.preemptible;
-  request.justification = settings.justification;
+  request.priority = quota::parse_priority(settings.lease.priority);
+  request.preemptible = settings.lease.preemptible;
+  request.justification = settings.lease.justification;
   request.idempotency_key = job_name + "-" + std::to_string(getpid()) + "-" +
                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::cout << "Asking " << (settings.quota == "local" ? std::string("the local quota") : settings.quota)
+  std::cout << "Asking "
+            << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
             << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model
-            << ", " << request.gpus << " GPU, priority " << settings.priority << "\n";
+            << ", " << request.gpus << " GPU, priority " << settings.lease.priority << "\n";
   const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
     // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
     if (stop_requested()) throw StoppedWhileWaiting();

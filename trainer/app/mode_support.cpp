@@ -72,35 +72,14 @@ torch::Device pick_device(const Settings& settings) {
 }
 
 data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train) {
-  data::LoaderConfig config;
-  config.imgsz = settings.imgsz;
+  data::LoaderConfig config = settings.loader;
   config.batch = batch;
-  config.workers = settings.workers;
-  config.cache = data::parse_cache_mode(settings.cache);
-  config.rect = train ? settings.rect : true;
-  config.single_cls = settings.single_cls;
-  config.fraction = train ? settings.fraction : 1.0;
-  config.seed = static_cast<uint64_t>(settings.seed);
   config.stride = stride;
   config.shuffle = train;
-  return config;
-}
-
-data::AugmentConfig augment_config(const Settings& settings) {
-  data::AugmentConfig config;
-  config.hsv_h = settings.hsv_h;
-  config.hsv_s = settings.hsv_s;
-  config.hsv_v = settings.hsv_v;
-  config.degrees = settings.degrees;
-  config.translate = settings.translate;
-  config.scale = settings.scale;
-  config.shear = settings.shear;
-  config.perspective = settings.perspective;
-  config.flipud = settings.flipud;
-  config.fliplr = settings.fliplr;
-  config.mosaic = settings.mosaic;
-  config.mixup = settings.mixup;
-  config.close_mosaic = settings.close_mosaic;
+  if (!train) {
+    config.rect = true;  // validation: rectangular batches over every image
+    config.fraction = 1.0;
+  }
   return config;
 }
 
@@ -108,7 +87,7 @@ std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& sp
                                                      const Settings& settings, bool verbose) {
   data::CheckOptions options;
   options.nc = spec.nc;
-  options.workers = std::max(1, settings.workers);
+  options.workers = std::max(1, settings.loader.workers);
   auto index = std::make_shared<data::DatasetIndex>(
       as_input_error([&] { return data::build_split_index(spec, split, options); }));
   if (verbose) data::print_report(std::cout, split, *index, 10);

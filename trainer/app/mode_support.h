@@ -1,6 +1,6 @@
 #pragma once
 // Building blocks shared by the dataset-driven modes (train in train_run.cpp; val and predict in modes.cpp):
-// settings to loader / augmentation configs, dataset splits, devices, validation passes. Needs OpenCV (data/).
+// the loader config, dataset splits, devices, validation passes. Needs OpenCV (data/).
 
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
@@ -42,8 +42,9 @@ void try_plot(const std::string& what, Function&& function) {
 
 torch::Device pick_device(const Settings& settings);
 
+// The settings' loader config with this loader's batch and stride; validation loaders are rectangular and use
+// every image.
 data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train);
-data::AugmentConfig augment_config(const Settings& settings);
 // The split's index, with its report when `verbose`; throws DataError when no image is usable.
 std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& spec, const std::string& split,
                                                      const Settings& settings, bool verbose);

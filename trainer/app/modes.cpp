@@ -35,9 +35,9 @@ int run_val(const Settings& settings) {
   if (settings.data.empty()) throw SettingsError("setting 'data' is required for val");
   const torch::Device device = app::pick_device(settings);
   data::DatasetSpec spec = as_input_error([&] { return data::load_data_yaml(settings.data); });
-  std::vector<std::string> names = settings.single_cls ? std::vector<std::string>{"item"} : spec.names;
+  std::vector<std::string> names = settings.loader.single_cls ? std::vector<std::string>{"item"} : spec.names;
   LoadedModel loaded = load_any_model(settings.model, static_cast<int64_t>(names.size()));
-  if (!loaded.names.empty() && !settings.single_cls) names = loaded.names;
+  if (!loaded.names.empty() && !settings.loader.single_cls) names = loaded.names;
   DetectionModel model = loaded.model;
   model->to(device);
   model->eval();
@@ -45,13 +45,12 @@ int run_val(const Settings& settings) {
   const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
   const int stride = static_cast<int>(model->max_stride());
   const int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 32;
-  data::DataLoader loader(index, app::loader_config(settings, batch, stride, false), app::augment_config(settings),
-                          false);
+  data::DataLoader loader(index, app::loader_config(settings, batch, stride, false), settings.augment, false);
   ValConfig config;
   config.conf = settings.conf >= 0 ? settings.conf : 0.001;
   config.iou = settings.iou;
   config.max_det = settings.max_det;
-  config.single_cls = settings.single_cls;
+  config.single_cls = settings.loader.single_cls;
   config.save_json = settings.save_json;
   DetectionValidator validator(model->nc(), names, config);
   const auto start = Clock::now();
@@ -59,7 +58,7 @@ int run_val(const Settings& settings) {
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
-            << " ms per image at imgsz " << settings.imgsz << " (loading, inference, NMS)\n";
+            << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS)\n";
   if (settings.save_json) {
     const fs::path run_dir = make_run_dir(settings.project, "val", settings.name, settings.exist_ok);
     validator.write_json((run_dir / "predictions.json").string());
@@ -123,8 +122,8 @@ int run_predict(const Settings& settings) {
       continue;
     }
     // Minimal padding to the stride, as the reference's predictor does.
-    const double gain = std::min(static_cast<double>(settings.imgsz) / image.rows,
-                                 static_cast<double>(settings.imgsz) / image.cols);
+    const double gain = std::min(static_cast<double>(settings.loader.imgsz) / image.rows,
+                                 static_cast<double>(settings.loader.imgsz) / image.cols);
     const int new_h = static_cast<int>(std::lround(image.rows * gain));
     const int new_w = static_cast<int>(std::lround(image.cols * gain));
     const int out_h = (new_h + stride - 1) / stride * stride;
@@ -196,14 +195,14 @@ int run_predict(const Settings& settings) {
 
 int run_data_check(const Settings& settings) {
   if (settings.data.empty()) throw SettingsError("setting 'data' is required: yolo8 data check data=d.yaml");
-  const bool usable = data::check_dataset(settings.data, std::cout, std::max(1, settings.workers));
+  const bool usable = data::check_dataset(settings.data, std::cout, std::max(1, settings.loader.workers));
   return usable ? kExitCompleted : kExitBadInput;
 }
 
-int run_data_synth(const std::string& out, int train_images, int val_images, int imgsz, int seed) {
+int run_data_synth(const std::string& out, int train_images, int val_images, int imgsz, uint64_t seed) {
   if (out.empty()) throw SettingsError("setting 'out' is required: yolo8 data synth out=DIR train=N val=M");
   const data::SynthResult result =
-      data::synthesize_dataset(out, train_images, val_images, imgsz, static_cast<uint64_t>(seed));
+      data::synthesize_dataset(out, train_images, val_images, imgsz, seed);
   std::cout << "Wrote " << result.train_images << " training images (" << result.train_instances << " objects) and "
             << result.val_images << " validation images (" << result.val_instances << " objects): "
             << result.yaml_path << "\n";

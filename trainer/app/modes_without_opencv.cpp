@@ -19,6 +19,6 @@ int run_train(const Settings&) { return needs_opencv("train"); }
 int run_val(const Settings&) { return needs_opencv("val"); }
 int run_predict(const Settings&) { return needs_opencv("predict"); }
 int run_data_check(const Settings&) { return needs_opencv("data"); }
-int run_data_synth(const std::string&, int, int, int, int) { return needs_opencv("data"); }
+int run_data_synth(const std::string&, int, int, int, uint64_t) { return needs_opencv("data"); }
 
 }  // namespace yolo8

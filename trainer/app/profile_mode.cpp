@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib) {
   if (lease_gib > 0) return lease_gib * kBytesPerGib;
-  if (settings.gpu_mem > 0) return settings.gpu_mem * kBytesPerGib;
+  if (settings.lease.gpu_mem > 0) return settings.lease.gpu_mem * kBytesPerGib;
   return static_cast<double>(default_memory_budget_bytes(device));
 }
 
@@ -26,11 +26,11 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
                                double budget_bytes, int max_batch) {
   const BatchSpec spec = parse_batch_spec(settings.batch);
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
+  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
   AutoBatchOptions options;
   options.budget_fraction = spec.budget_fraction;
-  options.imgsz = settings.imgsz;
-  options.nominal_batch = settings.nbs;
+  options.imgsz = settings.loader.imgsz;
+  options.nominal_batch = settings.optim.nbs;
   options.max_batch = std::max(1, max_batch);
   options.device = device;
   options.log = [](const std::string& line) { std::cout << "  " << line << "\n"; };  // lines name auto-batch
@@ -62,14 +62,14 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   table.source = std::string("yolo8 profile on ") + (device.is_cuda() ? "CUDA" : "CPU (instrumented allocator)") +
-                 ", imgsz " + std::to_string(settings.imgsz) + ", " + date;
+                 ", imgsz " + std::to_string(settings.loader.imgsz) + ", " + date;
   std::string json = "[";
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::string& variant = variants[v];
     const ModelConfig config = load_model_config(variant, 80);
-    SyntheticStepRunner runner(config, settings.imgsz, 8, device, settings.channels_last, settings.amp);
+    SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
     const std::vector<StepProfile> rows =
-        profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.imgsz);
+        profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz);
     std::cout << format_profile_table(variant, rows) << std::flush;
     json += (v ? "," : "") + profile_json(variant, device.str(), rows);
     bool any_fit = false;

@@ -49,32 +49,50 @@ ResultsCsv::ResultsCsv(const fs::path& path) : path_(path) {
   out << "\n";
 }
 
-const std::vector<std::string>& ResultsCsv::columns() {
-  // The reference's names first, so existing notebooks and plots read the file; then yolo8's own.
-  static const std::vector<std::string> kColumns = {
-      "epoch",         "train/box_loss",       "train/cls_loss",        "train/dfl_loss",
-      "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)",
-      "val/box_loss",  "val/cls_loss",         "val/dfl_loss",          "lr/pg0",
-      "lr/pg1",        "lr/pg2",               "time",                  "gpu_mem_gib",
-      "gpu_hours",     "images_per_s"};
+namespace {
+
+// The number columns after `epoch`: the reference's names first, so existing notebooks and plots read the file.
+const std::vector<std::pair<const char*, double ResultsRow::*>>& number_columns() {
+  static const std::vector<std::pair<const char*, double ResultsRow::*>> kColumns = {
+      {"train/box_loss", &ResultsRow::train_box_loss},
+      {"train/cls_loss", &ResultsRow::train_cls_loss},
+      {"train/dfl_loss", &ResultsRow::train_dfl_loss},
+      {"metrics/precision(B)", &ResultsRow::precision},
+      {"metrics/recall(B)", &ResultsRow::recall},
+      {"metrics/mAP50(B)", &ResultsRow::map50},
+      {"metrics/mAP50-95(B)", &ResultsRow::map50_95},
+      {"val/box_loss", &ResultsRow::val_box_loss},
+      {"val/cls_loss", &ResultsRow::val_cls_loss},
+      {"val/dfl_loss", &ResultsRow::val_dfl_loss},
+      {"lr/pg0", &ResultsRow::lr_pg0},
+      {"lr/pg1", &ResultsRow::lr_pg1},
+      {"lr/pg2", &ResultsRow::lr_pg2},
+      {"time", &ResultsRow::time},
+      {"gpu_mem_gib", &ResultsRow::gpu_mem_gib},
+      {"gpu_hours", &ResultsRow::gpu_hours},
+      {"images_per_s", &ResultsRow::images_per_s},
+  };
   return kColumns;
 }
 
-void ResultsCsv::append(const std::vector<double>& values) {
-  if (values.size() != columns().size()) {
-    throw std::logic_error("results.csv row has " + std::to_string(values.size()) + " values, expected " +
-                           std::to_string(columns().size()));
-  }
+}  // namespace
+
+const std::vector<std::string>& ResultsCsv::columns() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names = {"epoch"};
+    for (const auto& column : number_columns()) names.emplace_back(column.first);
+    return names;
+  }();
+  return kNames;
+}
+
+void ResultsCsv::append(const ResultsRow& row) {
   std::ofstream out(path_, std::ios::app);
-  for (size_t i = 0; i < values.size(); ++i) {
-    out << (i ? "," : "");
-    if (i == 0) {
-      out << std::setw(5) << static_cast<long long>(values[i]);
-    } else {
-      std::ostringstream cell;
-      cell << std::setprecision(6) << values[i];
-      out << std::setw(25) << cell.str();
-    }
+  out << std::setw(5) << row.epoch;
+  for (const auto& column : number_columns()) {
+    std::ostringstream cell;
+    cell << std::setprecision(6) << row.*column.second;
+    out << "," << std::setw(25) << cell.str();
   }
   out << "\n";
 }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -12,106 +14,132 @@
 namespace yolo8 {
 namespace {
 
-using Member = std::variant<bool Settings::*, int Settings::*, double Settings::*, std::string Settings::*,
-                            std::vector<int> Settings::*>;
+// The table points into the nested component structs; an accessor per key (a member pointer cannot reach
+// into a member's members). The type of the field decides parsing and printing.
+template <typename T>
+using Accessor = T& (*)(Settings&);
+using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Accessor<uint64_t>, Accessor<double>,
+                            Accessor<std::string>, Accessor<std::vector<int>>, Accessor<data::CacheMode>>;
+#define YOLO8_FIELD(path) +[](Settings& s) -> auto& { return s.path; }
+
+// May change when a run resumes: where and how fast it runs, what it prints. Everything else (the recipe, the
+// data, the model) comes from the checkpoint.
+constexpr bool kResumable = true;
 
 struct Entry {
+  Entry(const char* name, Member member, const char* help, bool resumable = false)
+      : name(name), member(member), help(help), resumable(resumable) {}
   const char* name;
   Member member;
   const char* help;
+  bool resumable;
 };
 
-// The one table behind parsing, printing, args.yaml and the default.yaml test.
+// The one table behind parsing, printing, args.yaml, resuming and the default.yaml test.
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> kEntries = {
-      {"task", &Settings::task, "task; only detect is implemented"},
-      {"mode", &Settings::mode, "train, val, predict, export, info, profile, data"},
-      {"model", &Settings::model, "model YAML (yolov8n.yaml ... yolov8x.yaml or a path) or weights (.pt)"},
-      {"data", &Settings::data, "dataset YAML in Ultralytics format"},
-      {"epochs", &Settings::epochs, "number of epochs to train"},
-      {"time", &Settings::time, "hours to train; overrides epochs when > 0"},
-      {"patience", &Settings::patience, "epochs without fitness improvement before stopping early"},
-      {"batch", &Settings::batch, "images per batch; -1 or auto fits the memory budget; 0.7 uses 70% of it"},
-      {"imgsz", &Settings::imgsz, "training and validation image size in pixels"},
-      {"save", &Settings::save, "save checkpoints and predictions"},
-      {"save_period", &Settings::save_period, "save a checkpoint every N epochs; -1 disables"},
-      {"cache", &Settings::cache, "cache decoded images: false, ram or disk"},
-      {"device", &Settings::device, "cpu, a CUDA device 0, or several 0,1 (one process each); empty = auto"},
-      {"workers", &Settings::workers, "data loading threads (per process)"},
-      {"project", &Settings::project, "folder holding the run folders"},
-      {"name", &Settings::name, "run folder name; empty = the mode's name, incremented"},
-      {"exist_ok", &Settings::exist_ok, "reuse an existing run folder instead of incrementing"},
-      {"pretrained", &Settings::pretrained, "true, false, or a .pt whose matching tensors are transferred"},
-      {"optimizer", &Settings::optimizer, "SGD, Adam, AdamW or auto"},
-      {"verbose", &Settings::verbose, "print details"},
-      {"seed", &Settings::seed, "random seed"},
-      {"deterministic", &Settings::deterministic, "deterministic algorithms (bitwise-reproducible on CPU)"},
-      {"single_cls", &Settings::single_cls, "treat every class as one"},
-      {"rect", &Settings::rect, "rectangular training batches"},
-      {"cos_lr", &Settings::cos_lr, "cosine learning-rate schedule instead of linear"},
-      {"close_mosaic", &Settings::close_mosaic, "turn mosaic off for the last N epochs"},
-      {"resume", &Settings::resume, "false, true (latest run), auto (this name's run if resumable), or PATH/last.pt"},
-      {"amp", &Settings::amp, "automatic mixed precision on CUDA"},
-      {"fraction", &Settings::fraction, "fraction of the training set to use"},
-      {"profile", &Settings::profile, "profile speeds during training"},
-      {"freeze", &Settings::freeze, "freeze the first N layers, or a list of layer indices 0,3,5"},
-      {"val", &Settings::val, "validate after every epoch"},
-      {"split", &Settings::split, "dataset split for val mode: val, test or train"},
-      {"save_json", &Settings::save_json, "write COCO-format predictions JSON during validation"},
-      {"conf", &Settings::conf, "confidence threshold; -1 = 0.25 for predict, 0.001 for val"},
-      {"iou", &Settings::iou, "NMS IoU threshold"},
-      {"max_det", &Settings::max_det, "maximum detections per image"},
-      {"half", &Settings::half, "half precision inference on CUDA"},
-      {"plots", &Settings::plots, "write plots (curves, matrices, mosaics)"},
-      {"source", &Settings::source, "image or folder for predict"},
-      {"augment", &Settings::augment, "test-time augmentation for predict (not implemented: must be false)"},
-      {"agnostic_nms", &Settings::agnostic_nms, "class-agnostic NMS"},
-      {"classes", &Settings::classes, "keep only these class indices, e.g. 0,2"},
-      {"save_txt", &Settings::save_txt, "save predictions as YOLO txt"},
-      {"save_conf", &Settings::save_conf, "add confidences to saved txt"},
-      {"show_labels", &Settings::show_labels, "draw labels on predicted images"},
-      {"show_conf", &Settings::show_conf, "draw confidences on predicted images"},
-      {"line_width", &Settings::line_width, "box line width; 0 = scaled to the image"},
-      {"format", &Settings::format, "export format: state_dict"},
-      {"out", &Settings::out, "output path (export, data synth)"},
-      {"lr0", &Settings::lr0, "initial learning rate"},
-      {"lrf", &Settings::lrf, "final learning rate as a fraction of lr0"},
-      {"momentum", &Settings::momentum, "SGD momentum / Adam beta1"},
-      {"weight_decay", &Settings::weight_decay, "weight decay at the nominal batch"},
-      {"warmup_epochs", &Settings::warmup_epochs, "warm-up epochs (fractions allowed)"},
-      {"warmup_momentum", &Settings::warmup_momentum, "momentum at the start of warm-up"},
-      {"warmup_bias_lr", &Settings::warmup_bias_lr, "bias learning rate at the start of warm-up"},
-      {"box", &Settings::box, "box loss gain"},
-      {"cls", &Settings::cls, "class loss gain"},
-      {"dfl", &Settings::dfl, "distribution focal loss gain"},
-      {"label_smoothing", &Settings::label_smoothing, "label smoothing (fraction)"},
-      {"nbs", &Settings::nbs, "nominal batch size: gradients are accumulated up to it"},
-      {"hsv_h", &Settings::hsv_h, "hue augmentation (fraction)"},
-      {"hsv_s", &Settings::hsv_s, "saturation augmentation (fraction)"},
-      {"hsv_v", &Settings::hsv_v, "value augmentation (fraction)"},
-      {"degrees", &Settings::degrees, "rotation (+/- degrees)"},
-      {"translate", &Settings::translate, "translation (+/- fraction)"},
-      {"scale", &Settings::scale, "scale gain (+/-)"},
-      {"shear", &Settings::shear, "shear (+/- degrees)"},
-      {"perspective", &Settings::perspective, "perspective (+/- fraction, 0 to 0.001)"},
-      {"flipud", &Settings::flipud, "up-down flip probability"},
-      {"fliplr", &Settings::fliplr, "left-right flip probability"},
-      {"mosaic", &Settings::mosaic, "mosaic probability"},
-      {"mixup", &Settings::mixup, "mixup probability"},
-      {"quota", &Settings::quota, "GPU lease service: local (embedded, shared state file), off, or a quotad URL"},
-      {"quota_db", &Settings::quota_db, "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db"},
-      {"quota_token", &Settings::quota_token, "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN"},
-      {"team", &Settings::team, "team the lease is charged to"},
-      {"user", &Settings::user, "user the lease is charged to; empty = $USER"},
-      {"priority", &Settings::priority, "lease priority: low, normal, high or critical (audited emergency)"},
-      {"preemptible", &Settings::preemptible, "allow a higher-priority job to preempt this run"},
-      {"justification", &Settings::justification, "why a large model or critical priority is needed"},
-      {"gpu_mem", &Settings::gpu_mem, "memory budget in GiB per GPU when quota=off; 0 = the whole device"},
-      {"threads", &Settings::threads, "CPU threads for tensor math; 0 = all cores"},
-      {"channels_last", &Settings::channels_last, "channels-last memory format (faster convolutions)"},
-      {"cfg", &Settings::cfg, "YAML file of settings applied before the command line"},
+      {"task", YOLO8_FIELD(task), "task; only detect is implemented"},
+      {"mode", YOLO8_FIELD(mode), "train, val, predict, export, info, profile, data"},
+      {"model", YOLO8_FIELD(model), "model YAML (yolov8n.yaml ... yolov8x.yaml or a path) or weights (.pt)"},
+      {"data", YOLO8_FIELD(data), "dataset YAML in Ultralytics format"},
+      {"epochs", YOLO8_FIELD(epochs), "number of epochs to train"},
+      {"time", YOLO8_FIELD(time), "hours to train; overrides epochs when > 0"},
+      {"patience", YOLO8_FIELD(patience), "epochs without fitness improvement before stopping early"},
+      {"batch", YOLO8_FIELD(batch),
+       "images per batch; -1 or auto fits the memory budget; 0.7 uses 70% of it", kResumable},
+      {"imgsz", YOLO8_FIELD(loader.imgsz), "training and validation image size in pixels"},
+      {"save", YOLO8_FIELD(save), "save checkpoints and predictions"},
+      {"save_period", YOLO8_FIELD(save_period), "save a checkpoint every N epochs; -1 disables"},
+      {"cache", YOLO8_FIELD(loader.cache), "cache decoded images: false, ram or disk"},
+      {"device", YOLO8_FIELD(device),
+       "cpu, a CUDA device 0, or several 0,1 (one process each); empty = auto", kResumable},
+      {"workers", YOLO8_FIELD(loader.workers), "data loading threads (per process)", kResumable},
+      {"project", YOLO8_FIELD(project), "folder holding the run folders"},
+      {"name", YOLO8_FIELD(name), "run folder name; empty = the mode's name, incremented"},
+      {"exist_ok", YOLO8_FIELD(exist_ok), "reuse an existing run folder instead of incrementing"},
+      {"pretrained", YOLO8_FIELD(pretrained), "true, false, or a .pt whose matching tensors are transferred"},
+      {"optimizer", YOLO8_FIELD(optim.optimizer), "SGD, Adam, AdamW or auto"},
+      {"verbose", YOLO8_FIELD(verbose), "print details", kResumable},
+      {"seed", YOLO8_FIELD(loader.seed), "random seed"},
+      {"deterministic", YOLO8_FIELD(deterministic), "deterministic algorithms (bitwise-reproducible on CPU)"},
+      {"single_cls", YOLO8_FIELD(loader.single_cls), "treat every class as one"},
+      {"rect", YOLO8_FIELD(loader.rect), "rectangular training batches"},
+      {"cos_lr", YOLO8_FIELD(optim.cos_lr), "cosine learning-rate schedule instead of linear"},
+      {"close_mosaic", YOLO8_FIELD(augment.close_mosaic), "turn mosaic off for the last N epochs"},
+      {"resume", YOLO8_FIELD(resume), "false, true (latest run), auto (this name's run if resumable), or PATH/last.pt"},
+      {"amp", YOLO8_FIELD(amp), "automatic mixed precision on CUDA"},
+      {"fraction", YOLO8_FIELD(loader.fraction), "fraction of the training set to use"},
+      {"profile", YOLO8_FIELD(profile), "profile speeds during training (not implemented: must be false)"},
+      {"freeze", YOLO8_FIELD(freeze), "freeze the first N layers, or a list of layer indices 0,3,5"},
+      {"val", YOLO8_FIELD(val), "validate after every epoch"},
+      {"split", YOLO8_FIELD(split), "dataset split for val mode: val, test or train"},
+      {"save_json", YOLO8_FIELD(save_json), "write COCO-format predictions JSON during validation"},
+      {"conf", YOLO8_FIELD(conf), "confidence threshold; -1 = 0.25 for predict, 0.001 for val"},
+      {"iou", YOLO8_FIELD(iou), "NMS IoU threshold"},
+      {"max_det", YOLO8_FIELD(max_det), "maximum detections per image"},
+      {"half", YOLO8_FIELD(half), "half precision inference on CUDA"},
+      {"plots", YOLO8_FIELD(plots), "write plots (curves, matrices, mosaics)", kResumable},
+      {"source", YOLO8_FIELD(source), "image or folder for predict"},
+      {"augment", YOLO8_FIELD(augment_tta), "test-time augmentation for predict (not implemented: must be false)"},
+      {"agnostic_nms", YOLO8_FIELD(agnostic_nms), "class-agnostic NMS"},
+      {"classes", YOLO8_FIELD(classes), "keep only these class indices, e.g. 0,2"},
+      {"save_txt", YOLO8_FIELD(save_txt), "save predictions as YOLO txt"},
+      {"save_conf", YOLO8_FIELD(save_conf), "add confidences to saved txt"},
+      {"show_labels", YOLO8_FIELD(show_labels), "draw labels on predicted images"},
+      {"show_conf", YOLO8_FIELD(show_conf), "draw confidences on predicted images"},
+      {"line_width", YOLO8_FIELD(line_width), "box line width; 0 = scaled to the image"},
+      {"format", YOLO8_FIELD(format), "export format: state_dict"},
+      {"out", YOLO8_FIELD(out), "output path (export, data synth)"},
+      {"lr0", YOLO8_FIELD(optim.lr0), "initial learning rate"},
+      {"lrf", YOLO8_FIELD(optim.lrf), "final learning rate as a fraction of lr0"},
+      {"momentum", YOLO8_FIELD(optim.momentum), "SGD momentum / Adam beta1"},
+      {"weight_decay", YOLO8_FIELD(optim.weight_decay), "weight decay at the nominal batch"},
+      {"warmup_epochs", YOLO8_FIELD(optim.warmup_epochs), "warm-up epochs (fractions allowed)"},
+      {"warmup_momentum", YOLO8_FIELD(optim.warmup_momentum), "momentum at the start of warm-up"},
+      {"warmup_bias_lr", YOLO8_FIELD(optim.warmup_bias_lr), "bias learning rate at the start of warm-up"},
+      {"box", YOLO8_FIELD(loss.box), "box loss gain"},
+      {"cls", YOLO8_FIELD(loss.cls), "class loss gain"},
+      {"dfl", YOLO8_FIELD(loss.dfl), "distribution focal loss gain"},
+      {"label_smoothing", YOLO8_FIELD(label_smoothing), "label smoothing (fraction; not implemented: must be 0)"},
+      {"nbs", YOLO8_FIELD(optim.nbs), "nominal batch size: gradients are accumulated up to it"},
+      {"hsv_h", YOLO8_FIELD(augment.hsv_h), "hue augmentation (fraction)"},
+      {"hsv_s", YOLO8_FIELD(augment.hsv_s), "saturation augmentation (fraction)"},
+      {"hsv_v", YOLO8_FIELD(augment.hsv_v), "value augmentation (fraction)"},
+      {"degrees", YOLO8_FIELD(augment.degrees), "rotation (+/- degrees)"},
+      {"translate", YOLO8_FIELD(augment.translate), "translation (+/- fraction)"},
+      {"scale", YOLO8_FIELD(augment.scale), "scale gain (+/-)"},
+      {"shear", YOLO8_FIELD(augment.shear), "shear (+/- degrees)"},
+      {"perspective", YOLO8_FIELD(augment.perspective), "perspective (+/- fraction, 0 to 0.001)"},
+      {"flipud", YOLO8_FIELD(augment.flipud), "up-down flip probability"},
+      {"fliplr", YOLO8_FIELD(augment.fliplr), "left-right flip probability"},
+      {"mosaic", YOLO8_FIELD(augment.mosaic), "mosaic probability"},
+      {"mixup", YOLO8_FIELD(augment.mixup), "mixup probability"},
+      {"quota", YOLO8_FIELD(lease.quota),
+       "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable},
+      {"quota_db", YOLO8_FIELD(lease.quota_db),
+       "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db", kResumable},
+      {"quota_token", YOLO8_FIELD(lease.quota_token),
+       "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN", kResumable},
+      {"team", YOLO8_FIELD(lease.team), "team the lease is charged to"},
+      {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER"},
+      {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)"},
+      {"preemptible", YOLO8_FIELD(lease.preemptible), "allow a higher-priority job to preempt this run"},
+      {"justification", YOLO8_FIELD(lease.justification), "why a large model or critical priority is needed"},
+      {"gpu_mem", YOLO8_FIELD(lease.gpu_mem),
+       "memory budget in GiB per GPU when quota=off; 0 = the whole device", kResumable},
+      {"threads", YOLO8_FIELD(threads), "CPU threads for tensor math; 0 = all cores", kResumable},
+      {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)"},
+      {"cfg", YOLO8_FIELD(cfg), "YAML file of settings applied before the command line"},
   };
   return kEntries;
+}
+
+#undef YOLO8_FIELD
+
+// Reading goes through the same accessors; they do not modify.
+template <typename T>
+const T& read(const Settings& settings, Accessor<T> accessor) {
+  return accessor(const_cast<Settings&>(settings));
 }
 
 const Entry* find_entry(const std::string& key) {
@@ -156,6 +184,17 @@ int parse_int(const std::string& key, const std::string& value, const std::strin
     return static_cast<int>(parsed);
   } catch (const std::exception&) {
     bad_value(key, value, "an integer", origin);
+  }
+}
+
+uint64_t parse_uint64(const std::string& key, const std::string& value, const std::string& origin) {
+  try {
+    size_t used = 0;
+    const long long parsed = std::stoll(value, &used);
+    if (used != value.size() || parsed < 0) throw std::invalid_argument(value);
+    return static_cast<uint64_t>(parsed);
+  } catch (const std::exception&) {
+    bad_value(key, value, "a non-negative integer", origin);
   }
 }
 
@@ -224,6 +263,23 @@ void check(bool condition, const std::string& key, const std::string& message) {
   if (!condition) throw SettingsError("setting '" + key + "' " + message);
 }
 
+// The component structs validate themselves with std::invalid_argument("KEY: what"); KEY is the user's key.
+template <typename Function>
+void check_component(Function&& function) {
+  try {
+    function();
+  } catch (const std::invalid_argument& error) {
+    const std::string message = error.what();
+    const size_t colon = message.find(": ");
+    if (colon == std::string::npos) throw SettingsError(message);
+    throw SettingsError("setting '" + message.substr(0, colon) + "' " + message.substr(colon + 2));
+  }
+}
+
+std::string cache_text(data::CacheMode mode) {
+  return mode == data::CacheMode::kNone ? "false" : data::to_string(mode);  // default.yaml's spelling
+}
+
 }  // namespace
 
 int parse_int_setting(const std::string& key, const std::string& value, const std::string& origin) {
@@ -240,35 +296,49 @@ const std::vector<SettingInfo>& setting_infos() {
     for (const auto& entry : entries()) {
       const SettingType type = std::visit(
           [](auto member) {
-            using Field = std::remove_reference_t<decltype(std::declval<Settings>().*member)>;
+            using Field = std::remove_reference_t<decltype(member(std::declval<Settings&>()))>;
             if constexpr (std::is_same_v<Field, bool>) return SettingType::kBool;
-            if constexpr (std::is_same_v<Field, int>) return SettingType::kInt;
+            if constexpr (std::is_same_v<Field, int> || std::is_same_v<Field, int64_t> ||
+                          std::is_same_v<Field, uint64_t>) {
+              return SettingType::kInt;
+            }
             if constexpr (std::is_same_v<Field, double>) return SettingType::kFloat;
-            if constexpr (std::is_same_v<Field, std::string>) return SettingType::kString;
+            if constexpr (std::is_same_v<Field, std::string> || std::is_same_v<Field, data::CacheMode>) {
+              return SettingType::kString;
+            }
             return SettingType::kIntList;
           },
           entry.member);
-      infos.push_back({entry.name, type, entry.help});
+      infos.push_back({entry.name, type, entry.help, entry.resumable});
     }
     return infos;
   }();
   return kInfos;
 }
 
-std::vector<int> Settings::device_ids() const {
+std::vector<int> parse_device_ids(const std::string& device) {
   const std::string lowered = to_lower(trim(device));
   if (lowered.empty() || lowered == "cpu") return {};
-  std::vector<int> ids;
-  std::string cleaned = lowered;
-  if (cleaned.rfind("cuda:", 0) == 0) cleaned = cleaned.substr(5);
-  for (char& c : cleaned) {
-    if (c == ',' || c == '[' || c == ']') c = ' ';
-  }
+  std::string cleaned;
+  for (char c : lowered) cleaned += (c == ',' || c == '[' || c == ']') ? ' ' : c;
   std::istringstream stream(cleaned);
-  int id = 0;
-  while (stream >> id) ids.push_back(id);
+  std::vector<int> ids;
+  std::string token;
+  while (stream >> token) {
+    if (token.rfind("cuda:", 0) == 0) token = token.substr(5);
+    const bool digits = !token.empty() && token.size() <= 6 &&
+                        std::all_of(token.begin(), token.end(), [](unsigned char c) { return std::isdigit(c); });
+    if (!digits) {
+      throw SettingsError("setting 'device' must be cpu, a GPU index like 0, or a list like 0,1; got '" + device +
+                          "'");
+    }
+    ids.push_back(std::stoi(token));
+  }
+  if (ids.empty()) throw SettingsError("setting 'device' lists no GPU index: '" + device + "'");
   return ids;
 }
+
+std::vector<int> Settings::device_ids() const { return parse_device_ids(device); }
 
 void set_setting(Settings& settings, const std::string& raw_key, const std::string& raw_value,
                  const std::string& origin) {
@@ -291,26 +361,35 @@ void set_setting(Settings& settings, const std::string& raw_key, const std::stri
   if (is_null_text(value)) {
     // null resets to the default, as an Ultralytics cfg with `key: null` means.
     const Settings defaults;
-    std::visit([&](auto member) { settings.*member = defaults.*member; }, entry->member);
+    std::visit([&](auto member) { member(settings) = read(defaults, member); }, entry->member);
     return;
   }
   std::visit(
       [&](auto member) {
-        using Field = std::remove_reference_t<decltype(settings.*member)>;
+        auto& field = member(settings);
+        using Field = std::remove_reference_t<decltype(field)>;
         if constexpr (std::is_same_v<Field, bool>) {
-          settings.*member = parse_bool(key, value, origin);
-        } else if constexpr (std::is_same_v<Field, int>) {
-          settings.*member = parse_int(key, value, origin);
+          field = parse_bool(key, value, origin);
+        } else if constexpr (std::is_same_v<Field, int> || std::is_same_v<Field, int64_t>) {
+          field = parse_int(key, value, origin);
+        } else if constexpr (std::is_same_v<Field, uint64_t>) {
+          field = parse_uint64(key, value, origin);
         } else if constexpr (std::is_same_v<Field, double>) {
           if (key == "batch" && to_lower(value) == "auto") {
-            settings.*member = -1;
+            field = -1;
           } else {
-            settings.*member = parse_double(key, value, origin);
+            field = parse_double(key, value, origin);
           }
         } else if constexpr (std::is_same_v<Field, std::string>) {
-          settings.*member = value;
+          field = value;
+        } else if constexpr (std::is_same_v<Field, data::CacheMode>) {
+          try {
+            field = data::parse_cache_mode(value);
+          } catch (const std::invalid_argument&) {
+            bad_value(key, value, "false, ram or disk", origin);
+          }
         } else {
-          settings.*member = parse_int_list(key, value, origin);
+          field = parse_int_list(key, value, origin);
         }
       },
       entry->member);
@@ -321,16 +400,19 @@ std::string get_setting(const Settings& settings, const std::string& key) {
   if (entry == nullptr) throw SettingsError("unknown setting '" + key + "'");
   return std::visit(
       [&](auto member) -> std::string {
-        const auto& field = settings.*member;
+        const auto& field = read(settings, member);
         using Field = std::remove_cv_t<std::remove_reference_t<decltype(field)>>;
         if constexpr (std::is_same_v<Field, bool>) {
           return field ? "true" : "false";
-        } else if constexpr (std::is_same_v<Field, int>) {
+        } else if constexpr (std::is_same_v<Field, int> || std::is_same_v<Field, int64_t> ||
+                             std::is_same_v<Field, uint64_t>) {
           return std::to_string(field);
         } else if constexpr (std::is_same_v<Field, double>) {
           return format_double(field);
         } else if constexpr (std::is_same_v<Field, std::string>) {
           return field;
+        } else if constexpr (std::is_same_v<Field, data::CacheMode>) {
+          return cache_text(field);
         } else {
           std::string joined;
           for (size_t i = 0; i < field.size(); ++i) joined += (i ? "," : "") + std::to_string(field[i]);
@@ -359,31 +441,49 @@ std::vector<std::string> closest_setting_names(const std::string& key) {
   return names;
 }
 
-void apply_yaml_file(Settings& settings, const std::string& path) {
+void apply_yaml_text(Settings& settings, const std::string& text, const std::string& origin) {
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw SettingsError("cannot read settings file '" + path + "'");
+    root = YAML::Load(text);
   } catch (const YAML::Exception& error) {
-    throw SettingsError(path + ":" + std::to_string(error.mark.line + 1) + ": invalid YAML: " + error.msg);
+    throw SettingsError(origin + ":" + std::to_string(error.mark.line + 1) + ": invalid YAML: " + error.msg);
   }
   if (root.IsNull()) return;
-  if (!root.IsMap()) throw SettingsError(path + ": expected a mapping of setting: value");
+  if (!root.IsMap()) throw SettingsError(origin + ": expected a mapping of setting: value");
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();
-    const std::string origin = path + ":" + std::to_string(item.first.Mark().line + 1);
+    const std::string where = origin + ":" + std::to_string(item.first.Mark().line + 1);
     std::string value;
     if (item.second.IsSequence()) {
       for (const auto& element : item.second) value += (value.empty() ? "" : ",") + element.as<std::string>();
     } else if (item.second.IsScalar()) {
       value = item.second.as<std::string>();
     } else if (!item.second.IsNull()) {
-      throw SettingsError(origin + ": setting '" + key + "' expects a plain value");
+      throw SettingsError(where + ": setting '" + key + "' expects a plain value");
     }
     if (key == "cfg") continue;  // a cfg file does not chain to another
-    set_setting(settings, key, value, origin);
+    set_setting(settings, key, value, where);
   }
+}
+
+void apply_yaml_file(Settings& settings, const std::string& path) {
+  std::ifstream in(path);
+  if (!in || std::filesystem::is_directory(path)) throw SettingsError("cannot read settings file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  apply_yaml_text(settings, text.str(), path);
+}
+
+void validate(LeaseSettings& lease) {
+  const std::string quota = to_lower(lease.quota);
+  check(quota.rfind("https://", 0) != 0, "quota",
+        "cannot use https:// yet (the quota client has no TLS); use http:// or local; got '" + lease.quota + "'");
+  check(quota == "local" || quota == "off" || quota.rfind("http://", 0) == 0, "quota",
+        "must be local, off or a URL like http://quotad:8080; got '" + lease.quota + "'");
+  if (quota == "local" || quota == "off") lease.quota = quota;
+  lease.priority = to_lower(lease.priority);
+  check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});
+  check(std::isfinite(lease.gpu_mem) && lease.gpu_mem >= 0, "gpu_mem", "must be >= 0 GiB");
 }
 
 void validate(Settings& settings) {
@@ -396,55 +496,28 @@ void validate(Settings& settings) {
   check(settings.batch == -1 || (settings.batch > 0 && settings.batch < 1) ||
             (settings.batch >= 1 && std::floor(settings.batch) == settings.batch),
         "batch", "must be a whole number >= 1, -1/auto, or a fraction in (0, 1)");
-  check(settings.imgsz >= 32 && settings.imgsz <= 8192, "imgsz", "must be between 32 and 8192");
-  settings.cache = to_lower(settings.cache);
-  if (settings.cache == "true") settings.cache = "ram";
-  check_choice("cache", settings.cache, {"false", "ram", "disk"});
-  check(settings.workers >= 0, "workers", "must be >= 0");
-  const std::string device = to_lower(trim(settings.device));
-  if (!device.empty() && device != "cpu") {
-    std::string digits = device.rfind("cuda:", 0) == 0 ? device.substr(5) : device;
-    for (char c : digits) {
-      check(std::isdigit(static_cast<unsigned char>(c)) || c == ',' || c == ' ' || c == '[' || c == ']', "device",
-            "must be cpu, a GPU index like 0, or a list like 0,1; got '" + settings.device + "'");
-    }
-    check(!settings.device_ids().empty(), "device", "lists no GPU index");
-  }
-  const std::string optimizer = to_lower(settings.optimizer);
-  check_choice("optimizer", optimizer, {"auto", "sgd", "adam", "adamw"});
+  // The model's stride is not known yet (train rounds imgsz up to it): any whole size passes the stride rule.
+  data::LoaderConfig loader = settings.loader;
+  loader.stride = 1;
+  check_component([&] { data::validate(loader); });
+  check_component([&] { data::validate(settings.augment); });
+  check_component([&] { validate(settings.optim); });
+  check_component([&] { validate(settings.loss); });
+  validate(settings.lease);
+  parse_device_ids(settings.device);
   const std::string resume = to_lower(settings.resume);
   if (resume == "false" || resume == "true" || resume == "auto") settings.resume = resume;
   const std::string pretrained = to_lower(settings.pretrained);
   if (pretrained == "false" || pretrained == "true") settings.pretrained = pretrained;
-  check(settings.fraction > 0 && settings.fraction <= 1, "fraction", "must be in (0, 1]");
-  check(settings.close_mosaic >= 0, "close_mosaic", "must be >= 0");
   check(settings.conf == -1 || (settings.conf >= 0 && settings.conf <= 1), "conf", "must be in [0, 1]");
   check(settings.iou >= 0 && settings.iou <= 1, "iou", "must be in [0, 1]");
   check(settings.max_det >= 1, "max_det", "must be at least 1");
   check_choice("split", settings.split, {"train", "val", "test"});
-  check(!settings.augment, "augment", "(test-time augmentation) is not implemented");
+  check(!settings.augment_tta, "augment", "(test-time augmentation) is not implemented");
+  check(!settings.profile, "profile", "(speed profiling during training) is not implemented; use yolo8 profile");
+  check(settings.label_smoothing == 0, "label_smoothing",
+        "is not implemented: must be 0, got " + format_double(settings.label_smoothing));
   check_choice("format", settings.format, {"state_dict"});
-  check(settings.lr0 > 0, "lr0", "must be > 0");
-  check(settings.lrf > 0 && settings.lrf <= 1, "lrf", "must be in (0, 1]");
-  check(settings.momentum >= 0 && settings.momentum < 1, "momentum", "must be in [0, 1)");
-  check(settings.weight_decay >= 0, "weight_decay", "must be >= 0");
-  check(settings.warmup_epochs >= 0, "warmup_epochs", "must be >= 0");
-  check(settings.nbs >= 1, "nbs", "must be >= 1");
-  for (const auto& [key, value] : std::vector<std::pair<const char*, double>>{
-           {"hsv_h", settings.hsv_h}, {"hsv_s", settings.hsv_s}, {"hsv_v", settings.hsv_v},
-           {"translate", settings.translate}, {"flipud", settings.flipud}, {"fliplr", settings.fliplr},
-           {"mosaic", settings.mosaic}, {"mixup", settings.mixup}, {"label_smoothing", settings.label_smoothing}}) {
-    check(value >= 0 && value <= 1, key, "must be in [0, 1]");
-  }
-  check(settings.scale >= 0, "scale", "must be >= 0");
-  check(settings.box >= 0 && settings.cls >= 0 && settings.dfl >= 0, "box/cls/dfl", "gains must be >= 0");
-  const std::string quota = to_lower(settings.quota);
-  check(quota == "local" || quota == "off" || quota.rfind("http://", 0) == 0 || quota.rfind("https://", 0) == 0,
-        "quota", "must be local, off or a URL like http://quotad:8080; got '" + settings.quota + "'");
-  if (quota == "local" || quota == "off") settings.quota = quota;
-  settings.priority = to_lower(settings.priority);
-  check_choice("priority", settings.priority, {"low", "normal", "high", "critical"});
-  check(settings.gpu_mem >= 0, "gpu_mem", "must be >= 0 GiB");
   check(settings.threads >= 0, "threads", "must be >= 0");
   if (!settings.freeze.empty()) parse_int_list("freeze", settings.freeze, "setting");
 }
@@ -465,6 +538,18 @@ Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>
   settings.mode = mode;
   validate(settings);
   return settings;
+}
+
+Settings merge_resumed_settings(const Settings& saved, const Settings& requested) {
+  const Settings defaults;
+  Settings merged = saved;
+  for (const auto& entry : entries()) {
+    if (!entry.resumable) continue;
+    const std::string value = get_setting(requested, entry.name);
+    if (value != get_setting(defaults, entry.name)) set_setting(merged, entry.name, value);
+  }
+  merged.resume = requested.resume;
+  return merged;
 }
 
 std::string settings_to_yaml(const Settings& settings) {

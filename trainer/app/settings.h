@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "data/config.h"
+#include "trainer/core/train_settings.h"
+
 namespace yolo8 {
 
 // A settings problem the user can fix; main() prints it and exits 2.
@@ -15,6 +18,25 @@ class SettingsError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// yolo8's own: the GPU lease from the quota service and the memory budget without one.
+struct LeaseSettings {
+  std::string quota = "local";  // local | off | http://HOST:PORT
+  std::string quota_db;         // local mode state file; "" = ~/.cache/yolo8/quota.db
+  std::string quota_token;      // bearer token for a remote quotad; "" = $YOLO8_QUOTA_TOKEN
+  std::string team = "default";
+  std::string user;  // "" = $USER
+  std::string priority = "normal";
+  bool preemptible = true;
+  std::string justification;
+  double gpu_mem = 0.0;  // GiB budget when quota=off; 0 = the whole device
+};
+
+// Normalises quota and priority; throws SettingsError naming the key.
+void validate(LeaseSettings& lease);
+
+// The settings. The component configs are held whole, so each default lives once, in its struct: the data
+// pipeline's (`loader`: imgsz, workers, cache, rect, single_cls, fraction, seed; `augment`), the recipe's
+// (`optim`, `loss`) and the lease's.
 struct Settings {
   // What to do.
   std::string task = "detect";
@@ -27,29 +49,19 @@ struct Settings {
   double time = 0.0;  // hours; overrides epochs when > 0
   int patience = 50;
   double batch = 16;  // >= 1 images, -1 auto, 0 < x < 1 fraction of the memory budget
-  int imgsz = 640;
   bool save = true;
   int save_period = -1;
-  std::string cache = "false";  // false | ram | disk
-  std::string device;            // "" auto, cpu, 0, 0,1 ...
-  int workers = 8;
+  std::string device;  // "" auto, cpu, 0, 0,1 ...
   std::string project = "runs";
   std::string name;
   bool exist_ok = false;
   std::string pretrained = "true";  // true | false | PATH.pt
-  std::string optimizer = "auto";
   bool verbose = true;
-  int seed = 0;
   bool deterministic = true;
-  bool single_cls = false;
-  bool rect = false;
-  bool cos_lr = false;
-  int close_mosaic = 10;
   std::string resume = "false";  // false | true | auto | PATH/last.pt
   bool amp = true;
-  double fraction = 1.0;
-  bool profile = false;
-  std::string freeze;  // N (first N layers) or a list 0,3,5
+  bool profile = false;  // not implemented: must stay false
+  std::string freeze;    // N (first N layers) or a list 0,3,5
 
   // Validation and prediction.
   bool val = true;
@@ -61,7 +73,7 @@ struct Settings {
   bool half = false;
   bool plots = true;
   std::string source;
-  bool augment = false;
+  bool augment_tta = false;  // the `augment` key: test-time augmentation, not implemented
   bool agnostic_nms = false;
   std::vector<int> classes;
   bool save_txt = false;
@@ -74,43 +86,16 @@ struct Settings {
   std::string format = "state_dict";
   std::string out;
 
-  // Hyper-parameters.
-  double lr0 = 0.01;
-  double lrf = 0.01;
-  double momentum = 0.937;
-  double weight_decay = 0.0005;
-  double warmup_epochs = 3.0;
-  double warmup_momentum = 0.8;
-  double warmup_bias_lr = 0.1;
-  double box = 7.5;
-  double cls = 0.5;
-  double dfl = 1.5;
-  double label_smoothing = 0.0;
-  int nbs = 64;
-  double hsv_h = 0.015;
-  double hsv_s = 0.7;
-  double hsv_v = 0.4;
-  double degrees = 0.0;
-  double translate = 0.1;
-  double scale = 0.5;
-  double shear = 0.0;
-  double perspective = 0.0;
-  double flipud = 0.0;
-  double fliplr = 0.5;
-  double mosaic = 1.0;
-  double mixup = 0.0;
+  // The components' settings.
+  data::LoaderConfig loader;
+  data::AugmentConfig augment;
+  OptimSettings optim;
+  LossGains loss;
+  double label_smoothing = 0.0;  // not implemented: must stay 0
 
   // yolo8's own: quota lease, memory and speed.
-  std::string quota = "local";  // local | off | http://HOST:PORT
-  std::string quota_db;         // local mode state file; "" = ~/.cache/yolo8/quota.db
-  std::string quota_token;      // bearer token for a remote quotad; "" = $YOLO8_QUOTA_TOKEN
-  std::string team = "default";
-  std::string user;  // "" = $USER
-  std::string priority = "normal";
-  bool preemptible = true;
-  std::string justification;
-  double gpu_mem = 0.0;  // GiB budget when quota=off; 0 = the whole device
-  int threads = 0;       // intra-op threads; 0 = all cores
+  LeaseSettings lease;
+  int threads = 0;  // intra-op threads; 0 = all cores
   bool channels_last = true;
   std::string cfg;  // the YAML this came from, if any
 
@@ -124,6 +109,7 @@ struct SettingInfo {
   std::string name;
   SettingType type;
   std::string help;
+  bool resumable;  // a resumed run takes this key from the command line; every other key from its checkpoint
 };
 
 // All settings in the order default.yaml lists them.
@@ -146,8 +132,18 @@ std::string get_setting(const Settings& settings, const std::string& key);
 // Up to three valid names closest to an unknown key.
 std::vector<std::string> closest_setting_names(const std::string& key);
 
-// Applies a YAML mapping file; errors name the file, line and key.
+// Applies a YAML mapping of setting: value; errors name `origin` (a file name), the line and the key.
+void apply_yaml_text(Settings& settings, const std::string& text, const std::string& origin);
+// The same for a file; errors name the file.
 void apply_yaml_file(Settings& settings, const std::string& path);
+
+// "0,1" / "cuda:2,cuda:5" / "[0, 1]" / "0" into CUDA indices; "cpu" and "" give none. Throws SettingsError
+// naming `device` for anything else.
+std::vector<int> parse_device_ids(const std::string& device);
+
+// The settings of a resumed run: the checkpoint's (`saved`), except the resumable keys given on the command
+// line (`requested` differs from the default), and `resume` itself.
+Settings merge_resumed_settings(const Settings& saved, const Settings& requested);
 
 // Range and choice checks, done once after all sources are applied.
 void validate(Settings& settings);

@@ -3,7 +3,6 @@
 #include "trainer/app/train_run.h"
 
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -51,7 +50,7 @@ std::optional<int> TrainingRun::set_up() {
   resume_path_ = resolve_resume_checkpoint(requested_);
   if (!resume_path_.empty()) adopt_resumed_settings();
   if (settings_.data.empty()) throw SettingsError("setting 'data' is required for train, e.g. data=coco128.yaml");
-  torch::manual_seed(static_cast<uint64_t>(settings_.seed));
+  torch::manual_seed(settings_.loader.seed);
   device_ = app::pick_device(settings_);
   // Data parallel when RANK/WORLD_SIZE say so; rank 0 validates, saves, plots and holds the lease.
   dist_ = DistributedContext::from_env(device_);
@@ -69,23 +68,16 @@ std::optional<int> TrainingRun::set_up() {
   return std::nullopt;
 }
 
-// Resuming restores the run's own settings; only where and how fast it runs may change.
+// Resuming restores the run's own settings; only the resumable keys (where and how fast it runs) may change.
 void TrainingRun::adopt_resumed_settings() {
   const CheckpointState peek = load_checkpoint(resume_path_);
   resume_meta_ = app::decode_meta(peek.settings_text, resume_path_);
   resumed_optimizer_ = peek.optimizer_choice;
-  const std::string saved_cfg = (fs::temp_directory_path() / ("yolo8-resume-" + std::to_string(getpid()) + ".yaml"));
-  app::write_text(saved_cfg, resume_meta_.settings_yaml);
-  Settings restored = resolve_settings({{"cfg", saved_cfg}}, "train");
-  fs::remove(saved_cfg);
-  for (const char* key : {"batch", "device", "workers", "quota", "quota_db", "quota_token", "gpu_mem", "threads",
-                          "verbose", "plots"}) {
-    if (get_setting(requested_, key) != get_setting(Settings{}, key)) {
-      set_setting(restored, key, get_setting(requested_, key));
-    }
-  }
-  restored.resume = requested_.resume;
-  settings_ = restored;
+  Settings saved;
+  apply_yaml_text(saved, resume_meta_.settings_yaml, resume_path_ + " (saved settings)");
+  saved.mode = "train";
+  settings_ = merge_resumed_settings(saved, requested_);
+  validate(settings_);
   run_dir_ = fs::path(resume_path_).parent_path().parent_path();
   console_->out() << "Resuming " << resume_path_ << " (epoch " << peek.epoch + 1 << ", batch "
                   << peek.iteration_in_epoch << ")\n";
@@ -94,7 +86,7 @@ void TrainingRun::adopt_resumed_settings() {
 void TrainingRun::load_datasets() {
   spec_ = app::as_input_error([&] { return data::load_data_yaml(settings_.data); });
   names_ = spec_.names;
-  if (settings_.single_cls) names_ = {"item"};
+  if (settings_.loader.single_cls) names_ = {"item"};
   nc_ = static_cast<int64_t>(names_.size());
   train_index_ = app::load_split(spec_, "train", settings_, settings_.verbose && is_main_);
   val_index_ = app::load_split(spec_, spec_.val.empty() ? "train" : "val", settings_, settings_.verbose && is_main_);
@@ -125,11 +117,12 @@ void TrainingRun::build_models() {
     ema_model_ = DetectionModel(model_->config());
   }
   stride_ = static_cast<int>(model_->max_stride());
-  if (settings_.imgsz % stride_ != 0) {
-    const int rounded = (settings_.imgsz + stride_ - 1) / stride_ * stride_;
-    console_->out() << "imgsz=" << settings_.imgsz << " is not a multiple of the stride " << stride_ << "; using "
-                    << rounded << "\n";
-    settings_.imgsz = rounded;
+  int& imgsz = settings_.loader.imgsz;
+  if (imgsz % stride_ != 0) {
+    const int rounded = (imgsz + stride_ - 1) / stride_ * stride_;
+    console_->out() << "imgsz=" << imgsz << " is not a multiple of the stride " << stride_ << "; using " << rounded
+                    << "\n";
+    imgsz = rounded;
   }
 }
 
@@ -140,7 +133,7 @@ std::optional<int> TrainingRun::acquire_lease() {
                                    : run_dir_.filename().string();
   try {
     Settings lease_settings = settings_;
-    if (!is_main_) lease_settings.quota = "off";
+    if (!is_main_) lease_settings.lease.quota = "off";
     lease_ = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(),
                                              std::max<int>(1, static_cast<int>(settings_.device_ids().size())));
   } catch (const StoppedWhileWaiting& stopped) {
@@ -154,7 +147,7 @@ std::optional<int> TrainingRun::acquire_lease() {
   }
   lease_gib_ = lease_->memory_gib();
   // An explicit budget is enforced: on CUDA as the allocator's fraction, on CPU by the counting allocator.
-  if (lease_gib_ > 0 || settings_.gpu_mem > 0) {
+  if (lease_gib_ > 0 || settings_.lease.gpu_mem > 0) {
     cap_memory_bytes(static_cast<int64_t>(memory_budget_bytes(settings_, device_, lease_gib_)), device_);
   }
   return std::nullopt;
@@ -201,31 +194,18 @@ void TrainingRun::create_loaders() {
   data::LoaderConfig train_config = app::loader_config(settings_, local_batch_, stride_, true);
   train_config.rank = dist_.rank();
   train_config.world_size = dist_.world_size();
-  train_loader_ =
-      std::make_unique<data::DataLoader>(train_index_, train_config, app::augment_config(settings_), true);
+  train_loader_ = std::make_unique<data::DataLoader>(train_index_, train_config, settings_.augment, true);
   val_loader_ = std::make_unique<data::DataLoader>(
-      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, false), app::augment_config(settings_),
-      false);
+      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, false), settings_.augment, false);
   batches_per_epoch_ = train_loader_->num_batches();
 }
 
 void TrainingRun::build_training_core() {
   TrainCoreConfig config;
-  config.optim.optimizer = settings_.optimizer;
-  config.optim.lr0 = settings_.lr0;
-  config.optim.lrf = settings_.lrf;
-  config.optim.momentum = settings_.momentum;
-  config.optim.weight_decay = settings_.weight_decay;
-  config.optim.warmup_epochs = settings_.warmup_epochs;
-  config.optim.warmup_momentum = settings_.warmup_momentum;
-  config.optim.warmup_bias_lr = settings_.warmup_bias_lr;
-  config.optim.nbs = settings_.nbs;
-  config.optim.cos_lr = settings_.cos_lr;
+  config.optim = settings_.optim;
   config.shape = RunShape{train_loader_->size(), batch_, settings_.epochs, nc_};
   config.batches_per_epoch = batches_per_epoch_;
-  config.box = settings_.box;
-  config.cls = settings_.cls;
-  config.dfl = settings_.dfl;
+  config.gains = settings_.loss;
   config.channels_last = settings_.channels_last;
   config.freeze_layers = freeze_layer_indices(settings_.freeze);
   config.device = device_;
@@ -301,7 +281,7 @@ void TrainingRun::prepare_outputs() {
   best_pt_ = run_dir_ / "weights" / "best.pt";
   console_->out() << "Training " << settings_.model << " on " << train_loader_->size() << " images, "
                   << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
-                  << core_->schedule().accumulate() << " to nbs " << settings_.nbs << "), " << settings_.epochs
+                  << core_->schedule().accumulate() << " to nbs " << settings_.optim.nbs << "), " << settings_.epochs
                   << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
                   << (core_->autocast() ? " with AMP" : "") << "\n";
   time_limit_s_ = settings_.time * 3600.0;
@@ -315,8 +295,8 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   const auto epoch_start = Clock::now();
   data::DataLoader& loader = *train_loader_;
   if (loader.update_close_mosaic(epoch, settings_.epochs) == false &&
-      epoch == settings_.epochs - settings_.close_mosaic) {
-    console_->out() << "Closing the mosaic for the last " << settings_.close_mosaic << " epochs\n";
+      epoch == settings_.epochs - settings_.augment.close_mosaic) {
+    console_->out() << "Closing the mosaic for the last " << settings_.augment.close_mosaic << " epochs\n";
   }
   const int64_t epoch_first_batch = epoch == start_epoch_ ? first_batch_ : 0;
   loader.start_epoch(epoch, epoch_first_batch);
@@ -421,12 +401,26 @@ TrainingRun::EpochEnd TrainingRun::end_epoch(int64_t epoch, const EpochTotals& t
   const double elapsed = seconds_since(run_start_);
   const std::vector<double>& lrs = totals.learning_rates;
   if (is_main_) {
-    results_->append({static_cast<double>(epoch + 1), mean_loss[0].item<double>(), mean_loss[1].item<double>(),
-                      mean_loss[2].item<double>(), metrics.precision, metrics.recall, metrics.map50,
-                      metrics.map50_95, val_loss[0], val_loss[1], val_loss[2], lrs.at(0), lrs.at(1), lrs.at(2),
-                      elapsed, static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib,
-                      device_.is_cuda() ? elapsed / 3600.0 * std::max(1, dist_.world_size()) : 0.0,
-                      train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0.0});
+    ResultsRow row;
+    row.epoch = static_cast<int>(epoch + 1);
+    row.train_box_loss = mean_loss[0].item<double>();
+    row.train_cls_loss = mean_loss[1].item<double>();
+    row.train_dfl_loss = mean_loss[2].item<double>();
+    row.precision = metrics.precision;
+    row.recall = metrics.recall;
+    row.map50 = metrics.map50;
+    row.map50_95 = metrics.map50_95;
+    row.val_box_loss = val_loss[0];
+    row.val_cls_loss = val_loss[1];
+    row.val_dfl_loss = val_loss[2];
+    row.lr_pg0 = lrs.at(0);
+    row.lr_pg1 = lrs.at(1);
+    row.lr_pg2 = lrs.at(2);
+    row.time = elapsed;
+    row.gpu_mem_gib = static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib;
+    row.gpu_hours = device_.is_cuda() ? elapsed / 3600.0 * std::max(1, dist_.world_size()) : 0.0;
+    row.images_per_s = train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0.0;
+    results_->append(row);
   }
   if (settings_.plots && is_main_) {
     app::try_plot("results", [&] {
@@ -451,7 +445,7 @@ TrainingRun::EpochEnd TrainingRun::end_epoch(int64_t epoch, const EpochTotals& t
 void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, std::vector<double>& val_loss) {
   if (!(settings_.val || final_epoch) || pending_stop_ != StopReason::kNone || !is_main_) return;
   ValConfig val_config;
-  val_config.single_cls = settings_.single_cls;
+  val_config.single_cls = settings_.loader.single_cls;
   DetectionValidator validator(nc_, names_, val_config);
   app::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_,
                          settings_.channels_last, settings_.amp, "      val");
@@ -492,7 +486,7 @@ int TrainingRun::finish() {
     best.model->to(device_);
     if (settings_.channels_last) to_channels_last(*best.model);
     ValConfig val_config;
-    val_config.single_cls = settings_.single_cls;
+    val_config.single_cls = settings_.loader.single_cls;
     val_config.save_json = settings_.save_json;
     DetectionValidator validator(nc_, names_, val_config);
     app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,

@@ -10,11 +10,6 @@
 namespace yolo8 {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 // Python's round(x, 6): printf rounds the exact binary value, as CPython does.
 double round6(double x) {
   char buf[64];
@@ -55,31 +50,6 @@ Options* options_as(torch::optim::Optimizer& optimizer, size_t group) {
 }
 
 }  // namespace
-
-std::string canonical_optimizer_name(const std::string& name) {
-  const std::string l = lower(name);
-  if (l == "sgd") return "SGD";
-  if (l == "adam") return "Adam";
-  if (l == "adamw") return "AdamW";
-  if (l == "auto") return "auto";
-  throw std::invalid_argument("optimizer: unknown value '" + name + "' (expected SGD, Adam, AdamW or auto)");
-}
-
-void validate(const OptimSettings& s) {
-  canonical_optimizer_name(s.optimizer);
-  auto require = [](bool ok, const char* key, const std::string& what) {
-    if (!ok) throw std::invalid_argument(std::string(key) + ": " + what);
-  };
-  require(std::isfinite(s.lr0) && s.lr0 > 0.0, "lr0", "must be > 0");
-  require(std::isfinite(s.lrf) && s.lrf >= 0.0 && s.lrf <= 1.0, "lrf", "must be in [0, 1]");
-  require(std::isfinite(s.momentum) && s.momentum >= 0.0 && s.momentum < 1.0, "momentum", "must be in [0, 1)");
-  require(std::isfinite(s.weight_decay) && s.weight_decay >= 0.0, "weight_decay", "must be >= 0");
-  require(std::isfinite(s.warmup_epochs) && s.warmup_epochs >= 0.0, "warmup_epochs", "must be >= 0");
-  require(std::isfinite(s.warmup_momentum) && s.warmup_momentum >= 0.0 && s.warmup_momentum < 1.0, "warmup_momentum",
-          "must be in [0, 1)");
-  require(std::isfinite(s.warmup_bias_lr) && s.warmup_bias_lr >= 0.0, "warmup_bias_lr", "must be >= 0");
-  require(s.nbs >= 1, "nbs", "must be >= 1");
-}
 
 BatchPlan plan_batch(const OptimSettings& settings, int64_t batch) {
   if (batch < 1) throw std::invalid_argument("batch: must be >= 1, got " + std::to_string(batch));

@@ -10,27 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/train_settings.h"  // OptimSettings, validate, canonical_optimizer_name
+
 namespace yolo8 {
-
-// Recipe settings with Ultralytics names and defaults.
-struct OptimSettings {
-  std::string optimizer = "auto";  // SGD | Adam | AdamW | auto
-  double lr0 = 0.01;
-  double lrf = 0.01;
-  double momentum = 0.937;
-  double weight_decay = 0.0005;
-  double warmup_epochs = 3.0;
-  double warmup_momentum = 0.8;
-  double warmup_bias_lr = 0.1;
-  int64_t nbs = 64;
-  bool cos_lr = false;
-};
-
-// Throws std::invalid_argument naming the offending key.
-void validate(const OptimSettings& settings);
-
-// Canonical optimizer name ("SGD", "Adam", "AdamW", "auto") for a case-insensitive spelling; throws otherwise.
-std::string canonical_optimizer_name(const std::string& name);
 
 // Gradient accumulation and decay scaling that keep the nominal batch size.
 struct BatchPlan {

@@ -75,9 +75,9 @@ TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const
   loss_config.nc = model_->nc();
   const auto strides = model_->strides();
   loss_config.strides.assign(strides.data_ptr<float>(), strides.data_ptr<float>() + strides.numel());
-  loss_config.box = config_.box;
-  loss_config.cls = config_.cls;
-  loss_config.dfl = config_.dfl;
+  loss_config.box = config_.gains.box;
+  loss_config.cls = config_.gains.cls;
+  loss_config.dfl = config_.gains.dfl;
   loss_ = std::make_unique<DetectionLoss>(loss_config);
 }
 

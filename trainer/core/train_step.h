@@ -32,7 +32,7 @@ struct TrainCoreConfig {
   RunShape shape;                 // dataset size, batch, epochs, nc (for optimizer=auto)
   int64_t batches_per_epoch = 1;
   int64_t start_epoch = 0;
-  double box = 7.5, cls = 0.5, dfl = 1.5;
+  LossGains gains;
   double clip_norm = 10.0;
   bool channels_last = true;
   std::vector<int64_t> freeze_layers;  // indices of model.N whose parameters stay fixed

@@ -23,7 +23,7 @@ TEST_P(AutoBatchYolo, ChosenBatchUsesEightyToHundredPercentOfTheBudget) {
   torch::set_num_threads(1);
   const ModelConfig config = load_model_config(c.model, 4);
   Settings settings;
-  settings.imgsz = c.imgsz;
+  settings.loader.imgsz = c.imgsz;
   settings.batch = -1;
   // Budget from a measured step at the target batch, so the test does not hard-code machine figures.
   MemoryMeter meter(torch::kCPU);

@@ -42,12 +42,12 @@ TEST(ResultsCsv, HeaderRowsAndTruncation) {
   const fs::path path = fresh_dir("results_csv");
   fs::create_directories(path);
   ResultsCsv csv(path / "results.csv");
-  std::vector<double> row(ResultsCsv::columns().size(), 0.5);
+  ResultsRow row;
+  row.train_box_loss = 0.5;
   for (int epoch = 1; epoch <= 3; ++epoch) {
-    row[0] = epoch;
+    row.epoch = epoch;
     csv.append(row);
   }
-  EXPECT_THROW(csv.append({1.0}), std::logic_error);
   csv.keep_epochs_up_to(2);
   std::ifstream in(path / "results.csv");
   std::string header, line;
@@ -56,6 +56,40 @@ TEST(ResultsCsv, HeaderRowsAndTruncation) {
   int rows = 0;
   while (std::getline(in, line)) ++rows;
   EXPECT_EQ(rows, 2);
+}
+
+// The named fields land in the columns the reference (and plots.cpp, and notebooks) read, in the same layout
+// as before: epoch right-aligned in 5, every number in 25, 6 significant digits.
+TEST(ResultsCsv, RowFieldsLandInTheirColumns) {
+  const fs::path path = fresh_dir("results_csv_fields");
+  fs::create_directories(path);
+  ResultsCsv csv(path / "results.csv");
+  ResultsRow row;
+  row.epoch = 7;
+  row.train_box_loss = 1.0, row.train_cls_loss = 2.0, row.train_dfl_loss = 3.0;
+  row.precision = 4.0, row.recall = 5.0, row.map50 = 6.0, row.map50_95 = 7.0;
+  row.val_box_loss = 8.0, row.val_cls_loss = 9.0, row.val_dfl_loss = 10.0;
+  row.lr_pg0 = 11.0, row.lr_pg1 = 12.0, row.lr_pg2 = 13.0;
+  row.time = 14.0, row.gpu_mem_gib = 15.0, row.gpu_hours = 16.0, row.images_per_s = 1234567.0;
+  csv.append(row);
+  const std::vector<std::string> names = {
+      "epoch",        "train/box_loss", "train/cls_loss", "train/dfl_loss",      "metrics/precision(B)",
+      "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
+      "val/dfl_loss", "lr/pg0",         "lr/pg1",         "lr/pg2",              "time",
+      "gpu_mem_gib",  "gpu_hours",      "images_per_s"};
+  EXPECT_EQ(ResultsCsv::columns(), names);
+  const auto pad = [](const std::string& text, size_t width) { return std::string(width - text.size(), ' ') + text; };
+  std::string expected_header = "epoch", expected_row = pad("7", 5);
+  for (size_t i = 1; i < names.size(); ++i) {
+    expected_header += "," + pad(names[i], 25);
+    expected_row += "," + pad(i + 1 < names.size() ? std::to_string(i) : "1.23457e+06", 25);
+  }
+  std::ifstream in(path / "results.csv");
+  std::string header, line;
+  std::getline(in, header);
+  std::getline(in, line);
+  EXPECT_EQ(header, expected_header);
+  EXPECT_EQ(line, expected_row);
 }
 
 }  // namespace

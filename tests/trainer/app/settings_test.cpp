@@ -22,21 +22,52 @@ TEST(Settings, DefaultsMatchUltralytics) {
   const Settings settings;
   EXPECT_EQ(settings.epochs, 100);
   EXPECT_EQ(settings.batch, 16);
-  EXPECT_EQ(settings.imgsz, 640);
-  EXPECT_DOUBLE_EQ(settings.lr0, 0.01);
-  EXPECT_DOUBLE_EQ(settings.momentum, 0.937);
-  EXPECT_DOUBLE_EQ(settings.box, 7.5);
-  EXPECT_EQ(settings.nbs, 64);
-  EXPECT_EQ(settings.close_mosaic, 10);
-  EXPECT_EQ(settings.optimizer, "auto");
+  EXPECT_EQ(settings.loader.imgsz, 640);
+  EXPECT_DOUBLE_EQ(settings.optim.lr0, 0.01);
+  EXPECT_DOUBLE_EQ(settings.optim.momentum, 0.937);
+  EXPECT_DOUBLE_EQ(settings.loss.box, 7.5);
+  EXPECT_EQ(settings.optim.nbs, 64);
+  EXPECT_EQ(settings.augment.close_mosaic, 10);
+  EXPECT_EQ(settings.optim.optimizer, "auto");
+}
+
+// The table writes into the component structs, so a key's default is its component's.
+TEST(Settings, KeysFillTheComponentStructs) {
+  Settings settings;
+  set_setting(settings, "hsv_h", "0.2");
+  set_setting(settings, "close_mosaic", "3");
+  set_setting(settings, "nbs", "32");
+  set_setting(settings, "lrf", "0.5");
+  set_setting(settings, "dfl", "2");
+  set_setting(settings, "imgsz", "320");
+  set_setting(settings, "cache", "disk");
+  set_setting(settings, "seed", "7");
+  set_setting(settings, "team", "vision");
+  set_setting(settings, "gpu_mem", "12");
+  EXPECT_DOUBLE_EQ(settings.augment.hsv_h, 0.2);
+  EXPECT_EQ(settings.augment.close_mosaic, 3);
+  EXPECT_EQ(settings.optim.nbs, 32);
+  EXPECT_DOUBLE_EQ(settings.optim.lrf, 0.5);
+  EXPECT_DOUBLE_EQ(settings.loss.dfl, 2.0);
+  EXPECT_EQ(settings.loader.imgsz, 320);
+  EXPECT_EQ(settings.loader.cache, data::CacheMode::kDisk);
+  EXPECT_EQ(settings.loader.seed, 7u);
+  EXPECT_EQ(settings.lease.team, "vision");
+  EXPECT_DOUBLE_EQ(settings.lease.gpu_mem, 12.0);
+  // null resets a nested field to the component's default.
+  set_setting(settings, "hsv_h", "null");
+  EXPECT_DOUBLE_EQ(settings.augment.hsv_h, data::AugmentConfig{}.hsv_h);
+  EXPECT_EQ(get_setting(Settings{}, "cache"), "false");  // default.yaml's spelling
+  EXPECT_THROW(set_setting(settings, "seed", "-1"), SettingsError);
+  EXPECT_THROW(set_setting(settings, "cache", "gpu"), SettingsError);
 }
 
 TEST(Settings, PrecedenceDefaultsThenCfgThenCommandLine) {
   const std::string cfg = write_temp("prec.yaml", "epochs: 7\nimgsz: 320\nlr0: 0.02\n");
   const Settings settings = resolve_settings({{"imgsz", "256"}, {"cfg", cfg}}, "train");
   EXPECT_EQ(settings.epochs, 7);          // from cfg
-  EXPECT_EQ(settings.imgsz, 256);         // command line beats cfg, wherever cfg= stands
-  EXPECT_DOUBLE_EQ(settings.lr0, 0.02);   // from cfg
+  EXPECT_EQ(settings.loader.imgsz, 256);   // command line beats cfg, wherever cfg= stands
+  EXPECT_DOUBLE_EQ(settings.optim.lr0, 0.02);  // from cfg
   EXPECT_EQ(settings.patience, 50);       // default
   EXPECT_EQ(settings.cfg, cfg);
 }
@@ -89,7 +120,7 @@ TEST(Settings, ListsAndSpecialValues) {
   EXPECT_EQ(settings.device_ids(), (std::vector<int>{0, 1}));
   EXPECT_EQ(settings.classes, (std::vector<int>{0, 2}));
   EXPECT_TRUE(settings.batch_is_auto());
-  EXPECT_EQ(settings.cache, "ram");
+  EXPECT_EQ(settings.loader.cache, data::CacheMode::kRam);
   EXPECT_TRUE(resolve_settings({{"device", "cpu"}}, "train").device_ids().empty());
   EXPECT_EQ(resolve_settings({{"device", "cuda:3"}}, "train").device_ids(), std::vector<int>{3});
   EXPECT_DOUBLE_EQ(resolve_settings({{"batch", "0.7"}}, "train").batch, 0.7);
@@ -98,6 +129,146 @@ TEST(Settings, ListsAndSpecialValues) {
   const Settings from_yaml = resolve_settings({{"cfg", cfg}}, "train");
   EXPECT_EQ(from_yaml.device_ids(), (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(from_yaml.epochs, 100);
+}
+
+// Each component validates its own ranges; the error still names the user's key.
+TEST(Settings, ComponentChecksNameTheKey) {
+  const auto message = [](const std::string& key, const std::string& value) {
+    try {
+      resolve_settings({{key, value}}, "train");
+    } catch (const SettingsError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("scale", "1.5").find("setting 'scale'"), std::string::npos) << message("scale", "1.5");
+  EXPECT_NE(message("nbs", "0").find("setting 'nbs'"), std::string::npos) << message("nbs", "0");
+  EXPECT_NE(message("workers", "-1").find("setting 'workers'"), std::string::npos);
+  EXPECT_NE(message("imgsz", "16").find("setting 'imgsz'"), std::string::npos);
+  EXPECT_NE(message("cls", "-1").find("setting 'cls'"), std::string::npos) << message("cls", "-1");
+  EXPECT_NE(message("optimizer", "lion").find("setting 'optimizer'"), std::string::npos);
+  EXPECT_NE(message("priority", "urgent").find("setting 'priority'"), std::string::npos);
+  // imgsz need not be a multiple of the stride yet: train rounds it up once the model is known.
+  EXPECT_EQ(resolve_settings({{"imgsz", "100"}}, "train").loader.imgsz, 100);
+}
+
+// lrf had two checks with different ranges (settings (0, 1], the optimizer [0, 1]); the one left is (0, 1].
+TEST(Settings, LrfIsCheckedOnce) {
+  EXPECT_NO_THROW(resolve_settings({{"lrf", "1"}}, "train"));
+  for (const char* bad : {"0", "1.5", "-0.1"}) {
+    try {
+      resolve_settings({{"lrf", bad}}, "train");
+      FAIL() << "lrf=" << bad << " accepted";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("setting 'lrf' must be in (0, 1]"), std::string::npos) << error.what();
+    }
+  }
+  OptimSettings optim;
+  optim.lrf = 0.0;
+  EXPECT_THROW(validate(optim), std::invalid_argument);
+}
+
+// Accepted and silently ignored before: a value other than the default is now refused, naming the key.
+TEST(Settings, UnimplementedSettingsAreRefused) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"profile", "true"}, {"label_smoothing", "0.1"}, {"augment", "true"}}) {
+    try {
+      resolve_settings({{key, value}}, "train");
+      FAIL() << key << "=" << value << " accepted";
+    } catch (const SettingsError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("setting '" + key + "'"), std::string::npos) << message;
+      EXPECT_NE(message.find("not implemented"), std::string::npos) << message;
+    }
+  }
+  EXPECT_NO_THROW(resolve_settings({{"profile", "false"}, {"label_smoothing", "0"}}, "train"));
+}
+
+// The quota client has no TLS: https:// used to pass here and fail after the dataset scan and model build.
+TEST(Settings, HttpsQuotaIsRefusedUpFront) {
+  try {
+    resolve_settings({{"quota", "https://quotad:8443"}}, "train");
+    FAIL() << "quota=https:// accepted";
+  } catch (const SettingsError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("setting 'quota'"), std::string::npos) << message;
+    EXPECT_NE(message.find("TLS"), std::string::npos) << message;
+  }
+  EXPECT_THROW(resolve_settings({{"quota", "HTTPS://quotad"}}, "train"), SettingsError);
+  EXPECT_EQ(resolve_settings({{"quota", "http://quotad:8080"}}, "train").lease.quota, "http://quotad:8080");
+  EXPECT_EQ(resolve_settings({{"quota", "OFF"}}, "train").lease.quota, "off");
+}
+
+// One parser for `device`, used by Settings::device_ids and the multi-GPU launch.
+TEST(Settings, ParsesDeviceIds) {
+  EXPECT_EQ(parse_device_ids("0,1"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_device_ids("3"), (std::vector<int>{3}));
+  EXPECT_EQ(parse_device_ids("cuda:2,cuda:5"), (std::vector<int>{2, 5}));
+  EXPECT_EQ(parse_device_ids("cuda:0,1"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_device_ids("[0, 1]"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_device_ids(" 0 , 2 "), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(parse_device_ids("cpu").empty());
+  EXPECT_TRUE(parse_device_ids("CPU").empty());
+  EXPECT_TRUE(parse_device_ids("").empty());
+  for (const char* bad : {"0,x", "gpu0", "cuda", "-1", "[]", "0.5", "cuda:"}) {
+    try {
+      parse_device_ids(bad);
+      FAIL() << "device=" << bad << " accepted";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("setting 'device'"), std::string::npos) << error.what();
+    }
+  }
+  Settings settings;
+  settings.device = "cuda:1,cuda:3";
+  EXPECT_EQ(settings.device_ids(), (std::vector<int>{1, 3}));
+  EXPECT_THROW(resolve_settings({{"device", "[]"}}, "train"), SettingsError);
+}
+
+TEST(Settings, YamlTextIsAppliedInMemory) {
+  Settings settings;
+  apply_yaml_text(settings, "epochs: 4\nmosaic: 0.5\ndevice: [0, 1]\ncfg: other.yaml\n", "last.pt (saved settings)");
+  EXPECT_EQ(settings.epochs, 4);
+  EXPECT_DOUBLE_EQ(settings.augment.mosaic, 0.5);
+  EXPECT_EQ(settings.device, "0,1");
+  EXPECT_EQ(settings.cfg, "");  // a cfg does not chain to another
+  try {
+    apply_yaml_text(settings, "epochs: 4\nimgsz: big\n", "last.pt (saved settings)");
+    FAIL();
+  } catch (const SettingsError& error) {
+    EXPECT_NE(std::string(error.what()).find("last.pt (saved settings):2"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("'imgsz'"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(apply_yaml_text(settings, "[1, 2]", "x"), SettingsError);
+  EXPECT_THROW(apply_yaml_text(settings, "a: [", "x"), SettingsError);
+}
+
+// The keys a resumed run takes from the command line are flagged in the table; all others come from the
+// checkpoint.
+TEST(Settings, ResumableKeysAreFlaggedInTheTable) {
+  std::vector<std::string> resumable;
+  for (const auto& info : setting_infos()) {
+    if (info.resumable) resumable.push_back(info.name);
+  }
+  EXPECT_EQ(resumable, (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota",
+                                                 "quota_db", "quota_token", "gpu_mem", "threads"}));
+}
+
+TEST(Settings, ResumeKeepsTheSavedRecipe) {
+  Settings saved = resolve_settings({{"epochs", "30"}, {"lr0", "0.02"}, {"workers", "2"}, {"batch", "8"}}, "train");
+  const Settings requested = resolve_settings(
+      {{"resume", "runs/train/a/weights/last.pt"}, {"epochs", "99"}, {"lr0", "0.5"}, {"workers", "4"},
+       {"device", "cpu"}, {"quota", "off"}, {"threads", "3"}, {"plots", "false"}},
+      "train");
+  const Settings merged = merge_resumed_settings(saved, requested);
+  EXPECT_EQ(merged.epochs, 30);                  // the recipe is the checkpoint's
+  EXPECT_DOUBLE_EQ(merged.optim.lr0, 0.02);
+  EXPECT_EQ(merged.loader.workers, 4);           // resumable and given
+  EXPECT_EQ(merged.device, "cpu");
+  EXPECT_EQ(merged.lease.quota, "off");
+  EXPECT_EQ(merged.threads, 3);
+  EXPECT_FALSE(merged.plots);
+  EXPECT_DOUBLE_EQ(merged.batch, 8);             // resumable but left at its default: the saved one stays
+  EXPECT_EQ(merged.resume, "runs/train/a/weights/last.pt");
 }
 
 TEST(Settings, ArgsYamlRoundTrips) {
@@ -124,6 +295,23 @@ TEST(Settings, DefaultYamlListsEverySettingWithItsDefault) {
     set_setting(parsed, key, value, path);
     EXPECT_EQ(get_setting(parsed, key), get_setting(defaults, key)) << key;
     ++index;
+  }
+  EXPECT_EQ(index, setting_infos().size());
+}
+
+// Its comments are the table's help texts, so `yolo8 help` and the file say the same.
+TEST(Settings, DefaultYamlCommentsAreTheHelpTexts) {
+  std::ifstream in(std::string(test::kSourceDir) + "/configs/default.yaml");
+  std::string line;
+  size_t index = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    ASSERT_LT(index, setting_infos().size());
+    const SettingInfo& info = setting_infos()[index++];
+    EXPECT_EQ(line.substr(0, line.find(':')), info.name);
+    const size_t comment = line.find("  # ");
+    ASSERT_NE(comment, std::string::npos) << line;
+    EXPECT_EQ(line.substr(comment + 4), info.help) << info.name;
   }
   EXPECT_EQ(index, setting_infos().size());
 }

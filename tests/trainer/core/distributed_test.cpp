@@ -478,14 +478,6 @@ TEST(Distributed, ConfigErrorsNameTheVariable) {
   EXPECT_NE(with("YOLO8_DIST_BACKEND", "mpi").find("backend"), std::string::npos);
 }
 
-TEST(Distributed, ParsesDeviceLists) {
-  EXPECT_EQ(parse_device_ids("0,1"), (std::vector<int>{0, 1}));
-  EXPECT_EQ(parse_device_ids("3"), (std::vector<int>{3}));
-  EXPECT_EQ(parse_device_ids("cuda:2,cuda:5"), (std::vector<int>{2, 5}));
-  EXPECT_TRUE(parse_device_ids("cpu").empty());
-  EXPECT_THROW(parse_device_ids("0,x"), std::invalid_argument);
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // The launcher with shell children.
 
