@@ -55,7 +55,7 @@ struct Result {
 Result run(const std::string& name, bool write_each, bool full_sync, int connections, int leases, double seconds,
            const std::string& dir) {
   const std::string db = dir + "/quota_bench_" + name + ".db";
-  for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(db + s);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
   ServiceOptions so;
   so.db_path = db;
   so.write_each_heartbeat = write_each;
@@ -68,38 +68,40 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
   const httplib::Headers auth = {{"Authorization", "Bearer bench-token"}};
   std::vector<int64_t> ids;
   {
-    httplib::Client c("127.0.0.1", port);
+    httplib::Client client("127.0.0.1", port);
     for (int i = 0; i < leases; ++i) {
-      auto r = c.Post("/v1/leases", auth, R"({"model":"yolov8n","shared":true,"memory_gib":4})", "application/json");
-      if (!r || r->status != 201) throw std::runtime_error("bench: acquire failed");
-      ids.push_back(json::parse(r->body)["lease_id"].get<int64_t>());
+      auto response =
+          client.Post("/v1/leases", auth, R"({"model":"yolov8n","shared":true,"memory_gib":4})", "application/json");
+      if (!response || response->status != 201) throw std::runtime_error("bench: acquire failed");
+      ids.push_back(json::parse(response->body)["lease_id"].get<int64_t>());
     }
   }
-  std::vector<std::vector<double>> lat(static_cast<size_t>(connections));
+  std::vector<std::vector<double>> latencies_by_thread(static_cast<size_t>(connections));
   std::atomic<int64_t> errors{0};
   std::atomic<bool> go{false};
-  const auto deadline_ns = int64_t(seconds * 1e9);
+  const auto deadline_ns = static_cast<int64_t>(seconds * 1e9);
   std::vector<std::thread> threads;
-  for (int t = 0; t < connections; ++t) {
-    threads.emplace_back([&, t] {
-      httplib::Client c("127.0.0.1", port);
-      c.set_keep_alive(true);
-      c.set_tcp_nodelay(true);
-      auto& mine = lat[size_t(t)];
+  for (int thread_index = 0; thread_index < connections; ++thread_index) {
+    threads.emplace_back([&, thread_index] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);
+      auto& mine = latencies_by_thread[static_cast<size_t>(thread_index)];
       mine.reserve(200000);
       while (!go) std::this_thread::yield();
       const auto start = Clock::now();
-      size_t k = size_t(t);
+      size_t cursor = static_cast<size_t>(thread_index);
       int64_t step = 0;
       while ((Clock::now() - start).count() < deadline_ns) {
-        const int64_t id = ids[k % ids.size()];
-        k += size_t(connections);
+        const int64_t id = ids[cursor % ids.size()];
+        cursor += static_cast<size_t>(connections);
         const std::string body = R"({"step":)" + std::to_string(++step) +
                                  R"(,"epoch":1,"gpu_util":0.87,"memory_used_gib":3.2})";
         const auto t0 = Clock::now();
-        auto r = c.Post(("/v1/leases/" + std::to_string(id) + "/heartbeat").c_str(), auth, body, "application/json");
+        auto response =
+            client.Post(("/v1/leases/" + std::to_string(id) + "/heartbeat").c_str(), auth, body, "application/json");
         const auto t1 = Clock::now();
-        if (!r || r->status != 200) {
+        if (!response || response->status != 200) {
           ++errors;
           continue;
         }
@@ -109,23 +111,25 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
   }
   const auto start = Clock::now();
   go = true;
-  for (auto& t : threads) t.join();
+  for (auto& thread : threads) thread.join();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   server.stop();  // flushes the last batch
   std::vector<double> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  for (auto& latencies : latencies_by_thread) all.insert(all.end(), latencies.begin(), latencies.end());
   std::sort(all.begin(), all.end());
-  auto pct = [&](double p) { return all.empty() ? 0.0 : all[std::min(all.size() - 1, size_t(p * all.size()))]; };
+  auto percentile = [&](double fraction) {
+    return all.empty() ? 0.0 : all[std::min(all.size() - 1, static_cast<size_t>(fraction * all.size()))];
+  };
   Result res;
   res.name = name;
   res.connections = connections;
   res.seconds = elapsed;
-  res.heartbeats = int64_t(all.size());
+  res.heartbeats = static_cast<int64_t>(all.size());
   res.errors = errors;
-  res.per_s = double(all.size()) / elapsed;
-  res.p50_ms = pct(0.50);
-  res.p99_ms = pct(0.99);
-  res.p999_ms = pct(0.999);
+  res.per_s = static_cast<double>(all.size()) / elapsed;
+  res.p50_ms = percentile(0.50);
+  res.p99_ms = percentile(0.99);
+  res.p999_ms = percentile(0.999);
   res.max_ms = all.empty() ? 0 : all.back();
   Store check(db);
   res.rows_stored = check.count_heartbeats();
@@ -150,26 +154,36 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   // synchronous=NORMAL in WAL survives a crash of quotad; FULL also survives power loss
-  for (int c : connections) results.push_back(run("batched", false, false, c, leases, seconds, dir));
+  for (int connection_count : connections) {
+    results.push_back(run("batched", false, false, connection_count, leases, seconds, dir));
+  }
   const int cmp = connections.size() > 1 ? connections[1] : connections[0];
   results.push_back(run("batched_full", false, true, cmp, leases, seconds, dir));
   results.push_back(run("commit_each_full", true, true, cmp, leases, seconds, dir));
 
   std::printf("%-16s %5s %10s %12s %8s %8s %9s %8s %7s %10s\n", "mode", "conns", "heartbeats", "per_s", "p50_ms",
               "p99_ms", "p99.9_ms", "max_ms", "errors", "rows_kept");
-  json j = json::array();
-  for (const auto& r : results) {
-    std::printf("%-16s %5d %10lld %12.0f %8.3f %8.3f %9.3f %8.2f %7lld %10lld\n", r.name.c_str(), r.connections,
-                (long long)r.heartbeats, r.per_s, r.p50_ms, r.p99_ms, r.p999_ms, r.max_ms, (long long)r.errors,
-                (long long)r.rows_stored);
-    j.push_back(json{{"mode", r.name}, {"connections", r.connections}, {"seconds", r.seconds},
-                     {"heartbeats", r.heartbeats}, {"heartbeats_per_s", r.per_s}, {"p50_ms", r.p50_ms},
-                     {"p99_ms", r.p99_ms}, {"p999_ms", r.p999_ms}, {"max_ms", r.max_ms}, {"errors", r.errors},
-                     {"rows_stored", r.rows_stored}});
+  json rows = json::array();
+  for (const auto& result : results) {
+    std::printf("%-16s %5d %10lld %12.0f %8.3f %8.3f %9.3f %8.2f %7lld %10lld\n", result.name.c_str(),
+                result.connections, static_cast<long long>(result.heartbeats), result.per_s, result.p50_ms,
+                result.p99_ms, result.p999_ms, result.max_ms, static_cast<long long>(result.errors),
+                static_cast<long long>(result.rows_stored));
+    rows.push_back(json{{"mode", result.name},
+                        {"connections", result.connections},
+                        {"seconds", result.seconds},
+                        {"heartbeats", result.heartbeats},
+                        {"heartbeats_per_s", result.per_s},
+                        {"p50_ms", result.p50_ms},
+                        {"p99_ms", result.p99_ms},
+                        {"p999_ms", result.p999_ms},
+                        {"max_ms", result.max_ms},
+                        {"errors", result.errors},
+                        {"rows_stored", result.rows_stored}});
   }
-  const Result& best = *std::max_element(results.begin(), results.end() - 2, [](const Result& a, const Result& b) {
-    return a.per_s < b.per_s;
-  });
+  const Result& best =
+      *std::max_element(results.begin(), results.end() - 2,
+                        [](const Result& left, const Result& right) { return left.per_s < right.per_s; });
   const Result& batched_full = results[results.size() - 2];
   const Result& each = results.back();
   const double ratio = each.per_s > 0 ? batched_full.per_s / each.per_s : 0;
@@ -178,7 +192,7 @@ int main(int argc, char** argv) {
   std::printf("synchronous=FULL, batched / commit per heartbeat at %d connections: %.2fx throughput\n",
               each.connections, ratio);
   std::ofstream(out) << json{{"benchmark", "quota_load_bench"},
-                             {"runs", j},
+                             {"runs", rows},
                              {"full_sync_batched_over_commit_each", ratio},
                              {"target_met", best.per_s >= 10000 && best.p99_ms < 5}}
                             .dump(2)

@@ -28,36 +28,38 @@ struct AdminArgs {
   bool raw_json = false;
 };
 
-json admin_call(const AdminArgs& a, const std::string& method, const std::string& path, const std::string& body = "") {
-  httplib::Client cli(a.server);
+json admin_call(const AdminArgs& args, const std::string& method, const std::string& path,
+                const std::string& body = "") {
+  httplib::Client cli(args.server);
   cli.set_connection_timeout(5, 0);
   cli.set_read_timeout(10, 0);
-  httplib::Headers h;
-  std::string token = a.token;
+  httplib::Headers headers;
+  std::string token = args.token;
   if (token.empty()) {
-    if (const char* t = std::getenv("QUOTAD_TOKEN")) token = t;
+    if (const char* env_token = std::getenv("QUOTAD_TOKEN")) token = env_token;
   }
-  if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
-  auto res = method == "GET" ? cli.Get(path.c_str(), h) : cli.Post(path.c_str(), h, body, "application/json");
-  if (!res) throw std::runtime_error("cannot reach " + a.server + ": " + httplib::to_string(res.error()));
-  json j;
+  if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+  auto res =
+      method == "GET" ? cli.Get(path.c_str(), headers) : cli.Post(path.c_str(), headers, body, "application/json");
+  if (!res) throw std::runtime_error("cannot reach " + args.server + ": " + httplib::to_string(res.error()));
+  json reply;
   try {
-    j = json::parse(res->body);
+    reply = json::parse(res->body);
   } catch (const json::exception&) {
-    j = json{{"reason", res->body}};
+    reply = json{{"reason", res->body}};
   }
   if (res->status >= 400) {
-    throw std::runtime_error("HTTP " + std::to_string(res->status) + ": " + j.value("reason", res->body));
+    throw std::runtime_error("HTTP " + std::to_string(res->status) + ": " + reply.value("reason", res->body));
   }
-  return j;
+  return reply;
 }
 
 std::string fmt_ms(int64_t ms) {
   if (ms <= 0) return "-";
-  const time_t s = time_t(ms / 1000);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", std::gmtime(&s));
-  return buf;
+  const time_t seconds = static_cast<time_t>(ms / 1000);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", std::gmtime(&seconds));
+  return text;
 }
 
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync,
@@ -112,10 +114,10 @@ int main(int argc, char** argv) {
   hash_cmd->add_option("token", token_text, "token")->required();
 
   AdminArgs admin;
-  auto add_admin = [&](CLI::App* c) {
-    c->add_option("--server", admin.server, "quotad URL")->capture_default_str();
-    c->add_option("--token", admin.token, "bearer token (default: $QUOTAD_TOKEN)");
-    c->add_flag("--json", admin.raw_json, "print the raw JSON");
+  auto add_admin = [&](CLI::App* command) {
+    command->add_option("--server", admin.server, "quotad URL")->capture_default_str();
+    command->add_option("--token", admin.token, "bearer token (default: $QUOTAD_TOKEN)");
+    command->add_flag("--json", admin.raw_json, "print the raw JSON");
   };
   auto* teams_cmd = app.add_subcommand("teams", "usage per team");
   add_admin(teams_cmd);
@@ -164,9 +166,9 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
     if (*check_cmd) {
-      const Policy p = load_policy(policy_path);
+      const Policy policy = load_policy(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
-                  p.total_gpus(), p.emergency_pool_gpus(), p.teams.size(), p.users.size());
+                  policy.total_gpus(), policy.emergency_pool_gpus(), policy.teams.size(), policy.users.size());
       return 0;
     }
     if (*render_cmd) {
@@ -186,8 +188,8 @@ int main(int argc, char** argv) {
     if (*report_cmd) {
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
-      const MonthlyReport r = build_report(report_db, report_month, policy.get(), report_top);
-      const std::string text = report_format == "html" ? report_html(r) : report_markdown(r);
+      const MonthlyReport report = build_report(report_db, report_month, policy.get(), report_top);
+      const std::string text = report_format == "html" ? report_html(report) : report_markdown(report);
       if (report_out.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
       } else {
@@ -201,66 +203,70 @@ int main(int argc, char** argv) {
       std::printf("%s\n", sha256_hex(token_text).c_str());
       return 0;
     }
-    json j;
+    json reply;
     if (*teams_cmd) {
-      j = admin_call(admin, "GET", "/v1/teams");
+      reply = admin_call(admin, "GET", "/v1/teams");
       if (!admin.raw_json) {
         std::printf("%-16s %6s %6s %6s %7s %6s %7s %8s\n", "team", "base", "burst", "limit", "in_use", "active",
                     "queued", "approval");
-        for (const auto& t : j["teams"]) {
-          std::printf("%-16s %6.1f %6.1f %6.1f %7.2f %6d %7d %8d\n", t["name"].get<std::string>().c_str(),
-                      t["base"].get<double>(), t["burst"].get<double>(), t["limit_now"].get<double>(),
-                      t["gpus_in_use"].get<double>(), t["leases_active"].get<int>(), t["queued"].get<int>(),
-                      t["pending_approval"].get<int>());
+        for (const auto& team : reply["teams"]) {
+          std::printf("%-16s %6.1f %6.1f %6.1f %7.2f %6d %7d %8d\n", team["name"].get<std::string>().c_str(),
+                      team["base"].get<double>(), team["burst"].get<double>(), team["limit_now"].get<double>(),
+                      team["gpus_in_use"].get<double>(), team["leases_active"].get<int>(), team["queued"].get<int>(),
+                      team["pending_approval"].get<int>());
         }
-        std::printf("total GPUs %d, emergency pool %d\n", j["total_gpus"].get<int>(),
-                    j["emergency_pool_gpus"].get<int>());
+        std::printf("total GPUs %d, emergency pool %d\n", reply["total_gpus"].get<int>(),
+                    reply["emergency_pool_gpus"].get<int>());
         return 0;
       }
     } else if (*leases_cmd) {
-      j = admin_call(admin, "GET", "/v1/leases" + (state_filter.empty() ? "" : "?state=" + state_filter));
+      reply = admin_call(admin, "GET", "/v1/leases" + (state_filter.empty() ? "" : "?state=" + state_filter));
       if (!admin.raw_json) {
         std::printf("%-6s %-16s %-8s %-14s %-9s %-8s %4s %-20s %s\n", "id", "state", "user", "team", "model",
                     "priority", "gpus", "devices", "reason");
-        for (const auto& l : j["leases"]) {
-          std::string devs;
-          for (const auto& d : l["devices"]) devs += (devs.empty() ? "" : ",") + d.get<std::string>();
-          const auto& r = l["request"];
-          std::printf("%-6lld %-16s %-8s %-14s %-9s %-8s %4d %-20s %s\n", (long long)l["id"].get<int64_t>(),
-                      l["state"].get<std::string>().c_str(), r["user"].get<std::string>().c_str(),
-                      r["team"].get<std::string>().c_str(), r["model"].get<std::string>().c_str(),
-                      r["priority"].get<std::string>().c_str(), l["gpus"].get<int>(), devs.c_str(),
-                      l.value("reason", "").c_str());
+        for (const auto& lease : reply["leases"]) {
+          std::string devices;
+          for (const auto& device : lease["devices"]) {
+            devices += (devices.empty() ? "" : ",") + device.get<std::string>();
+          }
+          const auto& report = lease["request"];
+          std::printf("%-6lld %-16s %-8s %-14s %-9s %-8s %4d %-20s %s\n",
+                      static_cast<long long>(lease["id"].get<int64_t>()), lease["state"].get<std::string>().c_str(),
+                      report["user"].get<std::string>().c_str(), report["team"].get<std::string>().c_str(),
+                      report["model"].get<std::string>().c_str(), report["priority"].get<std::string>().c_str(),
+                      lease["gpus"].get<int>(), devices.c_str(), lease.value("reason", "").c_str());
         }
         return 0;
       }
     } else if (*approve_cmd || *reject_cmd) {
       const std::string verb = *approve_cmd ? "approve" : "reject";
-      j = admin_call(admin, "POST", "/v1/approvals/" + std::to_string(approval_id) + "/" + verb,
-                     json{{"note", note}}.dump());
+      reply = admin_call(admin, "POST", "/v1/approvals/" + std::to_string(approval_id) + "/" + verb,
+                         json{{"note", note}}.dump());
       if (!admin.raw_json) {
-        std::printf("approval %lld: %s by %s; lease %lld is %s\n", (long long)approval_id,
-                    j["state"].get<std::string>().c_str(), j["decided_by"].get<std::string>().c_str(),
-                    (long long)j["lease_id"].get<int64_t>(), j["lease"]["state"].get<std::string>().c_str());
+        std::printf("approval %lld: %s by %s; lease %lld is %s\n", static_cast<long long>(approval_id),
+                    reply["state"].get<std::string>().c_str(), reply["decided_by"].get<std::string>().c_str(),
+                    static_cast<long long>(reply["lease_id"].get<int64_t>()),
+                    reply["lease"]["state"].get<std::string>().c_str());
         return 0;
       }
     } else if (*approvals_cmd) {
-      j = admin_call(admin, "GET", "/v1/approvals");
+      reply = admin_call(admin, "GET", "/v1/approvals");
     } else if (*audit_cmd) {
-      j = admin_call(admin, "GET", "/v1/audit?after=" + std::to_string(after) + "&limit=" + std::to_string(limit));
+      reply = admin_call(admin, "GET", "/v1/audit?after=" + std::to_string(after) + "&limit=" + std::to_string(limit));
       if (!admin.raw_json) {
-        for (const auto& e : j["audit"]) {
-          std::printf("%6lld %s %-10s %-18s lease=%-5lld %-14s %s\n", (long long)e["seq"].get<int64_t>(),
-                      fmt_ms(e["ts_ms"].get<int64_t>()).c_str(), e["actor"].get<std::string>().c_str(),
-                      e["action"].get<std::string>().c_str(), (long long)e["lease_id"].get<int64_t>(),
-                      e["team"].get<std::string>().c_str(), e["detail"].get<std::string>().c_str());
+        for (const auto& entry : reply["audit"]) {
+          std::printf(
+              "%6lld %s %-10s %-18s lease=%-5lld %-14s %s\n", static_cast<long long>(entry["seq"].get<int64_t>()),
+              fmt_ms(entry["ts_ms"].get<int64_t>()).c_str(), entry["actor"].get<std::string>().c_str(),
+              entry["action"].get<std::string>().c_str(), static_cast<long long>(entry["lease_id"].get<int64_t>()),
+              entry["team"].get<std::string>().c_str(), entry["detail"].get<std::string>().c_str());
         }
         return 0;
       }
     }
-    std::cout << j.dump(2) << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << "quotad: " << e.what() << "\n";
+    std::cout << reply.dump(2) << "\n";
+  } catch (const std::exception& entry) {
+    std::cerr << "quotad: " << entry.what() << "\n";
     return 1;
   }
   return 0;

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <ostream>
 #include <random>
 
 #include "quota/client/transport.h"
@@ -15,60 +17,87 @@ using nlohmann::json;
 namespace {
 
 std::string random_key() {
-  std::random_device rd;
-  std::mt19937_64 gen((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::random_device device;
+  const auto now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::mt19937_64 generator((static_cast<uint64_t>(device()) << 32) ^ device() ^ now);
   const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 32; ++i) s += hex[gen() % 16];
-  return s;
+  std::string key;
+  for (int i = 0; i < 32; ++i) key += hex[generator() % 16];
+  return key;
 }
 
-LeaseInfo lease_info(const json& j) {
-  LeaseInfo l;
-  l.id = j.value("id", int64_t(0));
-  l.state = j.value("state", "");
-  l.devices = j.value("devices", std::vector<std::string>{});
-  l.memory_gib = j.value("memory_gib", 0.0);
-  l.shared = j.value("shared", false);
-  l.ttl_s = j.value("ttl_s", 60);
-  l.heartbeat_interval_s = j.value("heartbeat_interval_s", 10);
-  l.preempt_grace_s = j.value("preempt_grace_s", 0);
-  return l;
-}
-
-std::string reason_of(const ApiResponse& r) {
-  if (r.body.is_object() && r.body.contains("reason") && r.body["reason"].is_string()) {
-    return r.body["reason"].get<std::string>();
+// The lease state the service answered with; an unknown text is an error naming the field, not a guess.
+LeaseState lease_state_of(const json& body) {
+  try {
+    return parse_lease_state(body.value("state", ""));
+  } catch (const PolicyError& error) {
+    throw std::runtime_error(std::string("quota: the service answered with an unknown lease ") + error.what());
   }
-  return "status " + std::to_string(r.status);
+}
+
+LeaseInfo lease_info(const json& view) {
+  LeaseInfo lease;
+  lease.id = view.value("id", int64_t{0});
+  lease.state = lease_state_of(view);
+  lease.devices = view.value("devices", std::vector<std::string>{});
+  lease.memory_gib = view.value("memory_gib", 0.0);
+  lease.shared = view.value("shared", false);
+  lease.ttl_s = view.value("ttl_s", 60);
+  lease.heartbeat_interval_s = view.value("heartbeat_interval_s", 10);
+  lease.preempt_grace_s = view.value("preempt_grace_s", 0);
+  return lease;
+}
+
+std::string reason_of(const ApiResponse& response) {
+  if (response.body.is_object() && response.body.contains("reason") && response.body["reason"].is_string()) {
+    return response.body["reason"].get<std::string>();
+  }
+  return "status " + std::to_string(response.status);
 }
 
 }  // namespace
 
+std::string to_string(WaitStatus status) {
+  switch (status) {
+    case WaitStatus::kQueued: return "queued";
+    case WaitStatus::kNeedsApproval: return "needs_approval";
+  }
+  return "queued";
+}
+
+WaitStatus parse_wait_status(const std::string& text) {
+  for (const WaitStatus status : {WaitStatus::kQueued, WaitStatus::kNeedsApproval}) {
+    if (to_string(status) == text) return status;
+  }
+  throw std::runtime_error("quota: status: '" + text + "' is not one of queued, needs_approval");
+}
+
+std::ostream& operator<<(std::ostream& out, WaitStatus status) { return out << to_string(status); }
+
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus, double local_gpu_memory_gib) {
-  ClientConfig c;
-  c.local_gpus = local_gpus;
-  c.local_gpu_memory_gib = local_gpu_memory_gib;
+  ClientConfig config;
+  config.local_gpus = local_gpus;
+  config.local_gpu_memory_gib = local_gpu_memory_gib;
   if (setting == "off" || setting == "local" || setting.empty()) {
-    c.mode = setting.empty() ? "local" : setting;
+    config.mode = setting.empty() ? "local" : setting;
   } else if (setting.rfind("local:", 0) == 0 && setting.size() > 6) {
-    c.mode = "local";
-    c.local_db = setting.substr(6);
+    config.mode = "local";
+    config.local_db = setting.substr(6);
   } else if (setting.rfind("http://", 0) == 0 && setting.size() > 7) {
-    c.mode = setting;
-    if (const char* t = std::getenv("YOLO8_QUOTA_TOKEN")) c.token = t;
+    config.mode = setting;
+    if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
   } else {
     throw std::invalid_argument("quota: '" + setting + "' is not off, local, local:PATH or an http:// URL");
   }
-  return c;
+  return config;
 }
 
 std::string QuotaClient::default_local_db() {
   std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) {
-    base = x;
-  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h) {
-    base = std::string(h) + "/.cache";
+  if (const char* cache_home = std::getenv("XDG_CACHE_HOME"); cache_home != nullptr && *cache_home) {
+    base = cache_home;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home) {
+    base = std::string(home) + "/.cache";
   } else {
     base = "/tmp";
   }
@@ -79,23 +108,23 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
   if (config_.mode == "off") return;
   if (config_.mode == "local" || config_.mode.empty()) {
     if (config_.user.empty()) {
-      const char* u = std::getenv("USER");
-      config_.user = u != nullptr && *u ? u : "local";
+      const char* user = std::getenv("USER");
+      config_.user = user != nullptr && *user ? user : "local";
     }
     std::string db = config_.local_db.empty() ? default_local_db() : config_.local_db;
     const auto parent = std::filesystem::path(db).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    Policy p = config_.local_policy.empty()
-                   ? local_policy(config_.local_gpus, config_.local_gpu_memory_gib, config_.user)
-                   : load_policy(config_.local_policy);
+    Policy policy = config_.local_policy.empty()
+                        ? local_policy(config_.local_gpus, config_.local_gpu_memory_gib, config_.user)
+                        : load_policy(config_.local_policy);
     if (config_.local_policy.empty() && !config_.local_memory_table.empty()) {
-      p.memory_table = load_memory_table(config_.local_memory_table);
+      policy.memory_table = load_memory_table(config_.local_memory_table);
     }
-    ServiceOptions o;
-    o.db_path = db;
-    o.reload_per_call = true;
-    o.clock = config_.clock;
-    transport_ = make_local_transport(std::move(p), o, config_.user);
+    ServiceOptions options;
+    options.db_path = db;
+    options.reload_per_call = true;
+    options.clock = config_.clock;
+    transport_ = make_local_transport(std::move(policy), options, config_.user);
   } else if (config_.mode.rfind("http://", 0) == 0) {
     transport_ = make_http_transport(config_.mode, config_.token);
   } else {
@@ -112,128 +141,139 @@ int64_t QuotaClient::steady_ms() const {
       .count();
 }
 
-ApiResponse QuotaClient::call(const ApiRequest& req) { return transport_->call(req); }
+ApiResponse QuotaClient::call(const ApiRequest& request) { return transport_->call(request); }
 
-LeaseInfo QuotaClient::acquire(const LeaseRequest& req, const std::function<void(const WaitInfo&)>& on_wait,
+LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<void(const WaitInfo&)>& on_wait,
                                double max_wait_s) {
   if (!enabled()) {
     lease_ = LeaseInfo{};
-    lease_.state = "granted";
+    lease_.state = LeaseState::kGranted;
     return lease_;
   }
   revoked_ = false;
   lost_ = false;
   released_ = false;
-  ApiRequest a;
-  a.method = "POST";
-  a.path = "/v1/leases";
-  a.body = to_json(req).dump();
-  a.idempotency_key = req.idempotency_key.empty() ? random_key() : req.idempotency_key;
+  ApiRequest ask;
+  ask.method = "POST";
+  ask.path = "/v1/leases";
+  ask.body = to_json(request).dump();
+  ask.idempotency_key = request.idempotency_key.empty() ? random_key() : request.idempotency_key;
   const int64_t start = steady_ms();
-  const auto poll = std::chrono::milliseconds(int64_t(config_.poll_interval_s * 1000));
-  ApiResponse r;
+  const auto poll = std::chrono::milliseconds(static_cast<int64_t>(config_.poll_interval_s * 1000));
+  ApiResponse response;
   // the idempotency key makes retries after network errors safe
   for (;;) {
-    r = call(a);
-    if (r.status != 0) break;
-    if (steady_ms() - start > 60000) throw std::runtime_error("quota: " + reason_of(r));
+    response = call(ask);
+    if (response.status != 0) break;
+    if (steady_ms() - start > 60000) throw std::runtime_error("quota: " + reason_of(response));
     std::this_thread::sleep_for(poll);
   }
-  if (r.status == 201) {
-    lease_ = lease_info(r.body.at("lease"));
+  if (response.status == 201) {
+    lease_ = lease_info(response.body.at("lease"));
     last_ok_steady_ms_ = steady_ms();
     return lease_;
   }
-  if (r.status != 202 && !(r.status == 403 && r.body.value("status", "") == "needs_approval")) {
-    throw QuotaRefused(r.status, reason_of(r), r.body.value("max_batch", 0));
+  const std::string needs_approval = to_string(WaitStatus::kNeedsApproval);
+  if (response.status != 202 && !(response.status == 403 && response.body.value("status", "") == needs_approval)) {
+    throw QuotaRefused(response.status, reason_of(response), response.body.value("max_batch", 0));
   }
-  const int64_t id = r.body.value("lease_id", int64_t(0));
-  WaitInfo w;
-  w.lease_id = id;
-  w.status = r.body.value("status", "");
-  w.approval_id = r.body.value("approval_id", int64_t(0));
-  w.position = r.body.value("position", 0);
-  w.reason = reason_of(r);
-  if (on_wait) on_wait(w);
-  ApiRequest g;
-  g.method = "GET";
-  g.path = "/v1/leases/" + std::to_string(id);
+  const int64_t id = response.body.value("lease_id", int64_t{0});
+  WaitInfo wait;
+  wait.lease_id = id;
+  wait.status = parse_wait_status(response.body.value("status", ""));
+  wait.approval_id = response.body.value("approval_id", int64_t{0});
+  wait.position = response.body.value("position", 0);
+  wait.reason = reason_of(response);
+  if (on_wait) on_wait(wait);
+  ApiRequest poll_request;
+  poll_request.method = "GET";
+  poll_request.path = "/v1/leases/" + std::to_string(id);
   int64_t unreachable_since = 0;
   for (;;) {
-    if (steady_ms() - start > int64_t(max_wait_s * 1000)) {
+    if (steady_ms() - start > static_cast<int64_t>(max_wait_s * 1000)) {
       ApiRequest cancel;
       cancel.method = "POST";
-      cancel.path = g.path + "/release";
-      cancel.body = R"({"outcome":"cancelled"})";
+      cancel.path = poll_request.path + "/release";
+      cancel.body = json{{"outcome", to_string(Outcome::kCancelled)}}.dump();
       call(cancel);
       throw std::runtime_error("quota: gave up waiting for lease " + std::to_string(id));
     }
     std::this_thread::sleep_for(poll);
-    r = call(g);
-    if (r.status == 0) {
+    response = call(poll_request);
+    if (response.status == 0) {
       if (unreachable_since == 0) unreachable_since = steady_ms();
-      if (steady_ms() - unreachable_since > 10 * 60 * 1000) throw std::runtime_error("quota: " + reason_of(r));
+      if (steady_ms() - unreachable_since > 10 * 60 * 1000) throw std::runtime_error("quota: " + reason_of(response));
       continue;
     }
     unreachable_since = 0;
-    if (r.status != 200) throw QuotaRefused(r.status, reason_of(r));
-    const std::string state = r.body.value("state", "");
-    if (state == "granted" || state == "revoking") {
-      lease_ = lease_info(r.body);
+    if (response.status != 200) throw QuotaRefused(response.status, reason_of(response));
+    const LeaseState state = lease_state_of(response.body);
+    if (state == LeaseState::kGranted || state == LeaseState::kRevoking) {
+      lease_ = lease_info(response.body);
       last_ok_steady_ms_ = steady_ms();
-      if (state == "revoking") {
+      if (state == LeaseState::kRevoking) {
         revoked_ = true;
-        deadline_ms_ = r.body.value("deadline_ms", int64_t(0));
+        deadline_ms_ = response.body.value("deadline_ms", int64_t{0});
       }
       return lease_;
     }
-    if (state == "queued" || state == "pending_approval") {
-      w.status = state == "queued" ? "queued" : "needs_approval";
-      w.position = r.body.value("position", 0);
-      w.reason = r.body.value("reason", "");
-      if (on_wait) on_wait(w);
+    if (state == LeaseState::kQueued || state == LeaseState::kPendingApproval) {
+      wait.status = state == LeaseState::kQueued ? WaitStatus::kQueued : WaitStatus::kNeedsApproval;
+      wait.position = response.body.value("position", 0);
+      wait.reason = response.body.value("reason", "");
+      if (on_wait) on_wait(wait);
       continue;
     }
-    throw QuotaRefused(403, "lease " + std::to_string(id) + " " + state + ": " + r.body.value("reason", ""));
+    throw QuotaRefused(
+        403, "lease " + std::to_string(id) + " " + to_string(state) + ": " + response.body.value("reason", ""));
   }
 }
 
 void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   if (!enabled() || lease_.id == 0 || heartbeat_thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lk(hb_mu_);
-    hb_stop_ = false;
+    std::lock_guard<std::mutex> lock(heartbeat_mutex_);
+    heartbeat_stop_ = false;
   }
   last_ok_steady_ms_ = steady_ms();
   heartbeat_thread_ = std::thread([this, provider] {
-    ApiRequest h;
-    h.method = "POST";
-    h.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
+    ApiRequest beat;
+    beat.method = "POST";
+    beat.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
     for (;;) {
       {
-        std::unique_lock<std::mutex> lk(hb_mu_);
-        if (hb_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [this] { return hb_stop_; })) return;
+        std::unique_lock<std::mutex> lock(heartbeat_mutex_);
+        if (heartbeat_wakeup_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return heartbeat_stop_; })) {
+          return;
+        }
       }
-      const Telemetry t = provider ? provider() : Telemetry{};
-      h.body = to_json(t).dump();
-      const ApiResponse r = call(h);
-      if (r.status == 0) {
+      const Telemetry telemetry = provider ? provider() : Telemetry{};
+      beat.body = to_json(telemetry).dump();
+      const ApiResponse response = call(beat);
+      if (response.status == 0) {
         wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
         continue;
       }
       wait_ms = interval_ms;
-      if (r.status != 200) {
-        if (r.status == 404) lost_ = true;
+      if (response.status != 200) {
+        if (response.status == 404) lost_ = true;
         continue;
       }
       last_ok_steady_ms_ = steady_ms();
-      const std::string state = r.body.value("state", "");
-      if (state == "revoking") {
-        deadline_ms_ = r.body.value("deadline_ms", int64_t(0));
+      // No exception may leave this thread: a state text this client does not know counts as not granted, as
+      // any state but granted/revoking does, so the trainer stops using the GPUs.
+      std::optional<LeaseState> state;
+      try {
+        state = lease_state_of(response.body);
+      } catch (const std::runtime_error&) {
+        state.reset();
+      }
+      if (state == LeaseState::kRevoking) {
+        deadline_ms_ = response.body.value("deadline_ms", int64_t{0});
         revoked_ = true;
-      } else if (state != "granted") {
+      } else if (state != LeaseState::kGranted) {
         lost_ = true;
         return;
       }
@@ -243,29 +283,29 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
 
 void QuotaClient::stop_heartbeats() {
   {
-    std::lock_guard<std::mutex> lk(hb_mu_);
-    hb_stop_ = true;
+    std::lock_guard<std::mutex> lock(heartbeat_mutex_);
+    heartbeat_stop_ = true;
   }
-  hb_cv_.notify_all();
+  heartbeat_wakeup_.notify_all();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
 bool QuotaClient::unreachable_too_long() const {
   if (!enabled() || lease_.id == 0) return false;
-  const int64_t budget = int64_t(lease_.ttl_s - lease_.heartbeat_interval_s) * 1000;
-  return steady_ms() - last_ok_steady_ms_ > std::max<int64_t>(1000, budget);
+  const int64_t budget_ms = static_cast<int64_t>(lease_.ttl_s - lease_.heartbeat_interval_s) * 1000;
+  return steady_ms() - last_ok_steady_ms_ > std::max<int64_t>(1000, budget_ms);
 }
 
 void QuotaClient::release(Outcome outcome) {
   stop_heartbeats();
   if (!enabled() || lease_.id == 0 || released_) return;
-  ApiRequest r;
-  r.method = "POST";
-  r.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";
-  r.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
+  ApiRequest request;
+  request.method = "POST";
+  request.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";
+  request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const ApiResponse res = call(r);
-    if (res.status != 0) break;
+    const ApiResponse response = call(request);
+    if (response.status != 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   released_ = true;

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -53,7 +54,7 @@ class QuotaRefused : public std::runtime_error {
 
 struct LeaseInfo {
   int64_t id = 0;  // 0 in mode off
-  std::string state;
+  LeaseState state = LeaseState::kGranted;  // granted or revoking once acquire() returns
   std::vector<std::string> devices;  // "node:index"
   double memory_gib = 0;
   bool shared = false;
@@ -62,8 +63,16 @@ struct LeaseInfo {
   int preempt_grace_s = 0;
 };
 
+// Why acquire() waits; the texts are the "status" the service answers a lease request with.
+enum class WaitStatus { kQueued, kNeedsApproval };
+std::string to_string(WaitStatus status);
+// Throws std::runtime_error naming the field for any other text.
+WaitStatus parse_wait_status(const std::string& text);
+// Prints the text form (the trainer logs it while waiting).
+std::ostream& operator<<(std::ostream& out, WaitStatus status);
+
 struct WaitInfo {
-  std::string status;  // "queued" | "needs_approval"
+  WaitStatus status = WaitStatus::kQueued;
   int64_t lease_id = 0;
   int64_t approval_id = 0;
   int position = 0;
@@ -101,7 +110,7 @@ class QuotaClient {
   static std::string default_local_db();
 
  private:
-  ApiResponse call(const ApiRequest& req);
+  ApiResponse call(const ApiRequest& request);
   int64_t now_ms() const;
   int64_t steady_ms() const;
 
@@ -113,9 +122,9 @@ class QuotaClient {
   std::atomic<int64_t> deadline_ms_{0};
   std::atomic<int64_t> last_ok_steady_ms_{0};
   std::thread heartbeat_thread_;
-  std::mutex hb_mu_;
-  std::condition_variable hb_cv_;
-  bool hb_stop_ = false;
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_wakeup_;  // stop_heartbeats() ends the wait between beats early
+  bool heartbeat_stop_ = false;
   bool released_ = false;
 };
 

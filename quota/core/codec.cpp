@@ -7,17 +7,20 @@ using nlohmann::json;
 namespace {
 
 template <typename T>
-T field(const json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
+T field(const json& object, const char* key, T fallback) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
   try {
     if constexpr (std::is_same_v<T, bool>) {
       if (!it->is_boolean()) throw RequestError("");
     } else if constexpr (std::is_arithmetic_v<T>) {
       if (!it->is_number()) throw RequestError("");
       if constexpr (std::is_integral_v<T>) {
-        const double v = it->get<double>();
-        if (v != double(int64_t(v)) || v < -9e15 || v > 9e15) throw RequestError("");
+        // whole numbers only, and within the range a double holds exactly
+        const double number = it->get<double>();
+        if (number != static_cast<double>(static_cast<int64_t>(number)) || number < -9e15 || number > 9e15) {
+          throw RequestError("");
+        }
       }
     } else {
       if (!it->is_string()) throw RequestError("");
@@ -28,194 +31,208 @@ T field(const json& j, const char* key, T fallback) {
   }
 }
 
-std::string bounded(const json& j, const char* key, size_t max_len, const std::string& fallback = "") {
-  std::string s = field<std::string>(j, key, fallback);
-  if (s.size() > max_len) throw RequestError(std::string(key) + ": longer than " + std::to_string(max_len) + " characters");
-  return s;
+std::string bounded(const json& object, const char* key, size_t max_len, const std::string& fallback = "") {
+  std::string text = field<std::string>(object, key, fallback);
+  if (text.size() > max_len) {
+    throw RequestError(std::string(key) + ": longer than " + std::to_string(max_len) + " characters");
+  }
+  return text;
 }
 
-int bounded_int(const json& j, const char* key, int fallback) {
-  const int64_t v = field<int64_t>(j, key, fallback);
-  if (v < -1000000 || v > 1000000) throw RequestError(std::string(key) + ": out of range");
-  return int(v);
+int bounded_int(const json& object, const char* key, int fallback) {
+  const int64_t number = field<int64_t>(object, key, fallback);
+  if (number < -1000000 || number > 1000000) throw RequestError(std::string(key) + ": out of range");
+  return static_cast<int>(number);
 }
 
 }  // namespace
 
-json to_json(const LeaseRequest& r) {
-  return json{{"team", r.team},
-              {"user", r.user},
-              {"job", r.job},
-              {"model", r.model},
-              {"imgsz", r.imgsz},
-              {"batch", r.batch},
-              {"gpus", r.gpus},
-              {"memory_gib", r.memory_gib},
-              {"priority", to_string(r.priority)},
-              {"preemptible", r.preemptible},
-              {"shared", r.shared},
-              {"justification", r.justification},
-              {"idempotency_key", r.idempotency_key}};
+json to_json(const LeaseRequest& request) {
+  return json{{"team", request.team},
+              {"user", request.user},
+              {"job", request.job},
+              {"model", request.model},
+              {"imgsz", request.imgsz},
+              {"batch", request.batch},
+              {"gpus", request.gpus},
+              {"memory_gib", request.memory_gib},
+              {"priority", to_string(request.priority)},
+              {"preemptible", request.preemptible},
+              {"shared", request.shared},
+              {"justification", request.justification},
+              {"idempotency_key", request.idempotency_key}};
 }
 
-json to_json(const Telemetry& t) {
-  return json{{"step", t.step},
-              {"epoch", t.epoch},
-              {"gpu_util", t.gpu_util},
-              {"memory_used_gib", t.memory_used_gib},
-              {"last_checkpoint_ms", t.last_checkpoint_ms}};
+json to_json(const Telemetry& telemetry) {
+  return json{{"step", telemetry.step},
+              {"epoch", telemetry.epoch},
+              {"gpu_util", telemetry.gpu_util},
+              {"memory_used_gib", telemetry.memory_used_gib},
+              {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
 }
 
-json to_json(const Lease& l, const Policy& policy) {
+json to_json(const Lease& lease, const Policy& policy) {
   json devices = json::array();
-  for (int d : l.devices) {
-    devices.push_back(d >= 0 && size_t(d) < policy.gpus.size() ? policy.gpus[size_t(d)].id() : std::to_string(d));
+  for (const int device : lease.devices) {
+    const bool known = device >= 0 && static_cast<size_t>(device) < policy.gpus.size();
+    devices.push_back(known ? policy.gpus[static_cast<size_t>(device)].id() : std::to_string(device));
   }
-  return json{{"id", l.id},
-              {"request", to_json(l.req)},
-              {"state", to_string(l.state)},
-              {"outcome", to_string(l.outcome)},
-              {"gpus", l.gpus},
-              {"memory_gib", l.memory_gib},
-              {"shared", l.shared},
-              {"device_index", l.devices},
+  return json{{"id", lease.id},
+              {"request", to_json(lease.req)},
+              {"state", to_string(lease.state)},
+              {"outcome", to_string(lease.outcome)},
+              {"gpus", lease.gpus},
+              {"memory_gib", lease.memory_gib},
+              {"shared", lease.shared},
+              {"device_index", lease.devices},
               {"devices", devices},
-              {"over_base", l.over_base},
-              {"emergency", l.emergency},
-              {"review_pending", l.review_pending},
-              {"approval_id", l.approval_id},
-              {"created_ms", l.created_ms},
-              {"granted_ms", l.granted_ms},
-              {"last_seen_ms", l.last_seen_ms},
-              {"deadline_ms", l.deadline_ms},
-              {"ended_ms", l.ended_ms},
-              {"free_at_ms", l.free_at_ms},
-              {"charged_until_ms", l.charged_until_ms},
-              {"gpu_hours", l.gpu_hours},
-              {"preempted_for", l.preempted_for},
-              {"waiting_on", l.waiting_on},
-              {"reason", l.reason},
-              {"telemetry", to_json(l.telemetry)}};
+              {"over_base", lease.over_base},
+              {"emergency", lease.emergency},
+              {"review_pending", lease.review_pending},
+              {"approval_id", lease.approval_id},
+              {"created_ms", lease.created_ms},
+              {"granted_ms", lease.granted_ms},
+              {"last_seen_ms", lease.last_seen_ms},
+              {"deadline_ms", lease.deadline_ms},
+              {"ended_ms", lease.ended_ms},
+              {"free_at_ms", lease.free_at_ms},
+              {"charged_until_ms", lease.charged_until_ms},
+              {"gpu_hours", lease.gpu_hours},
+              {"preempted_for", lease.preempted_for},
+              {"waiting_on", lease.waiting_on},
+              {"reason", lease.reason},
+              {"telemetry", to_json(lease.telemetry)}};
 }
 
-json to_json(const Approval& a) {
-  return json{{"id", a.id},         {"lease_id", a.lease_id},     {"team", a.team},
-              {"user", a.user},     {"model", a.model},           {"justification", a.justification},
-              {"state", a.state},   {"decided_by", a.decided_by}, {"note", a.note},
-              {"created_ms", a.created_ms}, {"decided_ms", a.decided_ms}};
+json to_json(const Approval& approval) {
+  return json{{"id", approval.id},
+              {"lease_id", approval.lease_id},
+              {"team", approval.team},
+              {"user", approval.user},
+              {"model", approval.model},
+              {"justification", approval.justification},
+              {"state", to_string(approval.state)},
+              {"decided_by", approval.decided_by},
+              {"note", approval.note},
+              {"created_ms", approval.created_ms},
+              {"decided_ms", approval.decided_ms}};
 }
 
-json to_json(const AuditEntry& a) {
-  return json{{"seq", a.seq},           {"ts_ms", a.ts_ms}, {"actor", a.actor}, {"action", a.action},
-              {"lease_id", a.lease_id}, {"team", a.team},   {"detail", a.detail}};
+json to_json(const AuditEntry& entry) {
+  return json{{"seq", entry.seq},           {"ts_ms", entry.ts_ms}, {"actor", entry.actor},  {"action", entry.action},
+              {"lease_id", entry.lease_id}, {"team", entry.team},   {"detail", entry.detail}};
 }
 
-LeaseRequest lease_request_from_json(const json& j) {
-  if (!j.is_object()) throw RequestError("body: must be a JSON object");
-  LeaseRequest r;
-  r.team = bounded(j, "team", 128);
-  r.user = bounded(j, "user", 128);
-  r.job = bounded(j, "job", 256);
-  r.model = bounded(j, "model", 256, "yolov8n");
-  r.imgsz = bounded_int(j, "imgsz", 640);
-  auto batch = j.find("batch");
-  if (batch != j.end() && batch->is_string()) {
+LeaseRequest lease_request_from_json(const json& body) {
+  if (!body.is_object()) throw RequestError("body: must be a JSON object");
+  LeaseRequest request;
+  request.team = bounded(body, "team", 128);
+  request.user = bounded(body, "user", 128);
+  request.job = bounded(body, "job", 256);
+  request.model = bounded(body, "model", 256, "yolov8n");
+  request.imgsz = bounded_int(body, "imgsz", 640);
+  auto batch = body.find("batch");
+  if (batch != body.end() && batch->is_string()) {
     if (*batch != "auto") throw RequestError("batch: must be a number or \"auto\"");
-    r.batch = 0;
+    request.batch = 0;
   } else {
-    r.batch = bounded_int(j, "batch", 0);
+    request.batch = bounded_int(body, "batch", 0);
   }
-  r.gpus = bounded_int(j, "gpus", 0);
-  r.memory_gib = field<double>(j, "memory_gib", 0);
+  request.gpus = bounded_int(body, "gpus", 0);
+  request.memory_gib = field<double>(body, "memory_gib", 0);
   try {
-    r.priority = parse_priority(field<std::string>(j, "priority", "normal"));
-  } catch (const PolicyError& e) {
-    throw RequestError(e.what());
+    request.priority = parse_priority(field<std::string>(body, "priority", "normal"));
+  } catch (const PolicyError& error) {
+    throw RequestError(error.what());
   }
-  r.preemptible = field<bool>(j, "preemptible", true);
-  r.shared = field<bool>(j, "shared", false);
-  r.justification = bounded(j, "justification", 2000);
-  r.idempotency_key = bounded(j, "idempotency_key", 128);
-  return r;
+  request.preemptible = field<bool>(body, "preemptible", true);
+  request.shared = field<bool>(body, "shared", false);
+  request.justification = bounded(body, "justification", 2000);
+  request.idempotency_key = bounded(body, "idempotency_key", 128);
+  return request;
 }
 
-Telemetry telemetry_from_json(const json& j) {
-  Telemetry t;
-  if (j.is_null()) return t;
-  if (!j.is_object()) throw RequestError("body: must be a JSON object");
-  t.step = field<int64_t>(j, "step", -1);
-  t.epoch = bounded_int(j, "epoch", -1);
-  t.gpu_util = field<double>(j, "gpu_util", -1);
-  t.memory_used_gib = field<double>(j, "memory_used_gib", -1);
-  t.last_checkpoint_ms = field<int64_t>(j, "last_checkpoint_ms", 0);
-  if (t.gpu_util > 1.0 + 1e-9) throw RequestError("gpu_util: a fraction within 0..1");
-  return t;
+Telemetry telemetry_from_json(const json& body) {
+  Telemetry telemetry;
+  if (body.is_null()) return telemetry;
+  if (!body.is_object()) throw RequestError("body: must be a JSON object");
+  telemetry.step = field<int64_t>(body, "step", -1);
+  telemetry.epoch = bounded_int(body, "epoch", -1);
+  telemetry.gpu_util = field<double>(body, "gpu_util", -1);
+  telemetry.memory_used_gib = field<double>(body, "memory_used_gib", -1);
+  telemetry.last_checkpoint_ms = field<int64_t>(body, "last_checkpoint_ms", 0);
+  if (telemetry.gpu_util > 1.0 + 1e-9) throw RequestError("gpu_util: a fraction within 0..1");
+  return telemetry;
 }
 
-Lease lease_from_json(const json& j) {
-  Lease l;
-  l.id = j.at("id").get<int64_t>();
-  const json& r = j.at("request");
-  l.req.team = r.value("team", "");
-  l.req.user = r.value("user", "");
-  l.req.job = r.value("job", "");
-  l.req.model = r.value("model", "");
-  l.req.imgsz = r.value("imgsz", 640);
-  l.req.batch = r.value("batch", 0);
-  l.req.gpus = r.value("gpus", 0);
-  l.req.memory_gib = r.value("memory_gib", 0.0);
-  l.req.priority = parse_priority(r.value("priority", "normal"));
-  l.req.preemptible = r.value("preemptible", true);
-  l.req.shared = r.value("shared", false);
-  l.req.justification = r.value("justification", "");
-  l.req.idempotency_key = r.value("idempotency_key", "");
-  l.state = parse_lease_state(j.at("state").get<std::string>());
-  l.outcome = parse_outcome(j.value("outcome", ""));
-  l.gpus = j.value("gpus", 1);
-  l.memory_gib = j.value("memory_gib", 0.0);
-  l.shared = j.value("shared", false);
-  l.devices = j.value("device_index", std::vector<int>{});
-  l.device_ids = j.value("devices", std::vector<std::string>{});
-  l.over_base = j.value("over_base", false);
-  l.emergency = j.value("emergency", false);
-  l.review_pending = j.value("review_pending", false);
-  l.approval_id = j.value("approval_id", int64_t(0));
-  l.created_ms = j.value("created_ms", int64_t(0));
-  l.granted_ms = j.value("granted_ms", int64_t(0));
-  l.last_seen_ms = j.value("last_seen_ms", int64_t(0));
-  l.deadline_ms = j.value("deadline_ms", int64_t(0));
-  l.ended_ms = j.value("ended_ms", int64_t(0));
-  l.free_at_ms = j.value("free_at_ms", int64_t(0));
-  l.charged_until_ms = j.value("charged_until_ms", int64_t(0));
-  l.gpu_hours = j.value("gpu_hours", 0.0);
-  l.preempted_for = j.value("preempted_for", int64_t(0));
-  l.waiting_on = j.value("waiting_on", std::vector<int64_t>{});
-  l.reason = j.value("reason", "");
-  if (j.contains("telemetry")) {
-    const json& t = j["telemetry"];
-    l.telemetry.step = t.value("step", int64_t(-1));
-    l.telemetry.epoch = t.value("epoch", -1);
-    l.telemetry.gpu_util = t.value("gpu_util", -1.0);
-    l.telemetry.memory_used_gib = t.value("memory_used_gib", -1.0);
-    l.telemetry.last_checkpoint_ms = t.value("last_checkpoint_ms", int64_t(0));
+Lease lease_from_json(const json& record) {
+  Lease lease;
+  lease.id = record.at("id").get<int64_t>();
+  const json& request = record.at("request");
+  lease.req.team = request.value("team", "");
+  lease.req.user = request.value("user", "");
+  lease.req.job = request.value("job", "");
+  lease.req.model = request.value("model", "");
+  lease.req.imgsz = request.value("imgsz", 640);
+  lease.req.batch = request.value("batch", 0);
+  lease.req.gpus = request.value("gpus", 0);
+  lease.req.memory_gib = request.value("memory_gib", 0.0);
+  try {
+    lease.req.priority = parse_priority(request.value("priority", "normal"));
+  } catch (const PolicyError& error) {
+    throw PolicyError(std::string("request.") + error.what());
   }
-  return l;
+  lease.req.preemptible = request.value("preemptible", true);
+  lease.req.shared = request.value("shared", false);
+  lease.req.justification = request.value("justification", "");
+  lease.req.idempotency_key = request.value("idempotency_key", "");
+  lease.state = parse_lease_state(record.at("state").get<std::string>());
+  lease.outcome = parse_outcome(record.value("outcome", ""));
+  lease.gpus = record.value("gpus", 1);
+  lease.memory_gib = record.value("memory_gib", 0.0);
+  lease.shared = record.value("shared", false);
+  lease.devices = record.value("device_index", std::vector<int>{});
+  lease.device_ids = record.value("devices", std::vector<std::string>{});
+  lease.over_base = record.value("over_base", false);
+  lease.emergency = record.value("emergency", false);
+  lease.review_pending = record.value("review_pending", false);
+  lease.approval_id = record.value("approval_id", int64_t{0});
+  lease.created_ms = record.value("created_ms", int64_t{0});
+  lease.granted_ms = record.value("granted_ms", int64_t{0});
+  lease.last_seen_ms = record.value("last_seen_ms", int64_t{0});
+  lease.deadline_ms = record.value("deadline_ms", int64_t{0});
+  lease.ended_ms = record.value("ended_ms", int64_t{0});
+  lease.free_at_ms = record.value("free_at_ms", int64_t{0});
+  lease.charged_until_ms = record.value("charged_until_ms", int64_t{0});
+  lease.gpu_hours = record.value("gpu_hours", 0.0);
+  lease.preempted_for = record.value("preempted_for", int64_t{0});
+  lease.waiting_on = record.value("waiting_on", std::vector<int64_t>{});
+  lease.reason = record.value("reason", "");
+  if (record.contains("telemetry")) {
+    const json& telemetry = record["telemetry"];
+    lease.telemetry.step = telemetry.value("step", int64_t{-1});
+    lease.telemetry.epoch = telemetry.value("epoch", -1);
+    lease.telemetry.gpu_util = telemetry.value("gpu_util", -1.0);
+    lease.telemetry.memory_used_gib = telemetry.value("memory_used_gib", -1.0);
+    lease.telemetry.last_checkpoint_ms = telemetry.value("last_checkpoint_ms", int64_t{0});
+  }
+  return lease;
 }
 
-Approval approval_from_json(const json& j) {
-  Approval a;
-  a.id = j.at("id").get<int64_t>();
-  a.lease_id = j.value("lease_id", int64_t(0));
-  a.team = j.value("team", "");
-  a.user = j.value("user", "");
-  a.model = j.value("model", "");
-  a.justification = j.value("justification", "");
-  a.state = j.value("state", "pending");
-  a.decided_by = j.value("decided_by", "");
-  a.note = j.value("note", "");
-  a.created_ms = j.value("created_ms", int64_t(0));
-  a.decided_ms = j.value("decided_ms", int64_t(0));
-  return a;
+Approval approval_from_json(const json& record) {
+  Approval approval;
+  approval.id = record.at("id").get<int64_t>();
+  approval.lease_id = record.value("lease_id", int64_t{0});
+  approval.team = record.value("team", "");
+  approval.user = record.value("user", "");
+  approval.model = record.value("model", "");
+  approval.justification = record.value("justification", "");
+  approval.state = parse_approval_state(record.value("state", "pending"));
+  approval.decided_by = record.value("decided_by", "");
+  approval.note = record.value("note", "");
+  approval.created_ms = record.value("created_ms", int64_t{0});
+  approval.decided_ms = record.value("decided_ms", int64_t{0});
+  return approval;
 }
 
 }  // namespace yolo8::quota

@@ -14,19 +14,20 @@ class RequestError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-nlohmann::json to_json(const LeaseRequest& r);
-nlohmann::json to_json(const Telemetry& t);
+nlohmann::json to_json(const LeaseRequest& request);
+nlohmann::json to_json(const Telemetry& telemetry);
 // Full record (storage). `policy` resolves device names.
-nlohmann::json to_json(const Lease& l, const Policy& policy);
-nlohmann::json to_json(const Approval& a);
-nlohmann::json to_json(const AuditEntry& a);
+nlohmann::json to_json(const Lease& lease, const Policy& policy);
+nlohmann::json to_json(const Approval& approval);
+nlohmann::json to_json(const AuditEntry& entry);
 
 // Strict parsers for client input: unknown fields are ignored, wrong types throw RequestError.
-LeaseRequest lease_request_from_json(const nlohmann::json& j);
-Telemetry telemetry_from_json(const nlohmann::json& j);
+LeaseRequest lease_request_from_json(const nlohmann::json& body);
+Telemetry telemetry_from_json(const nlohmann::json& body);
 
-// Storage round trip (trusted input).
-Lease lease_from_json(const nlohmann::json& j);
-Approval approval_from_json(const nlohmann::json& j);
+// Storage round trip (our own records). A state, outcome or priority text that is not one of the enum's
+// throws PolicyError naming the field ("state: 'paused' is not one of ..."); json errors for missing ids.
+Lease lease_from_json(const nlohmann::json& record);
+Approval approval_from_json(const nlohmann::json& record);
 
 }  // namespace yolo8::quota

@@ -12,17 +12,50 @@ namespace {
 constexpr double kEps = 1e-6;
 constexpr int64_t kAccrueEveryMs = 60000;
 
-std::string fmt(double v, int digits = 1) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(digits);
-  os << v;
-  return os.str();
+std::string fixed_text(double value, int digits = 1) {
+  std::ostringstream stream;
+  stream.setf(std::ios::fixed);
+  stream.precision(digits);
+  stream << value;
+  return stream.str();
 }
 }  // namespace
 
-std::string to_string(LeaseState s) {
-  switch (s) {
+namespace {
+
+constexpr LeaseState kLeaseStates[] = {LeaseState::kPendingApproval, LeaseState::kQueued,   LeaseState::kGranted,
+                                       LeaseState::kRevoking,        LeaseState::kReleased, LeaseState::kExpired,
+                                       LeaseState::kRejected};
+constexpr Outcome kOutcomes[] = {Outcome::kNone, Outcome::kCompleted, Outcome::kPreempted, Outcome::kFailed,
+                                 Outcome::kCancelled};
+constexpr ApprovalState kApprovalStates[] = {ApprovalState::kPending, ApprovalState::kApproved,
+                                             ApprovalState::kRejected, ApprovalState::kCancelled};
+
+// The accepted texts of an enum for error messages, "a, b, c"; the empty text (Outcome::kNone) is left out.
+template <typename Enum, size_t kCount>
+std::string accepted_texts(const Enum (&values)[kCount]) {
+  std::string joined;
+  for (const Enum value : values) {
+    const std::string text = to_string(value);
+    if (text.empty()) continue;
+    joined += (joined.empty() ? "" : ", ") + text;
+  }
+  return joined;
+}
+
+// The enum value whose text is `text`; PolicyError naming `field` otherwise (never a silent default).
+template <typename Enum, size_t kCount>
+Enum parse_enum(const Enum (&values)[kCount], const std::string& text, const std::string& field) {
+  for (const Enum value : values) {
+    if (to_string(value) == text) return value;
+  }
+  throw PolicyError(field + ": '" + text + "' is not one of " + accepted_texts(values));
+}
+
+}  // namespace
+
+std::string to_string(LeaseState state) {
+  switch (state) {
     case LeaseState::kPendingApproval: return "pending_approval";
     case LeaseState::kQueued: return "queued";
     case LeaseState::kGranted: return "granted";
@@ -34,16 +67,10 @@ std::string to_string(LeaseState s) {
   return "expired";
 }
 
-LeaseState parse_lease_state(const std::string& s) {
-  for (auto st : {LeaseState::kPendingApproval, LeaseState::kQueued, LeaseState::kGranted, LeaseState::kRevoking,
-                  LeaseState::kReleased, LeaseState::kExpired, LeaseState::kRejected}) {
-    if (to_string(st) == s) return st;
-  }
-  throw PolicyError("unknown lease state '" + s + "'");
-}
+LeaseState parse_lease_state(const std::string& text) { return parse_enum(kLeaseStates, text, "state"); }
 
-std::string to_string(Outcome o) {
-  switch (o) {
+std::string to_string(Outcome outcome) {
+  switch (outcome) {
     case Outcome::kNone: return "";
     case Outcome::kCompleted: return "completed";
     case Outcome::kPreempted: return "preempted";
@@ -53,21 +80,41 @@ std::string to_string(Outcome o) {
   return "";
 }
 
-Outcome parse_outcome(const std::string& s) {
-  for (auto o : {Outcome::kNone, Outcome::kCompleted, Outcome::kPreempted, Outcome::kFailed, Outcome::kCancelled}) {
-    if (to_string(o) == s) return o;
+Outcome parse_outcome(const std::string& text) { return parse_enum(kOutcomes, text, "outcome"); }
+
+std::string to_string(ApprovalState state) {
+  switch (state) {
+    case ApprovalState::kPending: return "pending";
+    case ApprovalState::kApproved: return "approved";
+    case ApprovalState::kRejected: return "rejected";
+    case ApprovalState::kCancelled: return "cancelled";
   }
-  throw PolicyError("outcome: '" + s + "' is not one of completed, preempted, failed, cancelled");
+  return "pending";
 }
 
-bool is_terminal(LeaseState s) {
-  return s == LeaseState::kReleased || s == LeaseState::kExpired || s == LeaseState::kRejected;
+ApprovalState parse_approval_state(const std::string& text) { return parse_enum(kApprovalStates, text, "state"); }
+
+std::string to_string(AcquireResult::Kind kind) {
+  switch (kind) {
+    case AcquireResult::Kind::kGranted: return "granted";
+    case AcquireResult::Kind::kQueued: return "queued";
+    case AcquireResult::Kind::kNeedsApproval: return "needs_approval";
+    case AcquireResult::Kind::kNotAllowed: return "not_allowed";
+    case AcquireResult::Kind::kAdmissionRefused: return "refused";
+    case AcquireResult::Kind::kCreditsSpent: return "credits_spent";
+    case AcquireResult::Kind::kInvalid: return "invalid";
+  }
+  return "invalid";
 }
 
-double Lease::units(const Policy& p) const {
+bool is_terminal(LeaseState state) {
+  return state == LeaseState::kReleased || state == LeaseState::kExpired || state == LeaseState::kRejected;
+}
+
+double Lease::units(const Policy& policy) const {
   if (!shared) return gpus;
-  const bool known = !devices.empty() && devices[0] >= 0 && size_t(devices[0]) < p.gpus.size();
-  const double gpu_mem = known ? p.gpus[size_t(devices[0])].memory_gib : p.max_gpu_memory_gib();
+  const bool known = !devices.empty() && devices[0] >= 0 && static_cast<size_t>(devices[0]) < policy.gpus.size();
+  const double gpu_mem = known ? policy.gpus[static_cast<size_t>(devices[0])].memory_gib : policy.max_gpu_memory_gib();
   return memory_gib / gpu_mem;
 }
 
@@ -78,20 +125,20 @@ bool Lease::holds_gpus(int64_t now_ms) const {
 
 Engine::Engine(Policy policy) : policy_(std::move(policy)) { policy_.validate(); }
 
-void Engine::log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* l,
+void Engine::log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
                  const std::string& detail) {
-  AuditEntry e;
-  e.seq = next_audit_seq_++;
-  e.ts_ms = now_ms;
-  e.actor = actor;
-  e.action = action;
-  if (l != nullptr) {
-    e.lease_id = l->id;
-    e.team = l->req.team;
+  AuditEntry entry;
+  entry.seq = next_audit_seq_++;
+  entry.ts_ms = now_ms;
+  entry.actor = actor;
+  entry.action = action;
+  if (lease != nullptr) {
+    entry.lease_id = lease->id;
+    entry.team = lease->req.team;
   }
-  e.detail = detail;
-  audit_.push_back(e);
-  changes_.audit.push_back(e);
+  entry.detail = detail;
+  audit_.push_back(entry);
+  changes_.audit.push_back(entry);
 }
 
 const Lease* Engine::find(int64_t lease_id) const {
@@ -106,152 +153,162 @@ const Approval* Engine::find_approval(int64_t approval_id) const {
 
 double Engine::team_units(const std::string& team, int64_t now_ms) const {
   double sum = 0;
-  for (const auto& [id, l] : leases_) {
+  for (const auto& [id, lease] : leases_) {
     // emergency leases come out of the pool, not the team's quota
-    if (l.req.team == team && !l.emergency && l.holds_gpus(now_ms)) sum += l.units(policy_);
+    if (lease.req.team == team && !lease.emergency && lease.holds_gpus(now_ms)) sum += lease.units(policy_);
   }
   return sum;
 }
 
-std::optional<Engine::Placement> Engine::place(const Lease& l, int64_t now_ms,
+std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_ms,
                                                const std::set<int64_t>& ignore) const {
-  const size_t n = policy_.gpus.size();
-  std::vector<double> used(n, 0);
-  std::vector<int> count(n, 0);
-  std::vector<bool> whole(n, false), non_critical(n, false);
-  for (const auto& [id, h] : leases_) {
-    if (id == l.id || !h.holds_gpus(now_ms) || ignore.count(id)) continue;
-    for (int d : h.devices) {
-      if (d < 0 || size_t(d) >= n) continue;
-      used[size_t(d)] += h.shared ? h.memory_gib : policy_.gpus[size_t(d)].memory_gib;
-      count[size_t(d)] += 1;
-      whole[size_t(d)] = whole[size_t(d)] || !h.shared;
-      non_critical[size_t(d)] = non_critical[size_t(d)] || h.req.priority != Priority::kCritical;
+  const size_t gpu_count = policy_.gpus.size();
+  std::vector<double> used(gpu_count, 0);
+  std::vector<int> count(gpu_count, 0);
+  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false);
+  for (const auto& [id, holder] : leases_) {
+    if (id == lease.id || !holder.holds_gpus(now_ms) || ignore.count(id)) continue;
+    for (int device : holder.devices) {
+      if (device < 0 || static_cast<size_t>(device) >= gpu_count) continue;
+      used[static_cast<size_t>(device)] +=
+          holder.shared ? holder.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
+      count[static_cast<size_t>(device)] += 1;
+      whole[static_cast<size_t>(device)] = whole[static_cast<size_t>(device)] || !holder.shared;
+      non_critical[static_cast<size_t>(device)] =
+          non_critical[static_cast<size_t>(device)] || holder.req.priority != Priority::kCritical;
     }
   }
-  Placement p;
-  if (l.shared) {
+  Placement placement;
+  if (lease.shared) {
     int best = -1;
-    for (size_t d = 0; d < n; ++d) {
-      const double free = policy_.gpus[d].memory_gib - used[d];
-      if (whole[d] || count[d] >= policy_.max_leases_per_gpu || free + kEps < l.memory_gib) continue;
+    for (size_t device = 0; device < gpu_count; ++device) {
+      const double free = policy_.gpus[device].memory_gib - used[device];
+      if (whole[device] || count[device] >= policy_.max_leases_per_gpu || free + kEps < lease.memory_gib) continue;
       // pack: prefer GPUs already shared, then the tightest fit
-      auto key = [&](size_t g) { return std::make_pair(count[g] == 0, policy_.gpus[g].memory_gib - used[g]); };
-      if (best < 0 || key(d) < key(size_t(best))) best = int(d);
+      auto key = [&](size_t gpu) { return std::make_pair(count[gpu] == 0, policy_.gpus[gpu].memory_gib - used[gpu]); };
+      if (best < 0 || key(device) < key(static_cast<size_t>(best))) best = static_cast<int>(device);
     }
     if (best < 0) return std::nullopt;
-    p.devices = {best};
+    placement.devices = {best};
   } else {
     std::map<std::string, std::vector<int>> free_by_node;
     std::vector<std::string> node_order;
-    for (size_t d = 0; d < n; ++d) {
-      const auto& g = policy_.gpus[d];
-      if (!free_by_node.count(g.node)) node_order.push_back(g.node);
-      auto& v = free_by_node[g.node];
-      if (count[d] == 0 && g.memory_gib + kEps >= l.memory_gib) v.push_back(int(d));
+    for (size_t device = 0; device < gpu_count; ++device) {
+      const auto& gpu = policy_.gpus[device];
+      if (!free_by_node.count(gpu.node)) node_order.push_back(gpu.node);
+      auto& free_devices = free_by_node[gpu.node];
+      if (count[device] == 0 && gpu.memory_gib + kEps >= lease.memory_gib) {
+        free_devices.push_back(static_cast<int>(device));
+      }
     }
-    const size_t need = size_t(l.gpus);
+    const size_t need = static_cast<size_t>(lease.gpus);
     // best fit: the node with the fewest free GPUs that still holds the whole lease
     const std::vector<int>* fit = nullptr;
     for (const auto& node : node_order) {
-      const auto& v = free_by_node[node];
-      if (v.size() >= need && (fit == nullptr || v.size() < fit->size())) fit = &v;
+      const auto& free_devices = free_by_node[node];
+      if (free_devices.size() >= need && (fit == nullptr || free_devices.size() < fit->size())) fit = &free_devices;
     }
     if (fit != nullptr) {
-      p.devices.assign(fit->begin(), fit->begin() + long(need));
+      placement.devices.assign(fit->begin(), fit->begin() + static_cast<long>(need));
     } else {
-      std::stable_sort(node_order.begin(), node_order.end(), [&](const std::string& a, const std::string& b) {
-        return free_by_node[a].size() > free_by_node[b].size();
+      std::stable_sort(node_order.begin(), node_order.end(), [&](const std::string& left, const std::string& right) {
+        return free_by_node[left].size() > free_by_node[right].size();
       });
       for (const auto& node : node_order) {
-        for (int d : free_by_node[node]) {
-          if (p.devices.size() < need) p.devices.push_back(d);
+        for (int device : free_by_node[node]) {
+          if (placement.devices.size() < need) placement.devices.push_back(device);
         }
       }
-      if (p.devices.size() < need) return std::nullopt;
+      if (placement.devices.size() < need) return std::nullopt;
     }
   }
-  if (l.req.priority != Priority::kCritical) {
-    for (int d : p.devices) non_critical[size_t(d)] = true;
+  if (lease.req.priority != Priority::kCritical) {
+    for (int device : placement.devices) non_critical[static_cast<size_t>(device)] = true;
     const long busy = std::count(non_critical.begin(), non_critical.end(), true);
     if (busy > policy_.total_gpus() - policy_.emergency_pool_gpus()) return std::nullopt;
   }
-  return p;
+  return placement;
 }
 
-bool Engine::try_grant(Lease& l, int64_t now_ms) {
-  auto team_it = policy_.teams.find(l.req.team);
+bool Engine::try_grant(Lease& lease, int64_t now_ms) {
+  auto team_it = policy_.teams.find(lease.req.team);
   if (team_it == policy_.teams.end()) return false;  // the team left the policy since the request
   const Team& team = team_it->second;
-  const bool critical = l.req.priority == Priority::kCritical;
-  const double before = team_units(l.req.team, now_ms);
-  if (!critical && before + l.units(policy_) > team.limit_at(now_ms) + kEps) return false;
-  auto p = place(l, now_ms, {});
-  if (!p) return false;
-  l.devices = p->devices;
-  l.state = LeaseState::kGranted;
-  l.granted_ms = now_ms;
-  l.last_seen_ms = now_ms;
-  l.charged_until_ms = now_ms;
-  l.emergency = critical;
-  l.review_pending = critical;
-  l.over_base = !critical && before + l.units(policy_) > team.base + kEps;
-  l.waiting_on.clear();
-  l.reason.clear();
-  changes_.leases.insert(l.id);
+  const bool critical = lease.req.priority == Priority::kCritical;
+  const double before = team_units(lease.req.team, now_ms);
+  if (!critical && before + lease.units(policy_) > team.limit_at(now_ms) + kEps) return false;
+  auto placement = place(lease, now_ms, {});
+  if (!placement) return false;
+  lease.devices = placement->devices;
+  lease.state = LeaseState::kGranted;
+  lease.granted_ms = now_ms;
+  lease.last_seen_ms = now_ms;
+  lease.charged_until_ms = now_ms;
+  lease.emergency = critical;
+  lease.review_pending = critical;
+  lease.over_base = !critical && before + lease.units(policy_) > team.base + kEps;
+  lease.waiting_on.clear();
+  lease.reason.clear();
+  changes_.leases.insert(lease.id);
   std::string devs;
-  for (int d : l.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[size_t(d)].id();
+  for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
   if (critical) {
-    log(now_ms, l.req.user, "emergency.granted", &l,
-        "critical lease on " + devs + "; justification: " + l.req.justification + "; review pending");
+    log(now_ms, lease.req.user, "emergency.granted", &lease,
+        "critical lease on " + devs + "; justification: " + lease.req.justification + "; review pending");
   } else {
-    log(now_ms, l.req.user, "lease.granted", &l, devs + (l.over_base ? " (burst, over base)" : ""));
+    log(now_ms, lease.req.user, "lease.granted", &lease, devs + (lease.over_base ? " (burst, over base)" : ""));
   }
   return true;
 }
 
-bool Engine::try_preempt(Lease& w, int64_t now_ms) {
-  auto team_it = policy_.teams.find(w.req.team);
+bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
+  auto team_it = policy_.teams.find(waiting.req.team);
   if (team_it == policy_.teams.end()) return false;
   const Team& team = team_it->second;
-  const bool critical = w.req.priority == Priority::kCritical;
-  const double mine = team_units(w.req.team, now_ms) + w.units(policy_);
+  const bool critical = waiting.req.priority == Priority::kCritical;
+  const double mine = team_units(waiting.req.team, now_ms) + waiting.units(policy_);
   // over its own team's limit, a request may only displace lower-priority work of its own team
   const bool over_own = !critical && mine > team.limit_at(now_ms) + kEps;
   const double must_free_own = over_own ? mine - team.limit_at(now_ms) : 0;
   const bool within_base = critical || mine <= team.base + kEps;
   std::map<std::string, bool> over_limit;
-  for (const auto& [name, t] : policy_.teams) over_limit[name] = team_units(name, now_ms) > t.limit_at(now_ms) + kEps;
-
-  std::vector<const Lease*> cands;
-  for (const auto& [id, v] : leases_) {
-    if (v.state != LeaseState::kGranted || !v.req.preemptible || v.req.priority == Priority::kCritical) continue;
-    if (now_ms - v.granted_ms < int64_t(policy_.min_runtime_s) * 1000) continue;
-    const bool lower = v.req.priority < w.req.priority;
-    const bool reclaim = within_base && v.req.team != w.req.team && (v.over_base || over_limit[v.req.team]);
-    if (over_own ? (lower && v.req.team == w.req.team) : (lower || reclaim)) cands.push_back(&v);
+  for (const auto& [name, other_team] : policy_.teams) {
+    over_limit[name] = team_units(name, now_ms) > other_team.limit_at(now_ms) + kEps;
   }
-  if (cands.empty()) return false;
-  auto rank = [&](const Lease* v) {
+
+  std::vector<const Lease*> candidates;
+  for (const auto& [id, victim] : leases_) {
+    if (victim.state != LeaseState::kGranted || !victim.req.preemptible || victim.req.priority == Priority::kCritical) {
+      continue;
+    }
+    if (now_ms - victim.granted_ms < static_cast<int64_t>(policy_.min_runtime_s) * 1000) continue;
+    const bool lower = victim.req.priority < waiting.req.priority;
+    const bool reclaim =
+        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_limit[victim.req.team]);
+    if (over_own ? (lower && victim.req.team == waiting.req.team) : (lower || reclaim)) candidates.push_back(&victim);
+  }
+  if (candidates.empty()) return false;
+  auto rank = [&](const Lease* victim) {
     // teams past their current limit (burst window closed) first, then burst leases, then low priority,
     // then the freshest checkpoint (least work lost), then the youngest
-    return std::make_tuple(!over_limit[v->req.team], !v->over_base, int(v->req.priority),
-                           -v->telemetry.last_checkpoint_ms, -v->granted_ms, v->id);
+    return std::make_tuple(!over_limit[victim->req.team], !victim->over_base, static_cast<int>(victim->req.priority),
+                           -victim->telemetry.last_checkpoint_ms, -victim->granted_ms, victim->id);
   };
-  std::stable_sort(cands.begin(), cands.end(), [&](const Lease* a, const Lease* b) { return rank(a) < rank(b); });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](const Lease* left, const Lease* right) { return rank(left) < rank(right); });
   std::set<int64_t> ignore;
   std::vector<const Lease*> victims;
   auto enough = [&]() {
     double freed_own = 0;
-    for (const Lease* v : victims) {
-      if (v->req.team == w.req.team && !v->emergency) freed_own += v->units(policy_);
+    for (const Lease* victim : victims) {
+      if (victim->req.team == waiting.req.team && !victim->emergency) freed_own += victim->units(policy_);
     }
-    return freed_own + kEps >= must_free_own && place(w, now_ms, ignore).has_value();
+    return freed_own + kEps >= must_free_own && place(waiting, now_ms, ignore).has_value();
   };
   bool fits = false;
-  for (const Lease* v : cands) {
-    ignore.insert(v->id);
-    victims.push_back(v);
+  for (const Lease* victim : candidates) {
+    ignore.insert(victim->id);
+    victims.push_back(victim);
     if (enough()) {
       fits = true;
       break;
@@ -260,146 +317,148 @@ bool Engine::try_preempt(Lease& w, int64_t now_ms) {
   if (!fits) return false;
   // drop victims that turned out unnecessary
   for (size_t i = 0; i < victims.size();) {
-    const Lease* v = victims[i];
-    ignore.erase(v->id);
-    victims.erase(victims.begin() + long(i));
+    const Lease* victim = victims[i];
+    ignore.erase(victim->id);
+    victims.erase(victims.begin() + static_cast<long>(i));
     if (enough()) continue;
-    ignore.insert(v->id);
-    victims.insert(victims.begin() + long(i), v);
+    ignore.insert(victim->id);
+    victims.insert(victims.begin() + static_cast<long>(i), victim);
     ++i;
   }
-  w.waiting_on.clear();
-  for (const Lease* cv : victims) {
-    Lease& v = leases_.at(cv->id);
-    v.state = LeaseState::kRevoking;
-    v.deadline_ms = now_ms + int64_t(policy_.preempt_grace_s) * 1000;
-    v.preempted_for = w.id;
-    v.reason = "preempted for lease " + std::to_string(w.id) + " (" + to_string(w.req.priority) + ", team " +
-               w.req.team + ")";
-    changes_.leases.insert(v.id);
-    w.waiting_on.push_back(v.id);
-    log(now_ms, "quotad", "preempt.revoke", &v,
-        "revoking for lease " + std::to_string(w.id) + "; checkpoint and release within " +
-            std::to_string(policy_.preempt_grace_s) + " s" + (v.over_base ? " (over base)" : ""));
+  waiting.waiting_on.clear();
+  for (const Lease* candidate : victims) {
+    Lease& victim = leases_.at(candidate->id);
+    victim.state = LeaseState::kRevoking;
+    victim.deadline_ms = now_ms + static_cast<int64_t>(policy_.preempt_grace_s) * 1000;
+    victim.preempted_for = waiting.id;
+    victim.reason = "preempted for lease " + std::to_string(waiting.id) + " (" + to_string(waiting.req.priority) +
+                    ", team " + waiting.req.team + ")";
+    changes_.leases.insert(victim.id);
+    waiting.waiting_on.push_back(victim.id);
+    log(now_ms, "quotad", "preempt.revoke", &victim,
+        "revoking for lease " + std::to_string(waiting.id) + "; checkpoint and release within " +
+            std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
   }
-  changes_.leases.insert(w.id);
+  changes_.leases.insert(waiting.id);
   return true;
 }
 
 std::vector<const Lease*> Engine::queue_order() const {
-  std::vector<const Lease*> q;
-  for (const auto& [id, l] : leases_) {
-    if (l.state == LeaseState::kQueued) q.push_back(&l);
+  std::vector<const Lease*> queue;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.state == LeaseState::kQueued) queue.push_back(&lease);
   }
   // requests already waiting on a preemption go first, so nobody else takes the GPUs they freed
-  std::stable_sort(q.begin(), q.end(), [](const Lease* a, const Lease* b) {
-    return std::make_tuple(a->waiting_on.empty(), -int(a->req.priority), a->created_ms, a->id) <
-           std::make_tuple(b->waiting_on.empty(), -int(b->req.priority), b->created_ms, b->id);
+  std::stable_sort(queue.begin(), queue.end(), [](const Lease* left, const Lease* right) {
+    return std::make_tuple(left->waiting_on.empty(), -static_cast<int>(left->req.priority), left->created_ms,
+                           left->id) < std::make_tuple(right->waiting_on.empty(),
+                                                       -static_cast<int>(right->req.priority), right->created_ms,
+                                                       right->id);
   });
-  return q;
+  return queue;
 }
 
 int Engine::queue_position(int64_t lease_id) const {
-  const auto q = queue_order();
-  for (size_t i = 0; i < q.size(); ++i) {
-    if (q[i]->id == lease_id) return int(i) + 1;
+  const auto queue = queue_order();
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (queue[i]->id == lease_id) return static_cast<int>(i) + 1;
   }
   return 0;
 }
 
 void Engine::schedule(int64_t now_ms) {
   std::vector<int64_t> ids;
-  for (const Lease* l : queue_order()) ids.push_back(l->id);
+  for (const Lease* lease : queue_order()) ids.push_back(lease->id);
   for (int64_t id : ids) {
-    Lease& l = leases_.at(id);
-    if (l.state != LeaseState::kQueued) continue;
-    if (try_grant(l, now_ms)) continue;
+    Lease& lease = leases_.at(id);
+    if (lease.state != LeaseState::kQueued) continue;
+    if (try_grant(lease, now_ms)) continue;
     bool still_waiting = false;
-    for (int64_t v : l.waiting_on) {
-      auto it = leases_.find(v);
+    for (int64_t victim_id : lease.waiting_on) {
+      auto it = leases_.find(victim_id);
       if (it != leases_.end() && it->second.holds_gpus(now_ms)) still_waiting = true;
     }
     if (still_waiting) continue;
-    if (!l.waiting_on.empty()) {
-      l.waiting_on.clear();  // victims are gone but it still does not fit: choose again
-      changes_.leases.insert(l.id);
+    if (!lease.waiting_on.empty()) {
+      lease.waiting_on.clear();  // victims are gone but it still does not fit: choose again
+      changes_.leases.insert(lease.id);
     }
-    try_preempt(l, now_ms);
+    try_preempt(lease, now_ms);
   }
 }
 
-std::string Engine::queue_reason(const Lease& l, int64_t now_ms) const {
-  if (!l.waiting_on.empty()) {
+std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
+  if (!lease.waiting_on.empty()) {
     std::string ids;
     int64_t deadline = 0;
-    for (int64_t v : l.waiting_on) {
-      ids += (ids.empty() ? "" : ", ") + std::to_string(v);
-      if (const Lease* vl = find(v)) deadline = std::max(deadline, vl->deadline_ms);
+    for (int64_t victim_id : lease.waiting_on) {
+      ids += (ids.empty() ? "" : ", ") + std::to_string(victim_id);
+      if (const Lease* victim = find(victim_id)) deadline = std::max(deadline, victim->deadline_ms);
     }
     return "waiting for preempted lease(s) " + ids + " to release (deadline in " +
            std::to_string(std::max<int64_t>(0, (deadline - now_ms) / 1000)) + " s)";
   }
-  auto team_it = policy_.teams.find(l.req.team);
-  if (team_it == policy_.teams.end()) return "team " + l.req.team + " is no longer in the policy";
+  auto team_it = policy_.teams.find(lease.req.team);
+  if (team_it == policy_.teams.end()) return "team " + lease.req.team + " is no longer in the policy";
   const Team& team = team_it->second;
-  const double used = team_units(l.req.team, now_ms);
-  if (l.req.priority != Priority::kCritical && used + l.units(policy_) > team.limit_at(now_ms) + kEps) {
-    return "team " + team.name + " uses " + fmt(used) + " of the " + fmt(team.limit_at(now_ms)) +
-           " GPUs allowed now (base " + fmt(team.base) + ", burst " + fmt(team.burst) +
+  const double used = team_units(lease.req.team, now_ms);
+  if (lease.req.priority != Priority::kCritical && used + lease.units(policy_) > team.limit_at(now_ms) + kEps) {
+    return "team " + team.name + " uses " + fixed_text(used) + " of the " + fixed_text(team.limit_at(now_ms)) +
+           " GPUs allowed now (base " + fixed_text(team.base) + ", burst " + fixed_text(team.burst) +
            (team.in_burst_window(now_ms) ? ", inside a burst window)" : " only inside burst windows)");
   }
-  std::string r = "no free GPU fits " + (l.shared ? fmt(l.memory_gib) + " GiB (shared)" : std::to_string(l.gpus) +
-                                                                                          " whole GPU(s)");
-  if (policy_.emergency_pool_gpus() > 0 && l.req.priority != Priority::kCritical) {
-    r += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";
+  std::string reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
+                                                           : std::to_string(lease.gpus) + " whole GPU(s)");
+  if (policy_.emergency_pool_gpus() > 0 && lease.req.priority != Priority::kCritical) {
+    reason += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";
   }
-  return r;
+  return reason;
 }
 
 AcquireResult Engine::status_of(int64_t lease_id, int64_t now_ms) const {
-  AcquireResult r;
-  r.lease_id = lease_id;
-  const Lease* l = find(lease_id);
-  if (l == nullptr) {
-    r.kind = AcquireResult::Kind::kInvalid;
-    r.reason = "unknown lease " + std::to_string(lease_id);
-    return r;
+  AcquireResult result;
+  result.lease_id = lease_id;
+  const Lease* lease = find(lease_id);
+  if (lease == nullptr) {
+    result.kind = AcquireResult::Kind::kInvalid;
+    result.reason = "unknown lease " + std::to_string(lease_id);
+    return result;
   }
-  r.approval_id = l->approval_id;
-  switch (l->state) {
+  result.approval_id = lease->approval_id;
+  switch (lease->state) {
     case LeaseState::kGranted:
-    case LeaseState::kRevoking: r.kind = AcquireResult::Kind::kGranted; break;
+    case LeaseState::kRevoking: result.kind = AcquireResult::Kind::kGranted; break;
     case LeaseState::kQueued:
-      r.kind = AcquireResult::Kind::kQueued;
-      r.position = queue_position(lease_id);
-      r.reason = queue_reason(*l, now_ms);
+      result.kind = AcquireResult::Kind::kQueued;
+      result.position = queue_position(lease_id);
+      result.reason = queue_reason(*lease, now_ms);
       break;
     case LeaseState::kPendingApproval:
-      r.kind = AcquireResult::Kind::kNeedsApproval;
-      r.reason = "model " + l->req.model + " needs the approval of a lead of team " + l->req.team;
+      result.kind = AcquireResult::Kind::kNeedsApproval;
+      result.reason = "model " + lease->req.model + " needs the approval of a lead of team " + lease->req.team;
       break;
     default:
-      r.kind = AcquireResult::Kind::kNotAllowed;
-      r.reason = "lease " + std::to_string(lease_id) + " has ended (" + to_string(l->state) +
-                 (l->reason.empty() ? "" : ": " + l->reason) + ")";
+      result.kind = AcquireResult::Kind::kNotAllowed;
+      result.reason = "lease " + std::to_string(lease_id) + " has ended (" + to_string(lease->state) +
+                      (lease->reason.empty() ? "" : ": " + lease->reason) + ")";
   }
-  return r;
+  return result;
 }
 
 AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   if (!req_in.idempotency_key.empty()) {
     auto it = idempotency_.find({req_in.user, req_in.idempotency_key});
     if (it != idempotency_.end() && leases_.count(it->second)) {
-      AcquireResult r = status_of(it->second, now_ms);
-      r.replayed = true;
-      return r;
+      AcquireResult result = status_of(it->second, now_ms);
+      result.replayed = true;
+      return result;
     }
   }
-  AcquireResult r;
-  auto refuse = [&](AcquireResult::Kind k, const std::string& why) {
-    r.kind = k;
-    r.reason = why;
-    return r;
+  AcquireResult result;
+  auto refuse = [&](AcquireResult::Kind kind, const std::string& why) {
+    result.kind = kind;
+    result.reason = why;
+    return result;
   };
   LeaseRequest req = req_in;
   if (req.user.empty()) return refuse(AcquireResult::Kind::kInvalid, "user: required");
@@ -418,44 +477,45 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   }
   if (!(req.memory_gib >= 0) || req.memory_gib > policy_.max_gpu_memory_gib()) {
     return refuse(AcquireResult::Kind::kInvalid,
-                  "memory_gib: must be within 0.." + fmt(policy_.max_gpu_memory_gib()) + " GiB per GPU");
+                  "memory_gib: must be within 0.." + fixed_text(policy_.max_gpu_memory_gib()) + " GiB per GPU");
   }
-  Lease l;
-  l.req = req;
-  l.gpus = req.gpus > 0 ? req.gpus : policy_.default_gpus;
-  l.shared = req.shared && policy_.sharing_enabled && l.gpus == 1;
-  if (l.shared) {
+  Lease lease;
+  lease.req = req;
+  lease.gpus = req.gpus > 0 ? req.gpus : policy_.default_gpus;
+  lease.shared = req.shared && policy_.sharing_enabled && lease.gpus == 1;
+  if (lease.shared) {
     auto it = policy_.default_memory_gib.find(req.model);
-    l.memory_gib = req.memory_gib > 0 ? req.memory_gib
-                   : it != policy_.default_memory_gib.end() ? it->second
-                                                            : policy_.default_memory_fallback_gib;
+    lease.memory_gib = req.memory_gib > 0                       ? req.memory_gib
+                       : it != policy_.default_memory_gib.end() ? it->second
+                                                                : policy_.default_memory_fallback_gib;
   } else {
-    l.memory_gib = req.memory_gib;
+    lease.memory_gib = req.memory_gib;
   }
   const bool critical = req.priority == Priority::kCritical;
   // admission: the estimated memory must fit what a GPU (or the share) offers
   if (policy_.memory_table.has(req.model)) {
-    const double avail = l.shared ? l.memory_gib : policy_.max_gpu_memory_gib();
-    const int per_gpu = req.batch > 0 ? (req.batch + l.gpus - 1) / l.gpus : 1;
+    const double avail = lease.shared ? lease.memory_gib : policy_.max_gpu_memory_gib();
+    const int per_gpu = req.batch > 0 ? (req.batch + lease.gpus - 1) / lease.gpus : 1;
     const double need = policy_.memory_table.estimate_gib(req.model, req.imgsz, per_gpu);
     // whole-GPU leases only go to GPUs big enough for the estimate
-    if (!l.shared) l.memory_gib = std::max(l.memory_gib, need);
+    if (!lease.shared) lease.memory_gib = std::max(lease.memory_gib, need);
     if (need > avail + kEps) {
-      r.max_batch = policy_.memory_table.max_batch(req.model, req.imgsz, avail) * l.gpus;
-      r.needed_gib = need;
+      result.max_batch = policy_.memory_table.max_batch(req.model, req.imgsz, avail) * lease.gpus;
+      result.needed_gib = need;
       const std::string what = req.batch > 0 ? "batch " + std::to_string(req.batch) : "one image";
-      return refuse(AcquireResult::Kind::kAdmissionRefused,
-                    what + " for " + req.model + " at " + std::to_string(req.imgsz) + " needs ~" + fmt(need) +
-                        " GiB per GPU (estimate), " + fmt(avail) + " GiB available; " +
-                        (r.max_batch > 0 ? "at most batch " + std::to_string(r.max_batch) + " fits, or use batch=auto"
-                                         : "it does not fit even with batch 1: use a smaller imgsz or model"));
+      return refuse(
+          AcquireResult::Kind::kAdmissionRefused,
+          what + " for " + req.model + " at " + std::to_string(req.imgsz) + " needs ~" + fixed_text(need) +
+              " GiB per GPU (estimate), " + fixed_text(avail) + " GiB available; " +
+              (result.max_batch > 0 ? "at most batch " + std::to_string(result.max_batch) + " fits, or use batch=auto"
+                                    : "it does not fit even with batch 1: use a smaller imgsz or model"));
     }
   }
   if (critical && req.justification.empty()) {
     return refuse(AcquireResult::Kind::kNotAllowed, "justification: a critical (emergency) lease needs a justification");
   }
-  const bool approval = !critical && policy_.needs_approval(req.model);
-  if (approval && req.justification.empty()) {
+  const bool needs_approval = !critical && policy_.needs_approval(req.model);
+  if (needs_approval && req.justification.empty()) {
     return refuse(AcquireResult::Kind::kNotAllowed, "justification: model " + req.model +
                                                         " is in the approval tier; add a justification for a lead of team " +
                                                         req.team);
@@ -465,93 +525,93 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     const double used = used_gpu_hours(req.user, month, now_ms);
     const double allowed = credit_allowance(req.user, month, now_ms);
     if (used + kEps >= allowed) {
-      return refuse(AcquireResult::Kind::kCreditsSpent,
-                    "credits: " + req.user + " used " + fmt(used) + " of " + fmt(allowed) + " GPU-hours in " + month +
-                        (policy_.loan_gpu_hours > 0 ? " (loan included)" : ""));
+      return refuse(AcquireResult::Kind::kCreditsSpent, "credits: " + req.user + " used " + fixed_text(used) + " of " +
+                                                            fixed_text(allowed) + " GPU-hours in " + month +
+                                                            (policy_.loan_gpu_hours > 0 ? " (loan included)" : ""));
     }
   }
-  l.id = next_lease_++;
-  l.created_ms = now_ms;
-  l.last_seen_ms = now_ms;
-  if (approval) {
-    Approval a;
-    a.id = next_approval_++;
-    a.lease_id = l.id;
-    a.team = req.team;
-    a.user = req.user;
-    a.model = req.model;
-    a.justification = req.justification;
-    a.created_ms = now_ms;
-    approvals_[a.id] = a;
-    changes_.approvals.insert(a.id);
-    l.approval_id = a.id;
-    l.state = LeaseState::kPendingApproval;
+  lease.id = next_lease_++;
+  lease.created_ms = now_ms;
+  lease.last_seen_ms = now_ms;
+  if (needs_approval) {
+    Approval approval;
+    approval.id = next_approval_++;
+    approval.lease_id = lease.id;
+    approval.team = req.team;
+    approval.user = req.user;
+    approval.model = req.model;
+    approval.justification = req.justification;
+    approval.created_ms = now_ms;
+    approvals_[approval.id] = approval;
+    changes_.approvals.insert(approval.id);
+    lease.approval_id = approval.id;
+    lease.state = LeaseState::kPendingApproval;
   } else {
-    l.state = LeaseState::kQueued;
+    lease.state = LeaseState::kQueued;
   }
-  auto& stored = leases_[l.id] = l;
-  changes_.leases.insert(l.id);
-  if (!req.idempotency_key.empty()) idempotency_[{req.user, req.idempotency_key}] = l.id;
-  if (approval) {
+  auto& stored = leases_[lease.id] = lease;
+  changes_.leases.insert(lease.id);
+  if (!req.idempotency_key.empty()) idempotency_[{req.user, req.idempotency_key}] = lease.id;
+  if (needs_approval) {
     log(now_ms, req.user, "approval.requested", &stored,
-        "approval " + std::to_string(l.approval_id) + " for " + req.model + ": " + req.justification);
+        "approval " + std::to_string(lease.approval_id) + " for " + req.model + ": " + req.justification);
   } else {
     schedule(now_ms);
     if (stored.state == LeaseState::kQueued) {
       log(now_ms, req.user, "lease.queued", &stored, queue_reason(stored, now_ms));
     }
   }
-  return status_of(l.id, now_ms);
+  return status_of(lease.id, now_ms);
 }
 
-HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& t, int64_t now_ms) {
-  HeartbeatResult r;
+HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms) {
+  HeartbeatResult result;
   auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return r;
-  Lease& l = it->second;
-  r.found = true;
-  r.state = l.state;
-  if (is_terminal(l.state)) {
-    r.reason = l.reason;
-    return r;
+  if (it == leases_.end()) return result;
+  Lease& lease = it->second;
+  result.found = true;
+  result.state = lease.state;
+  if (is_terminal(lease.state)) {
+    result.reason = lease.reason;
+    return result;
   }
-  l.last_seen_ms = now_ms;
-  if (l.state == LeaseState::kQueued) {
-    r.position = queue_position(lease_id);
-    r.reason = queue_reason(l, now_ms);
-    return r;
+  lease.last_seen_ms = now_ms;
+  if (lease.state == LeaseState::kQueued) {
+    result.position = queue_position(lease_id);
+    result.reason = queue_reason(lease, now_ms);
+    return result;
   }
-  if (t.step >= 0) l.telemetry.step = t.step;
-  if (t.epoch >= 0) l.telemetry.epoch = t.epoch;
-  if (t.gpu_util >= 0) l.telemetry.gpu_util = t.gpu_util;
-  if (t.memory_used_gib >= 0) l.telemetry.memory_used_gib = t.memory_used_gib;
-  if (t.last_checkpoint_ms > 0) l.telemetry.last_checkpoint_ms = t.last_checkpoint_ms;
-  r.deadline_ms = l.deadline_ms;
-  r.reason = l.reason;
-  return r;
+  if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
+  if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
+  if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
+  if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
+  if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+  result.deadline_ms = lease.deadline_ms;
+  result.reason = lease.reason;
+  return result;
 }
 
-void Engine::charge(Lease& l, int64_t until_ms) {
-  if (l.granted_ms == 0) return;
-  const int64_t from = std::max(l.charged_until_ms, l.granted_ms);
+void Engine::charge(Lease& lease, int64_t until_ms) {
+  if (lease.granted_ms == 0) return;
+  const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
   if (until_ms <= from) return;
-  const double hours = double(until_ms - from) / 3.6e6 * l.units(policy_);
-  const auto key = std::make_pair(l.req.user, month_key(until_ms));
+  const double hours = static_cast<double>(until_ms - from) / 3.6e6 * lease.units(policy_);
+  const auto key = std::make_pair(lease.req.user, month_key(until_ms));
   usage_[key] += hours;
-  l.gpu_hours += hours;
-  l.charged_until_ms = until_ms;
+  lease.gpu_hours += hours;
+  lease.charged_until_ms = until_ms;
   changes_.usage.insert(key);
-  changes_.leases.insert(l.id);
+  changes_.leases.insert(lease.id);
 }
 
 double Engine::used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const {
   auto it = usage_.find({user, month});
   double used = it == usage_.end() ? 0 : it->second;
   if (month == month_key(now_ms)) {
-    for (const auto& [id, l] : leases_) {
-      if (l.req.user == user && (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking)) {
-        used += double(std::max<int64_t>(0, now_ms - std::max(l.charged_until_ms, l.granted_ms))) / 3.6e6 *
-                l.units(policy_);
+    for (const auto& [id, lease] : leases_) {
+      if (lease.req.user == user && (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking)) {
+        used += static_cast<double>(std::max<int64_t>(0, now_ms - std::max(lease.charged_until_ms, lease.granted_ms))) /
+                3.6e6 * lease.units(policy_);
       }
     }
   }
@@ -566,54 +626,55 @@ double Engine::credit_allowance(const std::string& user, const std::string& mont
   return policy_.monthly_gpu_hours + policy_.loan_gpu_hours - debt;
 }
 
-void Engine::end_lease(Lease& l, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
+void Engine::end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
                        const std::string& reason, const std::string& actor) {
-  const bool held = l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking;
-  if (held) charge(l, end_ms);
-  const LeaseState before = l.state;
-  l.state = state;
-  l.outcome = outcome;
-  l.ended_ms = end_ms;
-  l.free_at_ms = held ? free_at_ms : end_ms;
-  if (!held) l.devices.clear();
-  if (!reason.empty()) l.reason = reason;
-  changes_.leases.insert(l.id);
+  const bool held = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
+  if (held) charge(lease, end_ms);
+  const LeaseState before = lease.state;
+  lease.state = state;
+  lease.outcome = outcome;
+  lease.ended_ms = end_ms;
+  lease.free_at_ms = held ? free_at_ms : end_ms;
+  if (!held) lease.devices.clear();
+  if (!reason.empty()) lease.reason = reason;
+  changes_.leases.insert(lease.id);
   // a cancelled waiter no longer needs its victims
-  for (int64_t v : l.waiting_on) {
-    auto it = leases_.find(v);
-    if (it != leases_.end() && it->second.state == LeaseState::kRevoking && it->second.preempted_for == l.id) {
+  for (int64_t victim_id : lease.waiting_on) {
+    auto it = leases_.find(victim_id);
+    if (it != leases_.end() && it->second.state == LeaseState::kRevoking && it->second.preempted_for == lease.id) {
       it->second.state = LeaseState::kGranted;
       it->second.deadline_ms = 0;
       it->second.preempted_for = 0;
       it->second.reason.clear();
-      changes_.leases.insert(v);
-      log(end_ms, "quotad", "preempt.cancelled", &it->second, "waiting lease " + std::to_string(l.id) + " went away");
+      changes_.leases.insert(victim_id);
+      log(end_ms, "quotad", "preempt.cancelled", &it->second,
+          "waiting lease " + std::to_string(lease.id) + " went away");
     }
   }
-  l.waiting_on.clear();
+  lease.waiting_on.clear();
   const std::string action = state == LeaseState::kExpired ? "lease.expired" : "lease.released";
   std::string detail = "from " + to_string(before);
   if (outcome != Outcome::kNone) detail += ", outcome " + to_string(outcome);
-  if (held) detail += ", " + fmt(l.gpu_hours, 3) + " GPU-hours";
+  if (held) detail += ", " + fixed_text(lease.gpu_hours, 3) + " GPU-hours";
   if (!reason.empty()) detail += "; " + reason;
-  log(end_ms, actor.empty() ? l.req.user : actor, action, &l, detail);
+  log(end_ms, actor.empty() ? lease.req.user : actor, action, &lease, detail);
 }
 
 bool Engine::release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || is_terminal(it->second.state)) return false;
-  Lease& l = it->second;
-  if (l.state == LeaseState::kQueued || l.state == LeaseState::kPendingApproval) outcome = Outcome::kCancelled;
+  Lease& lease = it->second;
+  if (lease.state == LeaseState::kQueued || lease.state == LeaseState::kPendingApproval) outcome = Outcome::kCancelled;
   if (outcome == Outcome::kNone) outcome = Outcome::kCompleted;
-  if (l.state == LeaseState::kPendingApproval) {
-    auto a = approvals_.find(l.approval_id);
-    if (a != approvals_.end() && a->second.state == "pending") {
-      a->second.state = "cancelled";
-      a->second.decided_ms = now_ms;
-      changes_.approvals.insert(a->first);
+  if (lease.state == LeaseState::kPendingApproval) {
+    auto approval_it = approvals_.find(lease.approval_id);
+    if (approval_it != approvals_.end() && approval_it->second.state == ApprovalState::kPending) {
+      approval_it->second.state = ApprovalState::kCancelled;
+      approval_it->second.decided_ms = now_ms;
+      changes_.approvals.insert(approval_it->first);
     }
   }
-  end_lease(l, LeaseState::kReleased, outcome, now_ms, now_ms, "", actor);
+  end_lease(lease, LeaseState::kReleased, outcome, now_ms, now_ms, "", actor);
   schedule(now_ms);
   return true;
 }
@@ -621,37 +682,43 @@ bool Engine::release(int64_t lease_id, Outcome outcome, int64_t now_ms, const st
 void Engine::approve(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note) {
   auto it = approvals_.find(approval_id);
   if (it == approvals_.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
-  Approval& a = it->second;
-  if (a.state != "pending") throw PolicyError("approval " + std::to_string(approval_id) + ": already " + a.state);
-  a.state = "approved";
-  a.decided_by = by;
-  a.decided_ms = now_ms;
-  a.note = note;
-  changes_.approvals.insert(a.id);
-  Lease& l = leases_.at(a.lease_id);
-  l.state = LeaseState::kQueued;
-  l.last_seen_ms = now_ms;
-  changes_.leases.insert(l.id);
-  log(now_ms, by, "approval.approved", &l, "approval " + std::to_string(a.id) + (note.empty() ? "" : ": " + note));
+  Approval& approval = it->second;
+  if (approval.state != ApprovalState::kPending) {
+    throw PolicyError("approval " + std::to_string(approval_id) + ": already " + to_string(approval.state));
+  }
+  approval.state = ApprovalState::kApproved;
+  approval.decided_by = by;
+  approval.decided_ms = now_ms;
+  approval.note = note;
+  changes_.approvals.insert(approval.id);
+  Lease& lease = leases_.at(approval.lease_id);
+  lease.state = LeaseState::kQueued;
+  lease.last_seen_ms = now_ms;
+  changes_.leases.insert(lease.id);
+  log(now_ms, by, "approval.approved", &lease,
+      "approval " + std::to_string(approval.id) + (note.empty() ? "" : ": " + note));
   schedule(now_ms);
 }
 
 void Engine::reject(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note) {
   auto it = approvals_.find(approval_id);
   if (it == approvals_.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
-  Approval& a = it->second;
-  if (a.state != "pending") throw PolicyError("approval " + std::to_string(approval_id) + ": already " + a.state);
-  a.state = "rejected";
-  a.decided_by = by;
-  a.decided_ms = now_ms;
-  a.note = note;
-  changes_.approvals.insert(a.id);
-  Lease& l = leases_.at(a.lease_id);
-  l.state = LeaseState::kRejected;
-  l.ended_ms = now_ms;
-  l.reason = "rejected by " + by + (note.empty() ? "" : ": " + note);
-  changes_.leases.insert(l.id);
-  log(now_ms, by, "approval.rejected", &l, "approval " + std::to_string(a.id) + (note.empty() ? "" : ": " + note));
+  Approval& approval = it->second;
+  if (approval.state != ApprovalState::kPending) {
+    throw PolicyError("approval " + std::to_string(approval_id) + ": already " + to_string(approval.state));
+  }
+  approval.state = ApprovalState::kRejected;
+  approval.decided_by = by;
+  approval.decided_ms = now_ms;
+  approval.note = note;
+  changes_.approvals.insert(approval.id);
+  Lease& lease = leases_.at(approval.lease_id);
+  lease.state = LeaseState::kRejected;
+  lease.ended_ms = now_ms;
+  lease.reason = "rejected by " + by + (note.empty() ? "" : ": " + note);
+  changes_.leases.insert(lease.id);
+  log(now_ms, by, "approval.rejected", &lease,
+      "approval " + std::to_string(approval.id) + (note.empty() ? "" : ": " + note));
 }
 
 void Engine::review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note) {
@@ -665,20 +732,21 @@ void Engine::review_emergency(int64_t lease_id, const std::string& by, int64_t n
 }
 
 void Engine::tick(int64_t now_ms) {
-  const int64_t ttl = int64_t(policy_.ttl_s) * 1000;
-  const int64_t grace = int64_t(policy_.expiry_grace_s) * 1000;
-  for (auto& [id, l] : leases_) {
-    if (l.state == LeaseState::kRevoking && now_ms >= l.deadline_ms) {
-      end_lease(l, LeaseState::kExpired, Outcome::kPreempted, now_ms, now_ms,
+  const int64_t ttl = static_cast<int64_t>(policy_.ttl_s) * 1000;
+  const int64_t grace = static_cast<int64_t>(policy_.expiry_grace_s) * 1000;
+  for (auto& [id, lease] : leases_) {
+    if (lease.state == LeaseState::kRevoking && now_ms >= lease.deadline_ms) {
+      end_lease(lease, LeaseState::kExpired, Outcome::kPreempted, now_ms, now_ms,
                 "did not release by the preemption deadline", "quotad");
-    } else if ((l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) && now_ms - l.last_seen_ms > ttl) {
-      const int64_t end = l.last_seen_ms + ttl;
-      end_lease(l, LeaseState::kExpired, Outcome::kNone, end, end + grace,
+    } else if ((lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) &&
+               now_ms - lease.last_seen_ms > ttl) {
+      const int64_t end = lease.last_seen_ms + ttl;
+      end_lease(lease, LeaseState::kExpired, Outcome::kNone, end, end + grace,
                 "no heartbeat for " + std::to_string(policy_.ttl_s) + " s", "quotad");
-    } else if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) {
-      if (now_ms - std::max(l.charged_until_ms, l.granted_ms) >= kAccrueEveryMs) charge(l, now_ms);
-    } else if (l.state == LeaseState::kQueued && now_ms - l.last_seen_ms > ttl) {
-      end_lease(l, LeaseState::kExpired, Outcome::kCancelled, now_ms, now_ms,
+    } else if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) {
+      if (now_ms - std::max(lease.charged_until_ms, lease.granted_ms) >= kAccrueEveryMs) charge(lease, now_ms);
+    } else if (lease.state == LeaseState::kQueued && now_ms - lease.last_seen_ms > ttl) {
+      end_lease(lease, LeaseState::kExpired, Outcome::kCancelled, now_ms, now_ms,
                 "queued request not polled for " + std::to_string(policy_.ttl_s) + " s", "quotad");
     }
   }
@@ -687,58 +755,60 @@ void Engine::tick(int64_t now_ms) {
 
 std::vector<TeamStatus> Engine::teams(int64_t now_ms) const {
   std::vector<TeamStatus> out;
-  for (const auto& [name, t] : policy_.teams) {
-    TeamStatus s;
-    s.name = name;
-    s.base = t.base;
-    s.burst = t.burst;
-    s.limit_now = t.limit_at(now_ms);
-    s.in_burst_window = t.in_burst_window(now_ms);
-    s.in_use = team_units(name, now_ms);
-    for (const auto& [id, l] : leases_) {
-      if (l.req.team != name) continue;
-      if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking) ++s.leases_active;
-      if (l.state == LeaseState::kQueued) ++s.queued;
-      if (l.state == LeaseState::kPendingApproval) ++s.pending_approval;
+  for (const auto& [name, team] : policy_.teams) {
+    TeamStatus status;
+    status.name = name;
+    status.base = team.base;
+    status.burst = team.burst;
+    status.limit_now = team.limit_at(now_ms);
+    status.in_burst_window = team.in_burst_window(now_ms);
+    status.in_use = team_units(name, now_ms);
+    for (const auto& [id, lease] : leases_) {
+      if (lease.req.team != name) continue;
+      if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) ++status.leases_active;
+      if (lease.state == LeaseState::kQueued) ++status.queued;
+      if (lease.state == LeaseState::kPendingApproval) ++status.pending_approval;
     }
-    out.push_back(s);
+    out.push_back(status);
   }
   return out;
 }
 
 std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
   std::vector<std::string> errors;
-  const size_t n = policy_.gpus.size();
-  std::vector<double> used(n, 0);
-  std::vector<int> count(n, 0), whole(n, 0);
-  std::vector<bool> non_critical(n, false);
-  for (const auto& [id, l] : leases_) {
-    if (!l.holds_gpus(now_ms)) continue;
-    const size_t want = l.shared ? 1 : size_t(l.gpus);
-    if (l.devices.size() != want) {
-      errors.push_back("lease " + std::to_string(id) + " holds " + std::to_string(l.devices.size()) + " devices, wants " +
-                       std::to_string(want));
+  const size_t gpu_count = policy_.gpus.size();
+  std::vector<double> used(gpu_count, 0);
+  std::vector<int> count(gpu_count, 0), whole(gpu_count, 0);
+  std::vector<bool> non_critical(gpu_count, false);
+  for (const auto& [id, lease] : leases_) {
+    if (!lease.holds_gpus(now_ms)) continue;
+    const size_t want = lease.shared ? 1 : static_cast<size_t>(lease.gpus);
+    if (lease.devices.size() != want) {
+      errors.push_back("lease " + std::to_string(id) + " holds " + std::to_string(lease.devices.size()) +
+                       " devices, wants " + std::to_string(want));
     }
     std::set<int> seen;
-    for (int d : l.devices) {
-      if (d < 0 || size_t(d) >= n) {
-        errors.push_back("lease " + std::to_string(id) + " names device " + std::to_string(d));
+    for (int device : lease.devices) {
+      if (device < 0 || static_cast<size_t>(device) >= gpu_count) {
+        errors.push_back("lease " + std::to_string(id) + " names device " + std::to_string(device));
         continue;
       }
-      if (!seen.insert(d).second) errors.push_back("lease " + std::to_string(id) + " lists a device twice");
-      used[size_t(d)] += l.shared ? l.memory_gib : policy_.gpus[size_t(d)].memory_gib;
-      count[size_t(d)] += 1;
-      whole[size_t(d)] += l.shared ? 0 : 1;
-      if (l.req.priority != Priority::kCritical) non_critical[size_t(d)] = true;
+      if (!seen.insert(device).second) errors.push_back("lease " + std::to_string(id) + " lists a device twice");
+      used[static_cast<size_t>(device)] +=
+          lease.shared ? lease.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
+      count[static_cast<size_t>(device)] += 1;
+      whole[static_cast<size_t>(device)] += lease.shared ? 0 : 1;
+      if (lease.req.priority != Priority::kCritical) non_critical[static_cast<size_t>(device)] = true;
     }
   }
-  for (size_t d = 0; d < n; ++d) {
-    const auto& g = policy_.gpus[d];
-    if (used[d] > g.memory_gib + kEps) {
-      errors.push_back("gpu " + g.id() + ": leases hold " + fmt(used[d]) + " GiB of " + fmt(g.memory_gib));
+  for (size_t device = 0; device < gpu_count; ++device) {
+    const auto& gpu = policy_.gpus[device];
+    if (used[device] > gpu.memory_gib + kEps) {
+      errors.push_back("gpu " + gpu.id() + ": leases hold " + fixed_text(used[device]) + " GiB of " +
+                       fixed_text(gpu.memory_gib));
     }
-    if (whole[d] > 0 && count[d] > 1) errors.push_back("gpu " + g.id() + ": a whole-GPU lease shares it");
-    if (count[d] > policy_.max_leases_per_gpu) errors.push_back("gpu " + g.id() + ": too many shared leases");
+    if (whole[device] > 0 && count[device] > 1) errors.push_back("gpu " + gpu.id() + ": a whole-GPU lease shares it");
+    if (count[device] > policy_.max_leases_per_gpu) errors.push_back("gpu " + gpu.id() + ": too many shared leases");
   }
   const long busy = std::count(non_critical.begin(), non_critical.end(), true);
   if (busy > policy_.total_gpus() - policy_.emergency_pool_gpus()) {
@@ -758,33 +828,34 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   next_lease_ = 1;
   next_approval_ = 1;
   std::map<std::string, int> index_of;
-  for (size_t i = 0; i < policy_.gpus.size(); ++i) index_of[policy_.gpus[i].id()] = int(i);
-  for (auto& l : leases) {
-    next_lease_ = std::max(next_lease_, l.id + 1);
-    if (!l.device_ids.empty()) {
+  for (size_t i = 0; i < policy_.gpus.size(); ++i) index_of[policy_.gpus[i].id()] = static_cast<int>(i);
+  for (auto& lease : leases) {
+    next_lease_ = std::max(next_lease_, lease.id + 1);
+    if (!lease.device_ids.empty()) {
       // devices are stored by name so an edited inventory (reordered nodes) keeps leases on their GPUs
       std::vector<int> mapped;
-      for (const auto& name : l.device_ids) {
+      for (const auto& name : lease.device_ids) {
         auto it = index_of.find(name);
         if (it != index_of.end()) mapped.push_back(it->second);
       }
-      l.devices = mapped;
-      l.device_ids.clear();
+      lease.devices = mapped;
+      lease.device_ids.clear();
     }
     if (restart_now_ms > 0) {
-      if (l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking || l.state == LeaseState::kQueued) {
-        l.last_seen_ms = std::max(l.last_seen_ms, restart_now_ms);
+      if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking ||
+          lease.state == LeaseState::kQueued) {
+        lease.last_seen_ms = std::max(lease.last_seen_ms, restart_now_ms);
       }
-      if (l.state == LeaseState::kRevoking) {
-        l.deadline_ms = std::max(l.deadline_ms, restart_now_ms + int64_t(policy_.ttl_s) * 1000);
+      if (lease.state == LeaseState::kRevoking) {
+        lease.deadline_ms = std::max(lease.deadline_ms, restart_now_ms + static_cast<int64_t>(policy_.ttl_s) * 1000);
       }
     }
-    if (!l.req.idempotency_key.empty()) idempotency_[{l.req.user, l.req.idempotency_key}] = l.id;
-    leases_[l.id] = std::move(l);
+    if (!lease.req.idempotency_key.empty()) idempotency_[{lease.req.user, lease.req.idempotency_key}] = lease.id;
+    leases_[lease.id] = std::move(lease);
   }
-  for (auto& a : approvals) {
-    next_approval_ = std::max(next_approval_, a.id + 1);
-    approvals_[a.id] = std::move(a);
+  for (auto& approval : approvals) {
+    next_approval_ = std::max(next_approval_, approval.id + 1);
+    approvals_[approval.id] = std::move(approval);
   }
   audit_ = std::move(audit);
   usage_ = std::move(usage);
@@ -794,16 +865,16 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
 
 void Engine::prune(int64_t now_ms, int64_t keep_ms) {
   for (auto it = leases_.begin(); it != leases_.end();) {
-    const Lease& l = it->second;
-    if (is_terminal(l.state) && !l.holds_gpus(now_ms) && l.ended_ms < now_ms - keep_ms) {
-      if (!l.req.idempotency_key.empty()) idempotency_.erase({l.req.user, l.req.idempotency_key});
+    const Lease& lease = it->second;
+    if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms) {
+      if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
       it = leases_.erase(it);
     } else {
       ++it;
     }
   }
   constexpr size_t kAuditInMemory = 10000;
-  if (audit_.size() > kAuditInMemory) audit_.erase(audit_.begin(), audit_.end() - long(kAuditInMemory));
+  if (audit_.size() > kAuditInMemory) audit_.erase(audit_.begin(), audit_.end() - static_cast<long>(kAuditInMemory));
 }
 
 }  // namespace yolo8::quota

@@ -11,13 +11,19 @@
 
 namespace yolo8::quota {
 
+// Typed states; the text forms (to_string / parse_*) are the wire and storage format and must not change.
+// The parsers throw PolicyError naming the field and the accepted values.
 enum class LeaseState { kPendingApproval, kQueued, kGranted, kRevoking, kReleased, kExpired, kRejected };
 enum class Outcome { kNone, kCompleted, kPreempted, kFailed, kCancelled };
-std::string to_string(LeaseState s);
-LeaseState parse_lease_state(const std::string& s);
-std::string to_string(Outcome o);
-Outcome parse_outcome(const std::string& s);  // throws PolicyError
-bool is_terminal(LeaseState s);
+// An approval is cancelled when its lease is released while still waiting for the decision.
+enum class ApprovalState { kPending, kApproved, kRejected, kCancelled };
+std::string to_string(LeaseState state);
+LeaseState parse_lease_state(const std::string& text);
+std::string to_string(Outcome outcome);
+Outcome parse_outcome(const std::string& text);  // "" is Outcome::kNone
+std::string to_string(ApprovalState state);
+ApprovalState parse_approval_state(const std::string& text);
+bool is_terminal(LeaseState state);
 
 struct LeaseRequest {
   std::string team;
@@ -72,7 +78,7 @@ struct Lease {
   Telemetry telemetry;
 
   // Share of GPUs counted against the team limit and credits.
-  double units(const Policy& p) const;
+  double units(const Policy& policy) const;
   bool holds_gpus(int64_t now_ms) const;
 };
 
@@ -83,7 +89,7 @@ struct Approval {
   std::string user;
   std::string model;
   std::string justification;
-  std::string state = "pending";  // pending | approved | rejected
+  ApprovalState state = ApprovalState::kPending;
   std::string decided_by;
   std::string note;
   int64_t created_ms = 0;
@@ -94,6 +100,8 @@ struct AuditEntry {
   int64_t seq = 0;  // increasing, never reused
   int64_t ts_ms = 0;
   std::string actor;
+  // Stays text: the log is append-only history, so entries whose action an older or newer quotad wrote
+  // ("lease.released", "approval.requested", ...) must load and show as they are. An open set.
   std::string action;
   int64_t lease_id = 0;
   std::string team;
@@ -101,6 +109,7 @@ struct AuditEntry {
 };
 
 struct AcquireResult {
+  // Its text (to_string) is the "status" field of the API's answer to a lease request.
   enum class Kind { kGranted, kQueued, kNeedsApproval, kNotAllowed, kAdmissionRefused, kCreditsSpent, kInvalid };
   Kind kind = Kind::kInvalid;
   int64_t lease_id = 0;
@@ -111,6 +120,8 @@ struct AcquireResult {
   std::string reason;
   bool replayed = false;  // answered from the idempotency key
 };
+
+std::string to_string(AcquireResult::Kind kind);
 
 struct HeartbeatResult {
   bool found = false;
@@ -145,7 +156,7 @@ class Engine {
   AcquireResult acquire(const LeaseRequest& req, int64_t now_ms);
   // The answer acquire() would give now for an existing lease (used for idempotent replays and polling).
   AcquireResult status_of(int64_t lease_id, int64_t now_ms) const;
-  HeartbeatResult heartbeat(int64_t lease_id, const Telemetry& t, int64_t now_ms);
+  HeartbeatResult heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms);
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
   bool release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor = "");
   // Moves an approved request into the queue. Throws PolicyError if not pending.
@@ -186,17 +197,17 @@ class Engine {
   struct Placement {
     std::vector<int> devices;
   };
-  std::optional<Placement> place(const Lease& l, int64_t now_ms, const std::set<int64_t>& ignore) const;
-  bool try_grant(Lease& l, int64_t now_ms);
-  bool try_preempt(Lease& l, int64_t now_ms);
+  std::optional<Placement> place(const Lease& lease, int64_t now_ms, const std::set<int64_t>& ignore) const;
+  bool try_grant(Lease& lease, int64_t now_ms);
+  bool try_preempt(Lease& lease, int64_t now_ms);
   void schedule(int64_t now_ms);
-  void end_lease(Lease& l, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
+  void end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
                  const std::string& reason, const std::string& actor);
-  void charge(Lease& l, int64_t until_ms);
-  void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* l,
+  void charge(Lease& lease, int64_t until_ms);
+  void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
            const std::string& detail);
   std::vector<const Lease*> queue_order() const;
-  std::string queue_reason(const Lease& l, int64_t now_ms) const;
+  std::string queue_reason(const Lease& lease, int64_t now_ms) const;
 
   Policy policy_;
   std::map<int64_t, Lease> leases_;

@@ -15,8 +15,8 @@ class PolicyError : public std::runtime_error {
 };
 
 enum class Priority { kLow = 0, kNormal = 1, kHigh = 2, kCritical = 3 };
-std::string to_string(Priority p);
-Priority parse_priority(const std::string& s);  // throws PolicyError
+std::string to_string(Priority priority);
+Priority parse_priority(const std::string& text);  // throws PolicyError
 
 struct Gpu {
   std::string node;
@@ -108,7 +108,7 @@ struct Policy {
   int waste_after_s = 3600;
   MemoryTable memory_table;
 
-  int total_gpus() const { return int(gpus.size()); }
+  int total_gpus() const { return static_cast<int>(gpus.size()); }
   // Whole GPUs kept for critical leases.
   int emergency_pool_gpus() const;
   double max_gpu_memory_gib() const;

@@ -19,11 +19,13 @@ constexpr std::array<uint32_t, 64> kRound = {
 
 uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+// The one-letter names (a..h, w, s0, s1, t1, t2, ch, maj) are FIPS 180-4's own, kept so each line can be checked
+// against the standard.
 void compress(std::array<uint32_t, 8>& h, const unsigned char* block) {
   uint32_t w[64];
   for (int i = 0; i < 16; ++i) {
-    w[i] = (uint32_t(block[4 * i]) << 24) | (uint32_t(block[4 * i + 1]) << 16) |
-           (uint32_t(block[4 * i + 2]) << 8) | uint32_t(block[4 * i + 3]);
+    w[i] = (static_cast<uint32_t>(block[4 * i]) << 24) | (static_cast<uint32_t>(block[4 * i + 1]) << 16) |
+           (static_cast<uint32_t>(block[4 * i + 2]) << 8) | static_cast<uint32_t>(block[4 * i + 3]);
   }
   for (int i = 16; i < 64; ++i) {
     uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
@@ -57,10 +59,10 @@ std::string sha256_hex(const std::string& data) {
   std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   std::string msg = data;
-  const uint64_t bit_len = uint64_t(data.size()) * 8;
-  msg.push_back(char(0x80));
+  const uint64_t bit_len = static_cast<uint64_t>(data.size()) * 8;
+  msg.push_back(static_cast<char>(0x80));
   while (msg.size() % 64 != 56) msg.push_back('\0');
-  for (int i = 7; i >= 0; --i) msg.push_back(char((bit_len >> (8 * i)) & 0xff));
+  for (int i = 7; i >= 0; --i) msg.push_back(static_cast<char>((bit_len >> (8 * i)) & 0xff));
   for (size_t off = 0; off < msg.size(); off += 64) {
     compress(h, reinterpret_cast<const unsigned char*>(msg.data() + off));
   }

@@ -7,48 +7,48 @@ namespace yolo8::quota {
 
 namespace {
 
-bool running(const Lease& l) { return l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking; }
+bool running(const Lease& lease) { return lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking; }
 
 }  // namespace
 
-void UtilTracker::close_run(LeaseUtil& u, int64_t end_ms) {
-  if (u.low_since_ms < 0) return;
-  const int64_t run = std::max<int64_t>(0, end_ms - u.low_since_ms);
-  u.longest_low_ms = std::max(u.longest_low_ms, run);
-  if (run >= waste_after_ms_) u.wasted_ms += run;
-  u.low_since_ms = -1;
+void UtilTracker::close_run(LeaseUtil& util, int64_t end_ms) {
+  if (util.low_since_ms < 0) return;
+  const int64_t run = std::max<int64_t>(0, end_ms - util.low_since_ms);
+  util.longest_low_ms = std::max(util.longest_low_ms, run);
+  if (run >= waste_after_ms_) util.wasted_ms += run;
+  util.low_since_ms = -1;
 }
 
 void UtilTracker::observe(int64_t lease_id, int64_t ts_ms, double gpu_util) {
   if (!(gpu_util >= 0)) return;
-  LeaseUtil& u = leases_[lease_id];
-  if (u.last_ts_ms >= 0 && ts_ms < u.last_ts_ms) return;  // out of order: keep the fold monotonic
-  if (u.last_ts_ms >= 0) {
-    const int64_t dt = ts_ms - u.last_ts_ms;
-    u.util_ms += u.last_util * double(dt);
-    u.covered_ms += dt;
+  LeaseUtil& util = leases_[lease_id];
+  if (util.last_ts_ms >= 0 && ts_ms < util.last_ts_ms) return;  // out of order: keep the fold monotonic
+  if (util.last_ts_ms >= 0) {
+    const int64_t elapsed_ms = ts_ms - util.last_ts_ms;
+    util.util_ms += util.last_util * static_cast<double>(elapsed_ms);
+    util.covered_ms += elapsed_ms;
   } else {
-    u.first_ts_ms = ts_ms;
+    util.first_ts_ms = ts_ms;
   }
   const bool low = gpu_util < threshold_;
-  if (low && u.low_since_ms < 0) u.low_since_ms = ts_ms;
+  if (low && util.low_since_ms < 0) util.low_since_ms = ts_ms;
   // a run ends when a sample at or above the threshold arrives
-  if (!low) close_run(u, ts_ms);
-  u.last_ts_ms = ts_ms;
-  u.last_util = gpu_util;
-  ++u.samples;
+  if (!low) close_run(util, ts_ms);
+  util.last_ts_ms = ts_ms;
+  util.last_util = gpu_util;
+  ++util.samples;
 }
 
 void UtilTracker::close(int64_t lease_id, int64_t end_ms) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return;
-  LeaseUtil& u = it->second;
-  if (end_ms > u.last_ts_ms && u.last_ts_ms >= 0) {
-    u.util_ms += u.last_util * double(end_ms - u.last_ts_ms);
-    u.covered_ms += end_ms - u.last_ts_ms;
-    u.last_ts_ms = end_ms;
+  LeaseUtil& util = it->second;
+  if (end_ms > util.last_ts_ms && util.last_ts_ms >= 0) {
+    util.util_ms += util.last_util * static_cast<double>(end_ms - util.last_ts_ms);
+    util.covered_ms += end_ms - util.last_ts_ms;
+    util.last_ts_ms = end_ms;
   }
-  close_run(u, end_ms);
+  close_run(util, end_ms);
 }
 
 const LeaseUtil* UtilTracker::find(int64_t lease_id) const {
@@ -58,10 +58,13 @@ const LeaseUtil* UtilTracker::find(int64_t lease_id) const {
 
 void sync_tracker(const Engine& engine, UtilTracker& tracker) {
   std::vector<int64_t> gone;
-  for (const auto& [id, u] : tracker.leases()) {
-    const Lease* l = engine.find(id);
-    if (l == nullptr) gone.push_back(id);
-    else if (is_terminal(l->state) && u.low_since_ms >= 0) tracker.close(id, l->ended_ms);
+  for (const auto& [id, util] : tracker.leases()) {
+    const Lease* lease = engine.find(id);
+    if (lease == nullptr) {
+      gone.push_back(id);
+    } else if (is_terminal(lease->state) && util.low_since_ms >= 0) {
+      tracker.close(id, lease->ended_ms);
+    }
   }
   for (int64_t id : gone) tracker.forget(id);
 }
@@ -69,62 +72,67 @@ void sync_tracker(const Engine& engine, UtilTracker& tracker) {
 std::vector<WasteEntry> waste_list(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
                                    int64_t now_ms) {
   std::vector<WasteEntry> out;
-  for (const auto& [id, l] : engine.leases()) {
-    if (!running(l)) continue;
-    const LeaseUtil* u = tracker.find(id);
-    if (u == nullptr || u->low_since_ms < 0) continue;
-    const int64_t low = u->low_ms(now_ms);
+  for (const auto& [id, lease] : engine.leases()) {
+    if (!running(lease)) continue;
+    const LeaseUtil* util = tracker.find(id);
+    if (util == nullptr || util->low_since_ms < 0) continue;
+    const int64_t low = util->low_ms(now_ms);
     if (low < tracker.waste_after_ms()) continue;
-    WasteEntry w;
-    w.lease_id = id;
-    w.team = l.req.team;
-    w.user = l.req.user;
-    w.job = l.req.job;
-    w.model = l.req.model;
-    w.units = l.units(policy);
-    w.low_ms = low;
-    w.last_util = u->last_util;
-    w.wasted_gpu_hours = w.units * double(low) / 3.6e6;
-    out.push_back(w);
+    WasteEntry entry;
+    entry.lease_id = id;
+    entry.team = lease.req.team;
+    entry.user = lease.req.user;
+    entry.job = lease.req.job;
+    entry.model = lease.req.model;
+    entry.units = lease.units(policy);
+    entry.low_ms = low;
+    entry.last_util = util->last_util;
+    entry.wasted_gpu_hours = entry.units * static_cast<double>(low) / 3.6e6;
+    out.push_back(entry);
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const WasteEntry& a, const WasteEntry& b) { return a.wasted_gpu_hours > b.wasted_gpu_hours; });
+  std::stable_sort(out.begin(), out.end(), [](const WasteEntry& left, const WasteEntry& right) {
+    return left.wasted_gpu_hours > right.wasted_gpu_hours;
+  });
   return out;
 }
 
 std::vector<TeamView> team_views(const Policy& policy, const Engine& engine, int64_t now_ms) {
   std::vector<TeamView> out;
   const std::string month = month_key(now_ms);
-  for (const TeamStatus& s : engine.teams(now_ms)) {
-    TeamView v;
-    v.status = s;
-    double util_w = 0, util_sum = 0;
-    for (const auto& [id, l] : engine.leases()) {
-      if (l.req.team != s.name || !running(l)) continue;
-      if (l.shared) {
-        v.memory_allocated_gib += l.memory_gib;
+  for (const TeamStatus& status : engine.teams(now_ms)) {
+    TeamView view;
+    view.status = status;
+    double util_weight = 0, util_sum = 0;
+    for (const auto& [id, lease] : engine.leases()) {
+      if (lease.req.team != status.name || !running(lease)) continue;
+      if (lease.shared) {
+        view.memory_allocated_gib += lease.memory_gib;
       } else {
-        for (int d : l.devices) {
-          if (d >= 0 && size_t(d) < policy.gpus.size()) v.memory_allocated_gib += policy.gpus[size_t(d)].memory_gib;
+        for (int device : lease.devices) {
+          if (device >= 0 && static_cast<size_t>(device) < policy.gpus.size()) {
+            view.memory_allocated_gib += policy.gpus[static_cast<size_t>(device)].memory_gib;
+          }
         }
       }
-      if (l.telemetry.memory_used_gib >= 0) v.memory_used_gib += l.telemetry.memory_used_gib * (l.shared ? 1 : l.gpus);
-      if (l.telemetry.gpu_util >= 0) {
-        const double w = l.units(policy);
-        util_w += w;
-        util_sum += w * l.telemetry.gpu_util;
+      if (lease.telemetry.memory_used_gib >= 0) {
+        view.memory_used_gib += lease.telemetry.memory_used_gib * (lease.shared ? 1 : lease.gpus);
+      }
+      if (lease.telemetry.gpu_util >= 0) {
+        const double weight = lease.units(policy);
+        util_weight += weight;
+        util_sum += weight * lease.telemetry.gpu_util;
       }
     }
-    if (util_w > 0) v.gpu_util = util_sum / util_w;
+    if (util_weight > 0) view.gpu_util = util_sum / util_weight;
     std::set<std::string> users;
-    for (const auto& [name, u] : policy.users) {
-      if (u.team == s.name) users.insert(name);
+    for (const auto& [name, user] : policy.users) {
+      if (user.team == status.name) users.insert(name);
     }
-    for (const auto& [id, l] : engine.leases()) {
-      if (l.req.team == s.name) users.insert(l.req.user);
+    for (const auto& [id, lease] : engine.leases()) {
+      if (lease.req.team == status.name) users.insert(lease.req.user);
     }
-    for (const auto& u : users) v.gpu_hours_month += engine.used_gpu_hours(u, month, now_ms);
-    out.push_back(v);
+    for (const auto& user : users) view.gpu_hours_month += engine.used_gpu_hours(user, month, now_ms);
+    out.push_back(view);
   }
   return out;
 }

@@ -21,7 +21,7 @@ struct LeaseUtil {
   int64_t wasted_ms = 0;          // closed low runs that lasted at least the waste duration
   int64_t longest_low_ms = 0;     // longest low run, closed ones only
   int samples = 0;
-  double avg_util() const { return covered_ms > 0 ? util_ms / double(covered_ms) : last_util; }
+  double avg_util() const { return covered_ms > 0 ? util_ms / static_cast<double>(covered_ms) : last_util; }
   int64_t low_ms(int64_t now_ms) const { return low_since_ms < 0 ? 0 : now_ms - low_since_ms; }
 };
 
@@ -39,7 +39,7 @@ class UtilTracker {
   int64_t waste_after_ms() const { return waste_after_ms_; }
 
  private:
-  void close_run(LeaseUtil& u, int64_t end_ms);
+  void close_run(LeaseUtil& util, int64_t end_ms);
   double threshold_;
   int64_t waste_after_ms_;
   std::map<int64_t, LeaseUtil> leases_;

@@ -17,26 +17,29 @@ void parse_listen(const std::string& listen, std::string& host, int& port) {
     throw std::invalid_argument("--listen: '" + listen + "' is not HOST:PORT");
   }
   host = listen.substr(0, colon);
-  const std::string p = listen.substr(colon + 1);
-  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos || std::stoi(p) > 65535) {
-    throw std::invalid_argument("--listen: port '" + p + "' is not a number within 0..65535");
+  const std::string port_text = listen.substr(colon + 1);
+  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port_text) > 65535) {
+    throw std::invalid_argument("--listen: port '" + port_text + "' is not a number within 0..65535");
   }
-  port = std::stoi(p);
+  port = std::stoi(port_text);
 }
 
 namespace {
 
 ApiRequest to_api(const httplib::Request& req) {
-  ApiRequest a;
-  a.method = req.method;
-  a.path = req.path;
-  a.body = req.body;
-  for (const auto& [k, v] : req.params) a.query[k] = v;
+  ApiRequest request;
+  request.method = req.method;
+  request.path = req.path;
+  request.body = req.body;
+  for (const auto& [name, value] : req.params) request.query[name] = value;
   const std::string auth = req.get_header_value("Authorization");
   const std::string prefix = "Bearer ";
-  if (auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0) a.token = auth.substr(prefix.size());
-  a.idempotency_key = req.get_header_value("Idempotency-Key");
-  return a;
+  if (auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0) {
+    request.token = auth.substr(prefix.size());
+  }
+  request.idempotency_key = req.get_header_value("Idempotency-Key");
+  return request;
 }
 
 }  // namespace
@@ -50,37 +53,37 @@ QuotaServer::QuotaServer(QuotaService& service, ServerOptions options)
 QuotaServer::~QuotaServer() { stop(); }
 
 int QuotaServer::start() {
-  auto& s = *server_;
+  auto& server = *server_;
   const int threads = options_.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  s.set_payload_max_length(options_.max_body_bytes);
-  s.set_tcp_nodelay(true);  // small keep-alive replies must not wait for delayed ACKs
-  s.set_keep_alive_max_count(1000000);
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  server.set_payload_max_length(options_.max_body_bytes);
+  server.set_tcp_nodelay(true);  // small keep-alive replies must not wait for delayed ACKs
+  server.set_keep_alive_max_count(1000000);
   // idle keep-alive connections pin a worker each; let them go quickly
-  s.set_keep_alive_timeout(2);
-  s.set_read_timeout(10, 0);
-  s.set_write_timeout(10, 0);
+  server.set_keep_alive_timeout(2);
+  server.set_read_timeout(10, 0);
+  server.set_write_timeout(10, 0);
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
-    const ApiResponse r = service_.handle(to_api(req));
-    res.status = r.status;
-    res.set_content(r.serialized(), r.content_type.c_str());
+    const ApiResponse response = service_.handle(to_api(req));
+    res.status = response.status;
+    res.set_content(response.serialized(), response.content_type.c_str());
   };
   // The read-only pages, token-free: names of teams, users and jobs, never tokens.
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.text(), "text/plain; version=0.0.4");
   });
   const auto status_page = [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(render_status_page(service_), "text/html; charset=utf-8");
   };
-  s.Get("/", status_page);
-  s.Get("/status", status_page);
-  s.Post(R"(/(metrics|status)?)", [](const httplib::Request&, httplib::Response& res) {
+  server.Get("/", status_page);
+  server.Get("/status", status_page);
+  server.Post(R"(/(metrics|status)?)", [](const httplib::Request&, httplib::Response& res) {
     res.status = 405;
     res.set_header("Allow", "GET");
   });
-  s.Get(R"(/.*)", handler);
-  s.Post(R"(/.*)", handler);
-  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  server.Get(R"(/.*)", handler);
+  server.Post(R"(/.*)", handler);
+  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string reason = "request rejected";
     if (res.status == 413) reason = "body: larger than the server accepts";
@@ -89,19 +92,18 @@ int QuotaServer::start() {
     if (res.status == 405) reason = "method not allowed";
     res.set_content(nlohmann::json{{"error", res.status}, {"reason", reason}}.dump(), "application/json");
   });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+  server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     res.status = 500;
     res.set_content(R"({"error":500,"reason":"internal error"})", "application/json");
   });
   // cpp-httplib 0.11 listens with a backlog of 5, which resets bursts of connections; remember the socket
   // so the backlog can be raised after bind
-  s.set_socket_options([this](socket_t sock) {
+  server.set_socket_options([this](socket_t sock) {
     httplib::default_socket_options(sock);
-    listen_fd_ = int(sock);
+    listen_fd_ = static_cast<int>(sock);
   });
-  port_ = options_.port == 0 ? s.bind_to_any_port(options_.host) : (s.bind_to_port(options_.host, options_.port)
-                                                                        ? options_.port
-                                                                        : -1);
+  port_ = options_.port == 0 ? server.bind_to_any_port(options_.host)
+                             : (server.bind_to_port(options_.host, options_.port) ? options_.port : -1);
   if (port_ <= 0) {
     throw std::runtime_error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
   }

@@ -51,7 +51,7 @@ class MetricsExporter {
 
  private:
   QuotaService& service_;
-  std::mutex mu_;
+  std::mutex mutex_;
   MetricsState state_;
 };
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "quota/core/engine.h"
 #include "quota/core/policy.h"
 
 namespace yolo8::quota {
@@ -18,7 +19,9 @@ struct ReportTeam {
 
 struct ReportJob {
   int64_t lease_id = 0;
-  std::string team, user, job, model, state, outcome;
+  std::string team, user, job, model;
+  LeaseState state = LeaseState::kGranted;
+  Outcome outcome = Outcome::kNone;  // none while it runs, or when it expired without a release
   double gpus = 0;
   double gpu_hours = 0;  // within the month
   int64_t duration_ms = 0;
@@ -65,9 +68,9 @@ struct MonthlyReport {
 MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy,
                            int top_n = 10);
 
-std::string report_markdown(const MonthlyReport& r);
+std::string report_markdown(const MonthlyReport& report);
 // Standalone HTML with inline SVG bar charts (no scripts, no external assets).
-std::string report_html(const MonthlyReport& r);
+std::string report_html(const MonthlyReport& report);
 
 // [start, end) of a "YYYY-MM" month in UTC milliseconds; throws std::invalid_argument.
 void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms);

@@ -17,7 +17,7 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
 // The page for a running service.
 std::string render_status_page(QuotaService& service);
 
-std::string html_escape(const std::string& s);
+std::string html_escape(const std::string& text);
 // "1 h 05 min", "42 s"
 std::string format_duration_ms(int64_t ms);
 

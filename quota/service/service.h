@@ -74,25 +74,25 @@ class QuotaService {
   ApiResponse locked(const std::function<ApiResponse()>& op);
   void reload_locked(int64_t now_ms);
   void persist_locked();
-  bool can_read(const Caller& c, const Lease& l) const;
-  bool can_act(const Caller& c, const Lease& l) const;
-  nlohmann::json lease_view(const Lease& l, int64_t now_ms) const;
-  ApiResponse acquire(const Caller& c, const ApiRequest& req);
-  ApiResponse get_lease(const Caller& c, int64_t id);
-  ApiResponse list_leases(const Caller& c, const ApiRequest& req);
-  ApiResponse heartbeat(const Caller& c, int64_t id, const std::string& body);
-  ApiResponse release(const Caller& c, int64_t id, const std::string& body);
-  ApiResponse decide(const Caller& c, int64_t approval_id, bool approve, const std::string& body);
-  ApiResponse list_approvals(const Caller& c);
-  ApiResponse review(const Caller& c, int64_t id, const std::string& body);
-  ApiResponse teams(const Caller& c);
-  ApiResponse audit(const Caller& c, const ApiRequest& req);
+  bool can_read(const Caller& caller, const Lease& lease) const;
+  bool can_act(const Caller& caller, const Lease& lease) const;
+  nlohmann::json lease_view(const Lease& lease, int64_t now_ms) const;
+  ApiResponse acquire(const Caller& caller, const ApiRequest& req);
+  ApiResponse get_lease(const Caller& caller, int64_t id);
+  ApiResponse list_leases(const Caller& caller, const ApiRequest& req);
+  ApiResponse heartbeat(const Caller& caller, int64_t id, const std::string& body);
+  ApiResponse release(const Caller& caller, int64_t id, const std::string& body);
+  ApiResponse decide(const Caller& caller, int64_t approval_id, bool approve, const std::string& body);
+  ApiResponse list_approvals(const Caller& caller);
+  ApiResponse review(const Caller& caller, int64_t id, const std::string& body);
+  ApiResponse teams(const Caller& caller);
+  ApiResponse audit(const Caller& caller, const ApiRequest& req);
 
   Policy policy_;
   ServiceOptions options_;
   std::function<int64_t()> clock_;
-  std::mutex mu_;  // engine and pending heartbeats
-  std::mutex db_mu_;
+  std::mutex mutex_;  // engine and pending heartbeats
+  std::mutex store_mutex_;
   Engine engine_;
   std::unique_ptr<Store> store_;
   std::vector<HeartbeatSample> pending_heartbeats_;
@@ -100,7 +100,7 @@ class QuotaService {
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
-  UtilTracker tracker_;  // guarded by mu_
+  UtilTracker tracker_;  // guarded by mutex_
 };
 
 }  // namespace yolo8::quota

@@ -37,18 +37,31 @@ CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
 )SQL";
 
-struct StmtDeleter {
-  void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
+struct StatementDeleter {
+  void operator()(sqlite3_stmt* statement) const { sqlite3_finalize(statement); }
 };
-using Stmt = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
+using Statement = std::unique_ptr<sqlite3_stmt, StatementDeleter>;
 
-std::string text(sqlite3_stmt* s, int col) {
-  const unsigned char* t = sqlite3_column_text(s, col);
-  return t == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(t));
+std::string text(sqlite3_stmt* statement, int column) {
+  const unsigned char* value = sqlite3_column_text(statement, column);
+  return value == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(value));
 }
 
-void bind_text(sqlite3_stmt* s, int i, const std::string& v) {
-  sqlite3_bind_text(s, i, v.c_str(), int(v.size()), SQLITE_TRANSIENT);
+void bind_text(sqlite3_stmt* statement, int index, const std::string& value) {
+  sqlite3_bind_text(statement, index, value.c_str(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+}
+
+// Decodes the JSON body of row `id` of `table`; a malformed body or an unknown state/outcome text is a
+// StoreError naming the database, the table and the row (never a silent default).
+template <typename Record>
+Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* statement,
+                  Record (*from_json)(const nlohmann::json&)) {
+  const int64_t id = sqlite3_column_int64(statement, 0);
+  try {
+    return from_json(nlohmann::json::parse(text(statement, 1)));
+  } catch (const std::exception& error) {
+    throw StoreError(db_path + ": " + table + " row " + std::to_string(id) + ": " + error.what());
+  }
 }
 
 }  // namespace
@@ -104,9 +117,9 @@ void Store::exec(const char* sql) {
 }
 
 sqlite3_stmt* Store::prepare(const char* sql) {
-  sqlite3_stmt* s = nullptr;
-  if (sqlite3_prepare_v2(db_, sql, -1, &s, nullptr) != SQLITE_OK) fail("prepare");
-  return s;
+  sqlite3_stmt* statement = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) fail("prepare");
+  return statement;
 }
 
 void Store::begin_immediate() {
@@ -126,51 +139,56 @@ void Store::rollback() {
 }
 
 Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
-  Snapshot snap;
+  Snapshot snapshot;
   {
-    Stmt s(prepare("SELECT body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?"));
-    sqlite3_bind_int64(s.get(), 1, now_ms - keep_ended_ms);
-    while (sqlite3_step(s.get()) == SQLITE_ROW) {
-      snap.leases.push_back(lease_from_json(nlohmann::json::parse(text(s.get(), 0))));
+    // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
+    Statement statement(
+        prepare("SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?"));
+    sqlite3_bind_int64(statement.get(), 1, now_ms - keep_ended_ms);
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.leases.push_back(decode_row<Lease>(path_, "leases", statement.get(), &lease_from_json));
     }
   }
   {
-    Stmt s(prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms FROM heartbeats "
-                   "WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
-    for (auto& l : snap.leases) {
-      if (l.state != LeaseState::kGranted && l.state != LeaseState::kRevoking) continue;
-      sqlite3_reset(s.get());
-      sqlite3_bind_int64(s.get(), 1, l.id);
-      if (sqlite3_step(s.get()) == SQLITE_ROW) {
-        l.telemetry.step = sqlite3_column_int64(s.get(), 0);
-        l.telemetry.epoch = sqlite3_column_int(s.get(), 1);
-        l.telemetry.gpu_util = sqlite3_column_double(s.get(), 2);
-        l.telemetry.memory_used_gib = sqlite3_column_double(s.get(), 3);
-        l.telemetry.last_checkpoint_ms = sqlite3_column_int64(s.get(), 4);
-        l.last_seen_ms = std::max<int64_t>(l.last_seen_ms, sqlite3_column_int64(s.get(), 5));
+    Statement statement(
+        prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms FROM heartbeats "
+                "WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
+    for (auto& lease : snapshot.leases) {
+      if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
+      sqlite3_reset(statement.get());
+      sqlite3_bind_int64(statement.get(), 1, lease.id);
+      if (sqlite3_step(statement.get()) == SQLITE_ROW) {
+        lease.telemetry.step = sqlite3_column_int64(statement.get(), 0);
+        lease.telemetry.epoch = sqlite3_column_int(statement.get(), 1);
+        lease.telemetry.gpu_util = sqlite3_column_double(statement.get(), 2);
+        lease.telemetry.memory_used_gib = sqlite3_column_double(statement.get(), 3);
+        lease.telemetry.last_checkpoint_ms = sqlite3_column_int64(statement.get(), 4);
+        lease.last_seen_ms = std::max<int64_t>(lease.last_seen_ms, sqlite3_column_int64(statement.get(), 5));
       }
     }
   }
   {
-    Stmt s(prepare("SELECT body FROM approvals"));
-    while (sqlite3_step(s.get()) == SQLITE_ROW) {
-      snap.approvals.push_back(approval_from_json(nlohmann::json::parse(text(s.get(), 0))));
+    Statement statement(prepare("SELECT id, body FROM approvals"));
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.approvals.push_back(decode_row<Approval>(path_, "approvals", statement.get(), &approval_from_json));
     }
   }
   {
-    Stmt s(prepare("SELECT user, month, gpu_hours FROM usage"));
-    while (sqlite3_step(s.get()) == SQLITE_ROW) {
-      snap.usage[{text(s.get(), 0), text(s.get(), 1)}] = sqlite3_column_double(s.get(), 2);
+    Statement statement(prepare("SELECT user, month, gpu_hours FROM usage"));
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.usage[{text(statement.get(), 0), text(statement.get(), 1)}] = sqlite3_column_double(statement.get(), 2);
     }
   }
   {
-    Stmt s(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
-    if (sqlite3_step(s.get()) == SQLITE_ROW) snap.next_audit_seq = sqlite3_column_int64(s.get(), 0) + 1;
+    Statement statement(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
+    if (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.next_audit_seq = sqlite3_column_int64(statement.get(), 0) + 1;
+    }
   }
   if (audit_tail > 0) {
-    snap.audit = audit(snap.next_audit_seq - 1 - int64_t(audit_tail), audit_tail);
+    snapshot.audit = audit(snapshot.next_audit_seq - 1 - static_cast<int64_t>(audit_tail), audit_tail);
   }
-  return snap;
+  return snapshot;
 }
 
 void Store::write(const Engine& engine, const Changes& changes) {
@@ -179,57 +197,59 @@ void Store::write(const Engine& engine, const Changes& changes) {
   if (own_tx) exec("BEGIN IMMEDIATE");
   try {
     if (!changes.leases.empty()) {
-      Stmt s(prepare("INSERT OR REPLACE INTO leases(id, state, team, user, ended_ms, body) VALUES (?,?,?,?,?,?)"));
+      Statement statement(
+          prepare("INSERT OR REPLACE INTO leases(id, state, team, user, ended_ms, body) VALUES (?,?,?,?,?,?)"));
       for (int64_t id : changes.leases) {
-        const Lease* l = engine.find(id);
-        if (l == nullptr) continue;
-        sqlite3_reset(s.get());
-        sqlite3_bind_int64(s.get(), 1, l->id);
-        bind_text(s.get(), 2, to_string(l->state));
-        bind_text(s.get(), 3, l->req.team);
-        bind_text(s.get(), 4, l->req.user);
-        sqlite3_bind_int64(s.get(), 5, std::max(l->ended_ms, l->free_at_ms));
-        bind_text(s.get(), 6, to_json(*l, engine.policy()).dump());
-        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write lease");
+        const Lease* lease = engine.find(id);
+        if (lease == nullptr) continue;
+        sqlite3_reset(statement.get());
+        sqlite3_bind_int64(statement.get(), 1, lease->id);
+        bind_text(statement.get(), 2, to_string(lease->state));
+        bind_text(statement.get(), 3, lease->req.team);
+        bind_text(statement.get(), 4, lease->req.user);
+        sqlite3_bind_int64(statement.get(), 5, std::max(lease->ended_ms, lease->free_at_ms));
+        bind_text(statement.get(), 6, to_json(*lease, engine.policy()).dump());
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write lease");
       }
     }
     if (!changes.approvals.empty()) {
-      Stmt s(prepare("INSERT OR REPLACE INTO approvals(id, state, team, body) VALUES (?,?,?,?)"));
+      Statement statement(prepare("INSERT OR REPLACE INTO approvals(id, state, team, body) VALUES (?,?,?,?)"));
       for (int64_t id : changes.approvals) {
-        const Approval* a = engine.find_approval(id);
-        if (a == nullptr) continue;
-        sqlite3_reset(s.get());
-        sqlite3_bind_int64(s.get(), 1, a->id);
-        bind_text(s.get(), 2, a->state);
-        bind_text(s.get(), 3, a->team);
-        bind_text(s.get(), 4, to_json(*a).dump());
-        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write approval");
+        const Approval* approval = engine.find_approval(id);
+        if (approval == nullptr) continue;
+        sqlite3_reset(statement.get());
+        sqlite3_bind_int64(statement.get(), 1, approval->id);
+        bind_text(statement.get(), 2, to_string(approval->state));
+        bind_text(statement.get(), 3, approval->team);
+        bind_text(statement.get(), 4, to_json(*approval).dump());
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write approval");
       }
     }
     if (!changes.audit.empty()) {
-      Stmt s(prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?,?,?,?,?,?,?)"));
-      for (const auto& a : changes.audit) {
-        sqlite3_reset(s.get());
-        sqlite3_bind_int64(s.get(), 1, a.seq);
-        sqlite3_bind_int64(s.get(), 2, a.ts_ms);
-        bind_text(s.get(), 3, a.actor);
-        bind_text(s.get(), 4, a.action);
-        sqlite3_bind_int64(s.get(), 5, a.lease_id);
-        bind_text(s.get(), 6, a.team);
-        bind_text(s.get(), 7, a.detail);
-        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("append audit");
+      Statement statement(
+          prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?,?,?,?,?,?,?)"));
+      for (const auto& entry : changes.audit) {
+        sqlite3_reset(statement.get());
+        sqlite3_bind_int64(statement.get(), 1, entry.seq);
+        sqlite3_bind_int64(statement.get(), 2, entry.ts_ms);
+        bind_text(statement.get(), 3, entry.actor);
+        bind_text(statement.get(), 4, entry.action);
+        sqlite3_bind_int64(statement.get(), 5, entry.lease_id);
+        bind_text(statement.get(), 6, entry.team);
+        bind_text(statement.get(), 7, entry.detail);
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("append audit");
       }
     }
     if (!changes.usage.empty()) {
-      Stmt s(prepare("INSERT OR REPLACE INTO usage(user, month, gpu_hours) VALUES (?,?,?)"));
+      Statement statement(prepare("INSERT OR REPLACE INTO usage(user, month, gpu_hours) VALUES (?,?,?)"));
       for (const auto& key : changes.usage) {
         auto it = engine.usage().find(key);
         if (it == engine.usage().end()) continue;
-        sqlite3_reset(s.get());
-        bind_text(s.get(), 1, key.first);
-        bind_text(s.get(), 2, key.second);
-        sqlite3_bind_double(s.get(), 3, it->second);
-        if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write usage");
+        sqlite3_reset(statement.get());
+        bind_text(statement.get(), 1, key.first);
+        bind_text(statement.get(), 2, key.second);
+        sqlite3_bind_double(statement.get(), 3, it->second);
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write usage");
       }
     }
   } catch (...) {
@@ -244,18 +264,19 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
   const bool own_tx = !in_tx_;
   if (own_tx) exec("BEGIN IMMEDIATE");
   try {
-    Stmt s(prepare("INSERT INTO heartbeats(lease_id, ts_ms, step, epoch, gpu_util, memory_used_gib, "
-                   "last_checkpoint_ms) VALUES (?,?,?,?,?,?,?)"));
-    for (const auto& h : samples) {
-      sqlite3_reset(s.get());
-      sqlite3_bind_int64(s.get(), 1, h.lease_id);
-      sqlite3_bind_int64(s.get(), 2, h.ts_ms);
-      sqlite3_bind_int64(s.get(), 3, h.telemetry.step);
-      sqlite3_bind_int(s.get(), 4, h.telemetry.epoch);
-      sqlite3_bind_double(s.get(), 5, h.telemetry.gpu_util);
-      sqlite3_bind_double(s.get(), 6, h.telemetry.memory_used_gib);
-      sqlite3_bind_int64(s.get(), 7, h.telemetry.last_checkpoint_ms);
-      if (sqlite3_step(s.get()) != SQLITE_DONE) fail("write heartbeat");
+    Statement statement(
+        prepare("INSERT INTO heartbeats(lease_id, ts_ms, step, epoch, gpu_util, memory_used_gib, "
+                "last_checkpoint_ms) VALUES (?,?,?,?,?,?,?)"));
+    for (const auto& sample : samples) {
+      sqlite3_reset(statement.get());
+      sqlite3_bind_int64(statement.get(), 1, sample.lease_id);
+      sqlite3_bind_int64(statement.get(), 2, sample.ts_ms);
+      sqlite3_bind_int64(statement.get(), 3, sample.telemetry.step);
+      sqlite3_bind_int(statement.get(), 4, sample.telemetry.epoch);
+      sqlite3_bind_double(statement.get(), 5, sample.telemetry.gpu_util);
+      sqlite3_bind_double(statement.get(), 6, sample.telemetry.memory_used_gib);
+      sqlite3_bind_int64(statement.get(), 7, sample.telemetry.last_checkpoint_ms);
+      if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write heartbeat");
     }
   } catch (...) {
     if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -265,35 +286,36 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
 }
 
 std::vector<AuditEntry> Store::audit(int64_t after_seq, size_t limit, const std::string& team) {
-  Stmt s(prepare("SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit "
-                 "WHERE seq > ? AND (? = '' OR team = ?) ORDER BY seq LIMIT ?"));
-  sqlite3_bind_int64(s.get(), 1, after_seq);
-  bind_text(s.get(), 2, team);
-  bind_text(s.get(), 3, team);
-  sqlite3_bind_int64(s.get(), 4, int64_t(limit));
+  Statement statement(
+      prepare("SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit "
+              "WHERE seq > ? AND (? = '' OR team = ?) ORDER BY seq LIMIT ?"));
+  sqlite3_bind_int64(statement.get(), 1, after_seq);
+  bind_text(statement.get(), 2, team);
+  bind_text(statement.get(), 3, team);
+  sqlite3_bind_int64(statement.get(), 4, static_cast<int64_t>(limit));
   std::vector<AuditEntry> out;
-  while (sqlite3_step(s.get()) == SQLITE_ROW) {
-    AuditEntry a;
-    a.seq = sqlite3_column_int64(s.get(), 0);
-    a.ts_ms = sqlite3_column_int64(s.get(), 1);
-    a.actor = text(s.get(), 2);
-    a.action = text(s.get(), 3);
-    a.lease_id = sqlite3_column_int64(s.get(), 4);
-    a.team = text(s.get(), 5);
-    a.detail = text(s.get(), 6);
-    out.push_back(a);
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    AuditEntry entry;
+    entry.seq = sqlite3_column_int64(statement.get(), 0);
+    entry.ts_ms = sqlite3_column_int64(statement.get(), 1);
+    entry.actor = text(statement.get(), 2);
+    entry.action = text(statement.get(), 3);
+    entry.lease_id = sqlite3_column_int64(statement.get(), 4);
+    entry.team = text(statement.get(), 5);
+    entry.detail = text(statement.get(), 6);
+    out.push_back(entry);
   }
   return out;
 }
 
 int64_t Store::count_heartbeats() {
-  Stmt s(prepare("SELECT COUNT(*) FROM heartbeats"));
-  return sqlite3_step(s.get()) == SQLITE_ROW ? sqlite3_column_int64(s.get(), 0) : 0;
+  Statement statement(prepare("SELECT COUNT(*) FROM heartbeats"));
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
 }
 
 namespace {
 
-bool running(const Lease& l) { return l.state == LeaseState::kGranted || l.state == LeaseState::kRevoking; }
+bool running(const Lease& lease) { return lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking; }
 
 }  // namespace
 
@@ -305,23 +327,24 @@ void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTra
     throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
   }
   sqlite3_busy_timeout(db, 10000);
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms",
-                         -1, &st, nullptr) != SQLITE_OK) {
+  sqlite3_stmt* statement = nullptr;
+  if (sqlite3_prepare_v2(db,
+                         "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms",
+                         -1, &statement, nullptr) != SQLITE_OK) {
     const std::string msg = sqlite3_errmsg(db);
     sqlite3_close(db);
     throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
   }
-  for (const auto& [id, l] : engine.leases()) {
-    if (!running(l)) continue;
+  for (const auto& [id, lease] : engine.leases()) {
+    if (!running(lease)) continue;
     tracker.forget(id);
-    sqlite3_reset(st);
-    sqlite3_bind_int64(st, 1, id);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      tracker.observe(id, sqlite3_column_int64(st, 0), sqlite3_column_double(st, 1));
+    sqlite3_reset(statement);
+    sqlite3_bind_int64(statement, 1, id);
+    while (sqlite3_step(statement) == SQLITE_ROW) {
+      tracker.observe(id, sqlite3_column_int64(statement, 0), sqlite3_column_double(statement, 1));
     }
   }
-  sqlite3_finalize(st);
+  sqlite3_finalize(statement);
   sqlite3_close(db);
 }
 

@@ -40,7 +40,7 @@ struct ScriptedHistory {
     post("/v1/leases", "erin-token", R"({"model":"yolov8m","gpus":6,"job":"grasp"})");
     post("/v1/leases", "ivan-token", R"({"model":"yolov8n","gpus":3,"job":"intern-run"})");
     for (int step = 0; step <= 180; ++step) {
-      *clock = t0 + int64_t(step) * 30000;
+      *clock = t0 + static_cast<int64_t>(step) * 30000;
       post("/v1/leases/1/heartbeat", "alice-token", R"({"gpu_util":0.10,"memory_used_gib":12})");
       post("/v1/leases/2/heartbeat", "alice-token", R"({"gpu_util":0.90,"memory_used_gib":60})");
       post("/v1/leases/3/heartbeat", "erin-token",

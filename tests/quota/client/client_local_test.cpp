@@ -68,7 +68,7 @@ TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   r.model = "yolov8n";
   r.job = "a";
   const LeaseInfo a = first.acquire(r);
-  EXPECT_EQ(a.state, "granted");
+  EXPECT_EQ(a.state, LeaseState::kGranted);
   EXPECT_EQ(a.devices, std::vector<std::string>{"local:0"});
   first.start_heartbeats();
   std::vector<int> positions;
@@ -104,7 +104,7 @@ TEST(QuotaClientLocal, AdmissionUsesTheMemoryTableAndReportsTheLargestBatch) {
     EXPECT_NE(std::string(e.what()).find("batch=auto"), std::string::npos) << e.what();
   }
   r.batch = 16;
-  EXPECT_EQ(q.acquire(r).state, "granted");
+  EXPECT_EQ(q.acquire(r).state, LeaseState::kGranted);
   q.release(Outcome::kCompleted);
 }
 

@@ -363,15 +363,15 @@ TEST(Engine, AdmissionRefusesWhatCannotFitWithTheLargestBatch) {
 TEST(Engine, WholeGpuLeasesLandOnGpusBigEnoughForTheEstimate) {
   Engine e(testing::example_policy());
   auto small = e.acquire(req("team-cv", "alice", 1, "yolov8n"), kOutsideWindow);  // best fit: the 24 GiB node
-  EXPECT_EQ(e.policy().gpus.at(size_t(e.find(small.lease_id)->devices.at(0))).node, "node-c");
+  EXPECT_EQ(e.policy().gpus.at(static_cast<size_t>(e.find(small.lease_id)->devices.at(0))).node, "node-c");
   auto r = req("team-cv", "alice", 1, "yolov8m");
   r.batch = 64;  // 2.5 + 0.33 * 64 = 23.6 GiB fits 24
   auto fits = e.acquire(r, kOutsideWindow);
-  EXPECT_EQ(e.policy().gpus.at(size_t(e.find(fits.lease_id)->devices.at(0))).node, "node-c");
+  EXPECT_EQ(e.policy().gpus.at(static_cast<size_t>(e.find(fits.lease_id)->devices.at(0))).node, "node-c");
   r.batch = 96;  // 34.2 GiB: only the 80 GiB nodes
   auto big = e.acquire(r, kOutsideWindow);
   ASSERT_EQ(big.kind, Kind::kGranted);
-  EXPECT_DOUBLE_EQ(e.policy().gpus.at(size_t(e.find(big.lease_id)->devices.at(0))).memory_gib, 80);
+  EXPECT_DOUBLE_EQ(e.policy().gpus.at(static_cast<size_t>(e.find(big.lease_id)->devices.at(0))).memory_gib, 80);
 }
 
 TEST(Engine, SharedLeasesNeverExceedGpuMemory) {
@@ -394,7 +394,7 @@ TEST(Engine, SharedLeasesNeverExceedGpuMemory) {
   auto fifth = e.acquire(r, kOutsideWindow);
   ASSERT_EQ(fifth.kind, Kind::kGranted);
   EXPECT_NE(e.find(fifth.lease_id)->devices.at(0), devices[0]);  // at most 4 leases per GPU
-  EXPECT_DOUBLE_EQ(e.policy().gpus.at(size_t(devices[0])).memory_gib, 24);
+  EXPECT_DOUBLE_EQ(e.policy().gpus.at(static_cast<size_t>(devices[0])).memory_gib, 24);
   expect_sound(e, kOutsideWindow);
 }
 

@@ -338,7 +338,7 @@ TEST(QuotaLoopback, HostileInputsGetTheRight4xxAndTheServerKeepsServing) {
     addr.sin_port = htons(uint16_t(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    const std::string junk = i % 2 ? std::string("GARBAGE \r\n\r\n") : std::string(5000, char(i * 13));
+    const std::string junk = i % 2 ? std::string("GARBAGE \r\n\r\n") : std::string(5000, static_cast<char>(i * 13));
     EXPECT_GT(send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), 0);
     close(fd);
   }
@@ -409,11 +409,11 @@ TEST(QuotaLoopback, ClientIsRevokedReleasesAndTheWaiterStartsOnlyThen) {
   tb.join();
   EXPECT_TRUE(b_granted);
   ASSERT_FALSE(waits.empty());
-  EXPECT_EQ(waits.front().status, "queued");
+  EXPECT_EQ(waits.front().status, WaitStatus::kQueued);
   EXPECT_NE(waits.back().reason.find("preempted"), std::string::npos) << waits.back().reason;
   // the preempted job comes back for what is left
   low.gpus = 1;
-  EXPECT_EQ(a.acquire(low).state, "granted");
+  EXPECT_EQ(a.acquire(low).state, LeaseState::kGranted);
   EXPECT_TRUE(service.check_invariants().empty());
   a.release(Outcome::kCompleted);
   b.release(Outcome::kCompleted);
@@ -440,7 +440,7 @@ TEST(QuotaLoopback, SixtyTrainersHeartbeatThroughASmallWorkerPool) {
     r.job = "t" + std::to_string(i);
     r.shared = true;
     r.memory_gib = 10;
-    ASSERT_EQ(clients.back()->acquire(r).state, "granted");
+    ASSERT_EQ(clients.back()->acquire(r).state, LeaseState::kGranted);
     clients.back()->start_heartbeats();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));

@@ -39,7 +39,7 @@ void run_lease(testing::ScriptedHistory& h, int64_t start, const std::string& to
   ASSERT_EQ(r.status, 201) << r.body.dump();
   const int64_t id = r.body["lease_id"].get<int64_t>();
   const std::string path = "/v1/leases/" + std::to_string(id);
-  const int64_t end = start + int64_t(hours * double(kHour));
+  const int64_t end = start + static_cast<int64_t>(hours * static_cast<double>(kHour));
   for (int64_t t = start; t < end; t += 10 * kMinute) {
     *h.clock = t;
     ASSERT_EQ(h.post(path + "/heartbeat", token, R"({"gpu_util":)" + std::to_string(util) + "}"), 200);
@@ -121,7 +121,7 @@ TEST_F(QuotadReport, TopJobsWasteCreditsEmergencies) {
   EXPECT_DOUBLE_EQ(r.top_jobs[0].gpu_hours, 20);
   EXPECT_EQ(r.top_jobs[0].duration_ms, 5 * kHour);
   EXPECT_NEAR(r.top_jobs[0].avg_util, 0.8, 1e-9);
-  EXPECT_EQ(r.top_jobs[0].outcome, "completed");
+  EXPECT_EQ(r.top_jobs[0].outcome, Outcome::kCompleted);
   EXPECT_EQ(r.top_jobs[1].job, "idle-notebook");
   EXPECT_EQ(r.top_jobs[2].job, "hotfix");
 
@@ -177,6 +177,21 @@ TEST_F(QuotadReport, MarkdownAndHtml) {
   EXPECT_NE(html.find(">n/a</text>"), std::string::npos);  // team-interns reported no utilisation
   EXPECT_NE(html.find("<td>safety | recall fix for the demo</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>reviewed by admin: justified</td>"), std::string::npos);
+}
+
+// A job without an outcome (it expired, or still runs) shows its state in the outcome column, not an empty cell.
+TEST(QuotadReportMarkdown, JobWithoutOutcomeShowsItsState) {
+  MonthlyReport report;
+  report.month = "2026-11";
+  report.prev_month = "2026-10";
+  ReportJob expired;
+  expired.lease_id = 7;
+  expired.job = "lost-node";
+  expired.state = LeaseState::kExpired;
+  expired.outcome = Outcome::kNone;
+  report.top_jobs = {expired};
+  const std::string markdown = report_markdown(report);
+  EXPECT_NE(markdown.find("| expired |\n"), std::string::npos) << markdown;
 }
 
 TEST_F(QuotadReport, WithoutPolicyAndBadInput) {

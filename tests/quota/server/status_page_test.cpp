@@ -118,7 +118,10 @@ struct Image {
   std::vector<uint8_t> gray;  // one byte per pixel
 };
 
-uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
+uint32_t be32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 | static_cast<uint32_t>(p[2]) << 8 |
+         p[3];
+}
 
 // Minimal PNG reader (8-bit gray/RGB/RGBA, not interlaced): enough for Chromium's screenshots.
 Image read_png(const std::string& path) {
@@ -147,21 +150,21 @@ Image read_png(const std::string& path) {
   }
   const int channels = color == 0 ? 1 : color == 2 ? 3 : color == 6 ? 4 : color == 4 ? 2 : 0;
   if (depth != 8 || channels == 0 || interlace != 0) throw std::runtime_error(path + ": unsupported PNG format");
-  const size_t stride = size_t(img.width) * channels;
+  const size_t stride = static_cast<size_t>(img.width) * channels;
   std::vector<uint8_t> raw((stride + 1) * img.height);
   uLongf raw_len = raw.size();
   if (uncompress(raw.data(), &raw_len, idat.data(), idat.size()) != Z_OK || raw_len != raw.size()) {
     throw std::runtime_error(path + ": bad image data");
   }
   std::vector<uint8_t> prev(stride, 0), cur(stride);
-  img.gray.resize(size_t(img.width) * img.height);
+  img.gray.resize(static_cast<size_t>(img.width) * img.height);
   for (uint32_t y = 0; y < img.height; ++y) {
     const uint8_t filter = raw[y * (stride + 1)];
     const uint8_t* src = &raw[y * (stride + 1) + 1];
     for (size_t x = 0; x < stride; ++x) {
-      const int a = x >= size_t(channels) ? cur[x - channels] : 0;
+      const int a = x >= static_cast<size_t>(channels) ? cur[x - channels] : 0;
       const int b = prev[x];
-      const int c = x >= size_t(channels) ? prev[x - channels] : 0;
+      const int c = x >= static_cast<size_t>(channels) ? prev[x - channels] : 0;
       int pred = 0;
       if (filter == 1) pred = a;
       else if (filter == 2) pred = b;
@@ -170,11 +173,12 @@ Image read_png(const std::string& path) {
         const int pa = std::abs(b - c), pb = std::abs(a - c), pc = std::abs(a + b - 2 * c);
         pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
       }
-      cur[x] = uint8_t(src[x] + pred);
+      cur[x] = static_cast<uint8_t>(src[x] + pred);
     }
     for (uint32_t x = 0; x < img.width; ++x) {
-      const uint8_t* px = &cur[size_t(x) * channels];
-      img.gray[size_t(y) * img.width + x] = channels >= 3 ? uint8_t((299 * px[0] + 587 * px[1] + 114 * px[2]) / 1000) : px[0];
+      const uint8_t* px = &cur[static_cast<size_t>(x) * channels];
+      img.gray[static_cast<size_t>(y) * img.width + x] =
+          channels >= 3 ? static_cast<uint8_t>((299 * px[0] + 587 * px[1] + 114 * px[2]) / 1000) : px[0];
     }
     prev.swap(cur);
   }
@@ -217,19 +221,19 @@ TEST(QuotadStatusPage, HeadlessChromiumScreenshot) {
   EXPECT_EQ(img.height, 900u);
   double mean = 0;
   for (uint8_t g : img.gray) mean += g;
-  mean /= double(img.gray.size());
+  mean /= static_cast<double>(img.gray.size());
   double var = 0;
   size_t dark = 0;
   for (uint8_t g : img.gray) {
     var += (g - mean) * (g - mean);
     dark += g < 128;
   }
-  var /= double(img.gray.size());
+  var /= static_cast<double>(img.gray.size());
   // a blank page has zero variance; text, tables and bars give a few hundred
   EXPECT_GT(var, 50.0) << "mean " << mean;
   EXPECT_GT(dark, img.gray.size() / 200) << "almost no dark pixels: no text rendered";
   std::printf("screenshot %s: %ux%u, mean %.1f, variance %.1f, dark pixels %.2f %%\n", png.c_str(), img.width,
-              img.height, mean, var, 100.0 * double(dark) / double(img.gray.size()));
+              img.height, mean, var, 100.0 * static_cast<double>(dark) / static_cast<double>(img.gray.size()));
 }
 
 }  // namespace

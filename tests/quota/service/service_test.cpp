@@ -62,7 +62,8 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
     // robotics reclaims its guarantee: one cv burst lease is revoked
     ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
     before = s.handle(api_call("GET", "/v1/leases", "admin-token")).body;
-    audit_count = int64_t(s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"].size());
+    audit_count =
+        static_cast<int64_t>(s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"].size());
   }
   QuotaService again(testing::example_policy(), o);
   const json after = again.handle(api_call("GET", "/v1/leases", "admin-token")).body;
@@ -85,8 +86,8 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   EXPECT_EQ(approvals["approvals"][0]["state"], "pending");
   ASSERT_EQ(again.handle(api_call("POST", "/v1/approvals/1/approve", "dave-token")).status, 200);
   const json audit = again.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
-  EXPECT_GT(int64_t(audit.size()), audit_count);
-  for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], int64_t(i) + 1);
+  EXPECT_GT(static_cast<int64_t>(audit.size()), audit_count);
+  for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], static_cast<int64_t>(i) + 1);
 }
 
 TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {

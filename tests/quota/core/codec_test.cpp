@@ -1,0 +1,128 @@
+#include "quota/core/codec.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+using nlohmann::json;
+
+// The message of the PolicyError `action` throws; empty (and a test failure) when it throws none.
+template <typename Action>
+std::string policy_error_of(Action action) {
+  try {
+    action();
+  } catch (const PolicyError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no PolicyError";
+  return "";
+}
+
+TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
+  const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
+                                                                  {LeaseState::kQueued, "queued"},
+                                                                  {LeaseState::kGranted, "granted"},
+                                                                  {LeaseState::kRevoking, "revoking"},
+                                                                  {LeaseState::kReleased, "released"},
+                                                                  {LeaseState::kExpired, "expired"},
+                                                                  {LeaseState::kRejected, "rejected"}};
+  for (const auto& [state, text] : states) {
+    EXPECT_EQ(to_string(state), text);
+    EXPECT_EQ(parse_lease_state(text), state) << text;
+  }
+}
+
+TEST(QuotaCodec, EveryOutcomeRoundTripsThroughItsText) {
+  const std::vector<std::pair<Outcome, std::string>> outcomes = {{Outcome::kNone, ""},
+                                                                 {Outcome::kCompleted, "completed"},
+                                                                 {Outcome::kPreempted, "preempted"},
+                                                                 {Outcome::kFailed, "failed"},
+                                                                 {Outcome::kCancelled, "cancelled"}};
+  for (const auto& [outcome, text] : outcomes) {
+    EXPECT_EQ(to_string(outcome), text);
+    EXPECT_EQ(parse_outcome(text), outcome) << text;
+  }
+}
+
+TEST(QuotaCodec, EveryApprovalStateRoundTripsThroughItsText) {
+  const std::vector<std::pair<ApprovalState, std::string>> states = {{ApprovalState::kPending, "pending"},
+                                                                     {ApprovalState::kApproved, "approved"},
+                                                                     {ApprovalState::kRejected, "rejected"},
+                                                                     {ApprovalState::kCancelled, "cancelled"}};
+  for (const auto& [state, text] : states) {
+    EXPECT_EQ(to_string(state), text);
+    EXPECT_EQ(parse_approval_state(text), state) << text;
+  }
+}
+
+TEST(QuotaCodec, AcquireKindsKeepTheirApiStatusTexts) {
+  using Kind = AcquireResult::Kind;
+  EXPECT_EQ(to_string(Kind::kGranted), "granted");
+  EXPECT_EQ(to_string(Kind::kQueued), "queued");
+  EXPECT_EQ(to_string(Kind::kNeedsApproval), "needs_approval");
+  EXPECT_EQ(to_string(Kind::kNotAllowed), "not_allowed");
+  EXPECT_EQ(to_string(Kind::kAdmissionRefused), "refused");
+  EXPECT_EQ(to_string(Kind::kCreditsSpent), "credits_spent");
+  EXPECT_EQ(to_string(Kind::kInvalid), "invalid");
+}
+
+TEST(QuotaCodec, UnknownTextsAreErrorsNamingTheFieldAndTheAcceptedValues) {
+  EXPECT_EQ(policy_error_of([] { parse_lease_state("paused"); }),
+            "state: 'paused' is not one of pending_approval, queued, granted, revoking, released, expired, rejected");
+  EXPECT_EQ(policy_error_of([] { parse_approval_state("Approved"); }),
+            "state: 'Approved' is not one of pending, approved, rejected, cancelled");
+  EXPECT_EQ(policy_error_of([] { parse_outcome("done"); }),
+            "outcome: 'done' is not one of completed, preempted, failed, cancelled");
+  // the empty text is no lease or approval state (only Outcome::kNone is written as "")
+  EXPECT_NE(policy_error_of([] { parse_lease_state(""); }), "");
+  EXPECT_NE(policy_error_of([] { parse_approval_state(""); }), "");
+}
+
+TEST(QuotaCodec, ApprovalRecordRoundTripsWithItsStateAsText) {
+  Approval approval;
+  approval.id = 7;
+  approval.lease_id = 3;
+  approval.team = "team-cv";
+  approval.state = ApprovalState::kCancelled;
+  const json record = to_json(approval);
+  EXPECT_EQ(record["state"], "cancelled");  // the stored and wire text is unchanged
+  EXPECT_EQ(approval_from_json(record).state, ApprovalState::kCancelled);
+  // records from before the state field default to pending, as they always did
+  json without_state = record;
+  without_state.erase("state");
+  EXPECT_EQ(approval_from_json(without_state).state, ApprovalState::kPending);
+}
+
+TEST(QuotaCodec, LeaseRecordWithAnUnknownStateOrOutcomeIsRejectedNamingTheField) {
+  const Policy policy = testing::example_policy();
+  Lease lease;
+  lease.id = 5;
+  lease.req.team = "team-cv";
+  lease.state = LeaseState::kReleased;
+  lease.outcome = Outcome::kCompleted;
+  const json record = to_json(lease, policy);
+  EXPECT_EQ(lease_from_json(record).state, LeaseState::kReleased);
+  EXPECT_EQ(lease_from_json(record).outcome, Outcome::kCompleted);
+
+  json bad_state = record;
+  bad_state["state"] = "paused";
+  EXPECT_EQ(policy_error_of([&] { lease_from_json(bad_state); }).rfind("state: 'paused'", 0), 0u);
+  json bad_outcome = record;
+  bad_outcome["outcome"] = "done";
+  EXPECT_EQ(policy_error_of([&] { lease_from_json(bad_outcome); }).rfind("outcome: 'done'", 0), 0u);
+  json bad_priority = record;
+  bad_priority["request"]["priority"] = "urgent";
+  EXPECT_EQ(policy_error_of([&] { lease_from_json(bad_priority); }).rfind("request.priority: 'urgent'", 0), 0u);
+}
+
+TEST(QuotaCodec, ApprovalRecordWithAnUnknownStateIsRejectedNamingTheField) {
+  json record = to_json(Approval{});
+  record["state"] = "withdrawn";
+  EXPECT_EQ(policy_error_of([&] { approval_from_json(record); }).rfind("state: 'withdrawn'", 0), 0u);
+}
+
+}  // namespace
+}  // namespace yolo8::quota

@@ -1,0 +1,137 @@
+#include "quota/store/store.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+using testing::kHour;
+using testing::kMonday;
+
+std::string temp_db(const std::string& name) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/store_" + name + "_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+// Runs `sql` on the database behind the Store's back, as an older quotad (or a hand edit) would have written it.
+void execute(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  const int code = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+  EXPECT_EQ(code, SQLITE_OK) << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+// The single text value `sql` selects.
+std::string query_text(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* statement = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &statement, nullptr), SQLITE_OK);
+  std::string value;
+  if (sqlite3_step(statement) == SQLITE_ROW) {
+    value = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+  }
+  sqlite3_finalize(statement);
+  sqlite3_close(db);
+  return value;
+}
+
+// Rows exactly as the string-typed quotad wrote them: a pending lease and a cancelled approval.
+constexpr const char* kOldRows = R"SQL(
+INSERT INTO leases(id, state, team, user, ended_ms, body) VALUES (1, 'released', 'team-cv', 'alice', 1795996800000,
+  '{"id":1,"request":{"team":"team-cv","user":"alice","job":"j1","model":"yolov8l","imgsz":640,"batch":0,"gpus":1,
+  "memory_gib":0.0,"priority":"normal","preemptible":true,"shared":false,"justification":"paper","idempotency_key":""},
+  "state":"released","outcome":"cancelled","gpus":1,"approval_id":1,"created_ms":1795996000000,
+  "ended_ms":1795996800000,"reason":""}');
+INSERT INTO leases(id, state, team, user, ended_ms, body) VALUES (2, 'pending_approval', 'team-cv', 'bob', 0,
+  '{"id":2,"request":{"team":"team-cv","user":"bob","model":"yolov8x","priority":"high","justification":"deadline"},
+  "state":"pending_approval","outcome":"","gpus":2,"approval_id":2,"created_ms":1795996000000}');
+INSERT INTO approvals(id, state, team, body) VALUES (1, 'cancelled', 'team-cv',
+  '{"id":1,"lease_id":1,"team":"team-cv","user":"alice","model":"yolov8l","justification":"paper",
+  "state":"cancelled","decided_by":"","note":"","created_ms":1795996000000,"decided_ms":1795996800000}');
+INSERT INTO approvals(id, state, team, body) VALUES (2, 'pending', 'team-cv',
+  '{"id":2,"lease_id":2,"team":"team-cv","user":"bob","model":"yolov8x","justification":"deadline",
+  "state":"pending","created_ms":1795996000000}');
+)SQL";
+
+TEST(QuotaStore, RowsInTheOldTextFormStillLoadAsTypedStates) {
+  const std::string path = temp_db("old_rows");
+  { Store create(path); }
+  execute(path, kOldRows);
+  Store store(path);
+  const Snapshot snapshot = store.load(kMonday + kHour, 24 * kHour, 100);
+  ASSERT_EQ(snapshot.leases.size(), 2u);
+  EXPECT_EQ(snapshot.leases[0].state, LeaseState::kReleased);
+  EXPECT_EQ(snapshot.leases[0].outcome, Outcome::kCancelled);
+  EXPECT_EQ(snapshot.leases[1].state, LeaseState::kPendingApproval);
+  EXPECT_EQ(snapshot.leases[1].outcome, Outcome::kNone);
+  EXPECT_EQ(snapshot.leases[1].req.priority, Priority::kHigh);
+  ASSERT_EQ(snapshot.approvals.size(), 2u);
+  EXPECT_EQ(snapshot.approvals[0].state, ApprovalState::kCancelled);
+  EXPECT_EQ(snapshot.approvals[1].state, ApprovalState::kPending);
+}
+
+TEST(QuotaStore, WritesStatesInTheSameTextFormAsBefore) {
+  const std::string path = temp_db("text_form");
+  Engine engine(testing::example_policy());
+  LeaseRequest request;
+  request.team = "team-cv";
+  request.user = "alice";
+  request.model = "yolov8x";  // the approval tier
+  request.justification = "paper deadline";
+  const AcquireResult asked = engine.acquire(request, kMonday);
+  ASSERT_EQ(asked.kind, AcquireResult::Kind::kNeedsApproval);
+  engine.release(asked.lease_id, Outcome::kNone, kMonday + 1000);
+  Store store(path);
+  store.write(engine, engine.take_changes());
+  EXPECT_EQ(query_text(path, "SELECT state FROM leases WHERE id = 1"), "released");
+  EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.outcome') FROM leases WHERE id = 1"), "cancelled");
+  EXPECT_EQ(query_text(path, "SELECT state FROM approvals WHERE id = 1"), "cancelled");
+  EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.state') FROM approvals WHERE id = 1"), "cancelled");
+}
+
+// The message of the StoreError loading `path` throws; empty (and a test failure) when it loads.
+std::string load_error(const std::string& path) {
+  Store store(path);
+  try {
+    store.load(kMonday + kHour, 24 * kHour, 0);
+  } catch (const StoreError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "loaded";
+  return "";
+}
+
+TEST(QuotaStore, AnUnknownStoredStateIsAnErrorNamingTableRowAndField) {
+  const std::string lease_path = temp_db("unknown_lease_state");
+  { Store create(lease_path); }
+  execute(lease_path, R"SQL(INSERT INTO leases(id, state, team, user, ended_ms, body) VALUES (9, 'paused', 'team-cv',
+    'alice', 0, '{"id":9,"request":{"team":"team-cv","user":"alice"},"state":"paused"}');)SQL");
+  const std::string lease_error = load_error(lease_path);
+  EXPECT_NE(lease_error.find(lease_path + ": leases row 9: state: 'paused' is not one of"), std::string::npos)
+      << lease_error;
+
+  const std::string approval_path = temp_db("unknown_approval_state");
+  { Store create(approval_path); }
+  execute(approval_path, R"SQL(INSERT INTO approvals(id, state, team, body) VALUES (4, 'withdrawn', 'team-cv',
+    '{"id":4,"lease_id":1,"team":"team-cv","state":"withdrawn"}');)SQL");
+  const std::string approval_error = load_error(approval_path);
+  EXPECT_NE(approval_error.find(approval_path + ": approvals row 4: state: 'withdrawn' is not one of"),
+            std::string::npos)
+      << approval_error;
+}
+
+}  // namespace
+}  // namespace yolo8::quota
