@@ -9,7 +9,14 @@ if(CCACHE_PROGRAM)
       "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR}" ${CCACHE_PROGRAM})
 endif()
 
-set(YOLO8_WARNINGS -Wall -Wextra)
+set(YOLO8_WARNINGS -Wall -Wextra -Wshadow)
+
+# -DYOLO8_SANITIZE=address,undefined or =thread (scripts/sanitize.sh): every target of this build, tests included.
+set(YOLO8_SANITIZE "" CACHE STRING "Sanitizers for every target: address,undefined or thread (empty: none)")
+if(YOLO8_SANITIZE)
+  add_compile_options(-fsanitize=${YOLO8_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=${YOLO8_SANITIZE})
+endif()
 
 # yolo8_library(NAME SOURCES ... [TORCH])
 #   A project library with warnings on; TORCH adds LibTorch and its precompiled header.
