@@ -19,7 +19,7 @@ namespace {
 struct NanoLikeImpl : torch::nn::Cloneable<NanoLikeImpl> {
   NanoLikeImpl() { reset(); }
   void reset() override {
-    const std::vector<std::pair<int64_t, int64_t>> layers = {{16, 3},   {32, 16},  {64, 32},  {128, 64},
+    const std::vector<std::pair<int64_t, int64_t>> layers = {{16, 3},    {32, 16},   {64, 32},   {128, 64},
                                                              {256, 128}, {256, 256}, {128, 256}, {64, 128},
                                                              {256, 64},  {256, 256}, {256, 256}, {64, 256}};
     convs = register_module("convs", torch::nn::ModuleList());
@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   rows.push_back({"ema_update", time_ms([&] { ema.update(*net); }, 50)});
   rows.push_back({"encode", time_ms([&] { bytes = yolo8::encode_checkpoint(state, sources); }, 5)});
-  rows.push_back({"write_atomic_fsync", time_ms([&] { yolo8::write_file_atomic(path, bytes.data(), bytes.size()); }, 5)});
+  rows.push_back(
+      {"write_atomic_fsync", time_ms([&] { yolo8::write_file_atomic(path, bytes.data(), bytes.size()); }, 5)});
   rows.push_back({"save_total", time_ms([&] { yolo8::save_checkpoint(path, state, sources); }, 5)});
   yolo8::CheckpointTargets targets;
   targets.model = net.get();

@@ -1,23 +1,22 @@
 // Augmented training images/s of the data pipeline (mosaic, perspective, HSV, flips, batch tensors) on a synthetic
 // set, for imgsz 640 and 320 and 1 / 2 worker threads, plus a per-stage profile on one thread.
 // Usage: data_pipeline_bench [--json PATH] [--images N] [--epochs E] [--dir DIR] [--cache none|ram]
-#include <torch/torch.h>
-
 #include <sys/resource.h>
 
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <torch/torch.h>
+
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 
 #include "data/image_io.h"
 #include "data/loader.h"
@@ -129,11 +128,16 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + ": value missing");
       return argv[++i];
     };
-    if (a == "--json") json_path = val();
-    else if (a == "--images") n_images = std::stoi(val());
-    else if (a == "--epochs") epochs = std::stoi(val());
-    else if (a == "--dir") dir = val();
-    else if (a == "--cache") cache = parse_cache_mode(val());
+    if (a == "--json")
+      json_path = val();
+    else if (a == "--images")
+      n_images = std::stoi(val());
+    else if (a == "--epochs")
+      epochs = std::stoi(val());
+    else if (a == "--dir")
+      dir = val();
+    else if (a == "--cache")
+      cache = parse_cache_mode(val());
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -222,7 +226,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       j << "    {\"imgsz\": " << r.imgsz << ", \"workers\": " << r.workers << ", \"cache\": \"" << r.cache
-        << "\", \"images_per_s\": " << r.images_per_s << ", \"images_per_s_per_core\": " << r.per_core << ", \"images_per_cpu_second\": " << r.per_cpu_s
+        << "\", \"images_per_s\": " << r.images_per_s << ", \"images_per_s_per_core\": " << r.per_core
+        << ", \"images_per_cpu_second\": " << r.per_cpu_s
         << ", \"reference_per_core\": " << (r.imgsz == 640 ? 100 : 260) << "}" << (i + 1 < rows.size() ? "," : "")
         << "\n";
     }

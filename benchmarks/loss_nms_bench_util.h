@@ -1,5 +1,6 @@
 #pragma once
 // Small helpers shared by loss_bench and nms_bench: argument parsing, timing, JSON output.
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>

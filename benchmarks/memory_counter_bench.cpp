@@ -2,6 +2,7 @@
 // with and without the counter, measured alternately in one run. Prints a table and writes JSON.
 //   memory_counter_bench [out.json]
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trainer/core/memory_meter.h"
 
@@ -72,7 +71,9 @@ int main(int argc, char** argv) {
     const std::string name = "alloc+free " + std::to_string(bytes) + " B";
     std::printf("%-28s %11.1f ns %11.1f ns %8.3f\n", name.c_str(), plain / count * 1e9, counted / count * 1e9,
                 counted / plain);
-    results.push_back({{"case", name}, {"plain_ns", plain / count * 1e9}, {"counted_ns", counted / count * 1e9},
+    results.push_back({{"case", name},
+                       {"plain_ns", plain / count * 1e9},
+                       {"counted_ns", counted / count * 1e9},
                        {"ratio", counted / plain}});
   }
 
@@ -88,7 +89,9 @@ int main(int argc, char** argv) {
   const auto [plain, counted] = plain_and_counted(step, 9);
   std::printf("%-28s %11.2f ms %11.2f ms %8.3f\n", "conv train step b8 96px", plain * 1e3, counted * 1e3,
               counted / plain);
-  results.push_back({{"case", "conv train step b8 96px"}, {"plain_ms", plain * 1e3}, {"counted_ms", counted * 1e3},
+  results.push_back({{"case", "conv train step b8 96px"},
+                     {"plain_ms", plain * 1e3},
+                     {"counted_ms", counted * 1e3},
                      {"ratio", counted / plain}});
 
   std::ofstream(out_path) << results.dump(2) << "\n";

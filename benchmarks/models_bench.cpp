@@ -39,10 +39,14 @@ int main(int argc, char** argv) {
   int64_t imgsz = 640;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--fixtures") fixtures = argv[i + 1];
-    else if (a == "--json") json_path = argv[i + 1];
-    else if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--imgsz") imgsz = std::atoll(argv[i + 1]);
+    if (a == "--fixtures")
+      fixtures = argv[i + 1];
+    else if (a == "--json")
+      json_path = argv[i + 1];
+    else if (a == "--iters")
+      iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--imgsz")
+      imgsz = std::atoll(argv[i + 1]);
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -104,8 +108,11 @@ int main(int argc, char** argv) {
     rows.push_back({{"model", "yolov8n"}, {"case", "load_model_pt"}, {"ms", pt_ms}});
     rows.push_back({{"model", "yolov8n"}, {"case", "load_model_state_dict"}, {"ms", sd_ms}});
     rows.push_back({{"model", "yolov8n"}, {"case", "pt_over_state_dict"}, {"ratio", pt_ms / sd_ms}});
-    nlohmann::json out{{"benchmark", "models_bench"}, {"imgsz", imgsz}, {"iters", iters},
-                       {"threads", torch::get_num_threads()}, {"rows", rows}};
+    nlohmann::json out{{"benchmark", "models_bench"},
+                       {"imgsz", imgsz},
+                       {"iters", iters},
+                       {"threads", torch::get_num_threads()},
+                       {"rows", rows}};
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   } catch (const std::exception& e) {

@@ -3,20 +3,21 @@
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
-#include "quota/server/http_server.h"
 #include "quota/core/policy.h"
-#include "quota/service/service.h"
 #include "quota/core/sha256.h"
+#include "quota/server/http_server.h"
+#include "quota/service/service.h"
 #include "quota/store/store.h"
 
 using namespace yolo8::quota;
@@ -33,7 +34,8 @@ inventory:
     - {name: n2, gpus: 8, memory_gib: 80}
 emergency_pool: 0
 users:
-  bench: {token_sha256: )" + sha256_hex("bench-token") + R"(}
+  bench: {token_sha256: )" +
+                           sha256_hex("bench-token") + R"(}
 teams:
   t: {base: 16, burst: 16, members: [bench]}
 sharing: {enabled: true, max_leases_per_gpu: 4}
@@ -95,8 +97,8 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
       while ((Clock::now() - start).count() < deadline_ns) {
         const int64_t id = ids[cursor % ids.size()];
         cursor += static_cast<size_t>(connections);
-        const std::string body = R"({"step":)" + std::to_string(++step) +
-                                 R"(,"epoch":1,"gpu_util":0.87,"memory_used_gib":3.2})";
+        const std::string body =
+            R"({"step":)" + std::to_string(++step) + R"(,"epoch":1,"gpu_util":0.87,"memory_used_gib":3.2})";
         const auto t0 = Clock::now();
         auto response =
             client.Post(("/v1/leases/" + std::to_string(id) + "/heartbeat").c_str(), auth, body, "application/json");
@@ -187,8 +189,9 @@ int main(int argc, char** argv) {
   const Result& batched_full = results[results.size() - 2];
   const Result& each = results.back();
   const double ratio = each.per_s > 0 ? batched_full.per_s / each.per_s : 0;
-  std::printf("target >= 10000 heartbeats/s with p99 < 5 ms: %s (best batched: %.0f/s at %d connections, p99 %.3f ms)\n",
-              best.per_s >= 10000 && best.p99_ms < 5 ? "met" : "NOT met", best.per_s, best.connections, best.p99_ms);
+  std::printf(
+      "target >= 10000 heartbeats/s with p99 < 5 ms: %s (best batched: %.0f/s at %d connections, p99 %.3f ms)\n",
+      best.per_s >= 10000 && best.p99_ms < 5 ? "met" : "NOT met", best.per_s, best.connections, best.p99_ms);
   std::printf("synchronous=FULL, batched / commit per heartbeat at %d connections: %.2fx throughput\n",
               each.connections, ratio);
   std::ofstream(out) << json{{"benchmark", "quota_load_bench"},

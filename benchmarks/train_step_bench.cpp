@@ -1,13 +1,13 @@
 // Bare training step of yolov8n on synthetic tensors, phase by phase: forward, loss, backward, optimizer.
 // Usage: train_step_bench [imgsz=320] [batch=16] [steps=5] [model=yolov8n.yaml] [threads=0 (all cores)] [--json PATH]
 // Compares contiguous vs channels-last layouts in one run (ratios, not absolute times, are the point).
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
 #ifdef YOLO8_BENCH_HEAP_TUNING
   yolo8::data::keep_large_buffers_in_heap();  // as in training, where the loader sets it
 #endif
-  std::map<std::string, std::string> args{{"imgsz", "320"}, {"batch", "16"}, {"steps", "5"}, {"model", "yolov8n.yaml"},
-                                          {"labels", "8"}, {"threads", "0"}};
+  std::map<std::string, std::string> args{{"imgsz", "320"},          {"batch", "16"}, {"steps", "5"},
+                                          {"model", "yolov8n.yaml"}, {"labels", "8"}, {"threads", "0"}};
   std::string json_path = "benchmarks/results/train_step.json";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -103,8 +103,9 @@ int main(int argc, char** argv) {
     const char* layout = channels_last ? "channels_last" : "contiguous";
     std::printf("%-14s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", layout, total["forward"], total["loss"],
                 total["backward"], total["optim"], step_ms, 1000.0 * batch / step_ms);
-    report[layout] = {{"forward_ms", total["forward"]}, {"loss_ms", total["loss"]}, {"backward_ms", total["backward"]},
-                      {"optim_ms", total["optim"]}, {"step_ms", step_ms}, {"images_per_s", 1000.0 * batch / step_ms}};
+    report[layout] = {
+        {"forward_ms", total["forward"]}, {"loss_ms", total["loss"]}, {"backward_ms", total["backward"]},
+        {"optim_ms", total["optim"]},     {"step_ms", step_ms},       {"images_per_s", 1000.0 * batch / step_ms}};
   }
   report["channels_last_speedup"] =
       report["contiguous"]["step_ms"].get<double>() / report["channels_last"]["step_ms"].get<double>();

@@ -1,11 +1,11 @@
 #include "data/augment.h"
 
+#include <opencv2/imgproc.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
-
-#include <opencv2/imgproc.hpp>
 
 namespace yolo8::data {
 
@@ -60,8 +60,7 @@ cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup, Letter
   const int top = py_round(dh - 0.1), bottom = py_round(dh + 0.1);
   const int left = py_round(dw - 0.1), right = py_round(dw + 0.1);
   cv::Mat out;
-  cv::copyMakeBorder(resized, out, top, bottom, left, right, cv::BORDER_CONSTANT,
-                     cv::Scalar::all(pad_value));
+  cv::copyMakeBorder(resized, out, top, bottom, left, right, cv::BORDER_CONSTANT, cv::Scalar::all(pad_value));
   if (info) *info = LetterboxInfo{r, new_w, new_h, left, top};
   return out;
 }
@@ -130,17 +129,41 @@ void mosaic_plan(const Tile tiles[4], int s, Rng& rng, Placement pl[4], std::vec
     const int h = tiles[i].img->rows, w = tiles[i].img->cols;
     int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
     if (i == 0) {
-      x1a = std::max(xc - w, 0); y1a = std::max(yc - h, 0); x2a = xc; y2a = yc;
-      x1b = w - (x2a - x1a); y1b = h - (y2a - y1a); x2b = w; y2b = h;
+      x1a = std::max(xc - w, 0);
+      y1a = std::max(yc - h, 0);
+      x2a = xc;
+      y2a = yc;
+      x1b = w - (x2a - x1a);
+      y1b = h - (y2a - y1a);
+      x2b = w;
+      y2b = h;
     } else if (i == 1) {
-      x1a = xc; y1a = std::max(yc - h, 0); x2a = std::min(xc + w, s2); y2a = yc;
-      x1b = 0; y1b = h - (y2a - y1a); x2b = std::min(w, x2a - x1a); y2b = h;
+      x1a = xc;
+      y1a = std::max(yc - h, 0);
+      x2a = std::min(xc + w, s2);
+      y2a = yc;
+      x1b = 0;
+      y1b = h - (y2a - y1a);
+      x2b = std::min(w, x2a - x1a);
+      y2b = h;
     } else if (i == 2) {
-      x1a = std::max(xc - w, 0); y1a = yc; x2a = xc; y2a = std::min(s2, yc + h);
-      x1b = w - (x2a - x1a); y1b = 0; x2b = w; y2b = std::min(y2a - y1a, h);
+      x1a = std::max(xc - w, 0);
+      y1a = yc;
+      x2a = xc;
+      y2a = std::min(s2, yc + h);
+      x1b = w - (x2a - x1a);
+      y1b = 0;
+      x2b = w;
+      y2b = std::min(y2a - y1a, h);
     } else {
-      x1a = xc; y1a = yc; x2a = std::min(xc + w, s2); y2a = std::min(s2, yc + h);
-      x1b = 0; y1b = 0; x2b = std::min(w, x2a - x1a); y2b = std::min(y2a - y1a, h);
+      x1a = xc;
+      y1a = yc;
+      x2a = std::min(xc + w, s2);
+      y2a = std::min(s2, yc + h);
+      x1b = 0;
+      y1b = 0;
+      x2b = std::min(w, x2a - x1a);
+      y2b = std::min(y2a - y1a, h);
     }
     pl[i].dst = cv::Rect(x1a, y1a, std::max(0, x2a - x1a), std::max(0, y2a - y1a));
     pl[i].src = cv::Rect(x1b, y1b, std::max(0, x2b - x1b), std::max(0, y2b - y1b));
@@ -193,8 +216,8 @@ bool box_candidate(const PixBox& before, const PixBox& after, double scale, doub
 namespace {
 
 struct Warp {
-  cv::Matx33d m_img;   // for pixel centres (cv::flip convention)
-  cv::Matx33d m_box;   // for box edges
+  cv::Matx33d m_img;    // for pixel centres (cv::flip convention)
+  cv::Matx33d m_box;    // for box edges
   cv::Matx33d m_plain;  // before the flips
   bool flip_lr = false, flip_ud = false;
   double scale = 1.0;
@@ -233,8 +256,10 @@ Warp draw_warp(int in_w, int in_h, const AugmentConfig& cfg, int border, Rng& rn
   const double a = rng.uniform(-cfg.degrees, cfg.degrees) * CV_PI / 180.0;
   const double s = rng.uniform(1 - cfg.scale, 1 + cfg.scale);
   cv::Matx33d rot = cv::Matx33d::eye();
-  rot(0, 0) = s * std::cos(a); rot(0, 1) = s * std::sin(a);
-  rot(1, 0) = -s * std::sin(a); rot(1, 1) = s * std::cos(a);
+  rot(0, 0) = s * std::cos(a);
+  rot(0, 1) = s * std::sin(a);
+  rot(1, 0) = -s * std::sin(a);
+  rot(1, 1) = s * std::cos(a);
   cv::Matx33d shear_m = cv::Matx33d::eye();
   shear_m(0, 1) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
   shear_m(1, 0) = std::tan(rng.uniform(-cfg.shear, cfg.shear) * CV_PI / 180.0);
@@ -257,8 +282,8 @@ void warp_pixels(const cv::Mat& in, const Warp& w, const cv::Matx33d& m_img, cv:
   if (!w.needed) {
     in.copyTo(out);
   } else if (w.persp) {
-    cv::warpPerspective(in, out, cv::Mat(m_img), cv::Size(w.width, w.height), cv::INTER_LINEAR,
-                        cv::BORDER_CONSTANT, cv::Scalar::all(114));
+    cv::warpPerspective(in, out, cv::Mat(m_img), cv::Size(w.width, w.height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
+                        cv::Scalar::all(114));
   } else {
     cv::Matx23d affine(m_img(0, 0), m_img(0, 1), m_img(0, 2), m_img(1, 0), m_img(1, 1), m_img(1, 2));
     cv::warpAffine(in, out, cv::Mat(affine), cv::Size(w.width, w.height), cv::INTER_LINEAR, cv::BORDER_CONSTANT,
@@ -376,8 +401,10 @@ void warp_boxes(std::vector<PixBox>& boxes, const Warp& w, const cv::Matx33d& m)
         px /= pz;
         py /= pz;
       }
-      x0 = std::min(x0, px); x1 = std::max(x1, px);
-      y0 = std::min(y0, py); y1 = std::max(y1, py);
+      x0 = std::min(x0, px);
+      x1 = std::max(x1, px);
+      y0 = std::min(y0, py);
+      y1 = std::max(y1, py);
     }
     PixBox n{b.cls, static_cast<float>(std::clamp(x0, 0.0, double(w.width))),
              static_cast<float>(std::clamp(y0, 0.0, double(w.height))),
@@ -390,8 +417,8 @@ void warp_boxes(std::vector<PixBox>& boxes, const Warp& w, const cv::Matx33d& m)
 
 }  // namespace
 
-void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
-                        Rng& rng, cv::Mat& out, bool flip_lr, bool flip_ud) {
+void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border, Rng& rng,
+                        cv::Mat& out, bool flip_lr, bool flip_ud) {
   const Warp w = draw_warp(in.cols, in.rows, cfg, border, rng, flip_lr, flip_ud);
   if (axis_aligned(w)) {
     const AxisPlan plan = plan_axis_aligned(w, in.cols, in.rows);
@@ -427,8 +454,10 @@ void mosaic_perspective(const Tile tiles[4], int imgsz, const AugmentConfig& cfg
       for (double cy : {0.0, w.height - 1.0}) {
         const double px = inv(0, 0) * cx + inv(0, 1) * cy + inv(0, 2);
         const double py = inv(1, 0) * cx + inv(1, 1) * cy + inv(1, 2);
-        x0 = std::min(x0, px); x1 = std::max(x1, px);
-        y0 = std::min(y0, py); y1 = std::max(y1, py);
+        x0 = std::min(x0, px);
+        x1 = std::max(x1, px);
+        y0 = std::min(y0, py);
+        y1 = std::max(y1, py);
       }
     const int left = static_cast<int>(std::floor(std::max(x0 - 2, 0.0)));
     const int top = static_cast<int>(std::floor(std::max(y0 - 2, 0.0)));

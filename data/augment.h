@@ -1,11 +1,11 @@
 #pragma once
 // Image transforms of the pipeline on BGR uint8 cv::Mat with boxes in pixels.
+#include <opencv2/core.hpp>
+
 #include <cstdint>
 #include <random>
 #include <utility>
 #include <vector>
-
-#include <opencv2/core.hpp>
 
 #include "data/config.h"
 
@@ -17,7 +17,7 @@ class Rng {
   explicit Rng(uint64_t seed) : gen_(seed) {}
   static uint64_t mix(uint64_t seed, uint64_t epoch, uint64_t index);
   double uniform(double a = 0.0, double b = 1.0);
-  int64_t randint(int64_t n);      // in [0, n)
+  int64_t randint(int64_t n);  // in [0, n)
   bool chance(double p) { return p > 0.0 && uniform() < p; }
   double beta(double a, double b);
   std::mt19937_64& engine() { return gen_; }
@@ -53,7 +53,7 @@ std::vector<std::pair<int, int>> rect_batch_shapes(const std::vector<std::pair<i
 std::vector<size_t> aspect_order(const std::vector<std::pair<int, int>>& hw);
 
 struct Tile {
-  const cv::Mat* img = nullptr;       // resized image, BGR
+  const cv::Mat* img = nullptr;                // resized image, BGR
   const std::vector<PixBox>* boxes = nullptr;  // in pixels of img
 };
 
@@ -63,8 +63,8 @@ void mosaic4(const Tile tiles[4], int imgsz, Rng& rng, cv::Mat& canvas, std::vec
 // Random perspective/affine: output (in.rows + 2 border) x (in.cols + 2 border); border = -imgsz/2 after mosaic.
 // Boxes are transformed (corners, min/max), clipped and filtered (w, h > 2 px, area ratio > 0.1, aspect < 100).
 // flip_lr / flip_ud fold the flips into the same warp (identical to cv::flip afterwards, one pass less).
-void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border,
-                        Rng& rng, cv::Mat& out, bool flip_lr = false, bool flip_ud = false);
+void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const AugmentConfig& cfg, int border, Rng& rng,
+                        cv::Mat& out, bool flip_lr = false, bool flip_ud = false);
 
 // mosaic4 followed by random_perspective (border -imgsz/2) with the same draws and result, building only the part
 // of the canvas the affine warp reads (the whole canvas when perspective > 0). `canvas` is scratch space.
@@ -82,7 +82,7 @@ void mixup(cv::Mat& img, std::vector<PixBox>& boxes, const cv::Mat& other, const
            Rng& rng);
 
 // The candidate filter of random_perspective: before (scaled) vs after boxes.
-bool box_candidate(const PixBox& before, const PixBox& after, double scale, double wh_thr = 2.0,
-                   double ar_thr = 100.0, double area_thr = 0.1);
+bool box_candidate(const PixBox& before, const PixBox& after, double scale, double wh_thr = 2.0, double ar_thr = 100.0,
+                   double area_thr = 0.1);
 
 }  // namespace yolo8::data

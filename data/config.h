@@ -13,19 +13,19 @@ CacheMode parse_cache_mode(const std::string& value);
 std::string to_string(CacheMode mode);
 
 struct AugmentConfig {
-  double hsv_h = 0.015;       // hue gain (fraction)
-  double hsv_s = 0.7;         // saturation gain (fraction)
-  double hsv_v = 0.4;         // value gain (fraction)
-  double degrees = 0.0;       // rotation range (+/- deg)
-  double translate = 0.1;     // translation (+/- fraction)
-  double scale = 0.5;         // scale gain (+/- fraction)
-  double shear = 0.0;         // shear (+/- deg)
-  double perspective = 0.0;   // perspective (+/- fraction), 0 keeps the warp affine
-  double flipud = 0.0;        // probability of an up-down flip
-  double fliplr = 0.5;        // probability of a left-right flip
-  double mosaic = 1.0;        // probability of a 4-image mosaic
-  double mixup = 0.0;         // probability of mixup
-  int close_mosaic = 10;      // mosaic off for the last N epochs
+  double hsv_h = 0.015;      // hue gain (fraction)
+  double hsv_s = 0.7;        // saturation gain (fraction)
+  double hsv_v = 0.4;        // value gain (fraction)
+  double degrees = 0.0;      // rotation range (+/- deg)
+  double translate = 0.1;    // translation (+/- fraction)
+  double scale = 0.5;        // scale gain (+/- fraction)
+  double shear = 0.0;        // shear (+/- deg)
+  double perspective = 0.0;  // perspective (+/- fraction), 0 keeps the warp affine
+  double flipud = 0.0;       // probability of an up-down flip
+  double fliplr = 0.5;       // probability of a left-right flip
+  double mosaic = 1.0;       // probability of a 4-image mosaic
+  double mixup = 0.0;        // probability of mixup
+  int close_mosaic = 10;     // mosaic off for the last N epochs
 };
 
 // The fields the command line sets (imgsz, workers, cache, rect, single_cls, fraction, seed) live in yolo8's
@@ -33,16 +33,16 @@ struct AugmentConfig {
 struct LoaderConfig {
   int imgsz = 640;
   int batch = 16;
-  int workers = 8;            // clamped to the hardware threads
+  int workers = 8;  // clamped to the hardware threads
   CacheMode cache = CacheMode::kNone;
-  bool rect = false;          // rectangular batches (always on for validation loaders)
+  bool rect = false;  // rectangular batches (always on for validation loaders)
   bool single_cls = false;
-  double fraction = 1.0;      // fraction of the training images used
+  double fraction = 1.0;  // fraction of the training images used
   uint64_t seed = 0;
-  int stride = 32;            // model's largest stride, for rectangular batch shapes
-  int prefetch = 4;           // batches buffered ahead of the consumer
-  bool shuffle = true;        // only for training loaders
-  int rank = 0;               // data-parallel training: this process's share of every epoch
+  int stride = 32;      // model's largest stride, for rectangular batch shapes
+  int prefetch = 4;     // batches buffered ahead of the consumer
+  bool shuffle = true;  // only for training loaders
+  int rank = 0;         // data-parallel training: this process's share of every epoch
   int world_size = 1;
 };
 

@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <opencv2/imgcodecs.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -16,7 +17,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
-#include <opencv2/imgcodecs.hpp>
 
 namespace yolo8::data {
 namespace fs = std::filesystem;
@@ -159,8 +159,7 @@ std::vector<std::string> list_split_files(const std::vector<std::string>& source
         if (!it->is_regular_file()) continue;
         // Label files kept beside their images and the side files the tools write are not candidates.
         const auto ext = it->path().extension().string();
-        if (ext == ".txt" || ext == ".cache" || ext == ".npy" || ext == ".y8img" || ext.rfind(".tmp", 0) == 0)
-          continue;
+        if (ext == ".txt" || ext == ".cache" || ext == ".npy" || ext == ".y8img" || ext.rfind(".tmp", 0) == 0) continue;
         out.push_back(it->path().lexically_normal().string());
       }
     } else if (fs::is_regular_file(src) && fs::path(src).extension() == ".txt") {
@@ -246,7 +245,9 @@ struct FileResult {
 };
 
 uint32_t be16(const unsigned char* p) { return (uint32_t(p[0]) << 8) | p[1]; }
-uint32_t be32(const unsigned char* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]; }
+uint32_t be32(const unsigned char* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
 int32_t le32(const unsigned char* p) {
   return static_cast<int32_t>(uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24));
 }
@@ -269,8 +270,14 @@ bool header_size(const std::vector<unsigned char>& b, int& w, int& h) {
     while (i + 9 < n) {
       if (b[i] != 0xFF) return false;
       unsigned char m = b[i + 1];
-      if (m == 0xFF) { ++i; continue; }
-      if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
+      if (m == 0xFF) {
+        ++i;
+        continue;
+      }
+      if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+        i += 2;
+        continue;
+      }
       uint32_t len = be16(&b[i + 2]);
       bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
       if (sof) {
@@ -326,8 +333,8 @@ void check_image(const std::string& path, FileResult& r) {
     h = full.rows;
   }
   if (w < kMinImageSide || h < kMinImageSide) {
-    add(Problem::kImageTooSmall, "image " + std::to_string(w) + "x" + std::to_string(h) + " is under " +
-                                     std::to_string(kMinImageSide) + " px");
+    add(Problem::kImageTooSmall,
+        "image " + std::to_string(w) + "x" + std::to_string(h) + " is under " + std::to_string(kMinImageSide) + " px");
     return;
   }
   r.record.width = w;
@@ -402,11 +409,15 @@ void check_labels(const std::string& label, const CheckOptions& opts, FileResult
     if (polygon) {
       double x0 = 2, y0 = 2, x1 = -1, y1 = -1;
       for (size_t i = 1; i + 1 < n; i += 2) {
-        x0 = std::min(x0, v[i]); x1 = std::max(x1, v[i]);
-        y0 = std::min(y0, v[i + 1]); y1 = std::max(y1, v[i + 1]);
+        x0 = std::min(x0, v[i]);
+        x1 = std::max(x1, v[i]);
+        y0 = std::min(y0, v[i + 1]);
+        y1 = std::max(y1, v[i + 1]);
       }
-      x0 = std::clamp(x0, 0.0, 1.0); x1 = std::clamp(x1, 0.0, 1.0);
-      y0 = std::clamp(y0, 0.0, 1.0); y1 = std::clamp(y1, 0.0, 1.0);
+      x0 = std::clamp(x0, 0.0, 1.0);
+      x1 = std::clamp(x1, 0.0, 1.0);
+      y0 = std::clamp(y0, 0.0, 1.0);
+      y1 = std::clamp(y1, 0.0, 1.0);
       row = {v[0], (x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0};
       ++r.polygons;
     } else {
@@ -443,7 +454,8 @@ FileResult check_file(const std::string& path, const CheckOptions& opts) {
   check_image(path, r);
   if (std::none_of(r.issues.begin(), r.issues.end(), [](const Issue& i) { return problem_skips_image(i.problem); }))
     check_labels(r.record.label, opts, r);
-  r.usable = std::none_of(r.issues.begin(), r.issues.end(), [](const Issue& i) { return problem_skips_image(i.problem); });
+  r.usable =
+      std::none_of(r.issues.begin(), r.issues.end(), [](const Issue& i) { return problem_skips_image(i.problem); });
   return r;
 }
 
@@ -484,12 +496,25 @@ struct Writer {
   std::ofstream& o;
   void i64(int64_t v) { o.write(reinterpret_cast<const char*>(&v), sizeof v); }
   void f32(float v) { o.write(reinterpret_cast<const char*>(&v), sizeof v); }
-  void str(const std::string& s) { i64(static_cast<int64_t>(s.size())); o.write(s.data(), static_cast<std::streamsize>(s.size())); }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    o.write(s.data(), static_cast<std::streamsize>(s.size()));
+  }
 };
 struct Reader {
   std::ifstream& in;
-  int64_t i64() { int64_t v = 0; in.read(reinterpret_cast<char*>(&v), sizeof v); check(); return v; }
-  float f32() { float v = 0; in.read(reinterpret_cast<char*>(&v), sizeof v); check(); return v; }
+  int64_t i64() {
+    int64_t v = 0;
+    in.read(reinterpret_cast<char*>(&v), sizeof v);
+    check();
+    return v;
+  }
+  float f32() {
+    float v = 0;
+    in.read(reinterpret_cast<char*>(&v), sizeof v);
+    check();
+    return v;
+  }
   std::string str() {
     int64_t n = i64();
     if (n < 0 || n > (1 << 20)) throw std::runtime_error("bad string");
@@ -498,8 +523,14 @@ struct Reader {
     check();
     return s;
   }
-  int64_t count() { int64_t n = i64(); if (n < 0 || n > (int64_t(1) << 32)) throw std::runtime_error("bad count"); return n; }
-  void check() { if (!in) throw std::runtime_error("truncated"); }
+  int64_t count() {
+    int64_t n = i64();
+    if (n < 0 || n > (int64_t(1) << 32)) throw std::runtime_error("bad count");
+    return n;
+  }
+  void check() {
+    if (!in) throw std::runtime_error("truncated");
+  }
 };
 
 std::string cache_path_for(const std::vector<std::string>& files, const std::string& tag) {
@@ -518,19 +549,40 @@ void save_cache(const std::string& path, uint64_t key, const DatasetIndex& idx) 
     w.i64(static_cast<int64_t>(key));
     w.i64(static_cast<int64_t>(idx.records.size()));
     for (const auto& r : idx.records) {
-      w.str(r.image); w.str(r.label); w.i64(r.width); w.i64(r.height);
+      w.str(r.image);
+      w.str(r.label);
+      w.i64(r.width);
+      w.i64(r.height);
       w.i64(static_cast<int64_t>(r.boxes.size()));
-      for (const auto& b : r.boxes) { w.f32(b.cls); w.f32(b.cx); w.f32(b.cy); w.f32(b.w); w.f32(b.h); }
+      for (const auto& b : r.boxes) {
+        w.f32(b.cls);
+        w.f32(b.cx);
+        w.f32(b.cy);
+        w.f32(b.w);
+        w.f32(b.h);
+      }
     }
     w.i64(static_cast<int64_t>(idx.issues.size()));
-    for (const auto& i : idx.issues) { w.str(i.file); w.i64(i.line); w.i64(static_cast<int64_t>(i.problem)); w.str(i.message); }
+    for (const auto& i : idx.issues) {
+      w.str(i.file);
+      w.i64(i.line);
+      w.i64(static_cast<int64_t>(i.problem));
+      w.str(i.message);
+    }
     const auto& s = idx.summary;
-    for (int64_t v : {s.files, s.images, s.instances, s.backgrounds, s.missing_labels, s.duplicates_removed,
-                      s.polygons_converted})
+    for (int64_t v :
+         {s.files, s.images, s.instances, s.backgrounds, s.missing_labels, s.duplicates_removed, s.polygons_converted})
       w.i64(v);
     w.i64(static_cast<int64_t>(s.skipped.size()));
-    for (const auto& kv : s.skipped) { w.str(kv.first); w.i64(kv.second); }
-    if (!o) { std::error_code ec; fs::remove(tmp, ec); return; }
+    for (const auto& kv : s.skipped) {
+      w.str(kv.first);
+      w.i64(kv.second);
+    }
+    if (!o) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return;
+    }
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
@@ -548,14 +600,23 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
     if (static_cast<uint64_t>(r.i64()) != key) return false;
     idx.records.resize(static_cast<size_t>(r.count()));
     for (auto& rec : idx.records) {
-      rec.image = r.str(); rec.label = r.str();
-      rec.width = static_cast<int>(r.i64()); rec.height = static_cast<int>(r.i64());
+      rec.image = r.str();
+      rec.label = r.str();
+      rec.width = static_cast<int>(r.i64());
+      rec.height = static_cast<int>(r.i64());
       rec.boxes.resize(static_cast<size_t>(r.count()));
-      for (auto& b : rec.boxes) { b.cls = r.f32(); b.cx = r.f32(); b.cy = r.f32(); b.w = r.f32(); b.h = r.f32(); }
+      for (auto& b : rec.boxes) {
+        b.cls = r.f32();
+        b.cx = r.f32();
+        b.cy = r.f32();
+        b.w = r.f32();
+        b.h = r.f32();
+      }
     }
     idx.issues.resize(static_cast<size_t>(r.count()));
     for (auto& i : idx.issues) {
-      i.file = r.str(); i.line = static_cast<int>(r.i64());
+      i.file = r.str();
+      i.line = static_cast<int>(r.i64());
       auto p = r.i64();
       if (p < 0 || p > static_cast<int64_t>(Problem::kJpegTruncated)) return false;
       i.problem = static_cast<Problem>(p);
@@ -566,7 +627,10 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
                        &s.polygons_converted})
       *v = r.i64();
     int64_t n = r.count();
-    for (int64_t k = 0; k < n; ++k) { auto name = r.str(); s.skipped[name] = r.i64(); }
+    for (int64_t k = 0; k < n; ++k) {
+      auto name = r.str();
+      s.skipped[name] = r.i64();
+    }
   } catch (const std::exception&) {
     idx = DatasetIndex{};
     return false;
@@ -596,7 +660,8 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
     for (size_t i = next++; i < files.size(); i = next++) results[i] = check_file(files[i], opts);
   };
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  size_t n_threads = std::min<size_t>({static_cast<size_t>(std::max(1, opts.workers)), hw, std::max<size_t>(1, files.size())});
+  size_t n_threads =
+      std::min<size_t>({static_cast<size_t>(std::max(1, opts.workers)), hw, std::max<size_t>(1, files.size())});
   std::vector<std::thread> pool;
   for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
   work();
@@ -626,8 +691,8 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
 }
 
 DatasetIndex build_split_index(const DatasetSpec& spec, const std::string& split, const CheckOptions& opts) {
-  const std::vector<std::string>* src = split == "train" ? &spec.train
-                                        : split == "val" ? &spec.val
+  const std::vector<std::string>* src = split == "train"  ? &spec.train
+                                        : split == "val"  ? &spec.val
                                         : split == "test" ? &spec.test
                                                           : nullptr;
   if (!src) throw std::invalid_argument("split: expected train, val or test, got '" + split + "'");

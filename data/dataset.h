@@ -11,11 +11,11 @@ namespace yolo8::data {
 
 struct DatasetSpec {
   std::string yaml_path;
-  std::string root;                      // resolved `path` (or the YAML's folder)
-  std::vector<std::string> train;        // resolved split sources: folders, .txt lists or image files
+  std::string root;                // resolved `path` (or the YAML's folder)
+  std::vector<std::string> train;  // resolved split sources: folders, .txt lists or image files
   std::vector<std::string> val;
   std::vector<std::string> test;
-  std::vector<std::string> names;        // index = class id
+  std::vector<std::string> names;  // index = class id
   int nc = 0;
 };
 
@@ -40,8 +40,8 @@ struct BoxLabel {
 struct ImageRecord {
   std::string image;
   std::string label;
-  int width = 0, height = 0;             // original size
-  std::vector<BoxLabel> boxes;           // empty = background
+  int width = 0, height = 0;    // original size
+  std::vector<BoxLabel> boxes;  // empty = background
 };
 
 // Why an image was left out (or, for kDuplicate / kPolygon / kJpegTruncated, only noted).
@@ -56,8 +56,8 @@ enum class Problem {
   kLabelOutOfRange,
   kLabelSize,
   kLabelUnreadable,
-  kDuplicate,   // not a skip: duplicate rows dropped
-  kPolygon,     // not a skip: polygon rows turned into boxes
+  kDuplicate,      // not a skip: duplicate rows dropped
+  kPolygon,        // not a skip: polygon rows turned into boxes
   kJpegTruncated,  // not a skip: JPEG without its end marker, used as decoded
 };
 const char* problem_name(Problem p);
@@ -65,26 +65,26 @@ bool problem_skips_image(Problem p);
 
 struct Issue {
   std::string file;
-  int line = 0;                          // 0 = whole file
+  int line = 0;  // 0 = whole file
   Problem problem = Problem::kImageCorrupt;
   std::string message;
 };
 
 struct CheckSummary {
-  int64_t files = 0;                     // candidate files found
-  int64_t images = 0;                    // usable images
+  int64_t files = 0;   // candidate files found
+  int64_t images = 0;  // usable images
   int64_t instances = 0;
-  int64_t backgrounds = 0;               // usable images without objects (missing or empty label file)
-  int64_t missing_labels = 0;            // of which without a label file
+  int64_t backgrounds = 0;     // usable images without objects (missing or empty label file)
+  int64_t missing_labels = 0;  // of which without a label file
   int64_t duplicates_removed = 0;
   int64_t polygons_converted = 0;
-  std::map<std::string, int64_t> skipped; // problem name -> images skipped
+  std::map<std::string, int64_t> skipped;  // problem name -> images skipped
   int64_t skipped_total() const;
 };
 
 struct DatasetIndex {
-  std::vector<ImageRecord> records;      // usable images, sorted by path
-  std::vector<Issue> issues;             // every problem once, in file order
+  std::vector<ImageRecord> records;  // usable images, sorted by path
+  std::vector<Issue> issues;         // every problem once, in file order
   CheckSummary summary;
   int nc = 0;
   bool from_cache = false;
@@ -93,10 +93,10 @@ struct DatasetIndex {
 
 struct CheckOptions {
   int nc = 0;
-  int workers = 8;                       // verification threads (clamped to the hardware)
-  bool use_cache = true;                 // read/write "<labels dir>.cache"
-  double coord_tolerance = 1e-3;         // normalised coordinates may exceed [0, 1] by this much
-  std::string cache_tag;                 // "<labels dir><tag>.cache"; splits listed in .txt files share folders
+  int workers = 8;                // verification threads (clamped to the hardware)
+  bool use_cache = true;          // read/write "<labels dir>.cache"
+  double coord_tolerance = 1e-3;  // normalised coordinates may exceed [0, 1] by this much
+  std::string cache_tag;          // "<labels dir><tag>.cache"; splits listed in .txt files share folders
 };
 
 // Verifies every image and label of the given files (see list_split_files).

@@ -4,10 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <opencv2/imgcodecs.hpp>
+
 #include <csetjmp>
 #include <cstdio>
-
-#include <opencv2/imgcodecs.hpp>
 
 #ifdef YOLO8_HAVE_LIBJPEG
 #include <jpeglib.h>
@@ -73,9 +73,18 @@ void apply_orientation(cv::Mat& img, int orientation) {
     case 3: cv::flip(img, img, -1); break;
     case 4: cv::flip(img, img, 0); break;
     case 5: cv::transpose(img, img); break;
-    case 6: cv::transpose(img, img); cv::flip(img, img, 1); break;
-    case 7: cv::transpose(img, img); cv::flip(img, img, -1); break;
-    case 8: cv::transpose(img, img); cv::flip(img, img, 0); break;
+    case 6:
+      cv::transpose(img, img);
+      cv::flip(img, img, 1);
+      break;
+    case 7:
+      cv::transpose(img, img);
+      cv::flip(img, img, -1);
+      break;
+    case 8:
+      cv::transpose(img, img);
+      cv::flip(img, img, 0);
+      break;
     default: break;
   }
 }

@@ -1,11 +1,11 @@
 #pragma once
 // Image decoding for the loader: the same pixels as cv::imread(path, IMREAD_COLOR or IMREAD_REDUCED_COLOR_N),
 // EXIF orientation included, with less overhead for JPEG (one read of the file, libjpeg-turbo straight to BGR).
+#include <opencv2/core.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <opencv2/core.hpp>
 
 namespace yolo8::data {
 

@@ -2,6 +2,9 @@
 
 #include <malloc.h>
 
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -11,9 +14,6 @@
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
-
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 
 #include "data/image_io.h"
 
@@ -35,8 +35,7 @@ bool read_disk_cache(const std::string& path, cv::Mat& img, int& h0, int& w0) {
   int32_t hdr[4];
   in.read(magic, 4);
   in.read(reinterpret_cast<char*>(hdr), sizeof hdr);
-  if (!in || std::memcmp(magic, kImgMagic, 4) != 0 || hdr[0] <= 0 || hdr[1] <= 0 || hdr[0] > 65536 ||
-      hdr[1] > 65536)
+  if (!in || std::memcmp(magic, kImgMagic, 4) != 0 || hdr[0] <= 0 || hdr[1] <= 0 || hdr[0] > 65536 || hdr[1] > 65536)
     return false;
   cv::Mat m(hdr[0], hdr[1], CV_8UC3);
   in.read(reinterpret_cast<char*>(m.data), static_cast<std::streamsize>(m.total() * m.elemSize()));
@@ -159,9 +158,7 @@ DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig c
 
 DataLoader::~DataLoader() { stop_workers(); }
 
-int64_t DataLoader::num_batches() const {
-  return (shard_size() + cfg_.batch - 1) / cfg_.batch;
-}
+int64_t DataLoader::num_batches() const { return (shard_size() + cfg_.batch - 1) / cfg_.batch; }
 
 int64_t DataLoader::shard_size() const {
   const int64_t total = static_cast<int64_t>(records_.size());
@@ -218,9 +215,12 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
   int reduce = 1;
   const int long0 = std::max(rec.width, rec.height);
   if (is_jpeg(rec.image)) {
-    if (long0 >= 8 * cfg_.imgsz) reduce = 8;
-    else if (long0 >= 4 * cfg_.imgsz) reduce = 4;
-    else if (long0 >= 2 * cfg_.imgsz) reduce = 2;
+    if (long0 >= 8 * cfg_.imgsz)
+      reduce = 8;
+    else if (long0 >= 4 * cfg_.imgsz)
+      reduce = 4;
+    else if (long0 >= 2 * cfg_.imgsz)
+      reduce = 2;
   }
   cv::Mat img = read_image(rec.image, reduce);
   if (img.empty()) throw std::runtime_error(rec.image + ": image does not decode (changed since the check?)");
@@ -323,8 +323,8 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
     for (const auto& p : bx) {
       const float w = p.x2 - p.x1, h = p.y2 - p.y1;
       if (w <= 0 || h <= 0) continue;
-      labels.insert(labels.end(),
-                    {static_cast<float>(k), p.cls, (p.x1 + w / 2) / img_w, (p.y1 + h / 2) / img_h, w / img_w, h / img_h});
+      labels.insert(labels.end(), {static_cast<float>(k), p.cls, (p.x1 + w / 2) / img_w, (p.y1 + h / 2) / img_h,
+                                   w / img_w, h / img_h});
     }
     rp[static_cast<int64_t>(k)][0] = gain_h;
     rp[static_cast<int64_t>(k)][1] = gain_w;

@@ -1,5 +1,6 @@
 #pragma once
 // Multi-threaded batch loader: deterministic batches for (seed, epoch) whatever the thread timing.
+#include <opencv2/core.hpp>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -14,8 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include <opencv2/core.hpp>
-
 #include "data/augment.h"
 #include "data/config.h"
 #include "data/dataset.h"
@@ -29,7 +28,7 @@ struct Batch {
   std::vector<std::pair<int, int>> orig_shapes;  // (h, w) of the files
   std::vector<std::string> paths;
   int64_t epoch = 0;
-  int64_t index = 0;        // batch index within the epoch
+  int64_t index = 0;  // batch index within the epoch
 };
 
 class DataLoader {
@@ -44,9 +43,8 @@ class DataLoader {
   int64_t num_batches() const;
   int64_t shard_size() const;  // images this process sees per epoch (all of them unless data-parallel)
   int workers() const { return workers_; }
-  CacheMode cache() const { return cfg_.cache; }  // kNone when cache=ram did not fit in memory
+  CacheMode cache() const { return cfg_.cache; }                 // kNone when cache=ram did not fit in memory
   const std::string& cache_note() const { return cache_note_; }  // why a requested cache was dropped, else ""
-
 
   // Mosaic and mixup off for the last close_mosaic epochs, as the reference does; call before start_epoch.
   // Returns whether mosaic is on.
@@ -66,8 +64,8 @@ class DataLoader {
 
  private:
   struct Loaded {
-    cv::Mat img;          // resized so the long side is imgsz
-    int h0 = 0, w0 = 0;   // original size
+    cv::Mat img;         // resized so the long side is imgsz
+    int h0 = 0, w0 = 0;  // original size
   };
   Loaded load_image(size_t record) const;
   std::vector<size_t> epoch_order(int64_t epoch) const;

@@ -1,5 +1,8 @@
 #include "data/synth.h"
 
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -8,9 +11,6 @@
 #include <fstream>
 #include <stdexcept>
 #include <thread>
-
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 
 #include "data/augment.h"
 
@@ -52,11 +52,11 @@ cv::Mat background(int h, int w, Rng& rng, cv::RNG& cvr) {
 cv::Scalar class_colour(int cls, Rng& rng) {
   auto j = [&](double v) { return std::clamp(v + rng.uniform(-25, 25), 0.0, 255.0); };
   switch (cls) {
-    case 0: return {j(40), j(40), j(220)};    // circle: red (BGR)
-    case 1: return {j(220), j(60), j(30)};    // rectangle: blue
-    case 2: return {j(40), j(200), j(40)};    // triangle: green
-    case 3: return {j(25), j(25), j(25)};     // scratch: dark
-    default: return {j(30), j(70), j(110)};   // stain: brown
+    case 0: return {j(40), j(40), j(220)};   // circle: red (BGR)
+    case 1: return {j(220), j(60), j(30)};   // rectangle: blue
+    case 2: return {j(40), j(200), j(40)};   // triangle: green
+    case 3: return {j(25), j(25), j(25)};    // scratch: dark
+    default: return {j(30), j(70), j(110)};  // stain: brown
   }
 }
 
@@ -64,8 +64,10 @@ cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size,
   const cv::Scalar col = class_colour(cls, rng);
   const double img_w = img.cols, img_h = img.rows;
   auto clip = [&](double x0, double y0, double x1, double y1) {
-    x0 = std::clamp(x0, 0.0, img_w); x1 = std::clamp(x1, 0.0, img_w);
-    y0 = std::clamp(y0, 0.0, img_h); y1 = std::clamp(y1, 0.0, img_h);
+    x0 = std::clamp(x0, 0.0, img_w);
+    x1 = std::clamp(x1, 0.0, img_w);
+    y0 = std::clamp(y0, 0.0, img_h);
+    y1 = std::clamp(y1, 0.0, img_h);
     return cv::Rect2d(x0, y0, x1 - x0, y1 - y0);
   };
   if (cls == 0) {
@@ -113,8 +115,10 @@ cv::Rect2d draw_object(cv::Mat& img, int cls, double cx, double cy, double size,
     const double ax = rng.uniform(0.15, 0.3) * size, ay = rng.uniform(0.15, 0.3) * size;
     cv::ellipse(layer, cv::Point(cvRound(ox), cvRound(oy)), cv::Size(cvRound(ax), cvRound(ay)), 0, 0, 360, col,
                 cv::FILLED, cv::LINE_AA);
-    x0 = std::min(x0, ox - ax); x1 = std::max(x1, ox + ax);
-    y0 = std::min(y0, oy - ay); y1 = std::max(y1, oy + ay);
+    x0 = std::min(x0, ox - ax);
+    x1 = std::max(x1, ox + ax);
+    y0 = std::min(y0, oy - ay);
+    y1 = std::max(y1, oy + ay);
   }
   cv::addWeighted(layer, 0.8, img, 0.2, 0, img);
   return clip(x0 - 1.5 * kAaMargin, y0 - 1.5 * kAaMargin, x1 + 1.5 * kAaMargin, y1 + 1.5 * kAaMargin);
@@ -162,9 +166,9 @@ void remove_previous_run(const fs::path& dir) {
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    const bool numbered = name.size() >= 10 && std::all_of(name.begin(), name.begin() + 6, [](char c) {
-      return c >= '0' && c <= '9';
-    }) && name[6] == '.';
+    const bool numbered = name.size() >= 10 &&
+                          std::all_of(name.begin(), name.begin() + 6, [](char c) { return c >= '0' && c <= '9'; }) &&
+                          name[6] == '.';
     if (e.is_regular_file() && numbered) stale.push_back(e.path());
   }
   for (const auto& p : stale) fs::remove(p, ec);
@@ -183,10 +187,9 @@ int64_t make_split(const fs::path& out, const std::string& split, int n, int img
     for (int i = next++; i < n; i = next++) {
       char name[32];
       std::snprintf(name, sizeof name, "%06d", i);
-      counts[static_cast<size_t>(i)] =
-          make_image((out / "images" / split / (std::string(name) + ".jpg")).string(),
-                     (out / "labels" / split / (std::string(name) + ".txt")).string(), imgsz,
-                     Rng::mix(seed, split_id, static_cast<uint64_t>(i)));
+      counts[static_cast<size_t>(i)] = make_image((out / "images" / split / (std::string(name) + ".jpg")).string(),
+                                                  (out / "labels" / split / (std::string(name) + ".txt")).string(),
+                                                  imgsz, Rng::mix(seed, split_id, static_cast<uint64_t>(i)));
     }
   };
   const int threads = static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));

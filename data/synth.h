@@ -7,7 +7,7 @@
 namespace yolo8::data {
 
 struct SynthResult {
-  std::string yaml_path;                 // <out_dir>/data.yaml
+  std::string yaml_path;  // <out_dir>/data.yaml
   int64_t train_images = 0, val_images = 0;
   int64_t train_instances = 0, val_instances = 0;
   std::vector<std::string> names;

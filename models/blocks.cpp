@@ -12,19 +12,15 @@ int64_t auto_pad(int64_t k, int64_t d) {
 ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t p, int64_t g, int64_t d, bool act)
     : act_(act) {
   if (c1 <= 0 || c2 <= 0 || k <= 0 || s <= 0 || g <= 0 || d <= 0 || c1 % g != 0 || c2 % g != 0) {
-    throw std::invalid_argument("Conv: invalid arguments c1=" + std::to_string(c1) + " c2=" +
-                                std::to_string(c2) + " k=" + std::to_string(k) + " s=" + std::to_string(s) +
-                                " g=" + std::to_string(g));
+    throw std::invalid_argument("Conv: invalid arguments c1=" + std::to_string(c1) + " c2=" + std::to_string(c2) +
+                                " k=" + std::to_string(k) + " s=" + std::to_string(s) + " g=" + std::to_string(g));
   }
   const int64_t pad = p < 0 ? auto_pad(k, d) : p;
-  conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k)
-                                                       .stride(s)
-                                                       .padding(pad)
-                                                       .dilation(d)
-                                                       .groups(g)
-                                                       .bias(false)));
-  bn = register_module("bn", torch::nn::BatchNorm2d(
-                                 torch::nn::BatchNorm2dOptions(c2).eps(kBnEps).momentum(kBnMomentum)));
+  conv = register_module(
+      "conv",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k).stride(s).padding(pad).dilation(d).groups(g).bias(false)));
+  bn = register_module("bn",
+                       torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(c2).eps(kBnEps).momentum(kBnMomentum)));
 }
 
 torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
@@ -54,8 +50,7 @@ void ConvImpl::fuse() {
   fused_ = true;
 }
 
-BottleneckImpl::BottleneckImpl(int64_t c1, int64_t c2, bool shortcut, int64_t g, int64_t k1, int64_t k2,
-                               double e) {
+BottleneckImpl::BottleneckImpl(int64_t c1, int64_t c2, bool shortcut, int64_t g, int64_t k1, int64_t k2, double e) {
   const auto c_ = static_cast<int64_t>(static_cast<double>(c2) * e);
   cv1 = register_module("cv1", Conv(c1, c_, k1, 1));
   cv2 = register_module("cv2", Conv(c_, c2, k2, 1, -1, g));
@@ -101,15 +96,15 @@ torch::Tensor SPPFImpl::forward(const torch::Tensor& x) {
 torch::Tensor ConcatImpl::forward(const std::vector<torch::Tensor>& xs) { return torch::cat(xs, dim_); }
 
 UpsampleImpl::UpsampleImpl(double scale, std::string mode) : scale_(scale), mode_(std::move(mode)) {
-  if (mode_ != "nearest") throw std::invalid_argument("Upsample: only mode 'nearest' is supported, got '" + mode_ + "'");
+  if (mode_ != "nearest")
+    throw std::invalid_argument("Upsample: only mode 'nearest' is supported, got '" + mode_ + "'");
   if (!(scale_ > 0)) throw std::invalid_argument("Upsample: scale factor must be positive");
 }
 
 torch::Tensor UpsampleImpl::forward(const torch::Tensor& x) {
-  return torch::nn::functional::interpolate(
-      x, torch::nn::functional::InterpolateFuncOptions()
-             .scale_factor(std::vector<double>{scale_, scale_})
-             .mode(torch::kNearest));
+  return torch::nn::functional::interpolate(x, torch::nn::functional::InterpolateFuncOptions()
+                                                   .scale_factor(std::vector<double>{scale_, scale_})
+                                                   .mode(torch::kNearest));
 }
 
 DFLImpl::DFLImpl(int64_t c1) : c1_(c1) {

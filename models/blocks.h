@@ -16,8 +16,8 @@ int64_t auto_pad(int64_t k, int64_t d = 1);
 // Conv2d (no bias) + BatchNorm2d + SiLU; fuse() folds the BN into a biased conv.
 class ConvImpl : public torch::nn::Module {
  public:
-  ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t p = -1, int64_t g = 1,
-           int64_t d = 1, bool act = true);
+  ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t p = -1, int64_t g = 1, int64_t d = 1,
+           bool act = true);
   // x: B×c1×H×W -> B×c2×H/s×W/s
   torch::Tensor forward(const torch::Tensor& x);
   void fuse();
@@ -34,8 +34,8 @@ TORCH_MODULE(Conv);
 
 class BottleneckImpl : public torch::nn::Module {
  public:
-  BottleneckImpl(int64_t c1, int64_t c2, bool shortcut = true, int64_t g = 1, int64_t k1 = 3,
-                 int64_t k2 = 3, double e = 0.5);
+  BottleneckImpl(int64_t c1, int64_t c2, bool shortcut = true, int64_t g = 1, int64_t k1 = 3, int64_t k2 = 3,
+                 double e = 0.5);
   // x: B×c1×H×W -> B×c2×H×W
   torch::Tensor forward(const torch::Tensor& x);
   Conv cv1{nullptr}, cv2{nullptr};

@@ -41,8 +41,7 @@ DetectImpl::DetectImpl(int64_t nc, std::vector<int64_t> ch) : nc_(nc), ch_(std::
   for (int64_t c : ch_) {
     torch::nn::Sequential box(Conv(c, c2, 3), Conv(c2, c2, 3),
                               torch::nn::Conv2d(torch::nn::Conv2dOptions(c2, 4 * kRegMax, 1)));
-    torch::nn::Sequential cls(Conv(c, c3, 3), Conv(c3, c3, 3),
-                              torch::nn::Conv2d(torch::nn::Conv2dOptions(c3, nc_, 1)));
+    torch::nn::Sequential cls(Conv(c, c3, 3), Conv(c3, c3, 3), torch::nn::Conv2d(torch::nn::Conv2dOptions(c3, nc_, 1)));
     cv2->push_back(box);
     cv3->push_back(cls);
     box_.push_back(box);
@@ -72,8 +71,7 @@ torch::Tensor DetectImpl::decode(const std::vector<torch::Tensor>& maps) {
   auto x_cat = torch::cat(flat, 2);
   auto [points, strides] = make_anchors(maps, stride, 0.5);
   auto parts = x_cat.split_with_sizes({kRegMax * 4, nc_}, 1);
-  auto dbox = dist2bbox(dfl->forward(parts[0]), points.transpose(0, 1).unsqueeze(0), true, 1) *
-              strides.transpose(0, 1);
+  auto dbox = dist2bbox(dfl->forward(parts[0]), points.transpose(0, 1).unsqueeze(0), true, 1) * strides.transpose(0, 1);
   return torch::cat({dbox, parts[1].sigmoid()}, 1);
 }
 
@@ -84,8 +82,8 @@ void DetectImpl::bias_init() {
     const double si = s[i].item<double>();
     if (!(si > 0)) throw std::logic_error("Detect::bias_init: strides are not computed yet");
     box_[i]->ptr<torch::nn::Conv2dImpl>(2)->bias.fill_(1.0);
-    cls_[i]->ptr<torch::nn::Conv2dImpl>(2)->bias.fill_(std::log(5.0 / static_cast<double>(nc_) /
-                                                               std::pow(640.0 / si, 2)));
+    cls_[i]->ptr<torch::nn::Conv2dImpl>(2)->bias.fill_(
+        std::log(5.0 / static_cast<double>(nc_) / std::pow(640.0 / si, 2)));
   }
 }
 

@@ -56,7 +56,8 @@ double model_gflops(DetectionModel& model, int64_t h, int64_t w) {
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& rec = layers[i];
     std::vector<Size2> in;
-    for (int64_t f : rec.from) in.push_back(f == -1 ? cur : out[static_cast<size_t>(f < 0 ? static_cast<int64_t>(i) + f : f)]);
+    for (int64_t f : rec.from)
+      in.push_back(f == -1 ? cur : out[static_cast<size_t>(f < 0 ? static_cast<int64_t>(i) + f : f)]);
     if (auto det = std::dynamic_pointer_cast<DetectImpl>(rec.module_ptr)) {
       int64_t anchors = 0;
       for (size_t l = 0; l < in.size(); ++l) {
@@ -118,8 +119,8 @@ std::string format_model_info(const ModelInfo& info, const std::string& name) {
   os << buf;
   for (const auto& r : info.rows) {
     std::snprintf(buf, sizeof buf, "%4lld %18s %3lld %10lld  %-14s %s\n", static_cast<long long>(r.index),
-                  r.from.c_str(), static_cast<long long>(r.repeats), static_cast<long long>(r.params),
-                  r.module.c_str(), r.args.c_str());
+                  r.from.c_str(), static_cast<long long>(r.repeats), static_cast<long long>(r.params), r.module.c_str(),
+                  r.args.c_str());
     os << buf;
   }
   std::snprintf(buf, sizeof buf, "%s summary: %lld layers, %lld parameters, %lld gradients, %.1f GFLOPs (%lldx%lld)\n",

@@ -18,10 +18,10 @@ struct LayerInfoRow {
 
 struct ModelInfo {
   std::vector<LayerInfoRow> rows;
-  int64_t layers = 0;      // modules, the shared activation counted once (Ultralytics' way)
+  int64_t layers = 0;  // modules, the shared activation counted once (Ultralytics' way)
   int64_t parameters = 0;
-  int64_t gradients = 0;   // parameters that require grad
-  double gflops = 0.0;     // at imgsz × imgsz
+  int64_t gradients = 0;  // parameters that require grad
+  double gflops = 0.0;    // at imgsz × imgsz
   int64_t imgsz = 640;
 };
 

@@ -60,7 +60,8 @@ std::string resolve_model_yaml(const std::string& spec) {
   if (p.extension() != ".yaml" && p.extension() != ".yml") p += ".yaml";
   // yolov8m-p2.yaml -> yolov8-p2.yaml: the scale letter selects from the shared file.
   static const std::regex unify(R"((\d+)([nslmx])(.+)?$)");
-  const fs::path unified = p.parent_path() / (std::regex_replace(p.stem().string(), unify, "$1$3") + p.extension().string());
+  const fs::path unified =
+      p.parent_path() / (std::regex_replace(p.stem().string(), unify, "$1$3") + p.extension().string());
   std::vector<fs::path> candidates{p, unified};
   if (!p.has_parent_path()) {
     const fs::path dir = models_config_dir();
@@ -96,7 +97,8 @@ ModelConfig parse_model_config(const YAML::Node& root, const std::string& source
     if (chosen.empty()) chosen = scales.begin()->first.as<std::string>();
     const auto row = scales[chosen];
     if (!row) fail(source, scales, "scale '" + chosen + "' is not one of the 'scales' keys");
-    if (!row.IsSequence() || row.size() != 3) fail(source, row, "scales." + chosen + " must be [depth, width, max_channels]");
+    if (!row.IsSequence() || row.size() != 3)
+      fail(source, row, "scales." + chosen + " must be [depth, width, max_channels]");
     cfg.scale = chosen;
     cfg.depth = as_double(source, row[0], "scales." + chosen + "[0]");
     cfg.width = as_double(source, row[1], "scales." + chosen + "[1]");
@@ -135,7 +137,8 @@ ModelConfig parse_model_config(const YAML::Node& root, const std::string& source
       for (int64_t f : l.from) {
         const int64_t abs = f < 0 ? idx + f : f;
         if (abs < 0 || abs >= idx) {
-          if (!(idx == 0 && f == -1)) fail(source, row[0], key + ": 'from' " + std::to_string(f) + " points to no earlier layer");
+          if (!(idx == 0 && f == -1))
+            fail(source, row[0], key + ": 'from' " + std::to_string(f) + " points to no earlier layer");
         }
       }
       cfg.layers.push_back(std::move(l));

@@ -13,20 +13,20 @@ struct LayerSpec {
   std::vector<int64_t> from;  // -1 = previous layer; negative values count back from this layer
   int64_t repeats = 1;        // as written, before depth scaling
   std::string module;
-  YAML::Node args;            // sequence
-  int line = 0;               // 1-based line in the source, 0 when unknown
+  YAML::Node args;  // sequence
+  int line = 0;     // 1-based line in the source, 0 when unknown
 };
 
 struct ModelConfig {
   std::string source = "<memory>";  // file path or description, for error messages
   int64_t nc = 80;
-  int64_t ch = 3;  // input channels
+  int64_t ch = 3;     // input channels
   std::string scale;  // empty when the YAML has no scales
   double depth = 1.0;
   double width = 1.0;
   int64_t max_channels = 1 << 30;
   std::vector<LayerSpec> layers;  // backbone then head
-  YAML::Node yaml;                 // the document, scale and nc filled in
+  YAML::Node yaml;                // the document, scale and nc filled in
 };
 
 // Directory with the bundled model YAMLs (env YOLO8_MODELS_DIR overrides).

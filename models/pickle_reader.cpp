@@ -9,7 +9,7 @@ namespace yolo8::pickle {
 
 namespace {
 
-constexpr size_t kMaxMemo = 1u << 24;          // memo entries a sane checkpoint never exceeds
+constexpr size_t kMaxMemo = 1u << 24;  // memo entries a sane checkpoint never exceeds
 constexpr int64_t kMaxTensorNumel = int64_t{1} << 34;
 
 ValuePtr make(Kind k) {
@@ -38,18 +38,18 @@ class Unpickler {
     while (true) {
       const uint8_t op = u8();
       switch (op) {
-        case 0x80: u8(); break;                           // PROTO
-        case 0x95: take(8); break;                        // FRAME
-        case '}': push(make(Kind::kDict)); break;         // EMPTY_DICT
-        case ']': push(make(Kind::kList)); break;         // EMPTY_LIST
-        case ')': push(make(Kind::kTuple)); break;        // EMPTY_TUPLE
-        case 0x8f: push(make(Kind::kList)); break;        // EMPTY_SET
+        case 0x80: u8(); break;                            // PROTO
+        case 0x95: take(8); break;                         // FRAME
+        case '}': push(make(Kind::kDict)); break;          // EMPTY_DICT
+        case ']': push(make(Kind::kList)); break;          // EMPTY_LIST
+        case ')': push(make(Kind::kTuple)); break;         // EMPTY_TUPLE
+        case 0x8f: push(make(Kind::kList)); break;         // EMPTY_SET
         case '(': marks_.push_back(stack_.size()); break;  // MARK
-        case 'q': memo_put(u8()); break;                  // BINPUT
-        case 'r': memo_put(u32()); break;                 // LONG_BINPUT
-        case 0x94: memo_put(memo_.size()); break;         // MEMOIZE
-        case 'h': push(memo_get(u8())); break;            // BINGET
-        case 'j': push(memo_get(u32())); break;           // LONG_BINGET
+        case 'q': memo_put(u8()); break;                   // BINPUT
+        case 'r': memo_put(u32()); break;                  // LONG_BINPUT
+        case 0x94: memo_put(memo_.size()); break;          // MEMOIZE
+        case 'h': push(memo_get(u8())); break;             // BINGET
+        case 'j': push(memo_get(u32())); break;            // LONG_BINGET
         case 'X': push(make_str(Kind::kString, take(u32()))); break;
         case 0x8c: push(make_str(Kind::kString, take(u8()))); break;
         case 0x8d: push(make_str(Kind::kString, take(u64()))); break;
@@ -61,7 +61,7 @@ class Unpickler {
         case 'J': push(make_int(static_cast<int32_t>(u32()))); break;
         case 'K': push(make_int(u8())); break;
         case 'M': push(make_int(u16())); break;
-        case 0x8a: push(make_int(long_bytes(u8()))); break;  // LONG1
+        case 0x8a: push(make_int(long_bytes(u8()))); break;   // LONG1
         case 0x8b: push(make_int(long_bytes(u32()))); break;  // LONG4
         case 'G': {
           uint64_t bits = 0;
@@ -112,7 +112,8 @@ class Unpickler {
         case 'b': {
           auto state = pop();
           auto& obj = top();
-          if (obj->kind == Kind::kObject) obj->state = state;
+          if (obj->kind == Kind::kObject)
+            obj->state = state;
           else if (obj->kind == Kind::kDict && state->kind == Kind::kDict) {
             for (auto& kv : state->dict) obj->dict.push_back(kv);
           }
@@ -278,9 +279,12 @@ class Unpickler {
     d->dict.emplace_back(k, v);
   }
   void append(const ValuePtr& l, const ValuePtr& v) {
-    if (l->kind == Kind::kList || l->kind == Kind::kTuple) l->items.push_back(v);
-    else if (l->kind == Kind::kObject) l->items.push_back(v);  // list subclasses
-    else fail("APPEND on a non-list");
+    if (l->kind == Kind::kList || l->kind == Kind::kTuple)
+      l->items.push_back(v);
+    else if (l->kind == Kind::kObject)
+      l->items.push_back(v);  // list subclasses
+    else
+      fail("APPEND on a non-list");
   }
 
   ValuePtr object(const ValuePtr& cls, const ValuePtr& args) {
@@ -350,7 +354,8 @@ class Unpickler {
     if (it != storages_.end()) return it->second;
     auto v = make(Kind::kStorage);
     v->tensor = loader_(a[2]->s, dtype, numel);
-    if (!v->tensor.defined() || v->tensor.dim() != 1 || v->tensor.numel() != numel || v->tensor.scalar_type() != dtype) {
+    if (!v->tensor.defined() || v->tensor.dim() != 1 || v->tensor.numel() != numel ||
+        v->tensor.scalar_type() != dtype) {
       fail("storage '" + a[2]->s + "' could not be loaded");
     }
     storages_[a[2]->s] = v;
@@ -437,9 +442,9 @@ std::string Value::class_name() const {
 
 c10::ScalarType storage_dtype(const std::string& class_name) {
   static const std::vector<std::pair<std::string, c10::ScalarType>> table{
-      {"HalfStorage", torch::kHalf},     {"FloatStorage", torch::kFloat},   {"DoubleStorage", torch::kDouble},
-      {"LongStorage", torch::kLong},     {"IntStorage", torch::kInt},       {"ShortStorage", torch::kShort},
-      {"CharStorage", torch::kChar},     {"ByteStorage", torch::kByte},     {"BoolStorage", torch::kBool},
+      {"HalfStorage", torch::kHalf},        {"FloatStorage", torch::kFloat}, {"DoubleStorage", torch::kDouble},
+      {"LongStorage", torch::kLong},        {"IntStorage", torch::kInt},     {"ShortStorage", torch::kShort},
+      {"CharStorage", torch::kChar},        {"ByteStorage", torch::kByte},   {"BoolStorage", torch::kBool},
       {"BFloat16Storage", torch::kBFloat16}};
   const auto dot = class_name.rfind('.');
   const std::string base = dot == std::string::npos ? class_name : class_name.substr(dot + 1);

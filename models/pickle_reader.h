@@ -11,7 +11,21 @@
 
 namespace yolo8::pickle {
 
-enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict, kGlobal, kObject, kStorage, kTensor };
+enum class Kind {
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kBytes,
+  kList,
+  kTuple,
+  kDict,
+  kGlobal,
+  kObject,
+  kStorage,
+  kTensor
+};
 
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
@@ -26,11 +40,11 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
-  std::string s;                                     // String, Bytes; Global/Object: "module.Name"
-  std::vector<ValuePtr> items;                       // List, Tuple; Object: constructor args
-  std::vector<std::pair<ValuePtr, ValuePtr>> dict;   // Dict, insertion order
-  ValuePtr state;                                    // Object: what BUILD set (usually a dict)
-  torch::Tensor tensor;                              // Storage (1-D, its dtype) or Tensor
+  std::string s;                                    // String, Bytes; Global/Object: "module.Name"
+  std::vector<ValuePtr> items;                      // List, Tuple; Object: constructor args
+  std::vector<std::pair<ValuePtr, ValuePtr>> dict;  // Dict, insertion order
+  ValuePtr state;                                   // Object: what BUILD set (usually a dict)
+  torch::Tensor tensor;                             // Storage (1-D, its dtype) or Tensor
 
   bool is_none() const { return kind == Kind::kNone; }
   // Dict lookup by string key; nullptr when absent or not a dict.

@@ -3,11 +3,11 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
-#include <cstring>
-#include <functional>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -243,7 +243,7 @@ std::map<std::string, torch::Tensor> tensors_from(const Value& dict) {
 NamedTensors state_dict(const torch::nn::Module& module) {
   NamedTensors out;
   std::function<void(const torch::nn::Module&, const std::string&)> walk = [&](const torch::nn::Module& m,
-                                                                              const std::string& prefix) {
+                                                                               const std::string& prefix) {
     for (const auto& p : m.named_parameters(false)) out.emplace_back(prefix + p.key(), p.value());
     for (const auto& b : m.named_buffers(false)) out.emplace_back(prefix + b.key(), b.value());
     for (const auto& c : m.named_children()) walk(*c.value(), prefix + c.key() + ".");
@@ -269,7 +269,8 @@ void load_state_dict(torch::nn::Module& module, const std::map<std::string, torc
     seen.insert(name);
   }
   for (const auto& [name, t] : tensors) {
-    if (!seen.count(name)) throw std::runtime_error(source + ": unexpected weight '" + name + "' (architecture mismatch)");
+    if (!seen.count(name))
+      throw std::runtime_error(source + ": unexpected weight '" + name + "' (architecture mismatch)");
   }
   for (const auto& [name, dst] : own) {
     torch::Tensor d = dst;
@@ -386,7 +387,8 @@ LoadedModel model_from_state_dict_file(const Value& top, const std::string& path
   if (scale.empty()) {
     const int64_t stem = tensors["model.0.conv.weight"].size(0);
     const std::map<int64_t, std::string> by_width{{16, "n"}, {32, "s"}, {48, "m"}, {64, "l"}, {80, "x"}};
-    if (!by_width.count(stem)) throw std::runtime_error(path + ": cannot infer the model scale (stem width " + std::to_string(stem) + ")");
+    if (!by_width.count(stem))
+      throw std::runtime_error(path + ": cannot infer the model scale (stem width " + std::to_string(stem) + ")");
     scale = by_width.at(stem);
   }
   const std::string arch = head == 28 ? "yolov8-p2.yaml" : "yolov8.yaml";

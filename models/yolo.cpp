@@ -74,7 +74,9 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
 
   for (int64_t i = 0; i < n_layers; ++i) {
     const LayerSpec& spec = cfg_.layers[static_cast<size_t>(i)];
-    auto arg = [&](size_t j) { return Arg{j < spec.args.size() ? spec.args[j] : YAML::Node(), cfg_.nc, cfg_.source, spec.line, i}; };
+    auto arg = [&](size_t j) {
+      return Arg{j < spec.args.size() ? spec.args[j] : YAML::Node(), cfg_.nc, cfg_.source, spec.line, i};
+    };
     auto fail = [&](const std::string& what) { arg(0).bad(what); };
     const size_t nargs = spec.args.size();
 
@@ -85,9 +87,10 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       if (a >= 0 && a < i) keep_[static_cast<size_t>(a)] = true;
     }
 
-    int64_t n = spec.repeats > 1
-                    ? std::max<int64_t>(static_cast<int64_t>(std::nearbyint(static_cast<double>(spec.repeats) * cfg_.depth)), 1)
-                    : spec.repeats;
+    int64_t n =
+        spec.repeats > 1
+            ? std::max<int64_t>(static_cast<int64_t>(std::nearbyint(static_cast<double>(spec.repeats) * cfg_.depth)), 1)
+            : spec.repeats;
     const std::string& m = spec.module;
     const bool multi_input = m == "Concat" || m == "Detect";
     if (!multi_input && spec.from.size() != 1) fail(m + " takes exactly one input");
@@ -97,7 +100,8 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
     // Bounds that no real YOLOv8 variant approaches; they stop corrupt configs from allocating gigabytes.
     if (n > 64) fail("repeats " + std::to_string(n) + " is out of range (at most 64 after depth scaling)");
     auto check_kernel = [&](int64_t k, int64_t s) {
-      if (k < 1 || k > 15 || s < 1 || s > 8) fail("kernel " + std::to_string(k) + " / stride " + std::to_string(s) + " out of range");
+      if (k < 1 || k > 15 || s < 1 || s > 8)
+        fail("kernel " + std::to_string(k) + " / stride " + std::to_string(s) + " out of range");
     };
     auto scaled = [&](int64_t c2) {
       if (c2 <= 0 || c2 > kMaxChannels) fail("output channels " + std::to_string(c2) + " out of range");
@@ -118,7 +122,8 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       const int64_t g = nargs > 4 ? arg(4).as_int() : 1, d = nargs > 5 ? arg(5).as_int() : 1;
       const bool act = nargs > 6 ? arg(6).as_bool() : true;
       check_kernel(k, s);
-      if (g < 1 || c1 % g != 0 || c2 % g != 0 || d < 1 || d > 8 || p > 16) fail("Conv groups/dilation/padding out of range");
+      if (g < 1 || c1 % g != 0 || c2 % g != 0 || d < 1 || d > 8 || p > 16)
+        fail("Conv groups/dilation/padding out of range");
       shown = {std::to_string(c1), std::to_string(c2), std::to_string(k), std::to_string(s)};
       make_one = [=]() { return Conv(c1, c2, k, s, p, g, d, act).ptr(); };
     } else if (m == "Bottleneck") {
@@ -194,11 +199,16 @@ DetectionModelImpl::DetectionModelImpl(const ModelConfig& cfg) : cfg_(cfg) {
       torch::nn::Sequential seq;
       for (int64_t r = 0; r < n; ++r) {
         auto one = make_one();
-        if (auto c = std::dynamic_pointer_cast<ConvImpl>(one)) seq->push_back(Conv(c));
-        else if (auto b = std::dynamic_pointer_cast<BottleneckImpl>(one)) seq->push_back(Bottleneck(b));
-        else if (auto s = std::dynamic_pointer_cast<SPPFImpl>(one)) seq->push_back(SPPF(s));
-        else if (auto u = std::dynamic_pointer_cast<UpsampleImpl>(one)) seq->push_back(Upsample(u));
-        else fail(m + " cannot repeat");
+        if (auto c = std::dynamic_pointer_cast<ConvImpl>(one))
+          seq->push_back(Conv(c));
+        else if (auto b = std::dynamic_pointer_cast<BottleneckImpl>(one))
+          seq->push_back(Bottleneck(b));
+        else if (auto s = std::dynamic_pointer_cast<SPPFImpl>(one))
+          seq->push_back(SPPF(s));
+        else if (auto u = std::dynamic_pointer_cast<UpsampleImpl>(one))
+          seq->push_back(Upsample(u));
+        else
+          fail(m + " cannot repeat");
       }
       layer = seq.ptr();
       fn = [seq](const std::vector<torch::Tensor>& xs) mutable { return seq->forward(xs[0]); };

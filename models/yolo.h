@@ -15,10 +15,10 @@ namespace yolo8 {
 // What one `model.N` entry is, for info tables and FLOP counting.
 struct LayerRecord {
   int64_t index = 0;
-  std::vector<int64_t> from;       // as written (-1 = previous)
-  int64_t repeats = 1;             // after depth scaling
-  std::string module;              // YAML module name
-  std::string args;                // resolved constructor arguments, e.g. "[3, 16, 3, 2]"
+  std::vector<int64_t> from;  // as written (-1 = previous)
+  int64_t repeats = 1;        // after depth scaling
+  std::string module;         // YAML module name
+  std::string args;           // resolved constructor arguments, e.g. "[3, 16, 3, 2]"
   int64_t out_channels = 0;
   std::shared_ptr<torch::nn::Module> module_ptr;
 };

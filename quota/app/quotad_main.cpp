@@ -3,19 +3,20 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 
-#include "quota/server/k8s_render.h"
-#include "quota/server/http_server.h"
 #include "quota/core/policy.h"
+#include "quota/core/sha256.h"
+#include "quota/server/http_server.h"
+#include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
 #include "quota/service/service.h"
-#include "quota/core/sha256.h"
 
 using nlohmann::json;
 using namespace yolo8::quota;
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
   int report_top = 10;
   auto* report_cmd = app.add_subcommand("report", "monthly usage journal per team, read from the database");
   report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)")->required();
-  report_cmd->add_option("--format", report_format, "md or html")->check(CLI::IsMember({"md", "html"}))->capture_default_str();
+  report_cmd->add_option("--format", report_format, "md or html")
+      ->check(CLI::IsMember({"md", "html"}))
+      ->capture_default_str();
   report_cmd->add_option("--db", report_db, "quotad's SQLite database")->capture_default_str();
   report_cmd->add_option("--policy", report_policy, "policy YAML: teams, credit allowances, waste thresholds");
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
@@ -156,7 +159,8 @@ int main(int argc, char** argv) {
 
   std::string render_out;
   double render_memory_per_gpu = 32;
-  auto* render_cmd = app.add_subcommand("render-k8s", "write Namespaces, ResourceQuotas and LimitRanges from the policy");
+  auto* render_cmd =
+      app.add_subcommand("render-k8s", "write Namespaces, ResourceQuotas and LimitRanges from the policy");
   render_cmd->add_option("--policy", policy_path, "policy YAML")->required();
   render_cmd->add_option("--out", render_out, "write to this file instead of stdout");
   render_cmd->add_option("--memory-per-gpu", render_memory_per_gpu, "host memory (GiB) a GPU comes with")

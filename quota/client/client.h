@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "quota/core/engine.h"
 #include "quota/core/api.h"
+#include "quota/core/engine.h"
 
 namespace yolo8::quota {
 
@@ -22,13 +22,13 @@ class QuotaTransport;
 struct ClientConfig {
   // "off", "local", or a quotad URL such as "http://127.0.0.1:8470".
   std::string mode = "local";
-  std::string token;           // bearer token for URL mode
-  std::string local_db;        // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
-  std::string local_policy;    // local mode policy YAML; default: local_policy(local_gpus, ...)
-  std::string local_memory_table;  // local mode without a policy file: admission check from this table (optional)
-  int local_gpus = 1;          // detected GPU count (the trainer passes torch's device count)
+  std::string token;                // bearer token for URL mode
+  std::string local_db;             // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
+  std::string local_policy;         // local mode policy YAML; default: local_policy(local_gpus, ...)
+  std::string local_memory_table;   // local mode without a policy file: admission check from this table (optional)
+  int local_gpus = 1;               // detected GPU count (the trainer passes torch's device count)
   double local_gpu_memory_gib = 0;  // 0: unknown (16 GiB assumed)
-  std::string user;            // local mode user; default $USER
+  std::string user;                 // local mode user; default $USER
   double poll_interval_s = 1.0;
   std::function<int64_t()> clock;  // tests
 };
@@ -53,9 +53,9 @@ class QuotaRefused : public std::runtime_error {
 };
 
 struct LeaseInfo {
-  int64_t id = 0;  // 0 in mode off
+  int64_t id = 0;                           // 0 in mode off
   LeaseState state = LeaseState::kGranted;  // granted or revoking once acquire() returns
-  std::vector<std::string> devices;  // "node:index"
+  std::vector<std::string> devices;         // "node:index"
   double memory_gib = 0;
   bool shared = false;
   int ttl_s = 0;

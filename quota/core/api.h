@@ -1,9 +1,10 @@
 #pragma once
 // The quota API's request and response, independent of the transport: quotad's HTTP front builds them from
 // HTTP, the client's local mode passes them in process.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 
 namespace yolo8::quota {

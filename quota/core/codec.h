@@ -1,6 +1,7 @@
 #pragma once
 // JSON forms of the engine's records, shared by storage, the HTTP API and the client.
 #include <nlohmann/json.hpp>
+
 #include <stdexcept>
 #include <string>
 

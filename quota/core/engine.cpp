@@ -462,7 +462,8 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   };
   LeaseRequest req = req_in;
   if (req.user.empty()) return refuse(AcquireResult::Kind::kInvalid, "user: required");
-  if (!policy_.teams.count(req.team)) return refuse(AcquireResult::Kind::kInvalid, "team: unknown team '" + req.team + "'");
+  if (!policy_.teams.count(req.team))
+    return refuse(AcquireResult::Kind::kInvalid, "team: unknown team '" + req.team + "'");
   if (req.model.empty()) return refuse(AcquireResult::Kind::kInvalid, "model: required");
   if (req.imgsz < 32 || req.imgsz > policy_.max_imgsz) {
     return refuse(AcquireResult::Kind::kInvalid, "imgsz: must be within 32.." + std::to_string(policy_.max_imgsz));
@@ -512,13 +513,14 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     }
   }
   if (critical && req.justification.empty()) {
-    return refuse(AcquireResult::Kind::kNotAllowed, "justification: a critical (emergency) lease needs a justification");
+    return refuse(AcquireResult::Kind::kNotAllowed,
+                  "justification: a critical (emergency) lease needs a justification");
   }
   const bool needs_approval = !critical && policy_.needs_approval(req.model);
   if (needs_approval && req.justification.empty()) {
-    return refuse(AcquireResult::Kind::kNotAllowed, "justification: model " + req.model +
-                                                        " is in the approval tier; add a justification for a lead of team " +
-                                                        req.team);
+    return refuse(AcquireResult::Kind::kNotAllowed,
+                  "justification: model " + req.model +
+                      " is in the approval tier; add a justification for a lead of team " + req.team);
   }
   if (policy_.monthly_gpu_hours > 0 && !critical) {
     const std::string month = month_key(now_ms);

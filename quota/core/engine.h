@@ -58,9 +58,9 @@ struct Lease {
   int gpus = 1;
   double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
   bool shared = false;
-  std::vector<int> devices;  // indices into Policy::gpus
+  std::vector<int> devices;             // indices into Policy::gpus
   std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
-  bool over_base = false;    // granted beyond the team's base (a burst lease)
+  bool over_base = false;               // granted beyond the team's base (a burst lease)
   bool emergency = false;
   bool review_pending = false;
   int64_t approval_id = 0;
@@ -69,12 +69,12 @@ struct Lease {
   int64_t last_seen_ms = 0;
   int64_t deadline_ms = 0;  // revoking: release by then
   int64_t ended_ms = 0;
-  int64_t free_at_ms = 0;   // expired: GPUs return at this time
+  int64_t free_at_ms = 0;  // expired: GPUs return at this time
   int64_t charged_until_ms = 0;
-  double gpu_hours = 0;     // charged so far
-  int64_t preempted_for = 0;          // the waiting lease this victim makes room for
-  std::vector<int64_t> waiting_on;    // victims this queued lease waits for
-  std::string reason;                 // why queued / why it ended
+  double gpu_hours = 0;             // charged so far
+  int64_t preempted_for = 0;        // the waiting lease this victim makes room for
+  std::vector<int64_t> waiting_on;  // victims this queued lease waits for
+  std::string reason;               // why queued / why it ended
   Telemetry telemetry;
 
   // Share of GPUs counted against the team limit and credits.

@@ -1,7 +1,5 @@
 #include "quota/core/policy.h"
 
-#include "quota/core/sha256.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -11,6 +9,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "quota/core/sha256.h"
 
 namespace yolo8::quota {
 

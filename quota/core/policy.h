@@ -121,8 +121,7 @@ struct Policy {
 // Loads a policy YAML; the memory table comes from `memory_table:` (relative to the policy file) or is empty.
 Policy load_policy(const std::string& path);
 // Loads from text; `source` names it in errors; relative memory table paths resolve against `base_dir`.
-Policy load_policy_from_string(const std::string& yaml, const std::string& source,
-                               const std::string& base_dir = ".");
+Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir = ".");
 MemoryTable load_memory_table(const std::string& path);
 
 // Embedded single-workstation policy: one team "local", `gpu_count` GPUs of `memory_gib`, user `user`
@@ -130,7 +129,7 @@ MemoryTable load_memory_table(const std::string& path);
 Policy local_policy(int gpu_count, double memory_gib, const std::string& user);
 
 // Civil-time helpers on UTC milliseconds.
-int weekday_of(int64_t ms_local);    // 0 = Monday
+int weekday_of(int64_t ms_local);  // 0 = Monday
 int minute_of_day(int64_t ms_local);
 std::string month_key(int64_t ms_utc);  // "YYYY-MM"
 std::string previous_month_key(const std::string& month);

@@ -15,11 +15,11 @@ struct LeaseUtil {
   int64_t first_ts_ms = -1;
   int64_t last_ts_ms = -1;
   double last_util = -1;
-  int64_t low_since_ms = -1;      // start of the current run of samples below the threshold; -1 when not low
-  double util_ms = 0;             // integral of utilisation over time (sample-and-hold), for the average
-  int64_t covered_ms = 0;         // time the integral covers
-  int64_t wasted_ms = 0;          // closed low runs that lasted at least the waste duration
-  int64_t longest_low_ms = 0;     // longest low run, closed ones only
+  int64_t low_since_ms = -1;   // start of the current run of samples below the threshold; -1 when not low
+  double util_ms = 0;          // integral of utilisation over time (sample-and-hold), for the average
+  int64_t covered_ms = 0;      // time the integral covers
+  int64_t wasted_ms = 0;       // closed low runs that lasted at least the waste duration
+  int64_t longest_low_ms = 0;  // longest low run, closed ones only
   int samples = 0;
   double avg_util() const { return covered_ms > 0 ? util_ms / static_cast<double>(covered_ms) : last_util; }
   int64_t low_ms(int64_t now_ms) const { return low_since_ms < 0 ? 0 : now_ms - low_since_ms; }
@@ -51,8 +51,8 @@ void sync_tracker(const Engine& engine, UtilTracker& tracker);
 struct WasteEntry {
   int64_t lease_id = 0;
   std::string team, user, job, model;
-  double units = 0;         // GPUs (or memory share) held
-  int64_t low_ms = 0;       // time below the threshold so far
+  double units = 0;    // GPUs (or memory share) held
+  int64_t low_ms = 0;  // time below the threshold so far
   double last_util = 0;
   double wasted_gpu_hours = 0;  // units * low time
 };

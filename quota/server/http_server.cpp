@@ -1,7 +1,6 @@
 #include "quota/server/http_server.h"
 
 #include <httplib.h>
-
 #include <sys/socket.h>
 
 #include <chrono>

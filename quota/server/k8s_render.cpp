@@ -30,17 +30,17 @@ std::string render_k8s(const Policy& policy, const K8sRenderOptions& options) {
     out << "---\n# Burst limit " << whole(burst) << " GPUs (base " << whole(team.base)
         << " is quotad's guarantee; the ResourceQuota caps the namespace at the burst).\n";
     out << "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-quota\n  namespace: " << name
-        << "\nspec:\n  hard:\n    requests.nvidia.com/gpu: \"" << whole(burst) << "\"\n    requests.memory: "
-        << quantity_gib(burst * options.host_memory_gib_per_gpu) << "\n    limits.memory: "
-        << quantity_gib(burst * options.host_memory_gib_per_gpu) << "\n";
+        << "\nspec:\n  hard:\n    requests.nvidia.com/gpu: \"" << whole(burst)
+        << "\"\n    requests.memory: " << quantity_gib(burst * options.host_memory_gib_per_gpu)
+        << "\n    limits.memory: " << quantity_gib(burst * options.host_memory_gib_per_gpu) << "\n";
     out << "---\n# Defaults for containers that declare nothing: the policy's default GPU count.\n";
     out << "apiVersion: v1\nkind: LimitRange\nmetadata:\n  name: gpu-defaults\n  namespace: " << name
         << "\nspec:\n  limits:\n    - type: Container\n      default:\n        nvidia.com/gpu: \"" << default_gpus
         << "\"\n        memory: " << quantity_gib(default_gpus * options.host_memory_gib_per_gpu)
-        << "\n      defaultRequest:\n        nvidia.com/gpu: \"" << default_gpus << "\"\n        memory: "
-        << quantity_gib(default_gpus * options.host_memory_gib_per_gpu / 2) << "\n        cpu: \""
-        << default_gpus * options.cpus_per_gpu << "\"\n      max:\n        nvidia.com/gpu: \"" << whole(burst)
-        << "\"\n";
+        << "\n      defaultRequest:\n        nvidia.com/gpu: \"" << default_gpus
+        << "\"\n        memory: " << quantity_gib(default_gpus * options.host_memory_gib_per_gpu / 2)
+        << "\n        cpu: \"" << default_gpus * options.cpus_per_gpu << "\"\n      max:\n        nvidia.com/gpu: \""
+        << whole(burst) << "\"\n";
   }
   return out.str();
 }

@@ -130,8 +130,8 @@ class Writer {
 
 }  // namespace
 
-std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
-                           MetricsState& state, int64_t now_ms) {
+std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker, MetricsState& state,
+                           int64_t now_ms) {
   state.observe_leases(engine, tracker);
   std::ostringstream stream;
   Writer writer(stream);
@@ -316,17 +316,38 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
 }
 
 std::vector<std::string> exported_metric_names() {
-  std::vector<std::string> names = {
-      "quotad_gpus_total", "quotad_emergency_pool_gpus", "quotad_team_gpus_in_use", "quotad_team_base_gpus",
-      "quotad_team_burst_gpus", "quotad_team_quota_gpus", "quotad_team_in_burst_window",
-      "quotad_team_memory_allocated_gib", "quotad_team_memory_used_gib", "quotad_team_active_leases",
-      "quotad_team_queued", "quotad_team_gpu_utilization", "quotad_team_gpu_hours", "quotad_queue_length",
-      "quotad_queue_oldest_wait_seconds", "quotad_queue_wait_seconds_current", "quotad_leases", "quotad_lease_gpus",
-      "quotad_lease_runtime_seconds", "quotad_lease_gpu_utilization", "quotad_lease_avg_gpu_utilization",
-      "quotad_member_gpu_hours", "quotad_member_credit_gpu_hours", "quotad_waste_threshold_gpu_utilization",
-      "quotad_waste_threshold_seconds", "quotad_waste_leases", "quotad_waste_low_utilization_seconds",
-      "quotad_waste_gpu_hours", "quotad_heartbeats_total", "quotad_preemptions_total",
-      "quotad_emergency_grants_total", "quotad_responses_total"};
+  std::vector<std::string> names = {"quotad_gpus_total",
+                                    "quotad_emergency_pool_gpus",
+                                    "quotad_team_gpus_in_use",
+                                    "quotad_team_base_gpus",
+                                    "quotad_team_burst_gpus",
+                                    "quotad_team_quota_gpus",
+                                    "quotad_team_in_burst_window",
+                                    "quotad_team_memory_allocated_gib",
+                                    "quotad_team_memory_used_gib",
+                                    "quotad_team_active_leases",
+                                    "quotad_team_queued",
+                                    "quotad_team_gpu_utilization",
+                                    "quotad_team_gpu_hours",
+                                    "quotad_queue_length",
+                                    "quotad_queue_oldest_wait_seconds",
+                                    "quotad_queue_wait_seconds_current",
+                                    "quotad_leases",
+                                    "quotad_lease_gpus",
+                                    "quotad_lease_runtime_seconds",
+                                    "quotad_lease_gpu_utilization",
+                                    "quotad_lease_avg_gpu_utilization",
+                                    "quotad_member_gpu_hours",
+                                    "quotad_member_credit_gpu_hours",
+                                    "quotad_waste_threshold_gpu_utilization",
+                                    "quotad_waste_threshold_seconds",
+                                    "quotad_waste_leases",
+                                    "quotad_waste_low_utilization_seconds",
+                                    "quotad_waste_gpu_hours",
+                                    "quotad_heartbeats_total",
+                                    "quotad_preemptions_total",
+                                    "quotad_emergency_grants_total",
+                                    "quotad_responses_total"};
   for (const char* distribution :
        {"quotad_queue_wait_seconds", "quotad_job_duration_seconds", "quotad_job_gpu_utilization"}) {
     for (const char* suffix : {"_bucket", "_sum", "_count"}) names.push_back(std::string(distribution) + suffix);

@@ -41,8 +41,8 @@ class MetricsState {
 };
 
 // Prometheus text exposition (version 0.0.4), every family with HELP and TYPE, names prefixed `quotad_`.
-std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
-                           MetricsState& state, int64_t now_ms);
+std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker, MetricsState& state,
+                           int64_t now_ms);
 // /metrics of a running service: keeps the histograms between scrapes (each lease is counted once).
 class MetricsExporter {
  public:

@@ -2,13 +2,14 @@
 
 #include <sqlite3.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <iomanip>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -549,7 +550,8 @@ std::string report_html(const MonthlyReport& report) {
   const std::vector<std::string> colors = {"#a9b4c4", "#3b7dd8"};
   std::ostringstream charts;
   charts << "<div class=\"charts\">\n"
-         << svg_bars("GPU-hours per team", hours, months, colors, 1, "") << svg_bars("GPU utilisation per team", eff, months, colors, 0, " %");
+         << svg_bars("GPU-hours per team", hours, months, colors, 1, "")
+         << svg_bars("GPU utilisation per team", eff, months, colors, 0, " %");
   if (!waste.empty()) {
     charts << svg_bars("Idle GPU-hours (waste leaderboard)", waste, {report.month}, {"#d8453b"}, 1, "");
   }

@@ -54,7 +54,7 @@ struct MonthlyReport {
   std::string month, prev_month;
   double waste_util_below = 0.20;
   int waste_after_s = 3600;
-  std::vector<ReportTeam> teams;   // by GPU-hours, most first
+  std::vector<ReportTeam> teams;    // by GPU-hours, most first
   std::vector<ReportJob> top_jobs;  // by GPU-hours in the month, at most `top_n`
   std::vector<ReportWaste> waste;   // leaderboard per user, most wasted first
   std::vector<ReportCredit> credits;
@@ -65,8 +65,7 @@ struct MonthlyReport {
 // Reads `db_path` read-only. `month` is "YYYY-MM" (throws std::invalid_argument otherwise); `policy` (may be
 // null) gives team membership, credit allowances and the waste thresholds (defaults: 20 %, 1 h).
 // GPU-hours are lease time inside the month times the GPUs (or memory share) of each lease.
-MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy,
-                           int top_n = 10);
+MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n = 10);
 
 std::string report_markdown(const MonthlyReport& report);
 // Standalone HTML with inline SVG bar charts (no scripts, no external assets).

@@ -80,8 +80,8 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 
 }  // namespace
 
-std::string render_status_page(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
-                               int64_t now_ms, int refresh_s) {
+std::string render_status_page(const Policy& policy, const Engine& engine, const UtilTracker& tracker, int64_t now_ms,
+                               int refresh_s) {
   const auto teams = team_views(policy, engine, now_ms);
   const auto waste = waste_list(policy, engine, tracker, now_ms);
   double in_use = 0;
@@ -195,9 +195,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
 
 std::string render_status_page(QuotaService& service) {
   std::string html;
-  service.observe([&](const ServiceView& view) {
-    html = render_status_page(view.policy, view.engine, view.tracker, view.now_ms);
-  });
+  service.observe(
+      [&](const ServiceView& view) { html = render_status_page(view.policy, view.engine, view.tracker, view.now_ms); });
   return html;
 }
 

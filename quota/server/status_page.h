@@ -11,8 +11,8 @@ namespace yolo8::quota {
 
 // Teams with usage-vs-quota bars, running leases, the queue and the waste list at `now_ms`.
 // The page refreshes itself every `refresh_s` seconds through a meta tag (0: never).
-std::string render_status_page(const Policy& policy, const Engine& engine, const UtilTracker& tracker,
-                               int64_t now_ms, int refresh_s = 30);
+std::string render_status_page(const Policy& policy, const Engine& engine, const UtilTracker& tracker, int64_t now_ms,
+                               int refresh_s = 30);
 
 // The page for a running service.
 std::string render_status_page(QuotaService& service);

@@ -1,6 +1,8 @@
 #pragma once
 // The quota API as a transport-free router over the engine and its store: the HTTP server and the embedded
 // local mode of the client both call handle(). /metrics and the status page belong to the server.
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -8,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,14 +21,13 @@
 namespace yolo8::quota {
 
 struct ServiceOptions {
-  std::string db_path;           // empty: state in memory only
-  bool reload_per_call = false;  // local mode: several processes share db_path; each call locks and reloads it
-  bool full_sync = false;        // SQLite synchronous=FULL instead of NORMAL
+  std::string db_path;             // empty: state in memory only
+  bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
+  bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
   int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
-  bool write_each_heartbeat = false;  // commit every heartbeat sample at once instead of batching (benchmarks)
+  bool write_each_heartbeat = false;           // commit every heartbeat sample at once instead of batching (benchmarks)
 };
-
 
 // Counters the service keeps for the exposition (monotonic since start).
 struct ServiceCounters {

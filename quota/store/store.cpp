@@ -1,11 +1,10 @@
 #include "quota/store/store.h"
 
-#include <chrono>
-#include <thread>
-
 #include <sqlite3.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "quota/core/codec.h"
 
@@ -67,8 +66,8 @@ Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* s
 }  // namespace
 
 Store::Store(const std::string& path, bool full_sync) : path_(path) {
-  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                      nullptr) != SQLITE_OK) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr) !=
+      SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
     sqlite3_close(db_);
     db_ = nullptr;
@@ -103,9 +102,7 @@ Store::~Store() {
   if (db_ != nullptr) sqlite3_close(db_);
 }
 
-void Store::fail(const std::string& what) {
-  throw StoreError(path_ + ": " + what + ": " + sqlite3_errmsg(db_));
-}
+void Store::fail(const std::string& what) { throw StoreError(path_ + ": " + what + ": " + sqlite3_errmsg(db_)); }
 
 void Store::exec(const char* sql) {
   char* err = nullptr;

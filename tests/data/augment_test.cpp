@@ -1,13 +1,12 @@
 // Augmentation primitives: rect shapes, letterbox padding, flips, candidates, mosaic placement, RNG.
-#include <gtest/gtest.h>
+#include "data/augment.h"
 
+#include <gtest/gtest.h>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
 #include <cmath>
-
-#include "data/augment.h"
 
 namespace yolo8::data {
 namespace {
@@ -71,12 +70,12 @@ TEST(DataFlips, BoxesFollowPixels) {
 
 TEST(DataBoxCandidate, Thresholds) {
   PixBox before{0, 0, 0, 100, 100};
-  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 50, 50}, 1.0));     // area ratio 0.25
-  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 30, 30}, 1.0));    // 0.09 <= 0.1
-  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 30, 30}, 0.5));     // before scaled to 50x50
-  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 2, 80}, 0.1));     // width not > 2 px
+  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 50, 50}, 1.0));   // area ratio 0.25
+  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 30, 30}, 1.0));  // 0.09 <= 0.1
+  EXPECT_TRUE(box_candidate(before, {0, 0, 0, 30, 30}, 0.5));   // before scaled to 50x50
+  EXPECT_FALSE(box_candidate(before, {0, 0, 0, 2, 80}, 0.1));   // width not > 2 px
   PixBox thin{0, 0, 0, 1000, 5};
-  EXPECT_FALSE(box_candidate(thin, {0, 0, 0, 1000, 5}, 1.0));     // aspect 200 >= 100
+  EXPECT_FALSE(box_candidate(thin, {0, 0, 0, 1000, 5}, 1.0));  // aspect 200 >= 100
 }
 
 TEST(DataRng, DeterministicPerSample) {
@@ -285,9 +284,9 @@ TEST(DataHsv, MatchesCvLutRecipe) {
                r2 = ref_rng.uniform(-1, 1) * 0.4 + 1;
   cv::Mat lut(1, 256, CV_8UC3), hsv, expected;
   for (int x = 0; x < 256; ++x)
-    lut.at<cv::Vec3b>(x) = cv::Vec3b(static_cast<uchar>(std::fmod(x * r0, 180.0)),
-                                     static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0)),
-                                     static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0)));
+    lut.at<cv::Vec3b>(x) =
+        cv::Vec3b(static_cast<uchar>(std::fmod(x * r0, 180.0)), static_cast<uchar>(std::clamp(x * r1, 0.0, 255.0)),
+                  static_cast<uchar>(std::clamp(x * r2, 0.0, 255.0)));
   cv::cvtColor(img, hsv, cv::COLOR_BGR2HSV);
   cv::LUT(hsv, lut, hsv);
   cv::cvtColor(hsv, expected, cv::COLOR_HSV2BGR);

@@ -1,5 +1,8 @@
 // data.yaml parsing, label paths, verification of a dataset seeded with every kind of bad file, index cache.
+#include "data/dataset.h"
+
 #include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include <opencv2/imgcodecs.hpp>
-
 #include "data/config.h"
-#include "data/dataset.h"
 #include "test_util.h"
 
 namespace yolo8::data {
@@ -135,8 +135,8 @@ std::string make_messy_dataset() {
     cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));
     std::vector<uchar> buf;
     cv::imencode(".jpg", m, buf);
-    std::ofstream(im + "truncated.jpg", std::ios::binary).write(reinterpret_cast<const char*>(buf.data()),
-                                                                 static_cast<std::streamsize>(buf.size() / 2));
+    std::ofstream(im + "truncated.jpg", std::ios::binary)
+        .write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() / 2));
     write_text(lb + "truncated.txt", "2 0.5 0.5 0.3 0.3\n");
   }
   write_text(im + "corrupt.jpg", "this is not a jpeg");
@@ -175,8 +175,8 @@ TEST(DataCheckDataset, MessyDatasetExactSummary) {
   EXPECT_EQ(s.duplicates_removed, 1);
   EXPECT_EQ(s.polygons_converted, 1);
   const std::map<std::string, int64_t> expected = {
-      {"image_corrupt", 1},   {"image_too_small", 1}, {"unknown_format", 1},   {"label_arity", 2},
-      {"label_class", 1},     {"label_out_of_range", 1}, {"label_non_finite", 1}, {"label_size", 1}};
+      {"image_corrupt", 1}, {"image_too_small", 1},    {"unknown_format", 1},   {"label_arity", 2},
+      {"label_class", 1},   {"label_out_of_range", 1}, {"label_non_finite", 1}, {"label_size", 1}};
   EXPECT_EQ(s.skipped, expected);
   EXPECT_EQ(s.skipped_total(), 9);
   EXPECT_EQ(idx.issues.size(), 13u);  // 10 row/file problems + duplicate, polygon and truncated-JPEG notes

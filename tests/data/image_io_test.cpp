@@ -1,6 +1,7 @@
 // The loader's decoder gives cv::imread's pixels: every EXIF orientation, DCT reduction, other formats, bad files.
-#include <gtest/gtest.h>
+#include "data/image_io.h"
 
+#include <gtest/gtest.h>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -9,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "data/image_io.h"
 #include "test_util.h"
 
 namespace yolo8::data {
@@ -28,25 +28,31 @@ std::vector<uint8_t> jpeg_with_orientation(const cv::Mat& img, int orientation, 
   std::vector<uint8_t> jpeg;
   cv::imencode(".jpg", img, jpeg, {cv::IMWRITE_JPEG_QUALITY, 92});
   auto u16 = [&](std::vector<uint8_t>& v, int x) {
-    if (big_endian) v.insert(v.end(), {uint8_t(x >> 8), uint8_t(x)});
-    else v.insert(v.end(), {uint8_t(x), uint8_t(x >> 8)});
+    if (big_endian)
+      v.insert(v.end(), {uint8_t(x >> 8), uint8_t(x)});
+    else
+      v.insert(v.end(), {uint8_t(x), uint8_t(x >> 8)});
   };
   auto u32 = [&](std::vector<uint8_t>& v, uint32_t x) {
-    if (big_endian) v.insert(v.end(), {uint8_t(x >> 24), uint8_t(x >> 16), uint8_t(x >> 8), uint8_t(x)});
-    else v.insert(v.end(), {uint8_t(x), uint8_t(x >> 8), uint8_t(x >> 16), uint8_t(x >> 24)});
+    if (big_endian)
+      v.insert(v.end(), {uint8_t(x >> 24), uint8_t(x >> 16), uint8_t(x >> 8), uint8_t(x)});
+    else
+      v.insert(v.end(), {uint8_t(x), uint8_t(x >> 8), uint8_t(x >> 16), uint8_t(x >> 24)});
   };
   std::vector<uint8_t> payload = {'E', 'x', 'i', 'f', 0, 0};
-  if (big_endian) payload.insert(payload.end(), {'M', 'M'});
-  else payload.insert(payload.end(), {'I', 'I'});
+  if (big_endian)
+    payload.insert(payload.end(), {'M', 'M'});
+  else
+    payload.insert(payload.end(), {'I', 'I'});
   u16(payload, 42);
   u32(payload, 8);
-  u16(payload, 1);             // one entry
-  u16(payload, 0x0112);        // orientation
-  u16(payload, 3);             // SHORT
+  u16(payload, 1);       // one entry
+  u16(payload, 0x0112);  // orientation
+  u16(payload, 3);       // SHORT
   u32(payload, 1);
   u16(payload, orientation);
   u16(payload, 0);
-  u32(payload, 0);             // no next IFD
+  u32(payload, 0);  // no next IFD
   std::vector<uint8_t> app1 = {0xFF, 0xE1};
   const int length = static_cast<int>(payload.size()) + 2;
   app1.insert(app1.end(), {uint8_t(length >> 8), uint8_t(length)});
@@ -57,8 +63,8 @@ std::vector<uint8_t> jpeg_with_orientation(const cv::Mat& img, int orientation, 
 
 std::string write_bytes(const std::string& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
   const std::string path = dir + "/" + name;
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                               static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 

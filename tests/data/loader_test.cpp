@@ -1,16 +1,16 @@
 // The loader end to end: determinism across worker counts, resume, caches, validation batches,
 // augmentation consistency (draw colour boxes, augment, re-detect), synthetic data.
+#include "data/loader.h"
+
 #include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
-
-#include "data/loader.h"
 #include "data/synth.h"
 #include "test_util.h"
 
@@ -233,8 +233,8 @@ std::string colour_dataset() {
       const int x = o == 0 ? 8 + i % 5 : sz.width - w - 8 - i % 4, y = o == 0 ? 10 + i % 6 : sz.height - h - 9;
       const cv::Vec3b rgb = kPalette[cls];
       img(cv::Rect(x, y, w, h)).setTo(cv::Scalar(rgb[2], rgb[1], rgb[0]));  // BGR on disk
-      lbl << cls << " " << (x + w / 2.0) / sz.width << " " << (y + h / 2.0) / sz.height << " "
-          << double(w) / sz.width << " " << double(h) / sz.height << "\n";
+      lbl << cls << " " << (x + w / 2.0) / sz.width << " " << (y + h / 2.0) / sz.height << " " << double(w) / sz.width
+          << " " << double(h) / sz.height << "\n";
     }
     char name[32];
     std::snprintf(name, sizeof name, "%03d", i);
@@ -384,8 +384,7 @@ TEST(DataLoader, BadInputs) {
   LoaderConfig cfg;
   cfg.imgsz = 100;
   EXPECT_THROW(DataLoader(idx, cfg, AugmentConfig{}, true), std::invalid_argument);
-  EXPECT_THROW(DataLoader(std::make_shared<DatasetIndex>(), LoaderConfig{}, AugmentConfig{}, true),
-               std::runtime_error);
+  EXPECT_THROW(DataLoader(std::make_shared<DatasetIndex>(), LoaderConfig{}, AugmentConfig{}, true), std::runtime_error);
   cfg.imgsz = 64;
   cfg.workers = 1;
   DataLoader dl(idx, cfg, AugmentConfig{}, true);

@@ -1,10 +1,10 @@
 #pragma once
 // Small helpers shared by the data tests: scratch folders and file writers.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "test_paths.h"
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <initializer_list>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <sstream>
@@ -93,10 +93,15 @@ const Object* find_object(const std::string& kind, const std::string& ns, const 
 // Kubernetes quantities as plain numbers: "14", "500m", "256Gi", "2G".
 double quantity(const YAML::Node& node) {
   const std::string s = node.as<std::string>("");
-  static const std::vector<std::pair<std::string, double>> kSuffixes = {
-      {"Ki", 1024.0}, {"Mi", 1024.0 * 1024}, {"Gi", 1024.0 * 1024 * 1024}, {"Ti", 1024.0 * 1024 * 1024 * 1024},
-      {"k", 1e3},     {"M", 1e6},            {"G", 1e9},                   {"T", 1e12},
-      {"m", 1e-3}};
+  static const std::vector<std::pair<std::string, double>> kSuffixes = {{"Ki", 1024.0},
+                                                                        {"Mi", 1024.0 * 1024},
+                                                                        {"Gi", 1024.0 * 1024 * 1024},
+                                                                        {"Ti", 1024.0 * 1024 * 1024 * 1024},
+                                                                        {"k", 1e3},
+                                                                        {"M", 1e6},
+                                                                        {"G", 1e9},
+                                                                        {"T", 1e12},
+                                                                        {"m", 1e-3}};
   for (const auto& [suffix, scale] : kSuffixes) {
     if (s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0) {
       return std::stod(s.substr(0, s.size() - suffix.size())) * scale;
@@ -328,8 +333,7 @@ TEST(DeployManifests, QuotadIsOneReplicaRecreateWithHealthProbes) {
   EXPECT_TRUE(secret->node["stringData"][tokens_file.substr(tokens_dir.size() + 1)].IsDefined());
   const Object* state = find_object("PersistentVolumeClaim", "yolo8-system", "quotad-state");
   ASSERT_NE(state, nullptr);
-  EXPECT_EQ(strings(state->node["spec"]["accessModes"]),
-            std::vector<std::string>{"ReadWriteOnce"});
+  EXPECT_EQ(strings(state->node["spec"]["accessModes"]), std::vector<std::string>{"ReadWriteOnce"});
 
   // The Service reaches the pod on the port the Jobs use.
   const Object* svc = find_object("Service", "yolo8-system", "quotad");
@@ -376,8 +380,7 @@ TEST(DeployManifests, IndexedJobDerivesRanksFromTheCompletionIndex) {
   // Every rank reads the checkpoint rank 0 wrote.
   const Object* runs = find_object("PersistentVolumeClaim", job->ns(), "yolo8-runs");
   ASSERT_NE(runs, nullptr);
-  EXPECT_EQ(strings(runs->node["spec"]["accessModes"]),
-            std::vector<std::string>{"ReadWriteMany"});
+  EXPECT_EQ(strings(runs->node["spec"]["accessModes"]), std::vector<std::string>{"ReadWriteMany"});
 }
 
 TEST(DeployManifests, PriorityClassesFollowThePolicyPriorities) {

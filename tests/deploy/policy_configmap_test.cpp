@@ -4,9 +4,8 @@
 
 #include <string>
 
-#include "test_paths.h"
-
 #include "quota/core/policy.h"
+#include "test_paths.h"
 
 namespace yolo8 {
 namespace {
@@ -14,8 +13,7 @@ namespace {
 TEST(DeployPolicy, ConfigMapPolicyLoadsInQuotad) {
   const std::string file = std::string(test::kSourceDir) + "/deploy/k8s/quotad/configmap-policy.yaml";
   const YAML::Node cm = YAML::LoadFile(file);
-  const quota::Policy policy =
-      quota::load_policy_from_string(cm["data"]["quota-policy.yaml"].as<std::string>(), file);
+  const quota::Policy policy = quota::load_policy_from_string(cm["data"]["quota-policy.yaml"].as<std::string>(), file);
   EXPECT_EQ(policy.total_gpus(), 16);
   EXPECT_EQ(policy.emergency_pool_gpus(), 3);  // the yolo8-emergency ClusterQueue's nominalQuota
   ASSERT_EQ(policy.teams.count("team-cv"), 1u);

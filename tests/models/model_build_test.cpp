@@ -22,7 +22,7 @@ std::string models_dir() { return std::string(test::kSourceDir) + "/configs/mode
 struct CountCase {
   const char* name;
   int64_t params;
-  double gflops;  // Ultralytics' figure at 640 (fused model)
+  double gflops;   // Ultralytics' figure at 640 (fused model)
   int64_t layers;  // Ultralytics' module count before fusion
 };
 void PrintTo(const CountCase& c, std::ostream* os) { *os << c.name; }
@@ -48,8 +48,10 @@ TEST_P(ParamCount, MatchesUltralytics) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllScales, ParamCount,
-                         ::testing::Values(CountCase{"yolov8n.yaml", 3157200, 8.7, 225}, CountCase{"yolov8s.yaml", 11166560, 28.6, 225},
-                                           CountCase{"yolov8m.yaml", 25902640, 78.9, 295}, CountCase{"yolov8l.yaml", 43691520, 165.2, 365},
+                         ::testing::Values(CountCase{"yolov8n.yaml", 3157200, 8.7, 225},
+                                           CountCase{"yolov8s.yaml", 11166560, 28.6, 225},
+                                           CountCase{"yolov8m.yaml", 25902640, 78.9, 295},
+                                           CountCase{"yolov8l.yaml", 43691520, 165.2, 365},
                                            CountCase{"yolov8x.yaml", 68229648, 257.8, 365}),
                          [](const auto& info) { return std::string(info.param.name).substr(0, 7); });
 

@@ -109,19 +109,23 @@ TEST(ModelYaml, ErrorsNameFileAndLine) {
   EXPECT_NE(msg.find("bad_module.yaml:4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Foo"), std::string::npos) << msg;
 
-  const std::string bad_from = write_tmp("bad_from.yaml", "nc: 3\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\n"
-                                                          "head:\n  - [[0, 5], 1, Detect, [nc]]\n");
+  const std::string bad_from = write_tmp("bad_from.yaml",
+                                         "nc: 3\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\n"
+                                         "head:\n  - [[0, 5], 1, Detect, [nc]]\n");
   msg = error_of([&] { build_model(bad_from); });
   EXPECT_NE(msg.find("bad_from.yaml:5"), std::string::npos) << msg;
 
-  const std::string bad_scale = write_tmp("yolov8q.yaml", "nc: 3\nscales:\n  n: [0.33, 0.25, 1024]\n"
-                                                          "backbone:\n  - [-1, 1, Conv, [16, 3, 2]]\nhead:\n  - [[0], 1, Detect, [nc]]\n");
+  const std::string bad_scale =
+      write_tmp("yolov8q.yaml",
+                "nc: 3\nscales:\n  n: [0.33, 0.25, 1024]\n"
+                "backbone:\n  - [-1, 1, Conv, [16, 3, 2]]\nhead:\n  - [[0], 1, Detect, [nc]]\n");
   EXPECT_NO_THROW(build_model(bad_scale));
   msg = error_of([&] { build_model(YAML::LoadFile(bad_scale), bad_scale, "m"); });
   EXPECT_NE(msg.find("scale 'm'"), std::string::npos) << msg;
 
-  const std::string bad_arg = write_tmp("bad_arg.yaml", "nc: 3\nbackbone:\n  - [-1, 1, Conv, [sixteen, 3, 2]]\n"
-                                                        "head:\n  - [[0], 1, Detect, [nc]]\n");
+  const std::string bad_arg = write_tmp("bad_arg.yaml",
+                                        "nc: 3\nbackbone:\n  - [-1, 1, Conv, [sixteen, 3, 2]]\n"
+                                        "head:\n  - [[0], 1, Detect, [nc]]\n");
   msg = error_of([&] { build_model(bad_arg); });
   EXPECT_NE(msg.find("bad_arg.yaml:3"), std::string::npos) << msg;
 
@@ -134,9 +138,10 @@ TEST(ModelYaml, ErrorsNameFileAndLine) {
 }
 
 TEST(ModelYaml, RepeatedPlainLayersNestLikeSequential) {
-  const std::string path = write_tmp("repeat.yaml", "nc: 2\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\n"
-                                                    "  - [-1, 2, Conv, [16, 3, 1]]\n  - [-1, 1, Conv, [32, 3, 2]]\n"
-                                                    "head:\n  - [[1, 2], 1, Detect, [nc]]\n");
+  const std::string path = write_tmp("repeat.yaml",
+                                     "nc: 2\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\n"
+                                     "  - [-1, 2, Conv, [16, 3, 1]]\n  - [-1, 1, Conv, [32, 3, 2]]\n"
+                                     "head:\n  - [[1, 2], 1, Detect, [nc]]\n");
   auto model = build_model(path);
   bool found = false;
   for (const auto& p : model->named_parameters()) found |= p.key() == "model.1.1.conv.weight";

@@ -1,8 +1,8 @@
 // The pickle reader on plain Python values (bytes written by CPython's pickle, protocols 2 and 4).
+#include "models/pickle_reader.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include "models/pickle_reader.h"
 
 namespace yolo8::pickle {
 namespace {
@@ -31,9 +31,7 @@ const std::string kProto4(
     "\x2e",
     145);
 
-torch::Tensor no_storage(const std::string&, c10::ScalarType, int64_t) {
-  throw std::runtime_error("no storages here");
-}
+torch::Tensor no_storage(const std::string&, c10::ScalarType, int64_t) { throw std::runtime_error("no storages here"); }
 
 void check_values(const ValuePtr& root) {
   ASSERT_EQ(root->kind, Kind::kDict);
@@ -71,9 +69,13 @@ TEST(PickleReader, MalformedInputThrows) {
     EXPECT_THROW(unpickle(kProto2.substr(0, cut), no_storage), std::runtime_error) << cut;
   }
   EXPECT_THROW(unpickle(std::string("\x80\x02h\x07.", 5), no_storage), std::runtime_error);  // memo never set
-  EXPECT_THROW(unpickle(std::string("\x80\x02X\xff\xff\xff\x7f" "ab.", 10), no_storage), std::runtime_error);
+  EXPECT_THROW(unpickle(std::string("\x80\x02X\xff\xff\xff\x7f"
+                                    "ab.",
+                                    10),
+                        no_storage),
+               std::runtime_error);
   EXPECT_THROW(unpickle(std::string("\x80\x02\xff.", 4), no_storage), std::runtime_error);  // unknown opcode
-  EXPECT_THROW(unpickle(std::string("\x80\x02u.", 4), no_storage), std::runtime_error);      // SETITEMS, no mark
+  EXPECT_THROW(unpickle(std::string("\x80\x02u.", 4), no_storage), std::runtime_error);     // SETITEMS, no mark
 }
 
 TEST(PickleReader, DeepNestingDoesNotOverflow) {

@@ -1,11 +1,12 @@
 // Export/import of state dicts, load_model entry points, clear errors for files that are not YOLOv8 detectors.
+#include "models/weights.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <fstream>
 
 #include "golden_util.h"
-#include "models/weights.h"
 
 namespace yolo8 {
 namespace {
@@ -13,7 +14,8 @@ namespace {
 std::string tmp_path(const std::string& name) { return std::string(test::kBinaryDir) + "/" + name; }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string error_of(const std::function<void()>& fn) {

@@ -1,5 +1,7 @@
 #include "trainer/app/auto_batch_profile.h"
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -7,16 +9,14 @@
 #include <iostream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "models/model_yaml.h"
+#include "trainer/app/profile_mode.h"
+#include "trainer/app/run_dir.h"
+#include "trainer/app/threads.h"
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
-#include "trainer/app/profile_mode.h"
 #include "trainer/core/synthetic_step.h"
-#include "trainer/app/run_dir.h"
-#include "trainer/app/threads.h"
 
 namespace yolo8 {
 namespace fs = std::filesystem;
@@ -96,7 +96,8 @@ std::string format_auto_batch_profile(const std::vector<AutoBatchProfileRow>& ro
   std::ostringstream out;
   char line[256];
   std::snprintf(line, sizeof(line), "%-10s %10s %6s %6s %12s %12s %12s %8s %8s %5s %9s\n", "variant", "budget GiB",
-                "batch", "accum", "predict GiB", "verify GiB", "confirm GiB", "% budget", "retries", "OOMs", "images/s");
+                "batch", "accum", "predict GiB", "verify GiB", "confirm GiB", "% budget", "retries", "OOMs",
+                "images/s");
   out << line;
   for (const auto& row : rows) {
     if (!row.fits) {
@@ -116,7 +117,7 @@ std::string format_auto_batch_profile(const std::vector<AutoBatchProfileRow>& ro
 }
 
 std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings,
-                                                         const std::vector<std::string>& variants) {
+                                                        const std::vector<std::string>& variants) {
   configure_threads(settings);
   const torch::Device device = profile_device(settings);
   const double budget = memory_budget_bytes(settings, device);

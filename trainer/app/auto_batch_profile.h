@@ -2,10 +2,10 @@
 // `yolo8 profile variants=n,s,m,l,x imgsz=640 batch=auto gpu_mem=24`: what batch=auto picks for each variant under
 // one memory budget, and whether it holds. On synthetic batches, so it runs on a bare GPU machine.
 
+#include <torch/torch.h>
+
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "trainer/app/settings.h"
 
@@ -13,10 +13,10 @@ namespace yolo8 {
 
 struct AutoBatchProfileRow {
   std::string variant;
-  bool fits = false;           // false: not even batch 1 fits the budget
+  bool fits = false;  // false: not even batch 1 fits the budget
   int batch = 0;
   int accumulate = 1;
-  double budget_bytes = 0;     // the budget the batch was sized to (after the batch fraction)
+  double budget_bytes = 0;  // the budget the batch was sized to (after the batch fraction)
   double predicted_peak_bytes = 0;
   double verified_peak_bytes = 0;   // auto-batch's own verification step
   double confirmed_peak_bytes = 0;  // three more training steps and a validation at twice the batch
@@ -28,7 +28,7 @@ struct AutoBatchProfileRow {
 // Sizes, verifies and confirms the batch for each variant; prints a table and writes auto_batch.json into a run
 // folder under `project/profile`. The budget is gpu_mem GiB (else the device's memory) and is enforced as a cap.
 std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings,
-                                                         const std::vector<std::string>& variants);
+                                                        const std::vector<std::string>& variants);
 
 std::string format_auto_batch_profile(const std::vector<AutoBatchProfileRow>& rows);
 

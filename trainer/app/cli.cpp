@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "trainer/app/commands.h"
-#include "trainer/core/exit_codes.h"
 #include "trainer/app/settings.h"
+#include "trainer/core/exit_codes.h"
 
 #ifndef YOLO8_VERSION
 #define YOLO8_VERSION "dev"
@@ -25,26 +25,36 @@ struct ModeInfo {
 
 const std::vector<ModeInfo>& modes() {
   static const std::vector<ModeInfo> kModes = {
-      {"train", "train a detector (asks the quota service for a GPU lease first)",
+      {"train",
+       "train a detector (asks the quota service for a GPU lease first)",
        "yolo8 train data=d.yaml model=yolov8s.yaml epochs=100 batch=16 device=0 name=defect-v3",
-       {"data", "model", "epochs", "batch", "imgsz", "device", "workers", "name", "resume", "pretrained",
-        "optimizer", "lr0", "patience", "quota", "team", "priority", "gpu_mem"}},
-      {"val", "validate weights on a dataset split and print the metrics table",
+       {"data", "model", "epochs", "batch", "imgsz", "device", "workers", "name", "resume", "pretrained", "optimizer",
+        "lr0", "patience", "quota", "team", "priority", "gpu_mem"}},
+      {"val",
+       "validate weights on a dataset split and print the metrics table",
        "yolo8 val model=runs/train/exp/weights/best.pt data=d.yaml",
        {"model", "data", "split", "imgsz", "batch", "conf", "iou", "max_det", "save_json", "plots"}},
-      {"predict", "detect objects in an image or a folder; saves annotated images and YOLO txt",
+      {"predict",
+       "detect objects in an image or a folder; saves annotated images and YOLO txt",
        "yolo8 predict model=best.pt source=images/ conf=0.25",
        {"model", "source", "imgsz", "conf", "iou", "max_det", "classes", "save_txt", "save_conf", "line_width"}},
-      {"export", "write the weights in another format",
-       "yolo8 export model=best.pt format=state_dict out=best_state_dict.pt", {"model", "format", "out"}},
-      {"info", "print a model's layers, parameters and GFLOPs at 640",
-       "yolo8 info model=yolov8m.yaml", {"model", "imgsz"}},
+      {"export",
+       "write the weights in another format",
+       "yolo8 export model=best.pt format=state_dict out=best_state_dict.pt",
+       {"model", "format", "out"}},
+      {"info",
+       "print a model's layers, parameters and GFLOPs at 640",
+       "yolo8 info model=yolov8m.yaml",
+       {"model", "imgsz"}},
       {"profile",
        "measure peak memory and speed of training steps on synthetic batches; variants=n,s,m,l,x profiles "
        "several models; batch=auto gpu_mem=G shows the batch each one gets under a G GiB budget",
-       "yolo8 profile model=yolov8s.yaml imgsz=640 batch=1,2,4,8,16", {"model", "imgsz", "batch", "device", "gpu_mem"}},
-      {"data", "dataset tools: `data check data=d.yaml`, `data synth out=DIR train=N val=M imgsz=S seed=K`",
-       "yolo8 data check data=datasets/defects/data.yaml", {"data", "imgsz", "seed", "out", "workers"}},
+       "yolo8 profile model=yolov8s.yaml imgsz=640 batch=1,2,4,8,16",
+       {"model", "imgsz", "batch", "device", "gpu_mem"}},
+      {"data",
+       "dataset tools: `data check data=d.yaml`, `data synth out=DIR train=N val=M imgsz=S seed=K`",
+       "yolo8 data check data=datasets/defects/data.yaml",
+       {"data", "imgsz", "seed", "out", "workers"}},
   };
   return kModes;
 }
@@ -119,16 +129,16 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       throw SettingsError("expected key=value or --key value, got '" + word + "'");
     }
     const std::string key = normalise_key(body);
-    const bool has_next = index + 1 < args.size() && !looks_like_flag(args[index + 1]) &&
-                          args[index + 1].find('=') == std::string::npos;
+    const bool has_next =
+        index + 1 < args.size() && !looks_like_flag(args[index + 1]) && args[index + 1].find('=') == std::string::npos;
     if (!has_next) {
       // A bare --flag switches a boolean on.
       if (!is_bool_setting(key)) throw SettingsError("setting '" + key + "' needs a value: --" + key + " VALUE");
       command.pairs.emplace_back(key, "true");
     } else if (is_bool_setting(key)) {
       const std::string next = args[index + 1];
-      const bool next_is_bool = next == "true" || next == "false" || next == "True" || next == "False" ||
-                                next == "0" || next == "1";
+      const bool next_is_bool =
+          next == "true" || next == "false" || next == "True" || next == "False" || next == "0" || next == "1";
       command.pairs.emplace_back(key, next_is_bool ? next : "true");
       if (next_is_bool) ++index;
     } else {
@@ -148,9 +158,8 @@ std::string usage_text(const std::string& mode_name) {
       for (const auto& info : setting_infos()) {
         if (info.name != key) continue;
         std::string value = get_setting(defaults, key);
-        out << "  " << key << std::string(key.size() < 16 ? 16 - key.size() : 1, ' ')
-            << (value.empty() ? "-" : value) << std::string(value.size() < 14 ? 14 - value.size() : 1, ' ')
-            << info.help << "\n";
+        out << "  " << key << std::string(key.size() < 16 ? 16 - key.size() : 1, ' ') << (value.empty() ? "-" : value)
+            << std::string(value.size() < 14 ? 14 - value.size() : 1, ' ') << info.help << "\n";
       }
     }
     return out.str();
@@ -161,8 +170,8 @@ std::string usage_text(const std::string& mode_name) {
     for (const auto& info : setting_infos()) {
       const std::string value = get_setting(defaults, info.name);
       out << "  " << info.name << std::string(info.name.size() < 16 ? 16 - info.name.size() : 1, ' ')
-          << (value.empty() ? "-" : value) << std::string(value.size() < 14 ? 14 - value.size() : 1, ' ')
-          << info.help << "\n";
+          << (value.empty() ? "-" : value) << std::string(value.size() < 14 ? 14 - value.size() : 1, ' ') << info.help
+          << "\n";
     }
     return out.str();
   }

@@ -11,7 +11,7 @@ struct CommandLine {
   std::string mode;    // train, val, predict, export, info, profile, data, help, version
   std::string action;  // the word after `data` (check, synth)
   std::vector<std::pair<std::string, std::string>> pairs;  // key=value and --key value, in order
-  bool help = false;   // MODE --help
+  bool help = false;                                       // MODE --help
   std::vector<std::string> args;  // the words as given (a multi-GPU launch re-runs them once per GPU)
 };
 

@@ -11,12 +11,12 @@
 #include "models/weights.h"
 #include "trainer/app/auto_batch_profile.h"
 #include "trainer/app/launcher.h"
-#include "trainer/core/distributed.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
-#include "trainer/core/exit_codes.h"
 #include "trainer/app/profile_mode.h"
 #include "trainer/app/settings.h"
+#include "trainer/core/distributed.h"
+#include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
 namespace {

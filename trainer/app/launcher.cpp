@@ -67,7 +67,7 @@ int launch_local_workers(const std::vector<int>& device_ids, const std::vector<s
 
   // Everything a child needs is built before fork(): only async-signal-safe calls happen in the child.
   std::vector<std::string> base_env;
-  const std::vector<std::string> replaced = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+  const std::vector<std::string> replaced = {"RANK",        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                              "MASTER_ADDR", "MASTER_PORT"};
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string line(*entry);
@@ -104,7 +104,8 @@ int launch_local_workers(const std::vector<int>& device_ids, const std::vector<s
   struct sigaction action {};
   action.sa_handler = remember_signal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_term {}, old_int {};
+  struct sigaction old_term {
+  }, old_int{};
   g_forward_signal.store(0);
   ::sigaction(SIGTERM, &action, &old_term);
   ::sigaction(SIGINT, &action, &old_int);

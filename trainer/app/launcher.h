@@ -9,9 +9,9 @@
 namespace yolo8 {
 
 struct LaunchOptions {
-  std::string executable;                     // empty: the current binary (/proc/self/exe)
+  std::string executable;                        // empty: the current binary (/proc/self/exe)
   std::map<std::string, std::string> extra_env;  // set in every child besides the rank variables
-  int master_port = 0;                        // 0: a free port on 127.0.0.1
+  int master_port = 0;                           // 0: a free port on 127.0.0.1
   // After a child fails (exit code neither 0 nor 75), the others get SIGTERM, then SIGKILL after this.
   std::chrono::milliseconds failure_grace{std::chrono::seconds(30)};
   // 0: none. Otherwise every child is killed after this long and the result is a failure.

@@ -1,10 +1,11 @@
 #include "trainer/app/lease.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <unistd.h>
 
 #include "quota/core/policy.h"
 #include "trainer/core/stop_signal.h"
@@ -36,10 +37,9 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.justification = settings.lease.justification;
   request.idempotency_key = job_name + "-" + std::to_string(getpid()) + "-" +
                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::cout << "Asking "
-            << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
-            << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model
-            << ", " << request.gpus << " GPU, priority " << settings.lease.priority << "\n";
+  std::cout << "Asking " << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
+            << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model << ", "
+            << request.gpus << " GPU, priority " << settings.lease.priority << "\n";
   const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
     // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
     if (stop_requested()) throw StoppedWhileWaiting();

@@ -11,9 +11,9 @@
 #include <iostream>
 #include <thread>
 
-#include "trainer/core/autocast.h"
 #include "trainer/app/plots.h"
 #include "trainer/app/progress.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/stop_signal.h"
 
 namespace yolo8::app {
@@ -25,8 +25,8 @@ std::vector<ImageGeometry> batch_geometry(const data::Batch& batch) {
   const torch::Tensor ratio_pad = batch.ratio_pad.to(torch::kDouble).contiguous();
   const auto rows = ratio_pad.accessor<double, 2>();
   for (size_t i = 0; i < batch.orig_shapes.size(); ++i) {
-    geometry.push_back({batch.orig_shapes[i].first, batch.orig_shapes[i].second, rows[i][0], rows[i][1], rows[i][2],
-                        rows[i][3]});
+    geometry.push_back(
+        {batch.orig_shapes[i].first, batch.orig_shapes[i].second, rows[i][0], rows[i][1], rows[i][2], rows[i][3]});
   }
   return geometry;
 }
@@ -43,9 +43,7 @@ void warn_plot_failed(const std::string& what, const std::exception& error) {
   std::cerr << "warning: could not plot " << what << ": " << error.what() << "\n";
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 torch::Device pick_device(const Settings& settings) {
   const std::vector<int> ids = settings.device_ids();
@@ -144,4 +142,3 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 }
 
 }  // namespace yolo8::app
-

@@ -100,8 +100,8 @@ std::string resolve_resume_checkpoint(const Settings& settings) {
                                (settings.name.empty() ? std::string("train") : settings.name) / "weights" / "last.pt";
     std::string error;
     if (fs::exists(candidate) && checkpoint_readable(candidate.string(), &error)) return candidate.string();
-    if (fs::exists(candidate)) std::cout << "resume=auto: " << candidate.string() << " is not resumable (" << error
-                                         << "); starting fresh\n";
+    if (fs::exists(candidate))
+      std::cout << "resume=auto: " << candidate.string() << " is not resumable (" << error << "); starting fresh\n";
     return "";
   }
   const std::string path = resume == "true" ? latest_last_checkpoint(settings.project, "train").string() : resume;

@@ -12,15 +12,15 @@
 #include <sstream>
 
 #include "data/synth.h"
+#include "trainer/app/mode_support.h"
+#include "trainer/app/run_dir.h"
+#include "trainer/app/threads.h"
+#include "trainer/app/train_run.h"
 #include "trainer/core/autocast.h"
 #include "trainer/core/checkpoint.h"
-#include "trainer/app/mode_support.h"
-#include "trainer/app/threads.h"
 #include "trainer/core/exit_codes.h"
-#include "trainer/detect/nms.h"
-#include "trainer/app/run_dir.h"
-#include "trainer/app/train_run.h"
 #include "trainer/core/train_step.h"
+#include "trainer/detect/nms.h"
 
 namespace yolo8 {
 namespace fs = std::filesystem;
@@ -70,7 +70,7 @@ int run_val(const Settings& settings) {
 namespace {
 
 cv::Scalar class_colour(int64_t cls) {
-  static const int kPalette[][3] = {{56, 56, 255}, {151, 157, 255}, {31, 112, 255}, {29, 178, 255},
+  static const int kPalette[][3] = {{56, 56, 255},  {151, 157, 255}, {31, 112, 255}, {29, 178, 255},
                                     {49, 210, 207}, {10, 249, 72},   {23, 204, 146}, {134, 219, 61},
                                     {52, 147, 26},  {187, 212, 0},   {168, 153, 44}, {255, 194, 0}};
   const auto& c = kPalette[cls % 12];
@@ -149,13 +149,14 @@ int run_predict(const Settings& settings) {
       for (int cls : settings.classes) keep |= detections.select(1, 5) == cls;
       detections = detections.index({keep});
     }
-    const ImageGeometry geometry{image.rows, image.cols, info.ratio, info.ratio, static_cast<double>(info.left),
-                                 static_cast<double>(info.top)};
+    const ImageGeometry geometry{
+        image.rows, image.cols, info.ratio, info.ratio, static_cast<double>(info.left), static_cast<double>(info.top)};
     detections = boxes_to_original(detections, geometry);
     total_detections += detections.size(0);
     cv::Mat drawn = image.clone();
-    const int thickness = settings.line_width > 0 ? settings.line_width
-                                                  : std::max(1, static_cast<int>(std::lround((image.rows + image.cols) * 0.002)));
+    const int thickness = settings.line_width > 0
+                              ? settings.line_width
+                              : std::max(1, static_cast<int>(std::lround((image.rows + image.cols) * 0.002)));
     std::ofstream txt;
     if (settings.save_txt) txt.open(run_dir / "labels" / (fs::path(file).stem().string() + ".txt"));
     const auto rows = detections.accessor<float, 2>();
@@ -178,7 +179,8 @@ int run_predict(const Settings& settings) {
                     cv::LINE_AA);
       }
       if (txt) {
-        const double cx = (rows[k][0] + rows[k][2]) / 2.0 / image.cols, cy = (rows[k][1] + rows[k][3]) / 2.0 / image.rows;
+        const double cx = (rows[k][0] + rows[k][2]) / 2.0 / image.cols,
+                     cy = (rows[k][1] + rows[k][3]) / 2.0 / image.rows;
         const double w = (rows[k][2] - rows[k][0]) / image.cols, h = (rows[k][3] - rows[k][1]) / image.rows;
         txt << cls << " " << std::setprecision(6) << cx << " " << cy << " " << w << " " << h;
         if (settings.save_conf) txt << " " << rows[k][4];
@@ -201,13 +203,11 @@ int run_data_check(const Settings& settings) {
 
 int run_data_synth(const std::string& out, int train_images, int val_images, int imgsz, uint64_t seed) {
   if (out.empty()) throw SettingsError("setting 'out' is required: yolo8 data synth out=DIR train=N val=M");
-  const data::SynthResult result =
-      data::synthesize_dataset(out, train_images, val_images, imgsz, seed);
+  const data::SynthResult result = data::synthesize_dataset(out, train_images, val_images, imgsz, seed);
   std::cout << "Wrote " << result.train_images << " training images (" << result.train_instances << " objects) and "
-            << result.val_images << " validation images (" << result.val_instances << " objects): "
-            << result.yaml_path << "\n";
+            << result.val_images << " validation images (" << result.val_instances << " objects): " << result.yaml_path
+            << "\n";
   return kExitCompleted;
 }
 
 }  // namespace yolo8
-

@@ -1,6 +1,10 @@
 
 #include "trainer/app/plots.h"
 
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -8,9 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -917,4 +918,3 @@ void plot_validation(const std::string& save_dir, const ApPerClass& stats, const
 }
 
 }  // namespace yolo8
-

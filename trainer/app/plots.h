@@ -8,9 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/detect/metrics.h"
-
 #include "data/dataset.h"
+#include "trainer/detect/metrics.h"
 
 namespace yolo8 {
 
@@ -84,6 +83,5 @@ torch::Tensor detections_to_mosaic_rows(const std::vector<torch::Tensor>& detect
 // confusion_matrix_normalized.png.
 void plot_validation(const std::string& save_dir, const ApPerClass& stats, const torch::Tensor& confusion,
                      const std::vector<std::string>& names);
-
 
 }  // namespace yolo8

@@ -68,8 +68,8 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
     const std::string& variant = variants[v];
     const ModelConfig config = load_model_config(variant, 80);
     SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
-    const std::vector<StepProfile> rows =
-        profile_steps(meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz);
+    const std::vector<StepProfile> rows = profile_steps(
+        meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz);
     std::cout << format_profile_table(variant, rows) << std::flush;
     json += (v ? "," : "") + profile_json(variant, device.str(), rows);
     bool any_fit = false;

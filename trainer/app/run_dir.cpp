@@ -8,8 +8,7 @@
 namespace yolo8 {
 namespace fs = std::filesystem;
 
-fs::path make_run_dir(const std::string& project, const std::string& mode, const std::string& name,
-                      bool exist_ok) {
+fs::path make_run_dir(const std::string& project, const std::string& mode, const std::string& name, bool exist_ok) {
   const std::string base_name = name.empty() ? mode : name;
   const fs::path parent = fs::path(project) / mode;
   fs::path dir = parent / base_name;

@@ -20,7 +20,10 @@ template <typename T>
 using Accessor = T& (*)(Settings&);
 using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Accessor<uint64_t>, Accessor<double>,
                             Accessor<std::string>, Accessor<std::vector<int>>, Accessor<data::CacheMode>>;
-#define YOLO8_FIELD(path) +[](Settings& s) -> auto& { return s.path; }
+#define YOLO8_FIELD(path)      \
+  +[](Settings & s) -> auto& { \
+    return s.path;             \
+  }
 
 // May change when a run resumes: where and how fast it runs, what it prints. Everything else (the recipe, the
 // data, the model) comes from the checkpoint.
@@ -45,14 +48,14 @@ const std::vector<Entry>& entries() {
       {"epochs", YOLO8_FIELD(epochs), "number of epochs to train"},
       {"time", YOLO8_FIELD(time), "hours to train; overrides epochs when > 0"},
       {"patience", YOLO8_FIELD(patience), "epochs without fitness improvement before stopping early"},
-      {"batch", YOLO8_FIELD(batch),
-       "images per batch; -1 or auto fits the memory budget; 0.7 uses 70% of it", kResumable},
+      {"batch", YOLO8_FIELD(batch), "images per batch; -1 or auto fits the memory budget; 0.7 uses 70% of it",
+       kResumable},
       {"imgsz", YOLO8_FIELD(loader.imgsz), "training and validation image size in pixels"},
       {"save", YOLO8_FIELD(save), "save checkpoints and predictions"},
       {"save_period", YOLO8_FIELD(save_period), "save a checkpoint every N epochs; -1 disables"},
       {"cache", YOLO8_FIELD(loader.cache), "cache decoded images: false, ram or disk"},
-      {"device", YOLO8_FIELD(device),
-       "cpu, a CUDA device 0, or several 0,1 (one process each); empty = auto", kResumable},
+      {"device", YOLO8_FIELD(device), "cpu, a CUDA device 0, or several 0,1 (one process each); empty = auto",
+       kResumable},
       {"workers", YOLO8_FIELD(loader.workers), "data loading threads (per process)", kResumable},
       {"project", YOLO8_FIELD(project), "folder holding the run folders"},
       {"name", YOLO8_FIELD(name), "run folder name; empty = the mode's name, incremented"},
@@ -116,17 +119,17 @@ const std::vector<Entry>& entries() {
       {"mixup", YOLO8_FIELD(augment.mixup), "mixup probability"},
       {"quota", YOLO8_FIELD(lease.quota),
        "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable},
-      {"quota_db", YOLO8_FIELD(lease.quota_db),
-       "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db", kResumable},
-      {"quota_token", YOLO8_FIELD(lease.quota_token),
-       "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN", kResumable},
+      {"quota_db", YOLO8_FIELD(lease.quota_db), "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db",
+       kResumable},
+      {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
+       kResumable},
       {"team", YOLO8_FIELD(lease.team), "team the lease is charged to"},
       {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER"},
       {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)"},
       {"preemptible", YOLO8_FIELD(lease.preemptible), "allow a higher-priority job to preempt this run"},
       {"justification", YOLO8_FIELD(lease.justification), "why a large model or critical priority is needed"},
-      {"gpu_mem", YOLO8_FIELD(lease.gpu_mem),
-       "memory budget in GiB per GPU when quota=off; 0 = the whole device", kResumable},
+      {"gpu_mem", YOLO8_FIELD(lease.gpu_mem), "memory budget in GiB per GPU when quota=off; 0 = the whole device",
+       kResumable},
       {"threads", YOLO8_FIELD(threads), "CPU threads for tensor math; 0 = all cores", kResumable},
       {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)"},
       {"cfg", YOLO8_FIELD(cfg), "YAML file of settings applied before the command line"},
@@ -177,8 +180,7 @@ int parse_int(const std::string& key, const std::string& value, const std::strin
   try {
     size_t used = 0;
     const long long parsed = std::stoll(value, &used);
-    if (used != value.size() || parsed < std::numeric_limits<int>::min() ||
-        parsed > std::numeric_limits<int>::max()) {
+    if (used != value.size() || parsed < std::numeric_limits<int>::min() || parsed > std::numeric_limits<int>::max()) {
       throw std::invalid_argument(value);
     }
     return static_cast<int>(parsed);
@@ -329,8 +331,7 @@ std::vector<int> parse_device_ids(const std::string& device) {
     const bool digits = !token.empty() && token.size() <= 6 &&
                         std::all_of(token.begin(), token.end(), [](unsigned char c) { return std::isdigit(c); });
     if (!digits) {
-      throw SettingsError("setting 'device' must be cpu, a GPU index like 0, or a list like 0,1; got '" + device +
-                          "'");
+      throw SettingsError("setting 'device' must be cpu, a GPU index like 0, or a list like 0,1; got '" + device + "'");
     }
     ids.push_back(std::stoi(token));
   }
@@ -434,8 +435,7 @@ std::vector<std::string> closest_setting_names(const std::string& key) {
     const size_t limit = std::max<size_t>(2, std::max(key.size(), name.size()) / 3);
     if (distance <= limit) scored.emplace_back(distance, name);
   }
-  std::stable_sort(scored.begin(), scored.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> names;
   for (size_t i = 0; i < scored.size() && i < 3; ++i) names.push_back(scored[i].second);
   return names;
@@ -522,8 +522,7 @@ void validate(Settings& settings) {
   if (!settings.freeze.empty()) parse_int_list("freeze", settings.freeze, "setting");
 }
 
-Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs,
-                          const std::string& mode) {
+Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& mode) {
   Settings settings;
   settings.mode = mode;
   for (const auto& [key, value] : pairs) {

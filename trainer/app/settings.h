@@ -149,8 +149,7 @@ Settings merge_resumed_settings(const Settings& saved, const Settings& requested
 void validate(Settings& settings);
 
 // defaults < cfg=FILE (from the pairs or explicit) < the key=value pairs, then validate.
-Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs,
-                          const std::string& mode);
+Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& mode);
 
 // args.yaml text: every setting, one per line.
 std::string settings_to_yaml(const Settings& settings);

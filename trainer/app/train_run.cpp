@@ -10,11 +10,11 @@
 #include <iomanip>
 #include <iostream>
 
-#include "trainer/core/checkpoint.h"
-#include "trainer/core/exit_codes.h"
 #include "trainer/app/plots.h"
 #include "trainer/app/profile_mode.h"
 #include "trainer/app/threads.h"
+#include "trainer/core/checkpoint.h"
+#include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
 namespace fs = std::filesystem;
@@ -128,9 +128,8 @@ void TrainingRun::build_models() {
 
 // The lease comes before the batch: its memory is the budget the batch is sized to.
 std::optional<int> TrainingRun::acquire_lease() {
-  const std::string job_name = run_dir_.empty()
-                                   ? (settings_.name.empty() ? std::string("train") : settings_.name)
-                                   : run_dir_.filename().string();
+  const std::string job_name = run_dir_.empty() ? (settings_.name.empty() ? std::string("train") : settings_.name)
+                                                : run_dir_.filename().string();
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
@@ -140,8 +139,8 @@ std::optional<int> TrainingRun::acquire_lease() {
     console_->out() << stopped.what() << "\n";
     return kExitPreempted;
   } catch (const quota::QuotaRefused& refused) {
-    std::string message = "the quota service refused the lease (" + std::to_string(refused.status()) + "): " +
-                          refused.what();
+    std::string message =
+        "the quota service refused the lease (" + std::to_string(refused.status()) + "): " + refused.what();
     if (refused.max_batch() > 0) message += "; at most batch=" + std::to_string(refused.max_batch()) + " fits";
     throw DataError(message);
   }
@@ -159,8 +158,8 @@ void TrainingRun::size_batch() {
     const double budget = memory_budget_bytes(settings_, device_, lease_gib_);
     console_->out() << "batch=" << get_setting(settings_, "batch") << ": sizing the batch to a budget of " << std::fixed
                     << std::setprecision(2) << budget / kBytesPerGib << " GiB\n";
-    const AutoBatchResult chosen = auto_batch_for(model_->config(), settings_, device_, budget,
-                                                  static_cast<int>(train_index_->records.size()));
+    const AutoBatchResult chosen =
+        auto_batch_for(model_->config(), settings_, device_, budget, static_cast<int>(train_index_->records.size()));
     console_->out() << format_auto_batch_summary(chosen) << "\n";
     batch_ = chosen.batch;
   }
@@ -226,7 +225,7 @@ void TrainingRun::build_training_core() {
                     << " (the batch stays " << batch_ << ")\n";
   });
   meta_ = app::CheckpointMeta{settings_to_yaml(settings_), app::yaml_text(model_->config().yaml), names_,
-                                 run_dir_.string()};
+                              run_dir_.string()};
 }
 
 // Weights, optimizer, EMA, counters, scaler and RNG of the checkpoint; an exit code when it already finished.
@@ -254,8 +253,8 @@ std::optional<int> TrainingRun::restore_checkpoint() {
   if (state.batch != batch_) {
     // Nominal batch kept: accumulation and decay follow the new batch; the epoch restarts at its beginning.
     first_batch_ = 0;
-    const BatchPlan plan = core.schedule().change_batch(core.optimizer(), batch_, batches_per_epoch_,
-                                                        start_epoch_ * batches_per_epoch_);
+    const BatchPlan plan =
+        core.schedule().change_batch(core.optimizer(), batch_, batches_per_epoch_, start_epoch_ * batches_per_epoch_);
     console_->out() << "Batch changed " << state.batch << " -> " << batch_ << ": accumulate " << plan.accumulate
                     << ", epoch " << start_epoch_ + 1 << " restarts\n";
   }
@@ -269,9 +268,8 @@ std::optional<int> TrainingRun::restore_checkpoint() {
 
 void TrainingRun::prepare_outputs() {
   if (settings_.plots && is_main_ && resume_path_.empty()) {
-    app::try_plot("labels", [&] {
-      plot_labels((run_dir_ / "labels.jpg").string(), dataset_labels(*train_index_), names_);
-    });
+    app::try_plot("labels",
+                  [&] { plot_labels((run_dir_ / "labels.jpg").string(), dataset_labels(*train_index_), names_); });
   }
   if (is_main_) {
     results_ = std::make_unique<ResultsCsv>(run_dir_ / "results.csv");
@@ -313,17 +311,17 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
     wait_s += seconds_since(wait_start);
     if (settings_.plots && is_main_ && epoch == 0 && batch->index < 3) {
       app::try_plot("training batch", [&] {
-        plot_batch_mosaic((run_dir_ / ("train_batch" + std::to_string(batch->index) + ".jpg")).string(),
-                          batch->images, batch->labels, names_, batch->paths);
+        plot_batch_mosaic((run_dir_ / ("train_batch" + std::to_string(batch->index) + ".jpg")).string(), batch->images,
+                          batch->labels, names_, batch->paths);
       });
     }
     const auto step_start = Clock::now();
     const int64_t i = batch->index;
     const int64_t ni = i + batches_per_epoch_ * epoch;
     // The first epoch guards against running out of memory: the batch is split in two and retried.
-    const StepOutcome outcome =
-        epoch == start_epoch_ ? core_->guarded_step(epoch, ni, batch->images, batch->labels, *oom_guard_)
-                              : core_->step(epoch, ni, batch->images, batch->labels, oom_guard_->passes());
+    const StepOutcome outcome = epoch == start_epoch_
+                                    ? core_->guarded_step(epoch, ni, batch->images, batch->labels, *oom_guard_)
+                                    : core_->step(epoch, ni, batch->images, batch->labels, oom_guard_->passes());
     totals.loss_sum += outcome.loss_items.to(torch::kCPU).to(torch::kDouble);
     ++totals.loss_count;
     step_s += seconds_since(step_start);
@@ -423,9 +421,8 @@ TrainingRun::EpochEnd TrainingRun::end_epoch(int64_t epoch, const EpochTotals& t
     results_->append(row);
   }
   if (settings_.plots && is_main_) {
-    app::try_plot("results", [&] {
-      plot_results_csv((run_dir_ / "results.csv").string(), (run_dir_ / "results.png").string());
-    });
+    app::try_plot("results",
+                  [&] { plot_results_csv((run_dir_ / "results.csv").string(), (run_dir_ / "results.png").string()); });
   }
   if (settings_.save) save_epoch_checkpoints(epoch, improved);
   if (pending_stop_ == StopReason::kNone) pending_stop_ = agree_on_stop(dist_);
@@ -447,8 +444,8 @@ void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, st
   ValConfig val_config;
   val_config.single_cls = settings_.loader.single_cls;
   DetectionValidator validator(nc_, names_, val_config);
-  app::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_,
-                         settings_.channels_last, settings_.amp, "      val");
+  app::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_, settings_.channels_last,
+                      settings_.amp, "      val");
   metrics = validator.results();
   val_loss = validator.mean_loss();
   console_->out() << validator.table();
@@ -489,8 +486,8 @@ int TrainingRun::finish() {
     val_config.single_cls = settings_.loader.single_cls;
     val_config.save_json = settings_.save_json;
     DetectionValidator validator(nc_, names_, val_config);
-    app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,
-                           settings_.amp, "      val", settings_.plots ? run_dir_ : fs::path(), names_);
+    app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last, settings_.amp,
+                        "      val", settings_.plots ? run_dir_ : fs::path(), names_);
     console_->out() << validator.table();
     if (settings_.save_json) validator.write_json((run_dir_ / "predictions.json").string());
     if (settings_.plots) {
@@ -502,8 +499,9 @@ int TrainingRun::finish() {
   lease_->release(quota::Outcome::kCompleted);
   report_cost("completed");
   const double total_s = seconds_since(run_start_);
-  console_->out() << "\n" << settings_.epochs - start_epoch_ << " epochs completed in " << std::fixed
-                  << std::setprecision(3) << total_s / 3600.0 << " hours (" << std::setprecision(1)
+  console_->out() << "\n"
+                  << settings_.epochs - start_epoch_ << " epochs completed in " << std::fixed << std::setprecision(3)
+                  << total_s / 3600.0 << " hours (" << std::setprecision(1)
                   << (train_seconds_ > 0 ? images_seen_ / train_seconds_ : 0)
                   << " training images/s). Results saved to " << run_dir_.string() << "\n";
   return kExitCompleted;
@@ -570,4 +568,3 @@ int TrainingRun::exit_after_stop() {
 }
 
 }  // namespace yolo8
-

@@ -6,8 +6,8 @@
 
 #include "trainer/app/cli.h"
 #include "trainer/app/model_loading.h"
-#include "trainer/core/exit_codes.h"
 #include "trainer/app/settings.h"
+#include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {

@@ -1,5 +1,8 @@
 #include "trainer/core/auto_batch.h"
 
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -7,9 +10,6 @@
 #include <iostream>
 #include <map>
 #include <stdexcept>
-
-#include <nlohmann/json.hpp>
-#include <torch/cuda.h>
 
 #include "trainer/core/optimizer.h"
 
@@ -122,15 +122,13 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
       log("auto-batch: batch " + std::to_string(batch) + " ran out of memory: " + first_line(e.what()));
     }
     if (!m.out_of_memory) {
-      log("auto-batch: batch " + std::to_string(batch) + " peak " + gib(static_cast<double>(m.peak_bytes)) +
-          " of " + gib(budget));
+      log("auto-batch: batch " + std::to_string(batch) + " peak " + gib(static_cast<double>(m.peak_bytes)) + " of " +
+          gib(budget));
     }
     measured[batch] = m;
     return m;
   };
-  auto fits = [&](const Measurement& m) {
-    return !m.out_of_memory && static_cast<double>(m.peak_bytes) <= budget;
-  };
+  auto fits = [&](const Measurement& m) { return !m.out_of_memory && static_cast<double>(m.peak_bytes) <= budget; };
 
   int best = 0;
   int64_t best_peak = 0;
@@ -143,9 +141,7 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
 
   // Smallest batch known not to fit.
   int too_big = options.max_batch + 1;
-  auto reject = [&](int batch) {
-    too_big = std::min(too_big, batch);
-  };
+  auto reject = [&](int batch) { too_big = std::min(too_big, batch); };
 
   for (const int batch : options.profile_batches) {
     if (batch > options.max_batch) {
@@ -168,15 +164,14 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
     }
     result.fit = fit_memory(result.train_samples, result.validation_samples, options.imgsz);
     result.fit.validation_batch_factor = options.validation_batch_factor;
-    const int predicted =
-        max_batch_within(result.fit, budget, options.imgsz, options.safety_margin, options.max_batch);
+    const int predicted = max_batch_within(result.fit, budget, options.imgsz, options.safety_margin, options.max_batch);
     return std::min(predicted, too_big - 1);
   };
 
   int candidate = refit_and_predict();
   if (!result.train_samples.empty()) {
-    log("auto-batch: fit " + gib(result.fit.train.fixed_bytes) + " + " +
-        gib(result.fit.train.per_image_bytes) + " per image; predicted batch " + std::to_string(candidate));
+    log("auto-batch: fit " + gib(result.fit.train.fixed_bytes) + " + " + gib(result.fit.train.per_image_bytes) +
+        " per image; predicted batch " + std::to_string(candidate));
   }
   // Verify by real steps: up while the refit says there is room, down between the largest batch that
   // fit and the smallest that did not.
@@ -198,8 +193,7 @@ AutoBatchResult choose_batch(const StepFn& step, double budget_bytes, const Auto
     const double rise = static_cast<double>(m.peak_bytes - best_peak);
     if (!m.out_of_memory && best > 0 && rise > 0.0) {
       // Secant through the largest fitting and this failing step, aimed at the target.
-      next = best + static_cast<int>(std::floor((target - static_cast<double>(best_peak)) *
-                                                (candidate - best) / rise));
+      next = best + static_cast<int>(std::floor((target - static_cast<double>(best_peak)) * (candidate - best) / rise));
     }
     candidate = std::min(next, too_big - 1);
   }
@@ -267,8 +261,8 @@ void OomGuard::run(int64_t images, const std::function<void(int64_t passes)>& fn
       if (report_) {
         report_(from, per_pass(), message);
       } else {
-        std::cerr << "out of memory at " << from << " images per pass, retrying in passes of " << per_pass()
-                  << " (" << message << ")\n";
+        std::cerr << "out of memory at " << from << " images per pass, retrying in passes of " << per_pass() << " ("
+                  << message << ")\n";
       }
     }
   }
@@ -285,8 +279,7 @@ void synchronize(const MemoryMeter& meter) {
 }  // namespace
 
 std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<void(int batch)>& step,
-                                       const std::vector<int>& batches, int imgsz,
-                                       const ProfileOptions& options) {
+                                       const std::vector<int>& batches, int imgsz, const ProfileOptions& options) {
   if (options.warmup_steps < 0 || options.timed_steps < 1) {
     throw std::invalid_argument("profile: warmup steps must be >= 0 and timed steps >= 1");
   }
@@ -354,16 +347,16 @@ MemoryFit fit_profile(const std::vector<StepProfile>& rows) {
 std::string format_profile_table(const std::string& variant, const std::vector<StepProfile>& rows) {
   std::string text;
   char line[160];
-  std::snprintf(line, sizeof(line), "%-10s %6s %6s %10s %12s %10s %10s\n", "variant", "imgsz", "batch",
-                "peak GiB", "reserved GiB", "ms/step", "images/s");
+  std::snprintf(line, sizeof(line), "%-10s %6s %6s %10s %12s %10s %10s\n", "variant", "imgsz", "batch", "peak GiB",
+                "reserved GiB", "ms/step", "images/s");
   text += line;
   for (const StepProfile& row : rows) {
     if (row.out_of_memory) {
-      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10s %12s %10s %10s\n", variant.c_str(), row.imgsz,
-                    row.batch, "OOM", "-", "-", "-");
+      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10s %12s %10s %10s\n", variant.c_str(), row.imgsz, row.batch,
+                    "OOM", "-", "-", "-");
     } else {
-      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10.3f %12.3f %10.1f %10.1f\n", variant.c_str(),
-                    row.imgsz, row.batch, row.peak_bytes / kBytesPerGib, row.reserved_peak_bytes / kBytesPerGib,
+      std::snprintf(line, sizeof(line), "%-10s %6d %6d %10.3f %12.3f %10.1f %10.1f\n", variant.c_str(), row.imgsz,
+                    row.batch, row.peak_bytes / kBytesPerGib, row.reserved_peak_bytes / kBytesPerGib,
                     row.step_seconds * 1000.0, row.images_per_second);
     }
     text += line;
@@ -371,8 +364,7 @@ std::string format_profile_table(const std::string& variant, const std::vector<S
   return text;
 }
 
-std::string profile_json(const std::string& variant, const std::string& device,
-                         const std::vector<StepProfile>& rows) {
+std::string profile_json(const std::string& variant, const std::string& device, const std::vector<StepProfile>& rows) {
   nlohmann::json out;
   out["variant"] = variant;
   out["device"] = device;

@@ -3,12 +3,12 @@
 // largest batch that fits, verify it with a real step, and fall back by halving on out-of-memory.
 // Works on step callbacks only, so it knows nothing of the model, the loss or the data.
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
 
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
@@ -34,12 +34,12 @@ struct BatchSpec {
 BatchSpec parse_batch_spec(double batch);
 
 struct AutoBatchOptions {
-  double safety_margin = 0.9;               // predicted peak <= budget · fraction · margin
-  double budget_fraction = 1.0;             // from BatchSpec
+  double safety_margin = 0.9;                 // predicted peak <= budget · fraction · margin
+  double budget_fraction = 1.0;               // from BatchSpec
   std::vector<int> profile_batches{1, 2, 4};  // increasing
-  int max_batch = 1024;                     // e.g. the dataset size
-  int nominal_batch = 64;                   // `nbs`: the result's accumulate is plan_batch's
-  int max_verify_steps = 4;                 // real steps after profiling, up or down
+  int max_batch = 1024;                       // e.g. the dataset size
+  int nominal_batch = 64;                     // `nbs`: the result's accumulate is plan_batch's
+  int max_verify_steps = 4;                   // real steps after profiling, up or down
   // Optional forward-only validation step; called at validation_batch_factor · b, its peak counts too.
   StepFn validation_step;
   int validation_batch_factor = 2;
@@ -114,8 +114,7 @@ struct StepProfile {
 // Runs `step(batch)` warmup + timed times for each batch; CUDA work is synchronised before each
 // clock read. Non-out-of-memory errors propagate.
 std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<void(int batch)>& step,
-                                       const std::vector<int>& batches, int imgsz,
-                                       const ProfileOptions& options = {});
+                                       const std::vector<int>& batches, int imgsz, const ProfileOptions& options = {});
 
 // Linear fit of the rows that fit in memory (at least one needed), at the rows' imgsz.
 MemoryFit fit_profile(const std::vector<StepProfile>& rows);
@@ -125,7 +124,6 @@ std::string format_profile_table(const std::string& variant, const std::vector<S
 
 // JSON text: {"variant", "imgsz", "device", "rows": [{batch, out_of_memory, peak_bytes, ...}],
 // "fit": {"fixed_gib", "per_image_gib", "reference_imgsz"}} (fit omitted when no row fits).
-std::string profile_json(const std::string& variant, const std::string& device,
-                         const std::vector<StepProfile>& rows);
+std::string profile_json(const std::string& variant, const std::string& device, const std::vector<StepProfile>& rows);
 
 }  // namespace yolo8

@@ -136,7 +136,8 @@ void load_tensors(const GenericDict& stored, const torch::nn::Module& module, co
       throw std::runtime_error("checkpoint " + origin + ": " + section + " lacks tensor '" + name + "'");
     }
     const auto v = stored.at(name);
-    if (!v.isTensor()) throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' is not a tensor");
+    if (!v.isTensor())
+      throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' is not a tensor");
     const auto s = v.toTensor();
     if (!s.sizes().equals(t.sizes()) || s.scalar_type() != t.scalar_type()) {
       throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' has shape " +

@@ -26,35 +26,35 @@ inline constexpr const char* kCheckpointFormat = "yolo8-train-checkpoint";
 inline constexpr int64_t kCheckpointFormatVersion = 1;
 
 struct CheckpointState {
-  int64_t epoch = 0;               // epoch in progress
-  int64_t iteration_in_epoch = 0;  // batches of `epoch` already done (0 at an epoch boundary)
-  int64_t global_iteration = 0;    // global index of the next iteration
-  int64_t batch = 0;               // batch size the run used
-  ScheduleState schedule;          // scheduler epoch, accumulate, last optimizer step, optimizer steps
+  int64_t epoch = 0;                 // epoch in progress
+  int64_t iteration_in_epoch = 0;    // batches of `epoch` already done (0 at an epoch boundary)
+  int64_t global_iteration = 0;      // global index of the next iteration
+  int64_t batch = 0;                 // batch size the run used
+  ScheduleState schedule;            // scheduler epoch, accumulate, last optimizer step, optimizer steps
   OptimizerChoice optimizer_choice;  // `auto` resolved once; a resume reuses it (see build_optimizer_with)
   double best_fitness = 0.0;
   bool has_best_fitness = false;
-  std::string settings_text;       // the run settings as YAML or JSON text
+  std::string settings_text;  // the run settings as YAML or JSON text
   RngState rng;
-  bool has_grad_scaler = false;    // mixed precision: the loss scale and its growth counter continue on resume
+  bool has_grad_scaler = false;  // mixed precision: the loss scale and its growth counter continue on resume
   GradScalerState grad_scaler;
-  std::string date;                // written by save_checkpoint (UTC, ISO 8601)
-  std::string version;             // written by save_checkpoint (project version)
+  std::string date;     // written by save_checkpoint (UTC, ISO 8601)
+  std::string version;  // written by save_checkpoint (project version)
 };
 
 struct CheckpointSources {
-  const torch::nn::Module* model = nullptr;         // required
-  const ModelEma* ema = nullptr;                     // optional
+  const torch::nn::Module* model = nullptr;            // required
+  const ModelEma* ema = nullptr;                       // optional
   const torch::optim::Optimizer* optimizer = nullptr;  // optional
-  bool include_grads = false;  // store accumulated gradients (mid-accumulation checkpoints)
+  bool include_grads = false;                          // store accumulated gradients (mid-accumulation checkpoints)
 };
 
 struct CheckpointTargets {
-  torch::nn::Module* model = nullptr;  // optional: weights copied in (names and shapes must match)
-  ModelEma* ema = nullptr;             // optional: EMA weights and updates
+  torch::nn::Module* model = nullptr;            // optional: weights copied in (names and shapes must match)
+  ModelEma* ema = nullptr;                       // optional: EMA weights and updates
   torch::optim::Optimizer* optimizer = nullptr;  // optional: same type and param-group layout required
-  bool load_grads = true;              // restore stored gradients into `model` when present
-  torch::Device device = torch::kCPU;  // where optimizer state tensors are placed
+  bool load_grads = true;                        // restore stored gradients into `model` when present
+  torch::Device device = torch::kCPU;            // where optimizer state tensors are placed
 };
 
 // Serialises to bytes (the file content) and back.

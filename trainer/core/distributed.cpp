@@ -177,20 +177,19 @@ DistributedContext::DistributedContext(const DistributedConfig& config, torch::D
       } else {
         options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
-      impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, config_.rank, config_.world_size,
-                                                                 options);
+      impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, config_.rank, config_.world_size, options);
       impl->device = torch::kCPU;
 #else
-      throw std::invalid_argument("this yolo8 was built without Gloo (no gloo/config.h at build time): "
-                                  "data-parallel CPU training needs it (Debian: libgloo-dev)");
+      throw std::invalid_argument(
+          "this yolo8 was built without Gloo (no gloo/config.h at build time): "
+          "data-parallel CPU training needs it (Debian: libgloo-dev)");
 #endif
     } else if (backend == "nccl") {
 #ifdef YOLO8_HAVE_NCCL
       if (!device.is_cuda()) throw std::invalid_argument("the nccl backend needs a CUDA device");
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = config_.timeout;
-      impl->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, config_.rank, config_.world_size,
-                                                                 options);
+      impl->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, config_.rank, config_.world_size, options);
       impl->device = device;
 #else
       throw std::invalid_argument("the nccl backend needs a CUDA build of yolo8 with NCCL's headers (nccl.h)");

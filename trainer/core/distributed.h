@@ -36,8 +36,7 @@ struct DistributedConfig {
 // and YOLO8_DIST_BACKEND. Neither RANK nor WORLD_SIZE set: a single process. When WORLD_SIZE > 1, RANK,
 // MASTER_ADDR and MASTER_PORT are required; LOCAL_RANK defaults to RANK. Errors name the variable.
 // `getenv` is injectable for tests.
-DistributedConfig distributed_config_from_env(
-    const std::function<const char*(const char*)>& getenv = nullptr);
+DistributedConfig distributed_config_from_env(const std::function<const char*(const char*)>& getenv = nullptr);
 
 // How gradients are combined across ranks. kMean suits a loss that is a mean over the local batch; the YOLO
 // DetectionLoss is sum-like (scaled by the local batch size), for which kSum reproduces the single-process
@@ -75,8 +74,7 @@ class DistributedContext {
   // Combines the .grad of every parameter that requires grad, flattened into buckets of at most
   // `bucket_bytes`. A missing grad counts as zeros so that every rank reduces the same buckets.
   void average_gradients(torch::nn::Module& module, GradReduction reduction = GradReduction::kMean);
-  void average_gradients(const std::vector<torch::Tensor>& parameters,
-                         GradReduction reduction = GradReduction::kMean);
+  void average_gradients(const std::vector<torch::Tensor>& parameters, GradReduction reduction = GradReduction::kMean);
 
   // True on every rank when any rank passes true: the stop decision at a step boundary.
   bool all_reduce_flag(bool local);

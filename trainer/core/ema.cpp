@@ -35,7 +35,8 @@ ModelEma::ModelEma(std::shared_ptr<torch::nn::Module> ema_model, const torch::nn
                                   "' in the EMA model but '" + name + "' in the model, or their shapes differ");
     }
     // A clone may share storage with the source; the EMA needs its own.
-    if (d.data_ptr() == s.data_ptr()) throw std::invalid_argument("ModelEma: EMA tensor '" + name + "' aliases the model");
+    if (d.data_ptr() == s.data_ptr())
+      throw std::invalid_argument("ModelEma: EMA tensor '" + name + "' aliases the model");
     d.copy_(s);
     if (d.is_floating_point()) {
       names_.push_back(name);

@@ -18,8 +18,7 @@ class ModelEma {
            double tau = 2000.0, int64_t updates = 0);
 
   // For modules deriving from torch::nn::Cloneable: the copy is made with clone().
-  static ModelEma clone_of(const std::shared_ptr<torch::nn::Module>& model, double decay = 0.9999,
-                           double tau = 2000.0);
+  static ModelEma clone_of(const std::shared_ptr<torch::nn::Module>& model, double decay = 0.9999, double tau = 2000.0);
 
   // decay * (1 - exp(-updates / tau))
   double decay_at(int64_t updates) const;
@@ -38,7 +37,7 @@ class ModelEma {
   double decay_;
   double tau_;
   int64_t updates_;
-  std::vector<std::string> names_;     // state-dict names of the averaged tensors
+  std::vector<std::string> names_;      // state-dict names of the averaged tensors
   std::vector<torch::Tensor> tensors_;  // the EMA's averaged tensors, same order
 };
 

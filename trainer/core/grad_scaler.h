@@ -13,11 +13,11 @@
 namespace yolo8 {
 
 struct GradScalerConfig {
-  bool enabled = true;              // false: every call is the identity and every step is taken
-  double init_scale = 65536.0;      // 2^16
+  bool enabled = true;          // false: every call is the identity and every step is taken
+  double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;   // clean steps in a row before the scale grows
+  int64_t growth_interval = 2000;  // clean steps in a row before the scale grows
 };
 
 // What a checkpoint keeps so a resumed run scales exactly as the uninterrupted one.

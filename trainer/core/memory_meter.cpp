@@ -1,5 +1,11 @@
 #include "trainer/core/memory_meter.h"
 
+#include <unistd.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -8,12 +14,6 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
-
-#include <unistd.h>
-
-#include <c10/core/Allocator.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/util/Exception.h>
 
 #ifdef YOLO8_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -49,8 +49,8 @@ void reserve_bytes(int64_t bytes) {
     now = seen + bytes;
     const int64_t cap = g_cap_bytes.load(std::memory_order_relaxed);
     if (cap > 0 && now > cap) {
-      throw OutOfMemory("out of memory: tried to allocate " + format_mib(bytes) + " with " +
-                            format_mib(seen) + " in use under a CPU memory cap of " + format_mib(cap),
+      throw OutOfMemory("out of memory: tried to allocate " + format_mib(bytes) + " with " + format_mib(seen) +
+                            " in use under a CPU memory cap of " + format_mib(cap),
                         bytes);
     }
   } while (!g_current_bytes.compare_exchange_weak(seen, now, std::memory_order_relaxed));
@@ -187,9 +187,8 @@ std::string lower(std::string text) {
 }  // namespace
 
 OutOfMemory::OutOfMemory(const std::string& message, int64_t requested_bytes)
-    : std::runtime_error(lower(message).find("out of memory") == std::string::npos
-                             ? "out of memory: " + message
-                             : message),
+    : std::runtime_error(lower(message).find("out of memory") == std::string::npos ? "out of memory: " + message
+                                                                                   : message),
       requested_bytes_(requested_bytes) {}
 
 bool is_out_of_memory(const std::exception& error) {
@@ -242,8 +241,7 @@ bool cpu_memory_counter_installed() { return c10::GetCPUAllocator() == &counter(
 
 void set_cpu_memory_cap(int64_t bytes) {
   if (bytes < 0) {
-    throw std::invalid_argument("CPU memory cap must be >= 0 bytes (0 = no cap), got " +
-                                std::to_string(bytes));
+    throw std::invalid_argument("CPU memory cap must be >= 0 bytes (0 = no cap), got " + std::to_string(bytes));
   }
   g_cap_bytes.store(bytes);
 }
@@ -317,15 +315,13 @@ void cap_process_memory(double fraction, int device) {
 #ifdef YOLO8_WITH_CUDA
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
 #else
-  throw std::runtime_error("cap_process_memory(cuda:" + std::to_string(device) +
-                           "): this yolo8 build has no CUDA");
+  throw std::runtime_error("cap_process_memory(cuda:" + std::to_string(device) + "): this yolo8 build has no CUDA");
 #endif
 }
 
 int64_t cuda_device_total_bytes(int device) {
 #ifdef YOLO8_WITH_CUDA
-  return static_cast<int64_t>(
-      at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->totalGlobalMem);
+  return static_cast<int64_t>(at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->totalGlobalMem);
 #else
   throw std::runtime_error("cuda_device_total_bytes(cuda:" + std::to_string(device) +
                            "): this yolo8 build has no CUDA");

@@ -2,12 +2,12 @@
 // Peak memory of a training step: on CPU an instrumented allocator counts live tensor bytes,
 // on CUDA the caching allocator's own statistics are read. Same interface for both.
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
-
-#include <c10/core/Device.h>
 
 namespace yolo8 {
 

@@ -1,11 +1,11 @@
 #include "trainer/core/memory_model.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
-
-#include <yaml-cpp/yaml.h>
 
 namespace yolo8 {
 
@@ -65,8 +65,7 @@ double MemoryFit::validation_peak_bytes(int batch, int imgsz) const {
   if (!has_validation) {
     return 0.0;
   }
-  return validation.at(static_cast<double>(batch) * validation_batch_factor,
-                       imgsz_scale(imgsz, reference_imgsz));
+  return validation.at(static_cast<double>(batch) * validation_batch_factor, imgsz_scale(imgsz, reference_imgsz));
 }
 
 double MemoryFit::predict_peak_bytes(int batch, int imgsz) const {
@@ -88,8 +87,7 @@ MemoryFit fit_memory(const std::vector<MemorySample>& train_samples,
   return fit;
 }
 
-int max_batch_within(const MemoryFit& fit, double budget_bytes, int imgsz, double safety_margin,
-                     int max_batch) {
+int max_batch_within(const MemoryFit& fit, double budget_bytes, int imgsz, double safety_margin, int max_batch) {
   if (!(budget_bytes > 0.0)) {
     throw std::invalid_argument("memory budget must be > 0 bytes");
   }
@@ -179,8 +177,7 @@ std::string where(const std::string& path, const YAML::Node& node) {
   return mark.line >= 0 ? path + ":" + std::to_string(mark.line + 1) : path;
 }
 
-double read_gib(const std::string& path, const YAML::Node& entry, const std::string& variant,
-                const char* key) {
+double read_gib(const std::string& path, const YAML::Node& entry, const std::string& variant, const char* key) {
   const YAML::Node value = entry[key];
   const std::string name = "variants." + variant + "." + key;
   if (!value) {
@@ -190,8 +187,8 @@ double read_gib(const std::string& path, const YAML::Node& entry, const std::str
   try {
     number = value.as<double>();
   } catch (const YAML::Exception&) {
-    throw std::runtime_error("memory table " + where(path, value) + ": key '" + name +
-                             "' must be a number, got '" + value.Scalar() + "'");
+    throw std::runtime_error("memory table " + where(path, value) + ": key '" + name + "' must be a number, got '" +
+                             value.Scalar() + "'");
   }
   if (!std::isfinite(number) || number < 0.0) {
     throw std::runtime_error("memory table " + where(path, value) + ": key '" + name +

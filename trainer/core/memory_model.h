@@ -77,8 +77,7 @@ struct MemoryTable {
 };
 
 // A fit's training part as a table row at `table_reference_imgsz`.
-MemoryTableRow to_table_row(const std::string& variant, const MemoryFit& fit,
-                            int table_reference_imgsz = 640);
+MemoryTableRow to_table_row(const std::string& variant, const MemoryFit& fit, int table_reference_imgsz = 640);
 
 // YAML: reference_imgsz, source, variants: {yolov8n: {fixed_gib: X, per_image_gib: Y}, ...}.
 // Write throws std::runtime_error naming the path when it cannot write; read throws

@@ -36,7 +36,8 @@ void set_engine_state(Engine& engine, const std::string& text) {
   std::istringstream in(text);
   Engine restored;
   in >> restored;
-  if (in.fail()) throw std::invalid_argument("random engine state: malformed text (" + std::to_string(text.size()) + " chars)");
+  if (in.fail())
+    throw std::invalid_argument("random engine state: malformed text (" + std::to_string(text.size()) + " chars)");
   engine = restored;
 }
 

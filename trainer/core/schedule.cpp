@@ -51,8 +51,8 @@ void TrainSchedule::begin_iteration(torch::optim::Optimizer& optimizer, int64_t 
   if (ni > warmup_iters_) return;
   const double x = static_cast<double>(ni);
   const double x1 = static_cast<double>(warmup_iters_);
-  const double acc = std::nearbyint(
-      interp2(x, 0.0, x1, 1.0, static_cast<double>(settings_.nbs) / static_cast<double>(batch_)));
+  const double acc =
+      std::nearbyint(interp2(x, 0.0, x1, 1.0, static_cast<double>(settings_.nbs) / static_cast<double>(batch_)));
   state_.accumulate = std::max<int64_t>(1, static_cast<int64_t>(acc));
   const bool sgd = has_sgd_momentum(optimizer);
   const double factor = lr_factor(static_cast<double>(epoch));
@@ -117,8 +117,8 @@ void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double m
 
 }  // namespace
 
-bool recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema,
-                           double max_norm, GradScaler* scaler) {
+bool recipe_optimizer_step(torch::optim::Optimizer& optimizer, torch::nn::Module& model, ModelEma* ema, double max_norm,
+                           GradScaler* scaler) {
   const std::vector<torch::Tensor> params = model.parameters();
   // The reference's order: unscale, clip the true gradients, step unless inf/NaN, update the scale.
   if (scaler != nullptr) scaler->unscale(params);

@@ -17,8 +17,8 @@ namespace yolo8 {
 struct ScheduleState {
   int64_t scheduler_epoch = -1;  // the LR scheduler's last_epoch
   int64_t accumulate = 1;
-  int64_t last_opt_step = -1;    // global iteration of the last optimizer step
-  int64_t optimizer_steps = 0;   // optimizer steps taken so far
+  int64_t last_opt_step = -1;   // global iteration of the last optimizer step
+  int64_t optimizer_steps = 0;  // optimizer steps taken so far
 };
 
 // Usage per epoch e, batch i (ni = i + nb * e):

@@ -1,8 +1,7 @@
 #include "trainer/core/stop_signal.h"
 
-#include <unistd.h>
-
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>

@@ -65,12 +65,11 @@ TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const
   model_->train();
   ema_ = std::make_unique<ModelEma>(ema_model_.ptr(), *model_);
 
-  built_ = config_.optimizer_choice
-               ? build_optimizer_with(*model_, *config_.optimizer_choice,
-                                      plan_batch(config_.optim, config_.shape.batch))
-               : build_optimizer(*model_, config_.optim, config_.shape);
-  schedule_ = std::make_unique<TrainSchedule>(config_.optim, built_.choice, config_.shape.batch,
-                                              config_.shape.epochs, config_.batches_per_epoch, config_.start_epoch);
+  built_ = config_.optimizer_choice ? build_optimizer_with(*model_, *config_.optimizer_choice,
+                                                           plan_batch(config_.optim, config_.shape.batch))
+                                    : build_optimizer(*model_, config_.optim, config_.shape);
+  schedule_ = std::make_unique<TrainSchedule>(config_.optim, built_.choice, config_.shape.batch, config_.shape.epochs,
+                                              config_.batches_per_epoch, config_.start_epoch);
   LossConfig loss_config;
   loss_config.nc = model_->nc();
   const auto strides = model_->strides();
@@ -147,8 +146,8 @@ StepOutcome TrainingCore::guarded_step(int64_t epoch, int64_t ni, const torch::T
     }
   };
   StepOutcome outcome;
-  guard.run(images.size(0), [&](int64_t passes) { outcome = step(epoch, ni, images, labels, passes); },
-            restore_grads);
+  guard.run(
+      images.size(0), [&](int64_t passes) { outcome = step(epoch, ni, images, labels, passes); }, restore_grads);
   return outcome;
 }
 

@@ -15,9 +15,9 @@
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/ema.h"
 #include "trainer/core/grad_scaler.h"
-#include "trainer/detect/loss.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/schedule.h"
+#include "trainer/detect/loss.h"
 
 namespace yolo8 {
 
@@ -29,7 +29,7 @@ struct TrainCoreConfig {
   OptimSettings optim;
   // A resumed run's resolved optimizer (build_optimizer_with); unset: resolve optim.optimizer for `shape`.
   std::optional<OptimizerChoice> optimizer_choice;
-  RunShape shape;                 // dataset size, batch, epochs, nc (for optimizer=auto)
+  RunShape shape;  // dataset size, batch, epochs, nc (for optimizer=auto)
   int64_t batches_per_epoch = 1;
   int64_t start_epoch = 0;
   LossGains gains;
@@ -48,8 +48,8 @@ struct TrainCoreConfig {
 };
 
 struct StepOutcome {
-  torch::Tensor loss_items;  // (3) box, cls, dfl (detached)
-  bool optimizer_stepped = false;  // the optimizer and the EMA moved
+  torch::Tensor loss_items;         // (3) box, cls, dfl (detached)
+  bool optimizer_stepped = false;   // the optimizer and the EMA moved
   bool skipped_non_finite = false;  // an accumulation window ended but the scaler found inf/NaN gradients
 };
 

@@ -1,8 +1,8 @@
 #pragma once
 // Predictions as COCO results JSON ([{image_id, category_id, bbox: [x, y, w, h], score}]) for external evaluators.
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -6,8 +6,7 @@ namespace yolo8 {
 
 torch::Tensor boxes_to_original(const torch::Tensor& boxes, const ImageGeometry& geometry) {
   torch::Tensor mapped = boxes.clone();
-  auto xs = mapped.slice(1, 0, 1), ys = mapped.slice(1, 1, 2), xe = mapped.slice(1, 2, 3),
-       ye = mapped.slice(1, 3, 4);
+  auto xs = mapped.slice(1, 0, 1), ys = mapped.slice(1, 1, 2), xe = mapped.slice(1, 2, 3), ye = mapped.slice(1, 3, 4);
   xs.sub_(geometry.pad_w).div_(geometry.gain_w).clamp_(0, static_cast<double>(geometry.orig_w));
   xe.sub_(geometry.pad_w).div_(geometry.gain_w).clamp_(0, static_cast<double>(geometry.orig_w));
   ys.sub_(geometry.pad_h).div_(geometry.gain_h).clamp_(0, static_cast<double>(geometry.orig_h));
@@ -30,8 +29,8 @@ std::vector<torch::Tensor> DetectionValidator::add_batch(const torch::Tensor& pr
   nms.agnostic = config_.single_cls;
   const std::vector<torch::Tensor> detections = non_max_suppression(preds.to(torch::kCPU).to(torch::kFloat), nms);
   const torch::Tensor rows = labels.to(torch::kCPU).to(torch::kFloat).reshape({-1, 6});
-  const torch::Tensor scale = torch::tensor({static_cast<float>(width), static_cast<float>(height),
-                                             static_cast<float>(width), static_cast<float>(height)});
+  const torch::Tensor scale = torch::tensor(
+      {static_cast<float>(width), static_cast<float>(height), static_cast<float>(width), static_cast<float>(height)});
   std::vector<torch::Tensor> mapped_detections;
   for (size_t image = 0; image < detections.size(); ++image) {
     const torch::Tensor mine = rows.index({rows.select(1, 0) == static_cast<double>(image)});

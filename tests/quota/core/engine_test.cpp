@@ -14,11 +14,10 @@ using testing::kMinute;
 using testing::kMonday;
 using Kind = AcquireResult::Kind;
 
-const int64_t kInsideWindow = kMonday + 9 * kHour;   // 10:00 at +01:00
+const int64_t kInsideWindow = kMonday + 9 * kHour;    // 10:00 at +01:00
 const int64_t kOutsideWindow = kMonday + 13 * kHour;  // 14:00 at +01:00
 
-LeaseRequest req(const std::string& team, const std::string& user, int gpus = 1,
-                 const std::string& model = "yolov8s") {
+LeaseRequest req(const std::string& team, const std::string& user, int gpus = 1, const std::string& model = "yolov8s") {
   LeaseRequest r;
   r.team = team;
   r.user = user;

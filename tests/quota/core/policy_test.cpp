@@ -13,8 +13,11 @@ using testing::kMonday;
 
 std::string minimal(const std::string& extra_team = "") {
   return "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
-         "users:\n  u: {token_sha256: " + std::string(64, 'a') + "}\n"
-         "teams:\n  t:\n    base: 2\n    burst: 3\n    members: [u]\n" + extra_team;
+         "users:\n  u: {token_sha256: " +
+         std::string(64, 'a') +
+         "}\n"
+         "teams:\n  t:\n    base: 2\n    burst: 3\n    members: [u]\n" +
+         extra_team;
 }
 
 std::string error_of(const std::string& yaml) {
@@ -86,7 +89,8 @@ TEST(Policy, ErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
   EXPECT_NE(e.find("teams.t.bogus"), std::string::npos) << e;
   EXPECT_NE(e.find(":11:"), std::string::npos) << e;
-  e = error_of(minimal("    burst_windows:\n      - {days: [mon], from: \"09:00\", to: \"10:00\", timezone: Europe/Paris}\n"));
+  e = error_of(
+      minimal("    burst_windows:\n      - {days: [mon], from: \"09:00\", to: \"10:00\", timezone: Europe/Paris}\n"));
   EXPECT_NE(e.find("timezone"), std::string::npos) << e;
   e = error_of(minimal("    burst_windows:\n      - {days: [moonday], from: \"09:00\", to: \"10:00\"}\n"));
   EXPECT_NE(e.find("weekday"), std::string::npos) << e;
@@ -105,8 +109,9 @@ TEST(Policy, ErrorsNameFileLineAndKey) {
   e = error_of(minimal() + "leases: {ttl_s: ten}\n");
   EXPECT_NE(e.find("leases.ttl_s"), std::string::npos) << e;
   EXPECT_NE(e.find("wrong type"), std::string::npos) << e;
-  e = error_of("inventory:\n  nodes:\n    - {name: n1, gpus: 2, memory_gib: 24}\n"
-               "teams:\n  t: {base: 3}\n");
+  e = error_of(
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 2, memory_gib: 24}\n"
+      "teams:\n  t: {base: 3}\n");
   EXPECT_NE(e.find("teams.t.burst"), std::string::npos) << e;
 }
 

@@ -1,8 +1,8 @@
 // deploy/grafana/dashboard.json: valid dashboard JSON whose queries name only metrics quotad exports.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -137,7 +137,8 @@ TEST(QuotadPolicy, WasteThresholdsDefaultAndLoad) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string base_dir = std::string(yolo8::test::kSourceDir) + "/configs";
-  const Policy q = load_policy_from_string(ss.str() + "\nwaste: {gpu_util_below: 0.1, after_s: 1800}\n", "p.yaml", base_dir);
+  const Policy q =
+      load_policy_from_string(ss.str() + "\nwaste: {gpu_util_below: 0.1, after_s: 1800}\n", "p.yaml", base_dir);
   EXPECT_DOUBLE_EQ(q.waste_gpu_util_below, 0.1);
   EXPECT_EQ(q.waste_after_s, 1800);
   try {

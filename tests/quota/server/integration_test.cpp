@@ -1,13 +1,14 @@
 // Loopback tests: concurrent acquires, kill -9 of the quotad binary under load, hostile inputs, the client.
 #include <arpa/inet.h>
-#include <gtest/gtest.h>
+#include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -42,7 +43,8 @@ std::string write_file(const std::string& path, const std::string& text) {
 }
 
 // 16 GPUs, two teams that may each burst to all of them, sharing on, no credits, no emergency pool.
-std::string sixteen_gpu_policy(int min_runtime_s = 0, const std::string& leases = "{ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}") {
+std::string sixteen_gpu_policy(int min_runtime_s = 0,
+                               const std::string& leases = "{ttl_s: 60, heartbeat_interval_s: 10, expiry_grace_s: 5}") {
   return R"(
 inventory:
   nodes:
@@ -58,8 +60,10 @@ teams:
   tb: {base: 8, burst: 16, members: [bob]}
 sharing: {enabled: true, max_leases_per_gpu: 4}
 credits: {monthly_gpu_hours: 0}
-leases: )" + leases + R"(
-preemption: {min_runtime_s: )" + std::to_string(min_runtime_s) + R"(, grace_s: 30}
+leases: )" +
+         leases + R"(
+preemption: {min_runtime_s: )" +
+         std::to_string(min_runtime_s) + R"(, grace_s: 30}
 tiers: {self_service: [yolov8n, yolov8s], approval: [yolov8x]}
 )";
 }
@@ -423,8 +427,8 @@ TEST(QuotaLoopback, ClientIsRevokedReleasesAndTheWaiterStartsOnlyThen) {
 }
 
 TEST(QuotaLoopback, SixtyTrainersHeartbeatThroughASmallWorkerPool) {
-  const Policy policy =
-      load_policy_from_string(sixteen_gpu_policy(0, "{ttl_s: 4, heartbeat_interval_s: 1, expiry_grace_s: 1}"), "p.yaml");
+  const Policy policy = load_policy_from_string(
+      sixteen_gpu_policy(0, "{ttl_s: 4, heartbeat_interval_s: 1, expiry_grace_s: 1}"), "p.yaml");
   QuotaService service(policy, ServiceOptions{});
   ServerOptions opts;
   opts.threads = 8;  // far fewer workers than trainers: connections must not pin them

@@ -1,10 +1,10 @@
 #include "quota/server/metrics.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
+#include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -81,7 +81,8 @@ TEST(QuotadMetrics, ScriptedHistoryFigures) {
   EXPECT_EQ(at("quotad_waste_threshold_gpu_utilization"), 0.2);
   EXPECT_EQ(at("quotad_waste_threshold_seconds"), 3600);
   EXPECT_EQ(at("quotad_waste_leases"), 1);
-  EXPECT_EQ(at(R"(quotad_waste_low_utilization_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 5400);
+  EXPECT_EQ(at(R"(quotad_waste_low_utilization_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"),
+            5400);
   EXPECT_DOUBLE_EQ(at(R"(quotad_waste_gpu_hours{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 6);
   EXPECT_EQ(m.count(R"(quotad_waste_gpu_hours{lease="3",team="team-robotics",user="erin",job="grasp"})"), 0u);
   EXPECT_EQ(at("quotad_heartbeats_total"), 3 * 181);
@@ -167,7 +168,8 @@ TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {
     std::string family = sm[1];
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
       const std::string s(suffix);
-      if (!type.count(family) && family.size() > s.size() && family.compare(family.size() - s.size(), s.size(), s) == 0) {
+      if (!type.count(family) && family.size() > s.size() &&
+          family.compare(family.size() - s.size(), s.size(), s) == 0) {
         family.resize(family.size() - s.size());
       }
     }
@@ -185,7 +187,9 @@ TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {
 }
 
 TEST(QuotadMetrics, LabelValuesAreEscaped) {
-  EXPECT_EQ(prometheus_label(R"(a"b\c)" "\n"), R"(a\"b\\c\n)");
+  EXPECT_EQ(prometheus_label(R"(a"b\c)"
+                             "\n"),
+            R"(a\"b\\c\n)");
 }
 
 TEST(QuotadMetrics, TrackerAveragesAndClosesRuns) {

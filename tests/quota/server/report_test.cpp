@@ -1,8 +1,9 @@
 // `quotad report`: a scripted October and November in a real quotad database, with expected figures.
 #include "quota/server/report.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -60,9 +61,10 @@ std::string scripted_db() {
   const int64_t nov = month_start("2026-11") + 9 * 24 * kHour + 8 * kHour;
   run_lease(h, nov, "alice-token", R"({"gpus":4,"job":"big-train","model":"yolov8m"})", 5, 0.8);
   run_lease(h, nov + 6 * kHour, "bob-token", R"({"gpus":2,"job":"idle-notebook","model":"yolov8s"})", 3, 0.05);
-  run_lease(h, nov + 10 * kHour, "erin-token",
-            R"({"gpus":2,"job":"hotfix","model":"yolov8s","priority":"critical","justification":"safety | recall fix for the demo"})",
-            2, 0.6);
+  run_lease(
+      h, nov + 10 * kHour, "erin-token",
+      R"({"gpus":2,"job":"hotfix","model":"yolov8s","priority":"critical","justification":"safety | recall fix for the demo"})",
+      2, 0.6);
   if (::testing::Test::HasFatalFailure()) return db;
   *h.clock += kMinute;
   EXPECT_EQ(h.post("/v1/leases/5/review", "admin-token", R"({"note":"justified"})"), 200);
@@ -173,7 +175,8 @@ TEST_F(QuotadReport, MarkdownAndHtml) {
   for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
   EXPECT_EQ(svgs, 3u);  // GPU-hours, utilisation, waste
   // team-cv's November bar is the longest of the GPU-hours chart: 420 px
-  EXPECT_NE(html.find("width=\"420.0\" height=\"12\" fill=\"#3b7dd8\"><title>2026-11: 26.0</title>"), std::string::npos);
+  EXPECT_NE(html.find("width=\"420.0\" height=\"12\" fill=\"#3b7dd8\"><title>2026-11: 26.0</title>"),
+            std::string::npos);
   EXPECT_NE(html.find(">n/a</text>"), std::string::npos);  // team-interns reported no utilisation
   EXPECT_NE(html.find("<td>safety | recall fix for the demo</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>reviewed by admin: justified</td>"), std::string::npos);

@@ -1,10 +1,11 @@
 // The read-only status page at `/`: its content on the scripted history, and a headless Chromium screenshot.
 #include "quota/server/status_page.h"
 
-#include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -56,7 +57,7 @@ TEST(QuotadStatusPage, ShowsTeamsLeasesQueueAndWaste) {
   EXPECT_NE(leases.find("<td>idle-sweep</td>"), std::string::npos);
   EXPECT_NE(leases.find("<td>grasp</td>"), std::string::npos);
   EXPECT_NE(leases.find("1 h 30 min"), std::string::npos);
-  EXPECT_NE(leases.find("58 %"), std::string::npos);  // grasp's mean utilisation
+  EXPECT_NE(leases.find("58 %"), std::string::npos);      // grasp's mean utilisation
   EXPECT_EQ(leases.find("detector"), std::string::npos);  // released
 
   const std::string queue = section(html, "queue");
@@ -166,9 +167,12 @@ Image read_png(const std::string& path) {
       const int b = prev[x];
       const int c = x >= static_cast<size_t>(channels) ? prev[x - channels] : 0;
       int pred = 0;
-      if (filter == 1) pred = a;
-      else if (filter == 2) pred = b;
-      else if (filter == 3) pred = (a + b) / 2;
+      if (filter == 1)
+        pred = a;
+      else if (filter == 2)
+        pred = b;
+      else if (filter == 3)
+        pred = (a + b) / 2;
       else if (filter == 4) {
         const int pa = std::abs(b - c), pb = std::abs(a - c), pc = std::abs(a + b - 2 * c);
         pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
@@ -203,13 +207,15 @@ TEST(QuotadStatusPage, HeadlessChromiumScreenshot) {
   so.threads = 4;
   QuotaServer server(*h.service, so);
   const int port = server.start();
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp/chromium_" + std::to_string(::getpid());
+  const std::string dir =
+      std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp/chromium_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string png = dir + "/status.png";
   const std::string cmd = "timeout 90 " + chromium +
                           " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
-                          " --user-data-dir=" + dir + "/profile --screenshot=" + png +
+                          " --user-data-dir=" +
+                          dir + "/profile --screenshot=" + png +
                           " --window-size=1280,900 http://127.0.0.1:" + std::to_string(port) + "/ > " + dir +
                           "/chromium.log 2>&1";
   const int rc = std::system(cmd.c_str());

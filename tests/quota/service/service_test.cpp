@@ -1,8 +1,9 @@
 #include "quota/service/service.h"
 
-#include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <filesystem>
@@ -50,13 +51,15 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
       ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
     }
     ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s"})")).status, 202);
-    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8x","justification":"x"})")).status,
-              403);
-    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status, 200);
+    ASSERT_EQ(
+        s.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8x","justification":"x"})")).status,
+        403);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status,
+              200);
     *clock.t += 20 * kMinute;
     for (int id = 2; id <= 15; ++id) {
       s.handle(api_call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", "admin-token",
-                    R"({"step":100,"last_checkpoint_ms":)" + std::to_string(clock.t->load()) + "}"));
+                        R"({"step":100,"last_checkpoint_ms":)" + std::to_string(clock.t->load()) + "}"));
     }
     s.flush_heartbeats();
     // robotics reclaims its guarantee: one cv burst lease is revoked
@@ -95,11 +98,12 @@ TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {
   auto policy = [](bool swapped) {
     const std::string a = "    - {name: big, gpus: 2, memory_gib: 80}\n";
     const std::string b = "    - {name: small, gpus: 2, memory_gib: 24}\n";
-    return load_policy_from_string("inventory:\n  nodes:\n" + (swapped ? b + a : a + b) +
-                                       "users:\n  alice: {token_sha256: "
-                                       "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
-                                       "teams:\n  t: {base: 4, members: [alice]}\ncredits: {monthly_gpu_hours: 0}\nemergency_pool: 0\n",
-                                   "reorder.yaml");
+    return load_policy_from_string(
+        "inventory:\n  nodes:\n" + (swapped ? b + a : a + b) +
+            "users:\n  alice: {token_sha256: "
+            "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
+            "teams:\n  t: {base: 4, members: [alice]}\ncredits: {monthly_gpu_hours: 0}\nemergency_pool: 0\n",
+        "reorder.yaml");
   };
   ServiceOptions o;
   o.db_path = db;
@@ -143,8 +147,9 @@ TEST(QuotaService, AuthenticationRolesAndErrorsCarryReasons) {
     ApiRequest req;
     int status;
   };
-  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8l","justification":"j"})")).status,
-            403);
+  ASSERT_EQ(
+      s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8l","justification":"j"})")).status,
+      403);
   ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);  // lease 2
   const std::vector<Case> cases = {
       {api_call("GET", "/v1/teams", ""), 401},

@@ -1,8 +1,9 @@
 #include "quota/store/store.h"
 
-#include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <filesystem>
 

@@ -1,13 +1,13 @@
 // `yolo8 profile variants=n,s batch=auto gpu_mem=G`: the command a GPU check runs per variant, here on the CPU's
 // instrumented allocator. Each variant gets a batch whose confirmed peak (more steps and a validation at twice
 // the batch) is within the budget and uses at least 80 % of it, with no out-of-memory error after sizing.
-#include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/trainer/process_util.h"
 #include "trainer/core/exit_codes.h"
@@ -49,8 +49,8 @@ TEST(ProfileAutoBatch, EveryVariantFitsItsBudgetWithoutOutOfMemory) {
 
 TEST(ProfileAutoBatch, ABudgetTooSmallForBatchOneFailsClearly) {
   const fs::path project = fs::path(::testing::TempDir()) / ("yolo8_profile_tiny_" + std::to_string(getpid()));
-  const pid_t child = test::spawn_yolo8({"profile", "variants=s", "imgsz=64", "batch=auto", "gpu_mem=0.01",
-                                         "threads=1", "project=" + project.string(), "name=p"});
+  const pid_t child = test::spawn_yolo8({"profile", "variants=s", "imgsz=64", "batch=auto", "gpu_mem=0.01", "threads=1",
+                                         "project=" + project.string(), "name=p"});
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_EQ(test::exit_code_of(status), kExitFailure);

@@ -3,8 +3,8 @@
 // at least 80 % of it. CPU, instrumented allocator.
 #include <gtest/gtest.h>
 
-#include "trainer/core/memory_meter.h"
 #include "trainer/app/profile_mode.h"
+#include "trainer/core/memory_meter.h"
 #include "trainer/core/synthetic_step.h"
 
 namespace yolo8 {

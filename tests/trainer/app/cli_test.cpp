@@ -13,15 +13,19 @@ TEST(CommandLine, UltralyticsStyleKeyValue) {
   const CommandLine command = parse_command_line(
       {"train", "data=d.yaml", "model=yolov8s.yaml", "epochs=100", "batch=16", "device=0,1", "resume=true"});
   EXPECT_EQ(command.mode, "train");
-  EXPECT_EQ(command.pairs, (Pairs{{"data", "d.yaml"}, {"model", "yolov8s.yaml"}, {"epochs", "100"},
-                                  {"batch", "16"}, {"device", "0,1"}, {"resume", "true"}}));
+  EXPECT_EQ(command.pairs, (Pairs{{"data", "d.yaml"},
+                                  {"model", "yolov8s.yaml"},
+                                  {"epochs", "100"},
+                                  {"batch", "16"},
+                                  {"device", "0,1"},
+                                  {"resume", "true"}}));
 }
 
 TEST(CommandLine, DashDashForms) {
   const CommandLine command =
       parse_command_line({"train", "--epochs", "5", "--exist-ok", "--amp", "false", "--name=x", "--plots"});
-  EXPECT_EQ(command.pairs, (Pairs{{"epochs", "5"}, {"exist_ok", "true"}, {"amp", "false"}, {"name", "x"},
-                                  {"plots", "true"}}));
+  EXPECT_EQ(command.pairs,
+            (Pairs{{"epochs", "5"}, {"exist_ok", "true"}, {"amp", "false"}, {"name", "x"}, {"plots", "true"}}));
 }
 
 TEST(CommandLine, DataActionAndHelp) {

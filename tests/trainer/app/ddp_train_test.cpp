@@ -1,9 +1,10 @@
 // Two `yolo8 train` processes over Gloo on loopback (as torchrun or an indexed Job would start them): they
 // train together, rank 0 writes (and prints) the run, and a SIGTERM to rank 1 alone stops both at the same step.
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
@@ -13,8 +14,8 @@
 
 #include "data/synth.h"
 #include "tests/trainer/process_util.h"
-#include "trainer/core/checkpoint.h"
 #include "trainer/app/launcher.h"
+#include "trainer/core/checkpoint.h"
 #include "trainer/core/distributed.h"
 #include "trainer/core/exit_codes.h"
 
@@ -23,12 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 
 pid_t spawn_rank(const std::vector<std::string>& args, int rank, int port, const std::string& stdout_path) {
-  const std::map<std::string, std::string> env{{"RANK", std::to_string(rank)},
-                                               {"LOCAL_RANK", std::to_string(rank)},
-                                               {"WORLD_SIZE", "2"},
-                                               {"MASTER_ADDR", "127.0.0.1"},
-                                               {"MASTER_PORT", std::to_string(port)},
-                                               {"YOLO8_DIST_TIMEOUT", "120"}};
+  const std::map<std::string, std::string> env{
+      {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},  {"WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"},   {"MASTER_PORT", std::to_string(port)}, {"YOLO8_DIST_TIMEOUT", "120"}};
   return test::spawn_yolo8(args, env, stdout_path);
 }
 
@@ -48,10 +46,21 @@ TEST(DdpTrain, TwoProcessesTrainAndStopTogether) {
   fs::remove_all(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 9);
   const auto args = [&](const std::string& name, int epochs) {
-    return std::vector<std::string>{"train", "data=" + (root / "ds" / "data.yaml").string(), "model=yolov8n.yaml",
-                                    "imgsz=64", "batch=8", "epochs=" + std::to_string(epochs), "workers=1",
-                                    "threads=1", "device=cpu", "quota=off", "project=" + (root / "runs").string(),
-                                    "name=" + name, "exist_ok=true", "resume=auto", "plots=false"};
+    return std::vector<std::string>{"train",
+                                    "data=" + (root / "ds" / "data.yaml").string(),
+                                    "model=yolov8n.yaml",
+                                    "imgsz=64",
+                                    "batch=8",
+                                    "epochs=" + std::to_string(epochs),
+                                    "workers=1",
+                                    "threads=1",
+                                    "device=cpu",
+                                    "quota=off",
+                                    "project=" + (root / "runs").string(),
+                                    "name=" + name,
+                                    "exist_ok=true",
+                                    "resume=auto",
+                                    "plots=false"};
   };
   {
     const int port = find_free_port();

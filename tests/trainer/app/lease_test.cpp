@@ -2,8 +2,9 @@
 // with quota_db, user and quota_token on top of it.
 #include "trainer/app/lease.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <filesystem>
 

@@ -2,8 +2,9 @@
 // split when no image is usable. (data::make_loader, an unused second entry point, was removed.)
 #include "trainer/app/mode_support.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>

@@ -1,17 +1,17 @@
 #include "trainer/app/plots.h"
 
 #include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <opencv2/imgcodecs.hpp>
 #include <string>
 
 #include "test_paths.h"
+#include "trainer/app/run_dir.h"
 #include "trainer/detect/confusion_matrix.h"
 #include "trainer/detect/metrics.h"
-#include "trainer/app/run_dir.h"
 
 namespace yolo8 {
 namespace {

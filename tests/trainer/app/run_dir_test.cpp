@@ -72,11 +72,24 @@ TEST(ResultsCsv, RowFieldsLandInTheirColumns) {
   row.lr_pg0 = 11.0, row.lr_pg1 = 12.0, row.lr_pg2 = 13.0;
   row.time = 14.0, row.gpu_mem_gib = 15.0, row.gpu_hours = 16.0, row.images_per_s = 1234567.0;
   csv.append(row);
-  const std::vector<std::string> names = {
-      "epoch",        "train/box_loss", "train/cls_loss", "train/dfl_loss",      "metrics/precision(B)",
-      "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
-      "val/dfl_loss", "lr/pg0",         "lr/pg1",         "lr/pg2",              "time",
-      "gpu_mem_gib",  "gpu_hours",      "images_per_s"};
+  const std::vector<std::string> names = {"epoch",
+                                          "train/box_loss",
+                                          "train/cls_loss",
+                                          "train/dfl_loss",
+                                          "metrics/precision(B)",
+                                          "metrics/recall(B)",
+                                          "metrics/mAP50(B)",
+                                          "metrics/mAP50-95(B)",
+                                          "val/box_loss",
+                                          "val/cls_loss",
+                                          "val/dfl_loss",
+                                          "lr/pg0",
+                                          "lr/pg1",
+                                          "lr/pg2",
+                                          "time",
+                                          "gpu_mem_gib",
+                                          "gpu_hours",
+                                          "images_per_s"};
   EXPECT_EQ(ResultsCsv::columns(), names);
   const auto pad = [](const std::string& text, size_t width) { return std::string(width - text.size(), ' ') + text; };
   std::string expected_header = "epoch", expected_row = pad("7", 5);

@@ -65,10 +65,10 @@ TEST(Settings, KeysFillTheComponentStructs) {
 TEST(Settings, PrecedenceDefaultsThenCfgThenCommandLine) {
   const std::string cfg = write_temp("prec.yaml", "epochs: 7\nimgsz: 320\nlr0: 0.02\n");
   const Settings settings = resolve_settings({{"imgsz", "256"}, {"cfg", cfg}}, "train");
-  EXPECT_EQ(settings.epochs, 7);          // from cfg
-  EXPECT_EQ(settings.loader.imgsz, 256);   // command line beats cfg, wherever cfg= stands
+  EXPECT_EQ(settings.epochs, 7);               // from cfg
+  EXPECT_EQ(settings.loader.imgsz, 256);       // command line beats cfg, wherever cfg= stands
   EXPECT_DOUBLE_EQ(settings.optim.lr0, 0.02);  // from cfg
-  EXPECT_EQ(settings.patience, 50);       // default
+  EXPECT_EQ(settings.patience, 50);            // default
   EXPECT_EQ(settings.cfg, cfg);
 }
 
@@ -249,25 +249,30 @@ TEST(Settings, ResumableKeysAreFlaggedInTheTable) {
   for (const auto& info : setting_infos()) {
     if (info.resumable) resumable.push_back(info.name);
   }
-  EXPECT_EQ(resumable, (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota",
-                                                 "quota_db", "quota_token", "gpu_mem", "threads"}));
+  EXPECT_EQ(resumable, (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota", "quota_db",
+                                                 "quota_token", "gpu_mem", "threads"}));
 }
 
 TEST(Settings, ResumeKeepsTheSavedRecipe) {
   Settings saved = resolve_settings({{"epochs", "30"}, {"lr0", "0.02"}, {"workers", "2"}, {"batch", "8"}}, "train");
-  const Settings requested = resolve_settings(
-      {{"resume", "runs/train/a/weights/last.pt"}, {"epochs", "99"}, {"lr0", "0.5"}, {"workers", "4"},
-       {"device", "cpu"}, {"quota", "off"}, {"threads", "3"}, {"plots", "false"}},
-      "train");
+  const Settings requested = resolve_settings({{"resume", "runs/train/a/weights/last.pt"},
+                                               {"epochs", "99"},
+                                               {"lr0", "0.5"},
+                                               {"workers", "4"},
+                                               {"device", "cpu"},
+                                               {"quota", "off"},
+                                               {"threads", "3"},
+                                               {"plots", "false"}},
+                                              "train");
   const Settings merged = merge_resumed_settings(saved, requested);
-  EXPECT_EQ(merged.epochs, 30);                  // the recipe is the checkpoint's
+  EXPECT_EQ(merged.epochs, 30);  // the recipe is the checkpoint's
   EXPECT_DOUBLE_EQ(merged.optim.lr0, 0.02);
-  EXPECT_EQ(merged.loader.workers, 4);           // resumable and given
+  EXPECT_EQ(merged.loader.workers, 4);  // resumable and given
   EXPECT_EQ(merged.device, "cpu");
   EXPECT_EQ(merged.lease.quota, "off");
   EXPECT_EQ(merged.threads, 3);
   EXPECT_FALSE(merged.plots);
-  EXPECT_DOUBLE_EQ(merged.batch, 8);             // resumable but left at its default: the saved one stays
+  EXPECT_DOUBLE_EQ(merged.batch, 8);  // resumable but left at its default: the saved one stays
   EXPECT_EQ(merged.resume, "runs/train/a/weights/last.pt");
 }
 

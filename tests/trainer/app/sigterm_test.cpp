@@ -1,9 +1,10 @@
 // SIGTERM at random moments of a real `yolo8 train` process: every stop exits 75 with a loadable checkpoint,
 // and the chain of resumed runs ends with the weights of an uninterrupted run (CPU, deterministic).
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
@@ -14,9 +15,9 @@
 
 #include "data/synth.h"
 #include "tests/trainer/process_util.h"
-#include "trainer/core/checkpoint.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
+#include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
@@ -77,10 +78,20 @@ TEST(Sigterm, TenRandomStopsThenSameWeightsAsUninterrupted) {
   fs::remove_all(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 5);
   const auto args = [&](const std::string& name) {
-    return std::vector<std::string>{"train", "data=" + (root / "ds" / "data.yaml").string(), "model=yolov8n.yaml",
-                                    "imgsz=64", "batch=4", "epochs=12", "workers=1", "threads=1", "quota=off",
-                                    "project=" + (root / "runs").string(), "name=" + name, "exist_ok=true",
-                                    "resume=auto", "val=false"};
+    return std::vector<std::string>{"train",
+                                    "data=" + (root / "ds" / "data.yaml").string(),
+                                    "model=yolov8n.yaml",
+                                    "imgsz=64",
+                                    "batch=4",
+                                    "epochs=12",
+                                    "workers=1",
+                                    "threads=1",
+                                    "quota=off",
+                                    "project=" + (root / "runs").string(),
+                                    "name=" + name,
+                                    "exist_ok=true",
+                                    "resume=auto",
+                                    "val=false"};
   };
   ASSERT_EQ(run_yolo8(args("straight"), -1).exit_code, kExitCompleted);
 

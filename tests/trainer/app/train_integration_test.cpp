@@ -1,18 +1,18 @@
 // End-to-end training on a tiny synthetic dataset: run outputs, and that an interrupted and resumed run ends
 // bitwise-identical to an uninterrupted one (CPU, deterministic).
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "data/synth.h"
-#include "trainer/core/checkpoint.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
 #include "trainer/app/train_run.h"
+#include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 

@@ -1,9 +1,9 @@
 // kill -9 while checkpoints are being written never leaves an unreadable file at the checkpoint path.
-#include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>

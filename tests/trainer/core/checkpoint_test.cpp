@@ -1,7 +1,9 @@
 // Checkpoint round trips (bitwise), the next optimizer step after a restore, validation of bad files.
-#include <gtest/gtest.h>
+#include "trainer/core/checkpoint.h"
 
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +14,6 @@
 #include <type_traits>
 
 #include "tests/trainer/tiny_net.h"
-#include "trainer/core/checkpoint.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/rng_state.h"
 #include "trainer/core/schedule.h"

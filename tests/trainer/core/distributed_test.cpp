@@ -2,11 +2,13 @@
 // (DistributedWorker.Run, which skips unless YOLO8_DDP_WORKER is set) and the parent compares their results
 // with one process stepping on the whole global batch.
 
-#include <gtest/gtest.h>
-#include <torch/torch.h>
+#include "trainer/core/distributed.h"
 
 #include <signal.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,9 +21,8 @@
 
 #include "models/yolo.h"
 #include "trainer/app/launcher.h"
-#include "trainer/core/distributed.h"
-#include "trainer/detect/loss.h"
 #include "trainer/core/train_step.h"
+#include "trainer/detect/loss.h"
 
 namespace yolo8 {
 namespace {
@@ -149,7 +150,7 @@ TEST(DistributedWorker, Run) {
 
   if (mode == "match") {
     for (const bool sum_like : {false, true}) {
-      TinyNet net = fresh_net(100 + rank);  // deliberately different until the broadcast
+      TinyNet net = fresh_net(100 + rank);                    // deliberately different until the broadcast
       context.bucket_bytes = sum_like ? 1024 : (25LL << 20);  // many small buckets, then one
       context.broadcast_parameters(*net);
       save_state(state_of(net), dir / ("init" + std::to_string(sum_like) + "_rank" + std::to_string(rank) + ".pt"));
@@ -223,7 +224,8 @@ TEST(DistributedWorker, Run) {
     context.average_gradients(params);
     double worst = 0.0;
     for (size_t i = 0; i < params.size(); ++i) {
-      worst = std::max(worst, (params[i].grad() - pattern(params[i], static_cast<int>(i)) * 1.5f).abs().max().item<double>());
+      worst = std::max(worst,
+                       (params[i].grad() - pattern(params[i], static_cast<int>(i)) * 1.5f).abs().max().item<double>());
     }
     const int repeats = 5;
     auto start = std::chrono::steady_clock::now();
@@ -235,7 +237,8 @@ TEST(DistributedWorker, Run) {
     for (int r = 0; r < flags; ++r) context.all_reduce_flag(false);
     const double flag_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / flags;
-    std::ofstream(dir / ("bench_rank" + std::to_string(rank) + ".txt")) << worst << " " << grad_ms << " " << flag_us << "\n";
+    std::ofstream(dir / ("bench_rank" + std::to_string(rank) + ".txt"))
+        << worst << " " << grad_ms << " " << flag_us << "\n";
     return;
   }
   if (mode == "stop") {
@@ -296,8 +299,8 @@ TEST(Distributed, TwoGlooRanksMatchOneProcessOnTheGlobalBatch) {
     for (int rank = 0; rank < 2; ++rank) {
       const auto got = load_state(dir / ("final" + tag + "_rank" + std::to_string(rank) + ".pt"));
       const double difference = max_difference(got, expected);
-      std::cout << "rank " << rank << (sum_like ? " sum-like" : " mean") << " loss: max |w - w_single| = "
-                << difference << "\n";
+      std::cout << "rank " << rank << (sum_like ? " sum-like" : " mean") << " loss: max |w - w_single| = " << difference
+                << "\n";
       EXPECT_LT(difference, 1e-5) << "rank " << rank << (sum_like ? " sum-like" : " mean") << " loss";
     }
   }
@@ -376,8 +379,7 @@ TEST(Distributed, RendezvousWithoutMasterTimesOutNamingTheAddress) {
     DistributedContext context(config);
     FAIL() << "joined a group without a master";
   } catch (const std::runtime_error& error) {
-    EXPECT_NE(std::string(error.what()).find("MASTER_ADDR:MASTER_PORT=127.0.0.1:"), std::string::npos)
-        << error.what();
+    EXPECT_NE(std::string(error.what()).find("MASTER_ADDR:MASTER_PORT=127.0.0.1:"), std::string::npos) << error.what();
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
 }
@@ -435,9 +437,12 @@ TEST(Distributed, ConfigFromTorchrunEnvironment) {
   EXPECT_EQ(none.world_size, 1);
   EXPECT_EQ(none.rank, 0);
 
-  const DistributedConfig config = config_from(
-      {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "trainer-0.trainer"},
-       {"MASTER_PORT", "29511"}, {"YOLO8_DIST_TIMEOUT", "42"}});
+  const DistributedConfig config = config_from({{"RANK", "3"},
+                                                {"WORLD_SIZE", "4"},
+                                                {"LOCAL_RANK", "1"},
+                                                {"MASTER_ADDR", "trainer-0.trainer"},
+                                                {"MASTER_PORT", "29511"},
+                                                {"YOLO8_DIST_TIMEOUT", "42"}});
   EXPECT_EQ(config.rank, 3);
   EXPECT_EQ(config.world_size, 4);
   EXPECT_EQ(config.local_rank, 1);
@@ -446,8 +451,8 @@ TEST(Distributed, ConfigFromTorchrunEnvironment) {
   EXPECT_EQ(config.timeout, std::chrono::seconds(42));
 
   // An indexed Job sets no LOCAL_RANK: one process per pod, so it is the rank.
-  const DistributedConfig job = config_from(
-      {{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+  const DistributedConfig job =
+      config_from({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
   EXPECT_EQ(job.local_rank, 2);
   EXPECT_EQ(config_from({{"WORLD_SIZE", "1"}}).world_size, 1);
 }

@@ -1,10 +1,11 @@
 // ModelEma: decay ramp, averaging of parameters and float buffers, independence from the live model.
+#include "trainer/core/ema.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "tests/trainer/tiny_net.h"
-#include "trainer/core/ema.h"
 
 namespace yolo8 {
 namespace {

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
+#include "tests/trainer/memory_test_net.h"
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/optimizer.h"
-#include "tests/trainer/memory_test_net.h"
 
 namespace yolo8 {
 namespace {
@@ -163,11 +163,21 @@ TEST_F(AutoBatchTest, InjectedOomSplitsIntoMorePassesAndSucceeds) {
 TEST_F(AutoBatchTest, GuardRethrowsAtOneImagePerPassAndPassesOtherErrors) {
   int calls = 0;
   OomGuard guard(c10::Device(c10::kCPU), [](int64_t, int64_t, const std::string&) {});
-  EXPECT_THROW(guard.run(4, [&](int64_t) { ++calls; throw OutOfMemory("always"); }), OutOfMemory);
+  EXPECT_THROW(guard.run(4,
+                         [&](int64_t) {
+                           ++calls;
+                           throw OutOfMemory("always");
+                         }),
+               OutOfMemory);
   EXPECT_EQ(calls, 3);  // 4, 2, 1 images per pass
   calls = 0;
   OomGuard other;
-  EXPECT_THROW(other.run(4, [&](int64_t) { ++calls; throw std::runtime_error("bad label"); }), std::runtime_error);
+  EXPECT_THROW(other.run(4,
+                         [&](int64_t) {
+                           ++calls;
+                           throw std::runtime_error("bad label");
+                         }),
+               std::runtime_error);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(other.passes(), 1);
   EXPECT_THROW(other.run(0, [](int64_t) {}), std::invalid_argument);

@@ -1,9 +1,9 @@
-#include <gtest/gtest.h>
+#include "trainer/core/memory_meter.h"
 
-#include <functional>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "trainer/core/memory_meter.h"
+#include <functional>
 
 namespace yolo8 {
 namespace {

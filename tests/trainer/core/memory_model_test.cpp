@@ -1,10 +1,11 @@
+#include "trainer/core/memory_model.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
 
 #include "test_paths.h"
-#include "trainer/core/memory_model.h"
 
 namespace yolo8 {
 namespace {
@@ -59,19 +60,17 @@ TEST(MemoryModelTest, ValidationAtTwiceTheBatchCanBind) {
 
 TEST(MemoryModelTest, MaxBatchEdges) {
   const MemoryFit fit = fit_memory({{1, 1100}, {2, 1200}}, {}, 640);
-  EXPECT_EQ(max_batch_within(fit, 1000.0, 640, 0.9), 0);        // not even b = 1
-  EXPECT_EQ(max_batch_within(fit, 1e12, 640, 0.9, 256), 256);    // capped
-  EXPECT_EQ(max_batch_within(fit, 1250.0, 640, 0.9), 1);         // b = 1 only
-  EXPECT_EQ(max_batch_within(fit, 3000.0, 1280, 1.0), 5);        // 1000 + 400 b <= 3000
+  EXPECT_EQ(max_batch_within(fit, 1000.0, 640, 0.9), 0);       // not even b = 1
+  EXPECT_EQ(max_batch_within(fit, 1e12, 640, 0.9, 256), 256);  // capped
+  EXPECT_EQ(max_batch_within(fit, 1250.0, 640, 0.9), 1);       // b = 1 only
+  EXPECT_EQ(max_batch_within(fit, 3000.0, 1280, 1.0), 5);      // 1000 + 400 b <= 3000
   EXPECT_THROW(max_batch_within(fit, 0.0, 640), std::invalid_argument);
   EXPECT_THROW(max_batch_within(fit, 3000.0, 640, 1.5), std::invalid_argument);
   const MemoryFit flat = fit_memory({{1, 500}, {2, 500}}, {}, 640);
   EXPECT_EQ(max_batch_within(flat, 1000.0, 640, 0.9, 64), 64);
 }
 
-std::string temp_path(const std::string& name) {
-  return std::string(yolo8::test::kBinaryDir) + "/" + name;
-}
+std::string temp_path(const std::string& name) { return std::string(yolo8::test::kBinaryDir) + "/" + name; }
 
 TEST(MemoryTableTest, RoundTrip) {
   MemoryTable table;
@@ -97,7 +96,8 @@ TEST(MemoryTableTest, RoundTrip) {
 
 TEST(MemoryTableTest, FitBecomesRowAtReferenceSize) {
   const double gib = kBytesPerGib;
-  const MemoryFit fit = fit_memory({{1, static_cast<int64_t>(1.25 * gib)}, {2, static_cast<int64_t>(1.5 * gib)}}, {}, 320);
+  const MemoryFit fit =
+      fit_memory({{1, static_cast<int64_t>(1.25 * gib)}, {2, static_cast<int64_t>(1.5 * gib)}}, {}, 320);
   const MemoryTableRow row = to_table_row("yolov8n", fit, 640);
   EXPECT_EQ(row.variant, "yolov8n");
   EXPECT_NEAR(row.fixed_gib, 1.0, 1e-6);

@@ -1,9 +1,8 @@
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <iostream>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/trainer/memory_test_net.h"
 #include "trainer/core/auto_batch.h"
@@ -24,7 +23,8 @@ TEST_F(MemoryProfileTest, PeaksGrowWithBatchAndFitIsLinear) {
   TinyTrainer trainer(64);
   ProfileOptions options;
   options.timed_steps = 2;
-  const auto rows = profile_steps(trainer.meter, [&](int b) { trainer.step(b); }, {1, 2, 4, 8}, 64, options);
+  const auto rows = profile_steps(
+      trainer.meter, [&](int b) { trainer.step(b); }, {1, 2, 4, 8}, 64, options);
   ASSERT_EQ(rows.size(), 4u);
   for (size_t i = 0; i < rows.size(); ++i) {
     EXPECT_FALSE(rows[i].out_of_memory);
@@ -43,7 +43,8 @@ TEST_F(MemoryProfileTest, PeaksGrowWithBatchAndFitIsLinear) {
   }
   // The per-image part at 96 px, measured, is close to the (96/64)² scaling of the fit at 64 px.
   TinyTrainer larger(96);
-  const auto rows96 = profile_steps(larger.meter, [&](int b) { larger.step(b); }, {1, 2, 4, 8}, 96, options);
+  const auto rows96 = profile_steps(
+      larger.meter, [&](int b) { larger.step(b); }, {1, 2, 4, 8}, 96, options);
   const MemoryFit fit96 = fit_profile(rows96);
   std::cout << "per image: 64 px " << fit.train.per_image_bytes << " B, 96 px " << fit96.train.per_image_bytes
             << " B, ratio " << fit96.train.per_image_bytes / fit.train.per_image_bytes << " (pixel ratio 2.25)\n";
@@ -55,7 +56,8 @@ TEST_F(MemoryProfileTest, OutOfMemoryRowStopsTheSweep) {
   TinyTrainer trainer(64);
   const int64_t peak2 = trainer.train_step(2);
   set_cpu_memory_cap(peak2 + peak2 / 10);
-  const auto rows = profile_steps(trainer.meter, [&](int b) { trainer.step(b); }, {1, 2, 8, 16}, 64);
+  const auto rows = profile_steps(
+      trainer.meter, [&](int b) { trainer.step(b); }, {1, 2, 8, 16}, 64);
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_FALSE(rows[1].out_of_memory);
   EXPECT_TRUE(rows[2].out_of_memory);
@@ -72,12 +74,17 @@ TEST_F(MemoryProfileTest, OutOfMemoryRowStopsTheSweep) {
 
 TEST_F(MemoryProfileTest, BadArgumentsAndForeignErrors) {
   TinyTrainer trainer(32);
-  EXPECT_THROW(profile_steps(trainer.meter, [&](int b) { trainer.step(b); }, {0}, 32), std::invalid_argument);
+  EXPECT_THROW(profile_steps(
+                   trainer.meter, [&](int b) { trainer.step(b); }, {0}, 32),
+               std::invalid_argument);
   ProfileOptions none;
   none.timed_steps = 0;
-  EXPECT_THROW(profile_steps(trainer.meter, [&](int b) { trainer.step(b); }, {1}, 32, none),
+  EXPECT_THROW(profile_steps(
+                   trainer.meter, [&](int b) { trainer.step(b); }, {1}, 32, none),
                std::invalid_argument);
-  EXPECT_THROW(profile_steps(trainer.meter, [](int) { throw std::logic_error("bug"); }, {1}, 32), std::logic_error);
+  EXPECT_THROW(profile_steps(
+                   trainer.meter, [](int) { throw std::logic_error("bug"); }, {1}, 32),
+               std::logic_error);
   EXPECT_THROW(fit_profile({}), std::invalid_argument);
 }
 

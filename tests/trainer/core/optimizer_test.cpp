@@ -1,11 +1,12 @@
 // Parameter groups, the `auto` rule, nominal-batch scaling and group hyper-parameter access.
+#include "trainer/core/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <string>
 
 #include "tests/trainer/tiny_net.h"
-#include "trainer/core/optimizer.h"
 #include "trainer/core/schedule.h"
 
 namespace yolo8 {

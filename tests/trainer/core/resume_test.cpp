@@ -1,7 +1,7 @@
 // Interrupt a tiny run mid-accumulation, checkpoint, resume in fresh objects: the end state is bitwise identical.
-#include <gtest/gtest.h>
-
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>

@@ -1,4 +1,6 @@
 // TrainSchedule beyond the golden runs: LR lambdas, restore, and resuming with another batch size.
+#include "trainer/core/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 
 #include "tests/trainer/tiny_net.h"
 #include "trainer/core/optimizer.h"
-#include "trainer/core/schedule.h"
 
 namespace yolo8 {
 namespace {

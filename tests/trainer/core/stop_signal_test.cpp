@@ -1,8 +1,9 @@
 #include "trainer/core/stop_signal.h"
 
-#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <csignal>
 

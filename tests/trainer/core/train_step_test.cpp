@@ -121,8 +121,8 @@ TEST(TrainStepAmp, NonFiniteGradientSkipsTheStepAndKeepsWeightsAndEma) {
 
   torch::Tensor target = core.model()->parameters()[0];
   ASSERT_TRUE(target.requires_grad());
-  const unsigned hook = target.register_hook(
-      [](const torch::Tensor& grad) { return grad * std::numeric_limits<float>::infinity(); });
+  const unsigned hook =
+      target.register_hook([](const torch::Tensor& grad) { return grad * std::numeric_limits<float>::infinity(); });
   const StepOutcome outcome = core.step(0, 1, batch.images, batch.labels);
   target.remove_hook(hook);
   EXPECT_FALSE(outcome.optimizer_stepped);
@@ -272,8 +272,8 @@ TEST(TrainStepCuda, AmpTrainsWithFiniteLossesInLessMemory) {
     EXPECT_LT(last_loss.item<double>(), first_loss.item<double>()) << "amp " << amp;
     for (const auto& p : core.model()->parameters()) ASSERT_TRUE(torch::isfinite(p).all().item<bool>());
   }
-  std::printf("peak of a yolov8n step at batch 16, imgsz 320: float32 %.1f MiB, AMP %.1f MiB\n",
-              peaks[0] / 1048576.0, peaks[1] / 1048576.0);
+  std::printf("peak of a yolov8n step at batch 16, imgsz 320: float32 %.1f MiB, AMP %.1f MiB\n", peaks[0] / 1048576.0,
+              peaks[1] / 1048576.0);
   EXPECT_LT(peaks[1], peaks[0]);
 }
 
