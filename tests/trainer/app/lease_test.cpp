@@ -14,9 +14,9 @@ namespace fs = std::filesystem;
 
 Settings local_settings(const fs::path& db) {
   Settings settings;
-  settings.quota = "local";
-  settings.quota_db = db.string();
-  settings.user = "alice";
+  settings.lease.quota = "local";
+  settings.lease.quota_db = db.string();
+  settings.lease.user = "alice";
   settings.model = "yolov8n.yaml";
   return settings;
 }

@@ -35,7 +35,7 @@ TEST(LoadSplit, ReadsTheSplitWithItsReport) {
   data::synthesize_dataset((root / "ds").string(), 6, 10, 64, 1);
   const data::DatasetSpec spec = data::load_data_yaml((root / "ds" / "data.yaml").string());
   Settings settings;
-  settings.workers = 1;
+  settings.loader.workers = 1;
   std::string report;
   std::shared_ptr<const data::DatasetIndex> index;
   {
@@ -61,7 +61,7 @@ TEST(LoadSplit, NoUsableImageIsAnInputErrorNamingTheSplit) {
   std::ofstream(dir / "data.yaml") << "train: images/train\nnames: [a]\n";
   const data::DatasetSpec spec = data::load_data_yaml((dir / "data.yaml").string());
   Settings settings;
-  settings.workers = 1;
+  settings.loader.workers = 1;
   try {
     CoutCapture quiet;
     app::load_split(spec, "train", settings, true);

@@ -132,7 +132,7 @@ TEST_F(TrainIntegration, ResumeWithAnotherBatchContinues) {
 TEST_F(TrainIntegration, ResumeWithAnotherBatchKeepsTheAutoOptimizer) {
   Settings first_settings = settings("auto_optimizer", 1000);
   first_settings.batch = 1;
-  first_settings.nbs = 1;
+  first_settings.optim.nbs = 1;
   first_settings.val = false;
   first_settings.plots = false;
   first_settings.time = 45.0 / 3600.0;
