@@ -30,8 +30,8 @@ using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Ac
 constexpr bool kResumable = true;
 
 struct Entry {
-  Entry(const char* name, Member member, const char* help, bool resumable = false)
-      : name(name), member(member), help(help), resumable(resumable) {}
+  Entry(const char* key, Member accessor, const char* help_text, bool may_change_on_resume = false)
+      : name(key), member(accessor), help(help_text), resumable(may_change_on_resume) {}
   const char* name;
   Member member;
   const char* help;

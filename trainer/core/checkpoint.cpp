@@ -200,38 +200,38 @@ int64_t content_hash(const GenericDict& root) {
 GenericDict group_options(const torch::optim::OptimizerOptions& options) {
   auto d = new_dict();
   d.insert("lr", options.get_lr());
-  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-    d.insert("momentum", o->momentum());
-    d.insert("dampening", o->dampening());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("nesterov", o->nesterov());
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    d.insert("beta1", std::get<0>(o->betas()));
-    d.insert("beta2", std::get<1>(o->betas()));
-    d.insert("eps", o->eps());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("amsgrad", o->amsgrad());
-  } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    d.insert("beta1", std::get<0>(o->betas()));
-    d.insert("beta2", std::get<1>(o->betas()));
-    d.insert("eps", o->eps());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("amsgrad", o->amsgrad());
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    d.insert("momentum", sgd->momentum());
+    d.insert("dampening", sgd->dampening());
+    d.insert("weight_decay", sgd->weight_decay());
+    d.insert("nesterov", sgd->nesterov());
+  } else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    d.insert("beta1", std::get<0>(adam->betas()));
+    d.insert("beta2", std::get<1>(adam->betas()));
+    d.insert("eps", adam->eps());
+    d.insert("weight_decay", adam->weight_decay());
+    d.insert("amsgrad", adam->amsgrad());
+  } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    d.insert("beta1", std::get<0>(adamw->betas()));
+    d.insert("beta2", std::get<1>(adamw->betas()));
+    d.insert("eps", adamw->eps());
+    d.insert("weight_decay", adamw->weight_decay());
+    d.insert("amsgrad", adamw->amsgrad());
   }
   return d;
 }
 
 void apply_group_options(const Reader& r, torch::optim::OptimizerOptions& options) {
   options.set_lr(r.real("lr"));
-  if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
-    o->momentum(r.real("momentum")).dampening(r.real("dampening")).weight_decay(r.real("weight_decay"));
-    o->nesterov(r.boolean("nesterov"));
-  } else if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-    o->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
-    o->amsgrad(r.boolean("amsgrad"));
-  } else if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-    o->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
-    o->amsgrad(r.boolean("amsgrad"));
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    sgd->momentum(r.real("momentum")).dampening(r.real("dampening")).weight_decay(r.real("weight_decay"));
+    sgd->nesterov(r.boolean("nesterov"));
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    adam->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
+    adam->amsgrad(r.boolean("amsgrad"));
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    adamw->betas({r.real("beta1"), r.real("beta2")}).eps(r.real("eps")).weight_decay(r.real("weight_decay"));
+    adamw->amsgrad(r.boolean("amsgrad"));
   }
 }
 

@@ -157,18 +157,18 @@ void set_group_lr(torch::optim::Optimizer& optimizer, size_t group, double lr) {
 
 double group_momentum(const torch::optim::Optimizer& optimizer, size_t group) {
   if (auto* o = options_as<torch::optim::SGDOptions>(optimizer, group)) return o->momentum();
-  if (auto* o = options_as<torch::optim::AdamOptions>(optimizer, group)) return std::get<0>(o->betas());
-  if (auto* o = options_as<torch::optim::AdamWOptions>(optimizer, group)) return std::get<0>(o->betas());
+  if (auto* adam = options_as<torch::optim::AdamOptions>(optimizer, group)) return std::get<0>(adam->betas());
+  if (auto* adamw = options_as<torch::optim::AdamWOptions>(optimizer, group)) return std::get<0>(adamw->betas());
   unsupported();
 }
 
 void set_group_momentum(torch::optim::Optimizer& optimizer, size_t group, double momentum) {
-  if (auto* o = options_as<torch::optim::SGDOptions>(optimizer, group)) {
-    o->momentum(momentum);
-  } else if (auto* o = options_as<torch::optim::AdamOptions>(optimizer, group)) {
-    o->betas({momentum, std::get<1>(o->betas())});
-  } else if (auto* o = options_as<torch::optim::AdamWOptions>(optimizer, group)) {
-    o->betas({momentum, std::get<1>(o->betas())});
+  if (auto* sgd = options_as<torch::optim::SGDOptions>(optimizer, group)) {
+    sgd->momentum(momentum);
+  } else if (auto* adam = options_as<torch::optim::AdamOptions>(optimizer, group)) {
+    adam->betas({momentum, std::get<1>(adam->betas())});
+  } else if (auto* adamw = options_as<torch::optim::AdamWOptions>(optimizer, group)) {
+    adamw->betas({momentum, std::get<1>(adamw->betas())});
   } else {
     unsupported();
   }
@@ -182,12 +182,12 @@ double group_weight_decay(const torch::optim::Optimizer& optimizer, size_t group
 }
 
 void set_group_weight_decay(torch::optim::Optimizer& optimizer, size_t group, double weight_decay) {
-  if (auto* o = options_as<torch::optim::SGDOptions>(optimizer, group)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = options_as<torch::optim::AdamOptions>(optimizer, group)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = options_as<torch::optim::AdamWOptions>(optimizer, group)) {
-    o->weight_decay(weight_decay);
+  if (auto* sgd = options_as<torch::optim::SGDOptions>(optimizer, group)) {
+    sgd->weight_decay(weight_decay);
+  } else if (auto* adam = options_as<torch::optim::AdamOptions>(optimizer, group)) {
+    adam->weight_decay(weight_decay);
+  } else if (auto* adamw = options_as<torch::optim::AdamWOptions>(optimizer, group)) {
+    adamw->weight_decay(weight_decay);
   } else {
     unsupported();
   }
