@@ -53,7 +53,7 @@ INSTANTIATE_TEST_SUITE_P(AllScales, ParamCount,
                                            CountCase{"yolov8m.yaml", 25902640, 78.9, 295},
                                            CountCase{"yolov8l.yaml", 43691520, 165.2, 365},
                                            CountCase{"yolov8x.yaml", 68229648, 257.8, 365}),
-                         [](const auto& info) { return std::string(info.param.name).substr(0, 7); });
+                         [](const auto& param_info) { return std::string(param_info.param.name).substr(0, 7); });
 
 }  // namespace
 }  // namespace yolo8

@@ -41,7 +41,7 @@ TEST(TrainingLease, LocalModeUsesTheQuotaDbAndUser) {
 
 TEST(TrainingLease, OffAndCpuLocalRunsHoldNoLease) {
   Settings off;
-  off.quota = "off";
+  off.lease.quota = "off";
   EXPECT_FALSE(TrainingLease(off, "job", true, 1).active());
   Settings cpu = local_settings(fs::path(::testing::TempDir()) / "unused.db");
   EXPECT_FALSE(TrainingLease(cpu, "job", /*uses_gpu=*/false, 1).active());
@@ -49,10 +49,10 @@ TEST(TrainingLease, OffAndCpuLocalRunsHoldNoLease) {
 
 TEST(TrainingLease, UnknownModeIsRefusedNamingTheSetting) {
   Settings bad;
-  bad.quota = "ftp://somewhere";
+  bad.lease.quota = "ftp://somewhere";
   try {
     TrainingLease lease(bad, "job", true, 1);
-    FAIL() << "accepted quota=" << bad.quota;
+    FAIL() << "accepted quota=" << bad.lease.quota;
   } catch (const std::invalid_argument& error) {
     EXPECT_NE(std::string(error.what()).find("quota"), std::string::npos) << error.what();
   }

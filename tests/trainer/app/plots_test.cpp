@@ -70,9 +70,10 @@ TEST(PlotResultsCsv, ReadsTheEnginesOwnFile) {
   fs::remove(csv);
   ResultsCsv writer(csv);
   for (int e = 1; e <= 12; ++e) {
-    std::vector<double> row(ResultsCsv::columns().size(), 0.5 / e);
-    row[0] = e;
-    row[9] = std::numeric_limits<double>::quiet_NaN();  // a missing value is skipped, not fatal
+    const double value = 0.5 / e;
+    ResultsRow row{e,     value, value, value, value, value, value, value, value,
+                   value, value, value, value, value, value, value, value, value};
+    row.val_cls_loss = std::numeric_limits<double>::quiet_NaN();  // a missing value is skipped, not fatal
     writer.append(row);
   }
   plot_results_csv(csv, out_path("engine_results.png"));
