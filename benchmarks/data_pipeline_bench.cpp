@@ -185,14 +185,14 @@ int main(int argc, char** argv) {
       while (dl.next()) {
       }
       int64_t images = 0;
-      auto t0 = Clock::now();
-      const double c0 = cpu_seconds();
+      const auto pass_start = Clock::now();
+      const double pass_cpu_start = cpu_seconds();
       for (int e = 1; e <= epochs; ++e) {
         dl.start_epoch(e);
         while (auto b = dl.next()) images += b->images.size(0);
       }
-      const double ips = images / seconds_since(t0);
-      const double per_cpu = images / (cpu_seconds() - c0);
+      const double ips = images / seconds_since(pass_start);
+      const double per_cpu = images / (cpu_seconds() - pass_cpu_start);
       rows.push_back(
           {imgsz, dl.workers(), to_string(cache), ips, ips / std::min<unsigned>(dl.workers(), cores), per_cpu});
     }

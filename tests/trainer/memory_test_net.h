@@ -29,8 +29,8 @@ TORCH_MODULE(ConvStackNet);
 
 // One training step (forward, loss, backward, SGD with momentum) measured by the meter.
 struct TinyTrainer {
-  explicit TinyTrainer(int imgsz)
-      : imgsz(imgsz), optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)) {
+  explicit TinyTrainer(int image_size)
+      : imgsz(image_size), optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)) {
     torch::manual_seed(0);
   }
   void step(int batch) {

@@ -172,7 +172,7 @@ TEST_F(QuotadReport, MarkdownAndHtml) {
   EXPECT_EQ(html.find("<script"), std::string::npos);
   EXPECT_EQ(html.find("<svg"), html.find("<svg xmlns"));
   size_t svgs = 0;
-  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1)) ++svgs;
   EXPECT_EQ(svgs, 3u);  // GPU-hours, utilisation, waste
   // team-cv's November bar is the longest of the GPU-hours chart: 420 px
   EXPECT_NE(html.find("width=\"420.0\" height=\"12\" fill=\"#3b7dd8\"><title>2026-11: 26.0</title>"),
