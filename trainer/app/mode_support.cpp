@@ -1,4 +1,4 @@
-// Helpers shared by the dataset-driven modes (train, val, predict). Compiled only with OpenCV; see engine.h.
+// Helpers shared by the dataset-driven modes (train, val, predict). Built only with OpenCV.
 
 #include "trainer/app/mode_support.h"
 

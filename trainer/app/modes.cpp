@@ -1,4 +1,4 @@
-// Dataset-driven modes. Compiled only with OpenCV; see engine.h.
+// Dataset-driven modes. Built only with OpenCV (trainer/app/CMakeLists.txt).
 
 #include "trainer/app/modes.h"
 

@@ -1,4 +1,4 @@
-// `yolo8 train`, split into set-up, epochs, epoch end and finish. Compiled only with OpenCV; see engine.h.
+// `yolo8 train`, split into set-up, epochs, epoch end and finish. Built only with OpenCV (trainer/app/CMakeLists.txt).
 
 #include "trainer/app/train_run.h"
 

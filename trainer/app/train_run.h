@@ -1,7 +1,7 @@
 #pragma once
 // One `yolo8 train` run in four parts: set-up (resume, data, model, lease, batch, data parallelism, loaders,
 // training core), the epochs, the end of each epoch (validation, fitness, results, checkpoints, stop rules)
-// and the finish (final validation of best.pt, cost, lease release). Compiled only with OpenCV (see engine.h).
+// and the finish (final validation of best.pt, cost, lease release). Built only with OpenCV.
 
 #include <torch/torch.h>
 

@@ -2,7 +2,7 @@
 // Multi-process data-parallel training over LibTorch's c10d: Gloo on CPU, NCCL on CUDA. A process learns its
 // place from the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun and a
 // Kubernetes indexed Job set them) or from explicit values. With world_size()==1 every call is a no-op, so
-// the engine calls the same functions in single-process runs. c10d headers stay in distributed.cpp.
+// the training run calls the same functions in single-process runs. c10d headers stay in distributed.cpp.
 
 #include <torch/torch.h>
 
