@@ -54,6 +54,15 @@ json parse_body(const std::string& body) {
   }
 }
 
+// The optional free-text `note` of a decision or review body (at most 2000 characters kept).
+std::string optional_note(const std::string& body) {
+  const json body_json = parse_body(body);
+  if (!body_json.is_object()) throw RequestError("body: must be a JSON object");
+  if (!body_json.contains("note")) return "";
+  if (!body_json["note"].is_string()) throw RequestError("note: has the wrong type");
+  return body_json["note"].get<std::string>().substr(0, 2000);
+}
+
 }  // namespace
 
 QuotaService::QuotaService(Policy policy, ServiceOptions options)
@@ -438,13 +447,7 @@ ApiResponse QuotaService::release(const Caller& caller, int64_t id, const std::s
 }
 
 ApiResponse QuotaService::decide(const Caller& caller, int64_t approval_id, bool approve, const std::string& body) {
-  const json body_json = parse_body(body);
-  if (!body_json.is_object()) throw RequestError("body: must be a JSON object");
-  std::string note;
-  if (body_json.contains("note")) {
-    if (!body_json["note"].is_string()) throw RequestError("note: has the wrong type");
-    note = body_json["note"].get<std::string>().substr(0, 2000);
-  }
+  const std::string note = optional_note(body);
   return locked([&] {
     const Approval* approval = engine_.find_approval(approval_id);
     if (approval == nullptr) return error(404, "unknown approval " + std::to_string(approval_id));
@@ -470,13 +473,7 @@ ApiResponse QuotaService::decide(const Caller& caller, int64_t approval_id, bool
 
 ApiResponse QuotaService::review(const Caller& caller, int64_t id, const std::string& body) {
   if (caller.role != Role::kAdmin) return error(403, "role: emergency reviews are for admins");
-  const json body_json = parse_body(body);
-  if (!body_json.is_object()) throw RequestError("body: must be a JSON object");
-  std::string note;
-  if (body_json.contains("note")) {
-    if (!body_json["note"].is_string()) throw RequestError("note: has the wrong type");
-    note = body_json["note"].get<std::string>().substr(0, 2000);
-  }
+  const std::string note = optional_note(body);
   return locked([&] {
     const Lease* lease = engine_.find(id);
     if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
