@@ -3,12 +3,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "quota/core/sha256.h"
 
@@ -162,26 +164,83 @@ bool Policy::needs_approval(const std::string& model) const {
 
 const User* Policy::find_user_by_token(const std::string& token) const {
   if (token.empty()) return nullptr;
-  const std::string token_hash = sha256_hex(token);
+  // Every user's hash is computed and compared in full, whatever matches, so the time taken says nothing
+  // about which user or how many leading digits matched.
+  const User* found = nullptr;
+  const std::string unsalted = sha256_hex(token);
   for (const auto& [name, user] : users) {
-    if (user.token_sha256 == token_hash) return &user;
+    const std::string token_hash = user.token_salt.empty() ? unsalted : sha256_hex(user.token_salt + token);
+    unsigned char diff = token_hash.size() == user.token_sha256.size() ? 0 : 1;
+    for (size_t i = 0; i < token_hash.size() && i < user.token_sha256.size(); ++i) {
+      diff |= static_cast<unsigned char>(token_hash[i] ^ user.token_sha256[i]);
+    }
+    if (diff == 0 && found == nullptr) found = &user;
   }
-  return nullptr;
+  return found;
+}
+
+bool is_dns1123_label(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  auto alnum = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'); };
+  for (char ch : name) {
+    if (!alnum(ch) && ch != '-') return false;
+  }
+  return alnum(name.front()) && alnum(name.back());
+}
+
+bool is_valid_user_name(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  auto alnum = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'); };
+  for (char ch : name) {
+    if (!alnum(ch) && ch != '-' && ch != '_' && ch != '.') return false;
+  }
+  return alnum(name.front()) && alnum(name.back());
+}
+
+bool is_sha256_hex(const std::string& text) {
+  if (text.size() != 64) return false;
+  for (char ch : text) {
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) return false;
+  }
+  return true;
 }
 
 void Policy::validate() const {
   const std::string where = source.empty() ? "policy" : source;
+  // the line of `key`, or of the nearest enclosing key the file defined
+  auto line_of = [&](std::string key) {
+    while (!key.empty()) {
+      if (auto it = key_lines.find(key); it != key_lines.end()) return it->second;
+      const auto cut = key.find_last_of(".[");
+      key = cut == std::string::npos ? "" : key.substr(0, cut);
+    }
+    return 0;
+  };
   auto fail = [&](const std::string& key, const std::string& msg) {
-    throw PolicyError(where + ": " + key + ": " + msg);
+    const int line = line_of(key);
+    throw PolicyError(where + (line > 0 ? ":" + std::to_string(line) : "") + ": " + key + ": " + msg);
+  };
+  // NaN compares false with everything, so every range check below is written as !(within range)
+  auto finite_at_least = [&](double value, double low, const std::string& key) {
+    if (!std::isfinite(value)) fail(key, "must be a finite number");
+    if (!(value >= low)) fail(key, "must be >= " + std::to_string(static_cast<long long>(low)));
   };
   if (gpus.empty()) fail("inventory", "no GPUs listed");
   for (const auto& gpu : gpus) {
-    if (!(gpu.memory_gib > 0)) fail("inventory." + gpu.node + ".memory_gib", "must be > 0");
+    if (!std::isfinite(gpu.memory_gib) || !(gpu.memory_gib > 0)) {
+      fail("inventory." + gpu.node + ".memory_gib", "must be a finite number > 0");
+    }
   }
-  if (emergency_pool_fraction < 0 || emergency_pool_fraction > 0.5) {
+  if (!(emergency_pool_fraction >= 0 && emergency_pool_fraction <= 0.5)) {
     fail("emergency_pool", "fraction must be within [0, 0.5] (the department uses 0.15-0.20)");
   }
   if (default_gpus < 1) fail("defaults.gpus", "must be >= 1");
+  if (!std::isfinite(default_memory_fallback_gib) || !(default_memory_fallback_gib > 0)) {
+    fail("defaults.memory_gib_other", "must be a finite number > 0");
+  }
+  for (const auto& [model, gib] : default_memory_gib) {
+    if (!std::isfinite(gib) || !(gib > 0)) fail("defaults.memory_gib." + model, "must be a finite number > 0");
+  }
   if (ttl_s <= 0) fail("leases.ttl_s", "must be > 0");
   if (heartbeat_interval_s <= 0 || heartbeat_interval_s >= ttl_s) {
     fail("leases.heartbeat_interval_s", "must be > 0 and below ttl_s");
@@ -190,14 +249,30 @@ void Policy::validate() const {
   if (min_runtime_s < 0) fail("preemption.min_runtime_s", "must be >= 0");
   if (preempt_grace_s < 0) fail("preemption.grace_s", "must be >= 0");
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
-  if (loan_gpu_hours < 0) fail("credits.loan_gpu_hours", "must be >= 0");
+  finite_at_least(monthly_gpu_hours, 0, "credits.monthly_gpu_hours");
+  finite_at_least(loan_gpu_hours, 0, "credits.loan_gpu_hours");
+  if (max_batch < 1) fail("limits.max_batch", "must be >= 1");
+  if (max_imgsz < 32) fail("limits.max_imgsz", "must be >= 32");
+  if (max_queued_per_user < 1) fail("limits.max_queued_per_user", "must be >= 1");
   if (!(waste_gpu_util_below >= 0 && waste_gpu_util_below <= 1)) fail("waste.gpu_util_below", "must be within [0, 1]");
   if (waste_after_s < 0) fail("waste.after_s", "must be >= 0");
+  for (const auto& [model, estimate] : memory_table.models) {
+    if (!std::isfinite(estimate.fixed_gib) || !std::isfinite(estimate.per_image_gib) || estimate.fixed_gib < 0 ||
+        !(estimate.per_image_gib > 0)) {
+      fail("memory_table.models." + model, "values must be finite and positive");
+    }
+  }
   double base_sum = 0;
   for (const auto& [name, team] : teams) {
     const std::string team_key = "teams." + name;
-    if (team.base < 0) fail(team_key + ".base", "must be >= 0");
-    if (team.burst < team.base) fail(team_key + ".burst", "must be >= base");
+    if (!is_dns1123_label(name)) {
+      fail(team_key, "'" + name +
+                         "' is not a valid team name: it becomes a Kubernetes Namespace, so 1-63 characters of "
+                         "a-z, 0-9 and '-', starting and ending with a letter or digit");
+    }
+    finite_at_least(team.base, 0, team_key + ".base");
+    if (!std::isfinite(team.burst)) fail(team_key + ".burst", "must be a finite number");
+    if (!(team.burst >= team.base)) fail(team_key + ".burst", "must be >= base");
     if (team.burst > total_gpus()) {
       fail(team_key + ".burst", "exceeds the inventory of " + std::to_string(total_gpus()) + " GPUs");
     }
@@ -212,11 +287,17 @@ void Policy::validate() const {
   if (base_sum > total_gpus() - emergency_pool_gpus() + 1e-9) {
     fail("teams", "the sum of base GPUs exceeds the inventory minus the emergency pool");
   }
-  std::set<std::string> hashes;
+  std::map<std::string, std::string> hashes;  // hash -> user
   for (const auto& [name, user] : users) {
-    if (user.token_sha256.size() != 64) fail("users." + name + ".token_sha256", "must be 64 hex digits");
-    if (!hashes.insert(user.token_sha256).second) fail("users." + name + ".token_sha256", "duplicate token");
-    if (user.role != Role::kAdmin && !teams.count(user.team)) fail("users." + name, "belongs to no team");
+    const std::string user_key = "users." + name;
+    if (!is_sha256_hex(user.token_sha256))
+      fail(user_key + ".token_sha256", "must be 64 hex digits (quotad hash-token)");
+    for (char ch : user.token_salt) {
+      if (!std::isxdigit(static_cast<unsigned char>(ch))) fail(user_key + ".token_salt", "must be hex digits");
+    }
+    const auto [it, fresh] = hashes.emplace(user.token_salt + "$" + user.token_sha256, name);
+    if (!fresh) fail(user_key + ".token_sha256", "duplicate token (also used by " + it->second + ")");
+    if (user.role != Role::kAdmin && !teams.count(user.team)) fail(user_key, "belongs to no team");
   }
 }
 
@@ -244,11 +325,16 @@ struct YamlContext {
   template <typename T>
   T get(const YAML::Node& node, const std::string& key, T fallback) const {
     if (!node.IsDefined() || node.IsNull()) return fallback;
+    T value{};
     try {
-      return node.as<T>();
+      value = node.as<T>();
     } catch (const YAML::Exception&) {
       fail(node, key, "has the wrong type");
     }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(value)) fail(node, key, "must be a finite number (not .nan or .inf)");
+    }
+    return value;
   }
   template <typename T>
   T need(const YAML::Node& parent, const char* name, const std::string& key) const {
@@ -257,6 +343,34 @@ struct YamlContext {
     return get<T>(node, key, T{});
   }
 };
+
+// Records the line of every key path and refuses a key that appears twice in one mapping (yaml-cpp keeps both
+// entries and lookups see only the first, so a duplicate would silently drop a team or a user).
+void index_keys(const YamlContext& context, const YAML::Node& node, const std::string& path,
+                std::map<std::string, int>& lines) {
+  if (node.IsMap()) {
+    std::map<std::string, int> seen;
+    for (const auto& entry : node) {
+      if (!entry.first.IsScalar()) continue;  // the loader names a non-scalar key where it reads it
+      const std::string key = entry.first.Scalar();
+      const std::string key_path = path.empty() ? key : path + "." + key;
+      const int line = entry.first.Mark().line + 1;
+      const auto [it, fresh] = seen.emplace(key, line);
+      if (!fresh) {
+        context.fail(entry.first, key_path,
+                     "duplicate key (lines " + std::to_string(it->second) + " and " + std::to_string(line) + ")");
+      }
+      lines[key_path] = line;
+      index_keys(context, entry.second, key_path, lines);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string key_path = path + "[" + std::to_string(i) + "]";
+      if (node[i].Mark().line >= 0) lines[key_path] = node[i].Mark().line + 1;
+      index_keys(context, node[i], key_path, lines);
+    }
+  }
+}
 
 int parse_hhmm(const YamlContext& context, const YAML::Node& node, const std::string& key) {
   const std::string text = context.get<std::string>(node, key, "");
@@ -357,6 +471,7 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   const YAML::Node root = parse_yaml(yaml, source);
   Policy policy;
   policy.source = source;
+  index_keys(context, root, "", policy.key_lines);
   context.keys(root, "",
                {"inventory", "teams", "users", "emergency_pool", "defaults", "tiers", "leases", "preemption", "sharing",
                 "credits", "memory_table", "limits", "waste"});
@@ -388,12 +503,22 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   }
   for (const auto& [name, node] : user_nodes) {
     const std::string key_path = "users." + name;
-    context.keys(node, key_path, {"token_sha256", "role"});
+    context.keys(node, key_path, {"token_sha256", "token_salt", "role"});
+    if (!is_valid_user_name(name)) {
+      context.fail(node, key_path,
+                   "'" + name +
+                       "' is not a valid user name: 1-63 characters of a-z, 0-9, '.', '_' and '-', "
+                       "starting and ending with a letter or digit");
+    }
     User user;
     user.name = name;
-    user.token_sha256 = context.need<std::string>(node, "token_sha256", key_path + ".token_sha256");
-    std::transform(user.token_sha256.begin(), user.token_sha256.end(), user.token_sha256.begin(),
-                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    auto lower = [](std::string text) {
+      std::transform(text.begin(), text.end(), text.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      return text;
+    };
+    user.token_sha256 = lower(context.need<std::string>(node, "token_sha256", key_path + ".token_sha256"));
+    user.token_salt = lower(context.get<std::string>(node["token_salt"], key_path + ".token_salt", ""));
     const std::string role = context.get<std::string>(node["role"], key_path + ".role", "member");
     if (role == "admin") {
       user.role = Role::kAdmin;
@@ -523,9 +648,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     policy.waste_after_s = context.get<int>(section["after_s"], "waste.after_s", policy.waste_after_s);
   }
   if (const YAML::Node section = root["limits"]; section.IsDefined()) {
-    context.keys(section, "limits", {"max_imgsz", "max_batch"});
+    context.keys(section, "limits", {"max_imgsz", "max_batch", "max_queued_per_user"});
     policy.max_imgsz = context.get<int>(section["max_imgsz"], "limits.max_imgsz", policy.max_imgsz);
     policy.max_batch = context.get<int>(section["max_batch"], "limits.max_batch", policy.max_batch);
+    policy.max_queued_per_user =
+        context.get<int>(section["max_queued_per_user"], "limits.max_queued_per_user", policy.max_queued_per_user);
   }
   if (const YAML::Node table_node = root["memory_table"]; table_node.IsDefined()) {
     std::string path = context.get<std::string>(table_node, "memory_table", "");

@@ -54,7 +54,8 @@ struct User {
   std::string name;
   std::string team;  // empty for admins without a team
   Role role = Role::kMember;
-  std::string token_sha256;
+  std::string token_sha256;  // SHA-256 hex of token_salt + token
+  std::string token_salt;    // per-token salt (hex); empty for an unsalted hash
 };
 
 struct MemoryEstimate {
@@ -74,6 +75,9 @@ struct MemoryTable {
 
 struct Policy {
   std::string source;  // file it came from, for messages
+  // Line (1-based) of every key path the file defined ("teams.t.base", "inventory.nodes[0]"), so that
+  // validate() can name the line of a semantic error.
+  std::map<std::string, int> key_lines;
   std::vector<Gpu> gpus;
   std::map<std::string, Team> teams;
   std::map<std::string, User> users;
@@ -96,12 +100,13 @@ struct Policy {
   // sharing
   bool sharing_enabled = false;
   int max_leases_per_gpu = 4;
-  // credits, GPU-hours per member per month; <= 0 disables credits
+  // credits, GPU-hours per member per month; 0 disables credits
   double monthly_gpu_hours = 100;
   double loan_gpu_hours = 0;
   // request bounds
   int max_imgsz = 4096;
   int max_batch = 4096;
+  int max_queued_per_user = 50;  // queued or pending requests one user may have at once (429 past it)
   // waste: a running lease reporting GPU utilisation below `waste_gpu_util_below` for at least
   // `waste_after_s` seconds is listed as waste (metrics, status page, report)
   double waste_gpu_util_below = 0.20;
@@ -127,6 +132,14 @@ MemoryTable load_memory_table(const std::string& path);
 // Embedded single-workstation policy: one team "local", `gpu_count` GPUs of `memory_gib`, user `user`
 // as lead, no emergency pool, no credits, every model self-service.
 Policy local_policy(int gpu_count, double memory_gib, const std::string& user);
+
+// A DNS-1123 label (Kubernetes Namespace names): 1..63 of [a-z0-9-], alphanumeric at both ends.
+bool is_dns1123_label(const std::string& name);
+// quotad's rule for user names (also valid Kubernetes label values): 1..63 of [a-z0-9._-], alphanumeric at
+// both ends.
+bool is_valid_user_name(const std::string& name);
+// 64 lowercase hex digits.
+bool is_sha256_hex(const std::string& text);
 
 // Civil-time helpers on UTC milliseconds.
 int weekday_of(int64_t ms_local);  // 0 = Monday

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "quota/core/sha256.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -113,6 +114,100 @@ TEST(Policy, ErrorsNameFileLineAndKey) {
       "inventory:\n  nodes:\n    - {name: n1, gpus: 2, memory_gib: 24}\n"
       "teams:\n  t: {base: 3}\n");
   EXPECT_NE(e.find("teams.t.burst"), std::string::npos) << e;
+}
+
+// Each bad value below was accepted before issue 15; every error names the file, the line and the key.
+TEST(PolicyValidation, NonFiniteNumbersAreRefused) {
+  std::string e = error_of(minimal() + "emergency_pool: .nan\n");
+  EXPECT_NE(e.find("test.yaml:11: emergency_pool"), std::string::npos) << e;
+  EXPECT_NE(e.find("finite"), std::string::npos) << e;
+  e = error_of(
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {token_sha256: " +
+      std::string(64, 'a') + "}\nteams:\n  t:\n    base: .nan\n    members: [u]\n");
+  EXPECT_NE(e.find("test.yaml:8: teams.t.base"), std::string::npos) << e;
+  e = error_of(minimal() + "credits: {monthly_gpu_hours: .inf}\n");
+  EXPECT_NE(e.find(":11: credits.monthly_gpu_hours"), std::string::npos) << e;
+  e = error_of(minimal() + "defaults: {memory_gib_other: -.inf}\n");
+  EXPECT_NE(e.find(":11: defaults.memory_gib_other"), std::string::npos) << e;
+}
+
+TEST(PolicyValidation, RangesAreChecked) {
+  std::string e = error_of(minimal() + "credits:\n  monthly_gpu_hours: -5\n");
+  EXPECT_NE(e.find("test.yaml:12: credits.monthly_gpu_hours: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal() + "credits:\n  loan_gpu_hours: -1\n");
+  EXPECT_NE(e.find("test.yaml:12: credits.loan_gpu_hours"), std::string::npos) << e;
+  e = error_of(minimal() + "limits:\n  max_batch: -1\n");
+  EXPECT_NE(e.find("test.yaml:12: limits.max_batch: must be >= 1"), std::string::npos) << e;
+  e = error_of(minimal() + "limits:\n  max_imgsz: 0\n");
+  EXPECT_NE(e.find("test.yaml:12: limits.max_imgsz"), std::string::npos) << e;
+  e = error_of(minimal() + "limits:\n  max_queued_per_user: 0\n");
+  EXPECT_NE(e.find("test.yaml:12: limits.max_queued_per_user"), std::string::npos) << e;
+  e = error_of(minimal() + "defaults:\n  memory_gib: {yolov8n: -4}\n");
+  EXPECT_NE(e.find("test.yaml:12: defaults.memory_gib.yolov8n"), std::string::npos) << e;
+  // a semantic error (validate) names its line too
+  e = error_of(minimal() + "leases:\n  ttl_s: 10\n  heartbeat_interval_s: 20\n");
+  EXPECT_NE(e.find("test.yaml:13: leases.heartbeat_interval_s"), std::string::npos) << e;
+}
+
+TEST(PolicyValidation, DuplicateKeysNameBothLines) {
+  std::string e = error_of(minimal() + "  t:\n    base: 1\n");
+  EXPECT_NE(e.find("test.yaml:11: teams.t: duplicate key (lines 7 and 11)"), std::string::npos) << e;
+  e = error_of(
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {token_sha256: " +
+      std::string(64, 'a') + "}\n  u: {token_sha256: " + std::string(64, 'b') +
+      "}\nteams:\n  t: {base: 1, members: [u]}\n");
+  EXPECT_NE(e.find("test.yaml:6: users.u: duplicate key (lines 5 and 6)"), std::string::npos) << e;
+  e = error_of(minimal() + "leases: {ttl_s: 60, ttl_s: 30}\n");
+  EXPECT_NE(e.find("leases.ttl_s: duplicate key"), std::string::npos) << e;
+}
+
+TEST(PolicyValidation, TokenHashesAreHex) {
+  const std::string not_hex = std::string(63, 'a') + "g";
+  std::string e = error_of(
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {token_sha256: " +
+      not_hex + "}\nteams:\n  t: {base: 1, members: [u]}\n");
+  EXPECT_NE(e.find("test.yaml:5: users.u.token_sha256: must be 64 hex digits"), std::string::npos) << e;
+  e = error_of(
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {token_sha256: " +
+      std::string(64, 'a') + ", token_salt: xyz}\nteams:\n  t: {base: 1, members: [u]}\n");
+  EXPECT_NE(e.find("users.u.token_salt: must be hex digits"), std::string::npos) << e;
+}
+
+TEST(PolicyValidation, TeamAndUserNamesAreKubernetesSafe) {
+  auto policy_with = [](const std::string& team, const std::string& user) {
+    return "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+           "users:\n  " +
+           user + ": {token_sha256: " + std::string(64, 'a') + "}\nteams:\n  " + team +
+           ":\n    base: 1\n    members: [" + user + "]\n";
+  };
+  EXPECT_EQ(error_of(policy_with("team-cv", "j.doe_2")), "");
+  std::string e = error_of(policy_with("Team_Interns", "u"));
+  EXPECT_NE(e.find("test.yaml:7: teams.Team_Interns: 'Team_Interns' is not a valid team name"), std::string::npos) << e;
+  EXPECT_NE(error_of(policy_with("-cv", "u")).find("not a valid team name"), std::string::npos);
+  EXPECT_NE(error_of(policy_with(std::string(64, 'a'), "u")).find("not a valid team name"), std::string::npos);
+  e = error_of(policy_with("t", "Alice"));
+  EXPECT_NE(e.find("test.yaml:5: users.Alice: 'Alice' is not a valid user name"), std::string::npos) << e;
+  EXPECT_NE(error_of(policy_with("t", "a b")).find("not a valid user name"), std::string::npos);
+}
+
+TEST(PolicyValidation, SaltedTokensAreFoundAndCompared) {
+  const std::string salt = "00ff11ee";
+  const std::string yaml =
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {token_sha256: " +
+      sha256_hex(salt + "s3cret") + ", token_salt: " + salt + "}\n  v: {token_sha256: " + sha256_hex("plain") +
+      "}\nteams:\n  t: {base: 1, members: [u, v]}\n";
+  const Policy p = load_policy_from_string(yaml, "test.yaml");
+  ASSERT_NE(p.find_user_by_token("s3cret"), nullptr);
+  EXPECT_EQ(p.find_user_by_token("s3cret")->name, "u");
+  EXPECT_EQ(p.find_user_by_token(sha256_hex(salt + "s3cret")), nullptr);
+  ASSERT_NE(p.find_user_by_token("plain"), nullptr);
+  EXPECT_EQ(p.find_user_by_token("plain")->name, "v");
+  EXPECT_EQ(p.find_user_by_token("s3cret2"), nullptr);
 }
 
 }  // namespace
