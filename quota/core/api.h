@@ -17,6 +17,7 @@ struct ApiRequest {
   std::string token;            // bearer token
   std::string idempotency_key;  // Idempotency-Key header
   std::string trusted_user;     // in-process callers (local mode) act as this user without a token
+  std::string client_address;   // the peer address (failed authentication is throttled per address)
 };
 
 struct ApiResponse {
@@ -24,6 +25,7 @@ struct ApiResponse {
   nlohmann::json body = nlohmann::json::object();
   std::string text;  // non-JSON bodies (metrics)
   std::string content_type = "application/json";
+  std::map<std::string, std::string> headers;  // extra response headers (Retry-After, Allow)
   std::string serialized() const { return text.empty() ? body.dump() : text; }
 };
 

@@ -593,6 +593,44 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
   return result;
 }
 
+void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || is_terminal(it->second.state)) return;
+  Lease& lease = it->second;
+  lease.last_seen_ms = std::max(lease.last_seen_ms, seen_ms);
+  if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) return;
+  if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
+  if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
+  if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
+  if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
+  if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+}
+
+void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
+  const int64_t gap = to_ms - from_ms;
+  if (gap <= 0) return;
+  int extended = 0;
+  for (auto& [id, lease] : leases_) {
+    const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
+    if (!running && lease.state != LeaseState::kQueued) continue;
+    if (lease.last_seen_ms < to_ms) lease.last_seen_ms = std::min(to_ms, lease.last_seen_ms + gap);
+    if (lease.state == LeaseState::kRevoking) {
+      lease.deadline_ms += gap;
+      changes_.leases.insert(id);
+    }
+    ++extended;
+  }
+  log(to_ms, "quotad", "quotad.outage", nullptr,
+      "quotad did not serve for " + std::to_string(gap / 1000) + " s; heartbeat clocks and deadlines of " +
+          std::to_string(extended) + " lease(s) extended by it");
+}
+
+std::vector<int64_t> Engine::queue_ids() const {
+  std::vector<int64_t> ids;
+  for (const Lease* lease : queue_order()) ids.push_back(lease->id);
+  return ids;
+}
+
 void Engine::charge(Lease& lease, int64_t until_ms) {
   if (lease.granted_ms == 0) return;
   const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
@@ -863,6 +901,11 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   usage_ = std::move(usage);
   next_audit_seq_ = std::max<int64_t>(next_audit_seq, audit_.empty() ? 1 : audit_.back().seq + 1);
   changes_ = Changes{};
+}
+
+void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {
+  next_lease_ = std::max(next_lease_, next_lease_id);
+  next_approval_ = std::max(next_approval_, next_approval_id);
 }
 
 void Engine::prune(int64_t now_ms, int64_t keep_ms) {

@@ -157,6 +157,15 @@ class Engine {
   // The answer acquire() would give now for an existing lease (used for idempotent replays and polling).
   AcquireResult status_of(int64_t lease_id, int64_t now_ms) const;
   HeartbeatResult heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms);
+  // A heartbeat quotad answered from memory while the engine was busy: only the last-seen time (never moved
+  // back) and the reported telemetry. Unknown or ended leases are ignored.
+  void touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms);
+  // quotad itself could not serve from `from_ms` to `to_ms` (stalled, stopped, restarting): the heartbeat clocks
+  // of running and queued leases and the deadlines of revoking ones move by that time, so nobody loses a lease
+  // for quotad's own unavailability. Audited as `quotad.outage`.
+  void credit_outage(int64_t from_ms, int64_t to_ms);
+  // Queued lease ids in queue order (one sort; positions are index + 1).
+  std::vector<int64_t> queue_ids() const;
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
   bool release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor = "");
   // Moves an approved request into the queue. Throws PolicyError if not pending.
@@ -190,6 +199,11 @@ class Engine {
   void restore(std::vector<Lease> leases, std::vector<Approval> approvals, std::vector<AuditEntry> audit,
                std::map<std::pair<std::string, std::string>, double> usage, int64_t next_audit_seq,
                int64_t restart_now_ms);
+  // Ids are never reused: after restore() the store raises the counters to its persistent sequences, which
+  // also count leases and approvals no longer loaded into memory.
+  void reserve_ids(int64_t next_lease_id, int64_t next_approval_id);
+  int64_t next_lease_id() const { return next_lease_; }
+  int64_t next_approval_id() const { return next_approval_; }
   // Drops ended leases older than `keep_ms` from memory (they stay in storage).
   void prune(int64_t now_ms, int64_t keep_ms);
 

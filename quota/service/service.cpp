@@ -65,6 +65,15 @@ std::string optional_note(const std::string& body) {
 
 }  // namespace
 
+namespace {
+// The store could not take a write in time (another process holds its lock, a slow disk): nothing changed.
+class Unavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+constexpr int kRetryAfterS = 2;
+}  // namespace
+
 QuotaService::QuotaService(Policy policy, ServiceOptions options)
     : policy_(policy),
       options_(std::move(options)),
@@ -72,15 +81,18 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       tracker_(policy_.waste_gpu_util_below, static_cast<int64_t>(policy_.waste_after_s) * 1000) {
   clock_ = options_.clock ? options_.clock : system_now_ms;
   if (!options_.db_path.empty()) {
-    store_ = std::make_unique<Store>(options_.db_path, options_.full_sync);
+    store_ = std::make_unique<Store>(options_.db_path, options_.full_sync, options_.store_busy_timeout_ms);
     if (!options_.reload_per_call) {
       const int64_t now = clock_();
       Snapshot snapshot = store_->load(now, options_.keep_ended_ms, 10000);
       engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
                       std::move(snapshot.usage), snapshot.next_audit_seq, now);
+      engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
+  last_tick_ms_ = clock_();
+  publish_locked(Changes{}, true);
 }
 
 void QuotaService::reload_locked(int64_t now_ms) {
@@ -88,84 +100,186 @@ void QuotaService::reload_locked(int64_t now_ms) {
       store_->load(now_ms, static_cast<int64_t>(policy_.ttl_s + policy_.expiry_grace_s) * 1000 + 3600 * 1000, 0);
   engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), {}, std::move(snapshot.usage),
                   snapshot.next_audit_seq, 0);
+  engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
 }
 
-void QuotaService::persist_locked() {
-  Changes changes = engine_.take_changes();
+void QuotaService::count_committed(const Changes& changes) {
   for (const auto& entry : changes.audit) {
     if (entry.action == "preempt.revoke") ++preemptions_total_;
     if (entry.action == "emergency.granted") ++emergency_total_;
   }
-  if (!store_) return;
-  std::lock_guard<std::mutex> store_lock(store_mutex_);
-  store_->write(engine_, changes);
 }
 
-ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (store_ && options_.reload_per_call) {
-    std::lock_guard<std::mutex> store_lock(store_mutex_);
-    store_->begin_immediate();
-    try {
-      const int64_t now = clock_();
-      reload_locked(now);
-      engine_.tick(now);
-      ApiResponse response = op();
-      Changes changes = engine_.take_changes();
-      store_->write(engine_, changes);
-      store_->write_heartbeats(pending_heartbeats_);
-      pending_heartbeats_.clear();
-      store_->commit();
-      return response;
-    } catch (...) {
-      pending_heartbeats_.clear();
-      store_->rollback();
-      throw;
+void QuotaService::merge_beats_locked() {
+  std::vector<HeartbeatSample> beats;
+  {
+    std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+    beats.swap(unmerged_beats_);
+  }
+  for (const auto& beat : beats) {
+    engine_.touch(beat.lease_id, beat.telemetry, beat.ts_ms);
+    const Lease* lease = engine_.find(beat.lease_id);
+    if (lease != nullptr && (lease->state == LeaseState::kGranted || lease->state == LeaseState::kRevoking)) {
+      tracker_.observe(beat.lease_id, beat.ts_ms, beat.telemetry.gpu_util);
     }
   }
+}
+
+void QuotaService::publish_locked(const Changes& changes, bool all) {
+  const std::vector<int64_t> queue = engine_.queue_ids();  // computed once per change
+  const int64_t now = clock_();
+  std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+  auto refresh = [&](const Lease& lease) {
+    auto [it, fresh] = board_.try_emplace(lease.id);
+    Beat& beat = it->second;
+    if (fresh) beat.telemetry = lease.telemetry;
+    beat.team = lease.req.team;
+    beat.user = lease.req.user;
+    beat.state = lease.state;
+    beat.deadline_ms = lease.deadline_ms;
+    beat.reason = lease.state == LeaseState::kQueued ? engine_.status_of(lease.id, now).reason : lease.reason;
+  };
+  if (all) {
+    board_.clear();
+    for (const auto& [id, lease] : engine_.leases()) refresh(lease);
+  } else {
+    for (int64_t id : changes.leases) {
+      if (const Lease* lease = engine_.find(id)) refresh(*lease);
+    }
+  }
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (auto it = board_.find(queue[i]); it != board_.end()) it->second.position = static_cast<int>(i) + 1;
+  }
+  if (board_.size() > engine_.leases().size()) {  // prune() dropped ended leases
+    for (auto it = board_.begin(); it != board_.end();) {
+      it = engine_.find(it->first) == nullptr ? board_.erase(it) : std::next(it);
+    }
+  }
+}
+
+ApiResponse QuotaService::locked_local(const std::function<ApiResponse()>& op) {
+  std::unique_lock<std::timed_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> store_lock(store_mutex_);
+  store_->begin_immediate();
+  try {
+    const int64_t now = clock_();
+    reload_locked(now);
+    engine_.tick(now);
+    ApiResponse response = op();
+    Changes changes = engine_.take_changes();
+    store_->write(engine_, changes);
+    std::vector<HeartbeatSample> beats;
+    {
+      std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+      beats.swap(pending_heartbeats_);
+    }
+    store_->write_heartbeats(beats);
+    store_->commit();
+    count_committed(changes);
+    return response;
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+      pending_heartbeats_.clear();
+    }
+    store_->rollback();
+    throw;
+  }
+}
+
+ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool writes) {
+  if (store_ && options_.reload_per_call) return locked_local(op);
+  std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
+  if (!lock.try_lock_for(std::chrono::milliseconds(options_.lock_wait_ms))) {
+    throw Unavailable("quotad is busy (a state change is waiting for the database); retry shortly");
+  }
+  merge_beats_locked();
+  // Persist, then apply: the engine is kept as it was until the change is durable. A read-only call copies
+  // nothing; should it change state after all, the change is still written before the answer.
+  std::optional<Engine> before;
+  if (writes && store_) before.emplace(engine_);
   ApiResponse response = op();
-  persist_locked();
+  Changes changes = engine_.take_changes();
+  if (!changes.empty() && store_) {
+    try {
+      std::lock_guard<std::mutex> store_lock(store_mutex_);
+      store_->write(engine_, changes);
+    } catch (const StoreError& error) {
+      if (before) {
+        engine_ = std::move(*before);
+      } else {
+        // cannot happen for the read-only calls (they change nothing); never answer success on lost state
+        throw;
+      }
+      throw Unavailable(std::string("storage: the change was not saved and not applied: ") + error.what());
+    }
+  }
+  count_committed(changes);
+  if (!changes.empty()) publish_locked(changes, false);
   return response;
 }
 
 void QuotaService::tick() {
   if (store_ && options_.reload_per_call) {
-    locked([] { return ApiResponse{}; });
+    locked_local([] { return ApiResponse{}; });
     return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t now = clock_();
-  engine_.tick(now);
-  engine_.prune(now, options_.keep_ended_ms);
-  sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
-  persist_locked();
+  int64_t now = 0;
+  locked(
+      [&] {
+        now = clock_();
+        const int64_t last = last_tick_ms_.load();
+        if (options_.outage_after_ms > 0 && now - last > options_.outage_after_ms) engine_.credit_outage(last, now);
+        engine_.tick(now);
+        engine_.prune(now, options_.keep_ended_ms);
+        sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
+        return ApiResponse{};
+      },
+      true);
+  // only a tick that was saved moves the clock: a stalled store is quotad's outage too
+  last_tick_ms_ = now;
 }
 
 void QuotaService::flush_heartbeats() {
   std::vector<HeartbeatSample> batch;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> beat_lock(beat_mutex_);
     batch.swap(pending_heartbeats_);
   }
   if (!store_ || batch.empty()) return;
-  std::lock_guard<std::mutex> store_lock(store_mutex_);
-  store_->write_heartbeats(batch);
+  try {
+    std::lock_guard<std::mutex> store_lock(store_mutex_);
+    store_->write_heartbeats(batch);
+  } catch (const StoreError&) {
+    // keep the samples for the next round (bounded: the oldest go first)
+    std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+    batch.insert(batch.end(), pending_heartbeats_.begin(), pending_heartbeats_.end());
+    if (batch.size() > options_.max_pending_heartbeats) {
+      batch.erase(batch.begin(), batch.end() - static_cast<long>(options_.max_pending_heartbeats));
+    }
+    pending_heartbeats_.swap(batch);
+    throw;
+  }
 }
 
 std::vector<std::string> QuotaService::check_invariants() {
   std::vector<std::string> errors;
-  locked([&] {
-    errors = engine_.check_invariants(clock_());
-    return ApiResponse{};
-  });
+  locked(
+      [&] {
+        errors = engine_.check_invariants(clock_());
+        return ApiResponse{};
+      },
+      false);
   return errors;
 }
 
 void QuotaService::inspect(const std::function<void(const Engine&)>& fn) {
-  locked([&] {
-    fn(engine_);
-    return ApiResponse{};
-  });
+  locked(
+      [&] {
+        fn(engine_);
+        return ApiResponse{};
+      },
+      false);
 }
 
 bool QuotaService::can_read(const Caller& caller, const Lease& lease) const {
@@ -220,6 +334,10 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
     response = error(400, std::string("body: ") + exception.what());
   } catch (const StoreError& exception) {
     response = error(503, std::string("storage: ") + exception.what());
+    response.headers["Retry-After"] = std::to_string(kRetryAfterS);
+  } catch (const Unavailable& exception) {
+    response = error(503, exception.what());
+    response.headers["Retry-After"] = std::to_string(kRetryAfterS);
   } catch (const std::exception& exception) {
     response = error(500, exception.what());
   }
@@ -336,7 +454,7 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
 }
 
 ApiResponse QuotaService::get_lease(const Caller& caller, int64_t id) {
-  return locked([&] {
+  return read_locked([&] {
     const int64_t now = clock_();
     const Lease* lease = engine_.find(id);
     if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
@@ -356,7 +474,7 @@ ApiResponse QuotaService::get_lease(const Caller& caller, int64_t id) {
 
 ApiResponse QuotaService::list_leases(const Caller& caller, const ApiRequest& req) {
   auto state = req.query.find("state");
-  return locked([&] {
+  return read_locked([&] {
     const int64_t now = clock_();
     json items = json::array();
     for (const auto& [id, lease] : engine_.leases()) {
@@ -388,23 +506,47 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
     return response;
   };
   if (!store_ || !options_.reload_per_call) {
-    // hot path: memory only; the sample reaches the database with the next batched flush
+    // hot path: answered from the board, never waiting for the engine lock or the database; the report
+    // reaches the engine at the next locked call (or tick) and the database with the next batch
     ApiResponse response;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const Lease* lease = engine_.find(id);
-      if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
-      if (!can_act(caller, *lease)) return error(403, caller.name + " may not heartbeat lease " + std::to_string(id));
+      std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+      auto it = board_.find(id);
+      if (it == board_.end()) return error(404, "unknown lease " + std::to_string(id));
+      Beat& beat = it->second;
+      if (!(caller.role == Role::kAdmin || beat.user == caller.name ||
+            (caller.role == Role::kLead && beat.team == caller.team))) {
+        return error(403, caller.name + " may not heartbeat lease " + std::to_string(id));
+      }
       const int64_t now = clock_();
-      const HeartbeatResult beat = engine_.heartbeat(id, telemetry, now);
       ++heartbeats_total_;
-      if (beat.state == LeaseState::kGranted || beat.state == LeaseState::kRevoking) {
-        tracker_.observe(id, now, telemetry.gpu_util);
+      HeartbeatResult result;
+      result.found = true;
+      result.state = beat.state;
+      result.deadline_ms = beat.deadline_ms;
+      result.position = beat.position;
+      result.reason = beat.reason;
+      if (!is_terminal(beat.state)) {
+        if (beat.state == LeaseState::kGranted || beat.state == LeaseState::kRevoking) {
+          Telemetry& latest = beat.telemetry;
+          if (telemetry.step >= 0) latest.step = telemetry.step;
+          if (telemetry.epoch >= 0) latest.epoch = telemetry.epoch;
+          if (telemetry.gpu_util >= 0) latest.gpu_util = telemetry.gpu_util;
+          if (telemetry.memory_used_gib >= 0) latest.memory_used_gib = telemetry.memory_used_gib;
+          if (telemetry.last_checkpoint_ms > 0) latest.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+          if (store_) {
+            if (pending_heartbeats_.size() >= options_.max_pending_heartbeats) {
+              pending_heartbeats_.erase(pending_heartbeats_.begin());  // the store is far behind: telemetry only
+            }
+            pending_heartbeats_.push_back(HeartbeatSample{id, now, latest});
+          }
+        }
+        if (unmerged_beats_.size() >= options_.max_pending_heartbeats) {
+          unmerged_beats_.erase(unmerged_beats_.begin());  // the engine lock is held for long: keep the newest
+        }
+        unmerged_beats_.push_back(HeartbeatSample{id, now, telemetry});
       }
-      if (store_ && (beat.state == LeaseState::kGranted || beat.state == LeaseState::kRevoking)) {
-        pending_heartbeats_.push_back(HeartbeatSample{id, now, lease->telemetry});
-      }
-      response = fill(beat, now);
+      response = fill(result, now);
     }
     if (options_.write_each_heartbeat) flush_heartbeats();
     return response;
@@ -418,6 +560,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
     ++heartbeats_total_;
     if (beat.state == LeaseState::kGranted || beat.state == LeaseState::kRevoking) {
       tracker_.observe(id, now, telemetry.gpu_util);
+      std::lock_guard<std::mutex> beat_lock(beat_mutex_);
       pending_heartbeats_.push_back(HeartbeatSample{id, now, lease->telemetry});
     }
     return fill(beat, now);
@@ -487,7 +630,7 @@ ApiResponse QuotaService::review(const Caller& caller, int64_t id, const std::st
 
 ApiResponse QuotaService::list_approvals(const Caller& caller) {
   if (caller.role == Role::kMember) return error(403, "role: approvals are for team leads and admins");
-  return locked([&] {
+  return read_locked([&] {
     json items = json::array();
     for (const auto& [id, approval] : engine_.approvals()) {
       if (caller.role == Role::kAdmin || approval.team == caller.team) items.push_back(to_json(approval));
@@ -499,7 +642,7 @@ ApiResponse QuotaService::list_approvals(const Caller& caller) {
 }
 
 ApiResponse QuotaService::teams(const Caller&) {
-  return locked([&] {
+  return read_locked([&] {
     const int64_t now = clock_();
     json items = json::array();
     for (const auto& team : engine_.teams(now)) {
@@ -535,12 +678,11 @@ ApiResponse QuotaService::audit(const Caller& caller, const ApiRequest& req) {
   const std::string team = caller.role == Role::kAdmin ? "" : caller.team;
   std::vector<AuditEntry> entries;
   if (store_) {
-    // flush pending state first so the log is complete
-    locked([] { return ApiResponse{}; });
+    // every change is written before it is answered, so the table is complete
     std::lock_guard<std::mutex> store_lock(store_mutex_);
     entries = store_->audit(after, limit, team);
   } else {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::timed_mutex> lock(mutex_);
     for (const auto& entry : engine_.audit()) {
       if (entry.seq > after && (team.empty() || entry.team == team) && entries.size() < limit) entries.push_back(entry);
     }
@@ -553,7 +695,8 @@ ApiResponse QuotaService::audit(const Caller& caller, const ApiRequest& req) {
 }
 
 void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::timed_mutex> lock(mutex_);
+  merge_beats_locked();
   sync_tracker(engine_, tracker_);
   ServiceCounters counters;
   counters.heartbeats = heartbeats_total_.load();

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,15 @@ struct ServiceOptions {
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
   int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
   bool write_each_heartbeat = false;           // commit every heartbeat sample at once instead of batching (benchmarks)
+  // How long a state change waits for the SQLite write lock (another process holding it) and for the engine
+  // lock before it is answered 503 with Retry-After, its effects undone. Local mode waits longer: the other
+  // holders are trainers on the same workstation.
+  int store_busy_timeout_ms = 30000;
+  int lock_wait_ms = 30000;
+  // A gap longer than this between two ticks is quotad's own outage (stalled, stopped): lease clocks are
+  // extended by it (Engine::credit_outage). 0 = off; the server ticks every second and sets 3000.
+  int64_t outage_after_ms = 0;
+  size_t max_pending_heartbeats = 200000;  // samples buffered while the store is unavailable (oldest dropped)
 };
 
 // Counters the service keeps for the exposition (monotonic since start).
@@ -70,10 +80,28 @@ class QuotaService {
     std::string team;
     Role role = Role::kMember;
   };
+  // What a heartbeat needs to know about a lease, published after every committed change, so heartbeats are
+  // answered without the engine lock (which a state change holds while it waits for SQLite).
+  struct Beat {
+    std::string team, user;
+    LeaseState state = LeaseState::kQueued;
+    int64_t deadline_ms = 0;
+    int position = 0;
+    std::string reason;
+    Telemetry telemetry;  // the latest figures, each carried forward until reported again
+  };
   ApiResponse route(const ApiRequest& req);
-  ApiResponse locked(const std::function<ApiResponse()>& op);
+  // Runs `op` under the engine lock; if it changed state, the change is written before the answer leaves and
+  // a failed write restores the engine as it was (503 with Retry-After).
+  ApiResponse locked(const std::function<ApiResponse()>& op, bool writes = true);
+  ApiResponse read_locked(const std::function<ApiResponse()>& op) { return locked(op, false); }
+  ApiResponse locked_local(const std::function<ApiResponse()>& op);
   void reload_locked(int64_t now_ms);
-  void persist_locked();
+  // The heartbeats answered from the board since the last merge, into the engine and the tracker.
+  void merge_beats_locked();
+  // The board after a committed change: `changed` leases, every queued position, pruned leases dropped.
+  void publish_locked(const Changes& changes, bool all);
+  void count_committed(const Changes& changes);
   bool can_read(const Caller& caller, const Lease& lease) const;
   bool can_act(const Caller& caller, const Lease& lease) const;
   nlohmann::json lease_view(const Lease& lease, int64_t now_ms) const;
@@ -91,11 +119,15 @@ class QuotaService {
   Policy policy_;
   ServiceOptions options_;
   std::function<int64_t()> clock_;
-  std::mutex mutex_;  // engine and pending heartbeats
+  std::timed_mutex mutex_;  // the engine and the tracker
   std::mutex store_mutex_;
   Engine engine_;
   std::unique_ptr<Store> store_;
-  std::vector<HeartbeatSample> pending_heartbeats_;
+  std::atomic<int64_t> last_tick_ms_{0};  // the last saved tick (the maintenance thread)
+  std::mutex beat_mutex_;                 // the board and the pending samples; never held during I/O
+  std::map<int64_t, Beat> board_;
+  std::vector<HeartbeatSample> pending_heartbeats_;  // for the store (batched)
+  std::vector<HeartbeatSample> unmerged_beats_;      // raw reports for the engine and the tracker
   std::atomic<uint64_t> heartbeats_total_{0};
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};

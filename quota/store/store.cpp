@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -33,6 +34,8 @@ CREATE TABLE IF NOT EXISTS heartbeats (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
   memory_used_gib REAL, last_checkpoint_ms INTEGER);
 CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
+CREATE TABLE IF NOT EXISTS quarantine (
+  source TEXT NOT NULL, row_id INTEGER NOT NULL, body TEXT, error TEXT NOT NULL, moved_ms INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
 )SQL";
 
@@ -59,13 +62,14 @@ Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* s
   try {
     return from_json(nlohmann::json::parse(text(statement, 1)));
   } catch (const std::exception& error) {
-    throw StoreError(db_path + ": " + table + " row " + std::to_string(id) + ": " + error.what());
+    throw StoreError(db_path + ": table " + table + ", row id " + std::to_string(id) + ", column body: " +
+                     error.what() + " (quotad repair-db sets such rows aside: see quota/README.md)");
   }
 }
 
 }  // namespace
 
-Store::Store(const std::string& path, bool full_sync) : path_(path) {
+Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr) !=
       SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -73,7 +77,7 @@ Store::Store(const std::string& path, bool full_sync) : path_(path) {
     db_ = nullptr;
     throw StoreError(path + ": cannot open the quota database: " + msg);
   }
-  sqlite3_busy_timeout(db_, 30000);  // other processes (local mode) hold the lock only briefly
+  sqlite3_busy_timeout(db_, busy_timeout_ms);
   // Several trainers may create the database at the same moment (local mode). Switching to WAL can answer
   // "locked" without waiting for the busy timeout, so the set-up is retried while the file is busy.
   for (int attempt = 0;; ++attempt) {
@@ -84,9 +88,15 @@ Store::Store(const std::string& path, bool full_sync) : path_(path) {
       exec("BEGIN IMMEDIATE");
       exec(kSchema);
       exec("COMMIT");
+      check_integrity();
       break;
     } catch (const StoreError&) {
       const int code = sqlite3_errcode(db_) & 0xff;
+      if (integrity_failed_) {
+        sqlite3_close(db_);
+        db_ = nullptr;
+        throw;
+      }
       sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
       if ((code != SQLITE_BUSY && code != SQLITE_LOCKED) || attempt >= 300) {
         sqlite3_close(db_);
@@ -95,6 +105,23 @@ Store::Store(const std::string& path, bool full_sync) : path_(path) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+  }
+}
+
+void Store::check_integrity() {
+  // quick_check: the b-tree structure and the records, without the slower index cross-check
+  Statement statement(prepare("PRAGMA quick_check(5)"));
+  std::string problems;
+  int rc = SQLITE_ROW;
+  while ((rc = sqlite3_step(statement.get())) == SQLITE_ROW) {
+    const std::string line = text(statement.get(), 0);
+    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+  }
+  if (rc != SQLITE_DONE) problems += (problems.empty() ? "" : "; ") + std::string(sqlite3_errmsg(db_));
+  if (!problems.empty()) {
+    integrity_failed_ = true;
+    throw StoreError(path_ + ": the database is damaged (PRAGMA quick_check: " + problems +
+                     "); quotad will not serve on it: see 'Repairing the database' in quota/README.md");
   }
 }
 
@@ -177,9 +204,36 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
     }
   }
   {
-    Statement statement(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
+    Statement statement(prepare("SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM audit"));
     if (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.next_audit_seq = sqlite3_column_int64(statement.get(), 0) + 1;
+      if (sqlite3_column_int64(statement.get(), 1) != snapshot.next_audit_seq - 1) {
+        // every acknowledged change has its entry: a hole means entries were lost, which must not go unnoticed
+        Statement first_gap(
+            prepare("SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM audit WHERE seq = 1) THEN 1 ELSE "
+                    "(SELECT MIN(seq) + 1 FROM audit a WHERE NOT EXISTS (SELECT 1 FROM audit b WHERE b.seq = a.seq + "
+                    "1)) END"));
+        const int64_t missing =
+            sqlite3_step(first_gap.get()) == SQLITE_ROW ? sqlite3_column_int64(first_gap.get(), 0) : 0;
+        throw StoreError(path_ + ": table audit: the sequence has a gap: entry " + std::to_string(missing) +
+                         " is missing (" + std::to_string(sqlite3_column_int64(statement.get(), 1)) +
+                         " entries up to " + std::to_string(snapshot.next_audit_seq - 1) +
+                         "); quotad repair-db records the gap explicitly: see quota/README.md");
+      }
+    }
+  }
+  {
+    Statement statement(
+        prepare("SELECT MAX(COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'next_lease_id'), 1), "
+                "COALESCE((SELECT MAX(id) FROM leases), 0) + 1, COALESCE((SELECT MAX(lease_id) FROM audit), 0) + 1, "
+                "COALESCE((SELECT MAX(lease_id) FROM heartbeats), 0) + 1, "
+                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'leases'), 0) + 1), "
+                "MAX(COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'next_approval_id'), 1), "
+                "COALESCE((SELECT MAX(id) FROM approvals), 0) + 1, "
+                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'approvals'), 0) + 1)"));
+    if (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.next_lease_id = sqlite3_column_int64(statement.get(), 0);
+      snapshot.next_approval_id = sqlite3_column_int64(statement.get(), 1);
     }
   }
   if (audit_tail > 0) {
@@ -235,6 +289,18 @@ void Store::write(const Engine& engine, const Changes& changes) {
         bind_text(statement.get(), 6, entry.team);
         bind_text(statement.get(), 7, entry.detail);
         if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("append audit");
+      }
+    }
+    if (!changes.leases.empty() || !changes.approvals.empty()) {
+      // the id sequences, in the same transaction as the rows that use them
+      Statement statement(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)"));
+      for (const auto& [key, value] :
+           {std::pair<const char*, int64_t>{"next_lease_id", engine.next_lease_id()},
+            std::pair<const char*, int64_t>{"next_approval_id", engine.next_approval_id()}}) {
+        sqlite3_reset(statement.get());
+        bind_text(statement.get(), 1, key);
+        bind_text(statement.get(), 2, std::to_string(value));
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write id sequence");
       }
     }
     if (!changes.usage.empty()) {
@@ -308,6 +374,78 @@ std::vector<AuditEntry> Store::audit(int64_t after_seq, size_t limit, const std:
 int64_t Store::count_heartbeats() {
   Statement statement(prepare("SELECT COUNT(*) FROM heartbeats"));
   return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
+}
+
+RepairReport repair_database(const std::string& path, int64_t now_ms) {
+  if (!std::filesystem::exists(path)) throw StoreError(path + ": no such database");
+  RepairReport report;
+  report.backup = path + ".bak-" + std::to_string(now_ms);
+  // a plain copy of the file and its WAL (quotad is stopped), before anything is changed
+  for (const char* suffix : {"", "-wal"}) {
+    if (!std::filesystem::exists(path + suffix)) continue;
+    std::filesystem::copy_file(path + suffix, report.backup + suffix);
+  }
+  Store store(path);  // refuses a file that fails quick_check
+  store.repair(now_ms, report);
+  return report;
+}
+
+void Store::repair(int64_t now_ms, RepairReport& report) {
+  begin_immediate();
+  try {
+    auto set_aside = [&](const char* table, auto from_json) {
+      std::vector<std::pair<int64_t, std::string>> bad;
+      {
+        Statement statement(prepare((std::string("SELECT id, body FROM ") + table).c_str()));
+        while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+          try {
+            from_json(nlohmann::json::parse(text(statement.get(), 1)));
+          } catch (const std::exception& error) {
+            bad.emplace_back(sqlite3_column_int64(statement.get(), 0), error.what());
+          }
+        }
+      }
+      for (const auto& [id, why] : bad) {
+        Statement copy(prepare(
+            (std::string(
+                 "INSERT INTO quarantine(source, row_id, body, error, moved_ms) SELECT ?, id, body, ?, ? FROM ") +
+             table + " WHERE id = ?")
+                .c_str()));
+        bind_text(copy.get(), 1, table);
+        bind_text(copy.get(), 2, why);
+        sqlite3_bind_int64(copy.get(), 3, now_ms);
+        sqlite3_bind_int64(copy.get(), 4, id);
+        if (sqlite3_step(copy.get()) != SQLITE_DONE) fail("quarantine row");
+        Statement remove(prepare((std::string("DELETE FROM ") + table + " WHERE id = ?").c_str()));
+        sqlite3_bind_int64(remove.get(), 1, id);
+        if (sqlite3_step(remove.get()) != SQLITE_DONE) fail("remove row");
+        report.quarantined.push_back(std::string(table) + " row " + std::to_string(id) + ": " + why);
+      }
+    };
+    set_aside("leases", &lease_from_json);
+    set_aside("approvals", &approval_from_json);
+    {
+      Statement missing(
+          prepare("WITH RECURSIVE n(seq) AS (SELECT 1 WHERE EXISTS (SELECT 1 FROM audit) UNION ALL SELECT seq + 1 FROM "
+                  "n WHERE seq < (SELECT "
+                  "COALESCE(MAX(seq), 0) FROM audit)) SELECT seq FROM n WHERE seq NOT IN (SELECT seq FROM audit)"));
+      while (sqlite3_step(missing.get()) == SQLITE_ROW)
+        report.audit_gaps.push_back(sqlite3_column_int64(missing.get(), 0));
+    }
+    Statement gap(
+        prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?, ?, 'quotad', "
+                "'audit.gap', 0, '', 'this entry was lost before the repair; recorded by quotad repair-db')"));
+    for (int64_t seq : report.audit_gaps) {
+      sqlite3_reset(gap.get());
+      sqlite3_bind_int64(gap.get(), 1, seq);
+      sqlite3_bind_int64(gap.get(), 2, now_ms);
+      if (sqlite3_step(gap.get()) != SQLITE_DONE) fail("record audit gap");
+    }
+    commit();
+  } catch (...) {
+    rollback();
+    throw;
+  }
 }
 
 namespace {

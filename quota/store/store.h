@@ -30,19 +30,29 @@ struct Snapshot {
   std::vector<AuditEntry> audit;  // the latest entries only
   std::map<std::pair<std::string, std::string>, double> usage;
   int64_t next_audit_seq = 1;
+  // The persistent id sequences: above every id ever stored (meta counters, all lease and approval rows,
+  // and the lease ids that audit and heartbeat rows name), loaded or not.
+  int64_t next_lease_id = 1;
+  int64_t next_approval_id = 1;
 };
+
+struct RepairReport;
 
 class Store {
  public:
   // Opens (creating) the database. `full_sync` = synchronous=FULL (survives power loss); otherwise NORMAL,
   // which in WAL mode still survives a crash of the process.
-  explicit Store(const std::string& path, bool full_sync = false);
+  // `busy_timeout_ms`: how long a write waits for another connection's lock before it fails (StoreError).
+  // Opening runs `PRAGMA quick_check` and refuses a damaged file, naming the first problem.
+  explicit Store(const std::string& path, bool full_sync = false, int busy_timeout_ms = 30000);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
   // Unfinished leases, leases that ended within `keep_ended_ms`, approvals, usage, the last `audit_tail`
   // audit entries. Running leases get their latest reported telemetry back from the heartbeat table.
+  // A row that does not parse, or a gap in the audit sequence, is a StoreError naming the table, the row id
+  // and the column (quotad repair-db sets such rows aside).
   Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail);
   // Writes what the engine changed; inside an open transaction it joins it, otherwise it is one transaction.
   void write(const Engine& engine, const Changes& changes);
@@ -55,17 +65,34 @@ class Store {
 
   std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
   int64_t count_heartbeats();
+  // The row-level part of repair_database() on this open store.
+  void repair(int64_t now_ms, RepairReport& report);
   const std::string& path() const { return path_; }
 
  private:
   void exec(const char* sql);
   sqlite3_stmt* prepare(const char* sql);
   [[noreturn]] void fail(const std::string& what);
+  void check_integrity();
 
   std::string path_;
   sqlite3* db_ = nullptr;
   bool in_tx_ = false;
+  bool integrity_failed_ = false;
 };
+
+struct RepairReport {
+  std::string backup;                    // the untouched copy taken first
+  std::vector<std::string> quarantined;  // "leases row 9: <why>" for every row set aside
+  std::vector<int64_t> audit_gaps;       // audit sequence numbers recorded as lost
+};
+
+// `quotad repair-db`: with quotad stopped, copies the database (and its WAL) to `<path>.bak-<now_ms>`, then
+// moves every lease or approval row that does not parse into the table `quarantine` (kept whole, with the
+// reason) and records each missing audit sequence number as an explicit `audit.gap` entry. Nothing else is
+// touched. A file that fails `PRAGMA quick_check` is refused: recover it with the sqlite3 shell first
+// (quota/README.md).
+RepairReport repair_database(const std::string& path, int64_t now_ms);
 
 // Refolds the stored heartbeat samples of the engine's running leases (quotad restarted), so the waste list
 // survives a restart. Throws std::runtime_error if the database cannot be read.

@@ -1,5 +1,8 @@
 #pragma once
-// Shared helpers for the quota tests: the example policy and fixed clock points.
+// Shared helpers for the quota tests: the example policy, fixed clock points, temporary databases.
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 
 #include "quota/core/policy.h"
@@ -15,6 +18,16 @@ inline constexpr int64_t kMinute = 60000;
 
 inline std::string example_policy_path() { return std::string(yolo8::test::kSourceDir) + "/configs/quota-policy.yaml"; }
 inline Policy example_policy() { return load_policy(example_policy_path()); }
+
+// A fresh path for a test database under the build tree (any earlier file and its WAL removed); the pid keeps
+// test binaries running in parallel apart.
+inline std::string temp_db(const std::string& name) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name + "_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
 
 // A request to QuotaService::handle, as the HTTP front would build it.
 inline ApiRequest api_call(const std::string& method, const std::string& path, const std::string& token,

@@ -13,13 +13,7 @@
 namespace yolo8::quota {
 namespace {
 
-std::string temp_db(const std::string& name) {
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/" + name + "_" + std::to_string(::getpid()) + ".db";
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using testing::temp_db;
 
 ClientConfig local_config(const std::string& db, int gpus) {
   ClientConfig c;

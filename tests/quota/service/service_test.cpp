@@ -19,13 +19,7 @@ using testing::kHour;
 using testing::kMinute;
 using testing::kMonday;
 
-std::string temp_db(const std::string& name) {
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/" + name + "_" + std::to_string(::getpid()) + ".db";
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using testing::temp_db;
 
 using testing::api_call;
 
@@ -91,6 +85,44 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   const json audit = again.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
   EXPECT_GT(static_cast<int64_t>(audit.size()), audit_count);
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], static_cast<int64_t>(i) + 1);
+}
+
+// Issue 15: after a restart where the newest leases ended long ago (so none is loaded into memory), the next
+// lease and approval ids still continue the sequence instead of overwriting old rows.
+TEST(QuotaService, IdsAreNeverReusedAfterOldLeasesLeaveMemory) {
+  const std::string db = temp_db("ids");
+  Clock clock;
+  ServiceOptions o;
+  o.db_path = db;
+  o.clock = clock.fn();
+  int64_t highest_lease = 0;
+  {
+    QuotaService s(testing::example_policy(), o);
+    for (int i = 0; i < 3; ++i) {
+      const json r = s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).body;
+      highest_lease = std::max<int64_t>(highest_lease, r["lease_id"].get<int64_t>());
+    }
+    const json pending =
+        s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8x","justification":"x"})")).body;
+    ASSERT_EQ(pending["approval_id"], 1);
+    highest_lease = std::max<int64_t>(highest_lease, pending["lease_id"].get<int64_t>());
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/approvals/1/reject", "carol-token")).status, 200);
+    for (int64_t id = 1; id <= 3; ++id) {
+      ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/" + std::to_string(id) + "/release", "alice-token")).status, 200);
+    }
+  }
+  *clock.t += 3 * 24 * kHour;  // every lease ended more than keep_ended_ms (a day) ago
+  QuotaService again(testing::example_policy(), o);
+  again.inspect([](const Engine& engine) { EXPECT_TRUE(engine.leases().empty()); });
+  const json next = again.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).body;
+  EXPECT_GT(next["lease_id"].get<int64_t>(), highest_lease) << next.dump();
+  const json next_approval =
+      again.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8x","justification":"y"})")).body;
+  EXPECT_EQ(next_approval["approval_id"], 2) << next_approval.dump();
+  EXPECT_GT(next_approval["lease_id"].get<int64_t>(), next["lease_id"].get<int64_t>());
+  // the old rows are intact: lease 1 still reads as alice's released lease
+  const json old = again.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
+  for (size_t i = 0; i < old.size(); ++i) EXPECT_EQ(old[i]["seq"], static_cast<int64_t>(i) + 1);
 }
 
 TEST(QuotaService, RestartWithAReorderedInventoryKeepsLeasesOnTheirGpus) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "tests/quota/quota_test_util.h"
 
@@ -15,13 +16,7 @@ namespace {
 using testing::kHour;
 using testing::kMonday;
 
-std::string temp_db(const std::string& name) {
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/store_" + name + "_" + std::to_string(::getpid()) + ".db";
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using testing::temp_db;
 
 // Runs `sql` on the database behind the Store's back, as an older quotad (or a hand edit) would have written it.
 void execute(const std::string& path, const std::string& sql) {
@@ -121,7 +116,8 @@ TEST(QuotaStore, AnUnknownStoredStateIsAnErrorNamingTableRowAndField) {
   execute(lease_path, R"SQL(INSERT INTO leases(id, state, team, user, ended_ms, body) VALUES (9, 'paused', 'team-cv',
     'alice', 0, '{"id":9,"request":{"team":"team-cv","user":"alice"},"state":"paused"}');)SQL");
   const std::string lease_error = load_error(lease_path);
-  EXPECT_NE(lease_error.find(lease_path + ": leases row 9: state: 'paused' is not one of"), std::string::npos)
+  EXPECT_NE(lease_error.find(lease_path + ": table leases, row id 9, column body: state: 'paused' is not one of"),
+            std::string::npos)
       << lease_error;
 
   const std::string approval_path = temp_db("unknown_approval_state");
@@ -129,9 +125,91 @@ TEST(QuotaStore, AnUnknownStoredStateIsAnErrorNamingTableRowAndField) {
   execute(approval_path, R"SQL(INSERT INTO approvals(id, state, team, body) VALUES (4, 'withdrawn', 'team-cv',
     '{"id":4,"lease_id":1,"team":"team-cv","state":"withdrawn"}');)SQL");
   const std::string approval_error = load_error(approval_path);
-  EXPECT_NE(approval_error.find(approval_path + ": approvals row 4: state: 'withdrawn' is not one of"),
-            std::string::npos)
+  EXPECT_NE(
+      approval_error.find(approval_path + ": table approvals, row id 4, column body: state: 'withdrawn' is not one of"),
+      std::string::npos)
       << approval_error;
+}
+
+// Issue 15: a lease row whose JSON does not parse stops the load naming the table, the row id and the column;
+// repair_database keeps a copy, sets the row aside whole and touches nothing else.
+TEST(QuotaStore, ARowThatDoesNotParseIsNamedAndRepairSetsItAside) {
+  const std::string path = temp_db("bad_json");
+  { Store create(path); }
+  execute(path, kOldRows);
+  execute(path, R"SQL(INSERT INTO leases(id, state, team, user, ended_ms, body) VALUES (7, 'granted', 'team-cv',
+    'alice', 0, '{"id":7,"request":{"team":"team-cv"},"state":"granted",');)SQL");
+  const std::string error = load_error(path);
+  EXPECT_NE(error.find(path + ": table leases, row id 7, column body: "), std::string::npos) << error;
+  EXPECT_NE(error.find("parse error"), std::string::npos) << error;
+
+  const RepairReport report = repair_database(path, kMonday);
+  EXPECT_EQ(report.backup, path + ".bak-" + std::to_string(kMonday));
+  ASSERT_EQ(report.quarantined.size(), 1u);
+  EXPECT_EQ(report.quarantined[0].rfind("leases row 7: ", 0), 0u) << report.quarantined[0];
+  EXPECT_TRUE(report.audit_gaps.empty());
+  // the copy still has the bad row; the repaired file has it in quarantine, and everything else as before
+  EXPECT_EQ(query_text(report.backup, "SELECT COUNT(*) FROM leases"), "3");
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM leases"), "2");
+  EXPECT_EQ(query_text(path, "SELECT source || ':' || row_id FROM quarantine"), "leases:7");
+  EXPECT_NE(query_text(path, "SELECT body FROM quarantine").find(R"("id":7)"), std::string::npos);
+  Store store(path);
+  const Snapshot snapshot = store.load(kMonday + kHour, 24 * kHour, 0);
+  EXPECT_EQ(snapshot.leases.size(), 2u);
+  EXPECT_EQ(snapshot.approvals.size(), 2u);
+  EXPECT_EQ(snapshot.next_lease_id, 8) << "the quarantined id is never handed out again";
+  std::filesystem::remove(report.backup);
+}
+
+// Issue 15: a file with a page of garbage is refused at open (before the fix quotad served on it).
+TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
+  const std::string path = temp_db("garbage_page");
+  {
+    Store create(path);
+    std::string rows = "BEGIN;";
+    for (int i = 1; i <= 400; ++i) {
+      rows += "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (" + std::to_string(i) +
+              ", 0, 'quotad', 'x', 0, 't', '" + std::string(200, 'd') + "');";
+    }
+    execute(path, rows + "COMMIT;");
+  }  // the last connection closes: the WAL is checkpointed into the file
+  ASSERT_GT(std::filesystem::file_size(path), 16u * 4096u);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8 * 4096);  // a page in the middle of the audit table
+    const std::string garbage(4096, '\x5a');
+    file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  try {
+    Store store(path);
+    ADD_FAILURE() << "opened a damaged file";
+  } catch (const StoreError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("damaged"), std::string::npos) << message;
+    EXPECT_NE(message.find("quick_check"), std::string::npos) << message;
+  }
+  EXPECT_THROW(repair_database(path, kMonday), StoreError);
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    if (entry.path().string().rfind(path + ".bak-", 0) == 0) std::filesystem::remove(entry.path());
+  }
+}
+
+// Issue 15: a hole in the audit sequence stops the load naming the first missing entry; repair records it.
+TEST(QuotaStore, AnAuditGapIsFoundAtStartAndRecordedByRepair) {
+  const std::string path = temp_db("audit_gap");
+  { Store create(path); }
+  execute(path,
+          "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES "
+          "(1, 0, 'a', 'x', 0, 't', ''), (2, 0, 'a', 'x', 0, 't', ''), (4, 0, 'a', 'x', 0, 't', ''), "
+          "(5, 0, 'a', 'x', 0, 't', '');");
+  const std::string error = load_error(path);
+  EXPECT_NE(error.find("table audit: the sequence has a gap: entry 3 is missing"), std::string::npos) << error;
+  const RepairReport report = repair_database(path, kMonday);
+  EXPECT_EQ(report.audit_gaps, std::vector<int64_t>{3});
+  EXPECT_EQ(query_text(path, "SELECT action FROM audit WHERE seq = 3"), "audit.gap");
+  Store store(path);
+  EXPECT_EQ(store.load(kMonday, 24 * kHour, 0).next_audit_seq, 6);
+  std::filesystem::remove(report.backup);
 }
 
 }  // namespace
