@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 
 #include "quota/core/policy.h"
 #include "quota/core/sha256.h"
@@ -17,6 +18,7 @@
 #include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
 #include "quota/service/service.h"
+#include "quota/store/store.h"
 
 using nlohmann::json;
 using namespace yolo8::quota;
@@ -63,15 +65,25 @@ std::string fmt_ms(int64_t ms) {
   return text;
 }
 
+// The token hashes come from $QUOTAD_TOKENS_FILE (the Secret the deployment mounts) when it is set.
+Policy load_policy_with_tokens(const std::string& policy_path) {
+  const char* tokens = std::getenv("QUOTAD_TOKENS_FILE");
+  return load_policy(policy_path, tokens != nullptr ? tokens : "");
+}
+
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync,
           int threads) {
-  Policy policy = load_policy(policy_path);
+  Policy policy = load_policy_with_tokens(policy_path);
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;
   ServiceOptions opts;
   opts.db_path = db;
   opts.full_sync = full_sync;
+  // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503
+  opts.store_busy_timeout_ms = 2000;
+  opts.lock_wait_ms = 5000;
+  opts.outage_after_ms = 3000;  // the maintenance thread ticks every second
   // block the stop signals in every thread; the main thread waits for them
   sigset_t set;
   sigemptyset(&set);
@@ -111,8 +123,15 @@ int main(int argc, char** argv) {
   check_cmd->add_option("policy", policy_path, "policy YAML")->required();
 
   std::string token_text;
+  bool salted = false;
   auto* hash_cmd = app.add_subcommand("hash-token", "print the SHA-256 of a token for the policy's users");
   hash_cmd->add_option("token", token_text, "token")->required();
+  hash_cmd->add_flag("--salt", salted, "draw a random salt and print {token_sha256, token_salt}");
+
+  std::string repair_db = "quotad.db";
+  auto* repair_cmd = app.add_subcommand(
+      "repair-db", "with quotad stopped: keep a copy, set unparseable rows aside, record audit gaps");
+  repair_cmd->add_option("--db", repair_db, "quotad's SQLite database")->capture_default_str();
 
   AdminArgs admin;
   auto add_admin = [&](CLI::App* command) {
@@ -170,7 +189,7 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
     if (*check_cmd) {
-      const Policy policy = load_policy(policy_path);
+      const Policy policy = load_policy_with_tokens(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
                   policy.total_gpus(), policy.emergency_pool_gpus(), policy.teams.size(), policy.users.size());
       return 0;
@@ -204,7 +223,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*hash_cmd) {
-      std::printf("%s\n", sha256_hex(token_text).c_str());
+      if (!salted) {
+        std::printf("%s\n", sha256_hex(token_text).c_str());
+        return 0;
+      }
+      std::random_device random;  // the kernel's entropy
+      std::string salt;
+      char hex[3];
+      for (int i = 0; i < 16; ++i) {
+        std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned>(random() & 0xff));
+        salt += hex;
+      }
+      std::printf("{token_sha256: %s, token_salt: %s}\n", sha256_hex(salt + token_text).c_str(), salt.c_str());
+      return 0;
+    }
+    if (*repair_cmd) {
+      const RepairReport report = repair_database(repair_db, system_now_ms());
+      std::printf("quotad repair-db: copy kept as %s\n", report.backup.c_str());
+      for (const auto& row : report.quarantined) std::printf("  set aside in table quarantine: %s\n", row.c_str());
+      for (int64_t seq : report.audit_gaps) {
+        std::printf("  audit entry %lld was missing: recorded as audit.gap\n", static_cast<long long>(seq));
+      }
+      if (report.quarantined.empty() && report.audit_gaps.empty()) std::printf("  nothing to repair\n");
       return 0;
     }
     json reply;

@@ -1,8 +1,22 @@
 #include "quota/core/codec.h"
 
+#include <cstdio>
+
 namespace yolo8::quota {
 
 using nlohmann::json;
+
+void check_text(const std::string& field_name, const std::string& text, bool free_text) {
+  for (const char ch : text) {
+    const auto code = static_cast<unsigned char>(ch);
+    if (code >= 0x20 && code != 0x7f) continue;
+    if (free_text && (ch == '\n' || ch == '\t')) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "0x%02x", code);
+    throw RequestError(field_name + ": contains the control character " + hex +
+                       (free_text ? " (only line feeds and tabs are allowed)" : ""));
+  }
+}
 
 namespace {
 
@@ -31,11 +45,15 @@ T field(const json& object, const char* key, T fallback) {
   }
 }
 
-std::string bounded(const json& object, const char* key, size_t max_len, const std::string& fallback = "") {
+// `free_text`: line feeds and tabs are allowed (a justification may have paragraphs); NUL and every other
+// control character are refused, in identifiers all of them, so nothing is cut or smuggled into the audit.
+std::string bounded(const json& object, const char* key, size_t max_len, const std::string& fallback = "",
+                    bool free_text = false) {
   std::string text = field<std::string>(object, key, fallback);
   if (text.size() > max_len) {
     throw RequestError(std::string(key) + ": longer than " + std::to_string(max_len) + " characters");
   }
+  check_text(key, text, free_text);
   return text;
 }
 
@@ -48,19 +66,21 @@ int bounded_int(const json& object, const char* key, int fallback) {
 }  // namespace
 
 json to_json(const LeaseRequest& request) {
-  return json{{"team", request.team},
-              {"user", request.user},
-              {"job", request.job},
-              {"model", request.model},
-              {"imgsz", request.imgsz},
-              {"batch", request.batch},
-              {"gpus", request.gpus},
-              {"memory_gib", request.memory_gib},
-              {"priority", to_string(request.priority)},
-              {"preemptible", request.preemptible},
-              {"shared", request.shared},
-              {"justification", request.justification},
-              {"idempotency_key", request.idempotency_key}};
+  json out{{"team", request.team},
+           {"user", request.user},
+           {"job", request.job},
+           {"model", request.model},
+           {"imgsz", request.imgsz},
+           {"batch", request.batch},
+           {"gpus", request.gpus},
+           {"memory_gib", request.memory_gib},
+           {"priority", to_string(request.priority)},
+           {"preemptible", request.preemptible},
+           {"shared", request.shared},
+           {"justification", request.justification},
+           {"idempotency_key", request.idempotency_key}};
+  if (!request.requested_by.empty()) out["requested_by"] = request.requested_by;
+  return out;
 }
 
 json to_json(const Telemetry& telemetry) {
@@ -147,7 +167,7 @@ LeaseRequest lease_request_from_json(const json& body) {
   }
   request.preemptible = field<bool>(body, "preemptible", true);
   request.shared = field<bool>(body, "shared", false);
-  request.justification = bounded(body, "justification", 2000);
+  request.justification = bounded(body, "justification", 2000, "", true);
   request.idempotency_key = bounded(body, "idempotency_key", 128);
   return request;
 }
@@ -186,6 +206,7 @@ Lease lease_from_json(const json& record) {
   lease.req.shared = request.value("shared", false);
   lease.req.justification = request.value("justification", "");
   lease.req.idempotency_key = request.value("idempotency_key", "");
+  lease.req.requested_by = request.value("requested_by", "");
   lease.state = parse_lease_state(record.at("state").get<std::string>());
   lease.outcome = parse_outcome(record.value("outcome", ""));
   lease.gpus = record.value("gpus", 1);

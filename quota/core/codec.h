@@ -22,6 +22,9 @@ nlohmann::json to_json(const Lease& lease, const Policy& policy);
 nlohmann::json to_json(const Approval& approval);
 nlohmann::json to_json(const AuditEntry& entry);
 
+// Refuses (RequestError naming `field_name`) NUL and control characters; `free_text` allows line feeds and tabs.
+void check_text(const std::string& field_name, const std::string& text, bool free_text);
+
 // Strict parsers for client input: unknown fields are ignored, wrong types throw RequestError.
 LeaseRequest lease_request_from_json(const nlohmann::json& body);
 Telemetry telemetry_from_json(const nlohmann::json& body);

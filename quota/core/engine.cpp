@@ -102,6 +102,7 @@ std::string to_string(AcquireResult::Kind kind) {
     case AcquireResult::Kind::kNotAllowed: return "not_allowed";
     case AcquireResult::Kind::kAdmissionRefused: return "refused";
     case AcquireResult::Kind::kCreditsSpent: return "credits_spent";
+    case AcquireResult::Kind::kTooManyQueued: return "too_many_queued";
     case AcquireResult::Kind::kInvalid: return "invalid";
   }
   return "invalid";
@@ -124,6 +125,17 @@ bool Lease::holds_gpus(int64_t now_ms) const {
 }
 
 Engine::Engine(Policy policy) : policy_(std::move(policy)) { policy_.validate(); }
+
+namespace {
+std::string requester(const LeaseRequest& req) { return req.requested_by.empty() ? req.user : req.requested_by; }
+std::string on_behalf(const LeaseRequest& req) {
+  return req.requested_by.empty() ? "" : "on behalf of " + req.user + ": ";
+}
+}  // namespace
+
+void Engine::note(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& detail) {
+  log(now_ms, actor, action, nullptr, detail);
+}
 
 void Engine::log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
                  const std::string& detail) {
@@ -253,10 +265,12 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   std::string devs;
   for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
   if (critical) {
-    log(now_ms, lease.req.user, "emergency.granted", &lease,
-        "critical lease on " + devs + "; justification: " + lease.req.justification + "; review pending");
+    log(now_ms, requester(lease.req), "emergency.granted", &lease,
+        on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
+            "; review pending");
   } else {
-    log(now_ms, lease.req.user, "lease.granted", &lease, devs + (lease.over_base ? " (burst, over base)" : ""));
+    log(now_ms, requester(lease.req), "lease.granted", &lease,
+        on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : ""));
   }
   return true;
 }
@@ -464,6 +478,15 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   if (req.user.empty()) return refuse(AcquireResult::Kind::kInvalid, "user: required");
   if (!policy_.teams.count(req.team))
     return refuse(AcquireResult::Kind::kInvalid, "team: unknown team '" + req.team + "'");
+  // only users of the policy, in their own team (admins in any), may hold leases: the credit check and the
+  // audit depend on it
+  const auto user_it = policy_.users.find(req.user);
+  if (user_it == policy_.users.end()) {
+    return refuse(AcquireResult::Kind::kNotAllowed, "user: unknown user '" + req.user + "' (not in the policy)");
+  }
+  if (user_it->second.role != Role::kAdmin && user_it->second.team != req.team) {
+    return refuse(AcquireResult::Kind::kNotAllowed, "user: " + req.user + " is not a member of team " + req.team);
+  }
   if (req.model.empty()) return refuse(AcquireResult::Kind::kInvalid, "model: required");
   if (req.imgsz < 32 || req.imgsz > policy_.max_imgsz) {
     return refuse(AcquireResult::Kind::kInvalid, "imgsz: must be within 32.." + std::to_string(policy_.max_imgsz));
@@ -532,6 +555,15 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
                                                             (policy_.loan_gpu_hours > 0 ? " (loan included)" : ""));
     }
   }
+  const auto waiting = std::count_if(leases_.begin(), leases_.end(), [&](const auto& entry) {
+    return entry.second.req.user == req.user &&
+           (entry.second.state == LeaseState::kQueued || entry.second.state == LeaseState::kPendingApproval);
+  });
+  if (waiting >= policy_.max_queued_per_user) {
+    return refuse(AcquireResult::Kind::kTooManyQueued,
+                  "queue: " + req.user + " already has " + std::to_string(waiting) +
+                      " requests waiting (limits.max_queued_per_user); release or wait for some first");
+  }
   lease.id = next_lease_++;
   lease.created_ms = now_ms;
   lease.last_seen_ms = now_ms;
@@ -555,12 +587,13 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   changes_.leases.insert(lease.id);
   if (!req.idempotency_key.empty()) idempotency_[{req.user, req.idempotency_key}] = lease.id;
   if (needs_approval) {
-    log(now_ms, req.user, "approval.requested", &stored,
-        "approval " + std::to_string(lease.approval_id) + " for " + req.model + ": " + req.justification);
+    log(now_ms, requester(req), "approval.requested", &stored,
+        on_behalf(req) + "approval " + std::to_string(lease.approval_id) + " for " + req.model + ": " +
+            req.justification);
   } else {
     schedule(now_ms);
     if (stored.state == LeaseState::kQueued) {
-      log(now_ms, req.user, "lease.queued", &stored, queue_reason(stored, now_ms));
+      log(now_ms, requester(req), "lease.queued", &stored, on_behalf(req) + queue_reason(stored, now_ms));
     }
   }
   return status_of(lease.id, now_ms);

@@ -39,6 +39,9 @@ struct LeaseRequest {
   bool shared = false;  // share a GPU by memory when the policy allows
   std::string justification;
   std::string idempotency_key;
+  // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
+  // never taken from a request body. The audit names both.
+  std::string requested_by;
 };
 
 // Per-heartbeat figures the trainer reports (kept for the metrics work; negative = not reported).
@@ -110,7 +113,16 @@ struct AuditEntry {
 
 struct AcquireResult {
   // Its text (to_string) is the "status" field of the API's answer to a lease request.
-  enum class Kind { kGranted, kQueued, kNeedsApproval, kNotAllowed, kAdmissionRefused, kCreditsSpent, kInvalid };
+  enum class Kind {
+    kGranted,
+    kQueued,
+    kNeedsApproval,
+    kNotAllowed,
+    kAdmissionRefused,
+    kCreditsSpent,
+    kTooManyQueued,  // the user already has limits.max_queued_per_user requests waiting
+    kInvalid
+  };
   Kind kind = Kind::kInvalid;
   int64_t lease_id = 0;
   int64_t approval_id = 0;
@@ -173,6 +185,8 @@ class Engine {
   void reject(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note = "");
   // Closes the after-the-fact review of an emergency lease. Throws PolicyError if none is pending.
   void review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note);
+  // An audit entry about no lease (failed authentications, ...).
+  void note(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& detail);
   // Expiry, preemption deadlines, credit accrual and the queue; call every second or so.
   void tick(int64_t now_ms);
 

@@ -290,6 +290,9 @@ void Policy::validate() const {
   std::map<std::string, std::string> hashes;  // hash -> user
   for (const auto& [name, user] : users) {
     const std::string user_key = "users." + name;
+    if (user.token_sha256.empty()) {
+      fail(user_key + ".token_sha256", "no token hash: set it here or in the tokens file ($QUOTAD_TOKENS_FILE)");
+    }
     if (!is_sha256_hex(user.token_sha256))
       fail(user_key + ".token_sha256", "must be 64 hex digits (quotad hash-token)");
     for (char ch : user.token_salt) {
@@ -453,12 +456,14 @@ MemoryTable load_memory_table(const std::string& path) {
 }
 
 namespace {
-Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir);
+Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir,
+                    const std::string& tokens_yaml, const std::string& tokens_source);
 }  // namespace
 
-Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir) {
+Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir,
+                               const std::string& tokens_yaml, const std::string& tokens_source) {
   try {
-    return parse_policy(yaml, source, base_dir);
+    return parse_policy(yaml, source, base_dir, tokens_yaml, tokens_source);
   } catch (const YAML::Exception& error) {
     // e.g. a mapping used as a key: still name the place
     throw PolicyError(source + ":" + std::to_string(error.mark.line + 1) + ": " + error.msg);
@@ -466,7 +471,37 @@ Policy load_policy_from_string(const std::string& yaml, const std::string& sourc
 }
 
 namespace {
-Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir) {
+// The token Secret's hashes over the policy's (see load_policy).
+void merge_tokens(Policy& policy, const std::string& yaml, const std::string& source) {
+  YamlContext context{source};
+  const YAML::Node root = parse_yaml(yaml, source);
+  std::map<std::string, int> lines;
+  index_keys(context, root, "", lines);
+  context.keys(root, "", {"users"});
+  const YAML::Node users = root["users"];
+  if (!users.IsMap()) context.fail(root, "users", "must be a mapping of name -> {token_sha256, token_salt}");
+  for (const auto& entry : users) {
+    const std::string name = entry.first.as<std::string>();
+    const std::string key_path = "users." + name;
+    context.keys(entry.second, key_path, {"token_sha256", "token_salt"});
+    auto it = policy.users.find(name);
+    if (it == policy.users.end()) context.fail(entry.first, key_path, "not a user of the policy " + policy.source);
+    auto lower = [](std::string text) {
+      std::transform(text.begin(), text.end(), text.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      return text;
+    };
+    it->second.token_sha256 =
+        lower(context.need<std::string>(entry.second, "token_sha256", key_path + ".token_sha256"));
+    it->second.token_salt = lower(context.get<std::string>(entry.second["token_salt"], key_path + ".token_salt", ""));
+    if (!is_sha256_hex(it->second.token_sha256)) {
+      context.fail(entry.second, key_path + ".token_sha256", "must be 64 hex digits (quotad hash-token)");
+    }
+  }
+}
+
+Policy parse_policy(const std::string& yaml, const std::string& source, const std::string& base_dir,
+                    const std::string& tokens_yaml, const std::string& tokens_source) {
   YamlContext context{source};
   const YAML::Node root = parse_yaml(yaml, source);
   Policy policy;
@@ -517,7 +552,8 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
                      [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
       return text;
     };
-    user.token_sha256 = lower(context.need<std::string>(node, "token_sha256", key_path + ".token_sha256"));
+    // may come from the tokens file instead (validate() insists on one)
+    user.token_sha256 = lower(context.get<std::string>(node["token_sha256"], key_path + ".token_sha256", ""));
     user.token_salt = lower(context.get<std::string>(node["token_salt"], key_path + ".token_salt", ""));
     const std::string role = context.get<std::string>(node["role"], key_path + ".role", "member");
     if (role == "admin") {
@@ -659,15 +695,17 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     if (!path.empty() && path[0] != '/') path = base_dir + "/" + path;
     policy.memory_table = load_memory_table(path);
   }
+  if (!tokens_source.empty()) merge_tokens(policy, tokens_yaml, tokens_source);
   policy.validate();
   return policy;
 }
 }  // namespace
 
-Policy load_policy(const std::string& path) {
+Policy load_policy(const std::string& path, const std::string& tokens_path) {
   const std::string text = read_file(path);
   const auto slash = path.find_last_of('/');
-  return load_policy_from_string(text, path, slash == std::string::npos ? "." : path.substr(0, slash));
+  return load_policy_from_string(text, path, slash == std::string::npos ? "." : path.substr(0, slash),
+                                 tokens_path.empty() ? "" : read_file(tokens_path), tokens_path);
 }
 
 Policy local_policy(int gpu_count, double memory_gib, const std::string& user) {

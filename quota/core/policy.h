@@ -124,9 +124,13 @@ struct Policy {
 };
 
 // Loads a policy YAML; the memory table comes from `memory_table:` (relative to the policy file) or is empty.
-Policy load_policy(const std::string& path);
+// `tokens_path` (quotad reads $QUOTAD_TOKENS_FILE, the Secret the deployment mounts): a YAML file
+// `users: {name: {token_sha256, token_salt?}}` whose hashes replace the policy's; every name must be a user of
+// the policy, and a user without a hash in either file is an error.
+Policy load_policy(const std::string& path, const std::string& tokens_path = "");
 // Loads from text; `source` names it in errors; relative memory table paths resolve against `base_dir`.
-Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir = ".");
+Policy load_policy_from_string(const std::string& yaml, const std::string& source, const std::string& base_dir = ".",
+                               const std::string& tokens_yaml = "", const std::string& tokens_source = "");
 MemoryTable load_memory_table(const std::string& path);
 
 // Embedded single-workstation policy: one team "local", `gpu_count` GPUs of `memory_gib`, user `user`

@@ -38,6 +38,7 @@ ApiRequest to_api(const httplib::Request& req) {
     request.token = auth.substr(prefix.size());
   }
   request.idempotency_key = req.get_header_value("Idempotency-Key");
+  request.client_address = req.remote_addr;
   return request;
 }
 
@@ -65,6 +66,7 @@ int QuotaServer::start() {
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
     const ApiResponse response = service_.handle(to_api(req));
     res.status = response.status;
+    for (const auto& [name, value] : response.headers) res.set_header(name.c_str(), value);
     res.set_content(response.serialized(), response.content_type.c_str());
   };
   // The read-only pages, token-free: names of teams, users and jobs, never tokens.
@@ -76,12 +78,26 @@ int QuotaServer::start() {
   };
   server.Get("/", status_page);
   server.Get("/status", status_page);
-  server.Post(R"(/(metrics|status)?)", [](const httplib::Request&, httplib::Response& res) {
+  const auto read_only = [](const httplib::Request& req, httplib::Response& res) {
     res.status = 405;
     res.set_header("Allow", "GET");
-  });
+    res.set_content(
+        nlohmann::json{{"error", 405}, {"reason", "method " + req.method + " not allowed (allowed: GET)"}}.dump(),
+        "application/json");
+  };
+  // every method reaches a handler, so the service (or the read-only pages) answer 405 with Allow, not 404
+  const std::string read_only_paths = R"(/(metrics|status)?)";
+  server.Post(read_only_paths, read_only);
+  server.Put(read_only_paths, read_only);
+  server.Patch(read_only_paths, read_only);
+  server.Delete(read_only_paths, read_only);
+  server.Options(read_only_paths, read_only);
   server.Get(R"(/.*)", handler);
   server.Post(R"(/.*)", handler);
+  server.Put(R"(/.*)", handler);
+  server.Patch(R"(/.*)", handler);
+  server.Delete(R"(/.*)", handler);
+  server.Options(R"(/.*)", handler);
   server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string reason = "request rejected";

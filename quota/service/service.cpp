@@ -60,7 +60,10 @@ std::string optional_note(const std::string& body) {
   if (!body_json.is_object()) throw RequestError("body: must be a JSON object");
   if (!body_json.contains("note")) return "";
   if (!body_json["note"].is_string()) throw RequestError("note: has the wrong type");
-  return body_json["note"].get<std::string>().substr(0, 2000);
+  std::string note = body_json["note"].get<std::string>();
+  if (note.size() > 2000) throw RequestError("note: longer than 2000 characters");
+  check_text("note", note, true);
+  return note;
 }
 
 }  // namespace
@@ -225,17 +228,36 @@ void QuotaService::tick() {
     return;
   }
   int64_t now = 0;
-  locked(
-      [&] {
-        now = clock_();
-        const int64_t last = last_tick_ms_.load();
-        if (options_.outage_after_ms > 0 && now - last > options_.outage_after_ms) engine_.credit_outage(last, now);
-        engine_.tick(now);
-        engine_.prune(now, options_.keep_ended_ms);
-        sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
-        return ApiResponse{};
-      },
-      true);
+  std::vector<std::pair<std::string, int>> failures;
+  {
+    std::lock_guard<std::mutex> lock(auth_mutex_);
+    for (auto& [address, record] : auth_failures_) {
+      if (record.unreported > 0) failures.emplace_back(address, std::exchange(record.unreported, 0));
+    }
+  }
+  try {
+    locked(
+        [&] {
+          now = clock_();
+          // failed authentications, one entry per address and tick rather than one per guess
+          for (const auto& [address, count] : failures) {
+            engine_.note(now, "quotad", "auth.failed",
+                         std::to_string(count) + " failed or refused authentication(s) from " +
+                             (address.empty() ? "(in process)" : address));
+          }
+          const int64_t last = last_tick_ms_.load();
+          if (options_.outage_after_ms > 0 && now - last > options_.outage_after_ms) engine_.credit_outage(last, now);
+          engine_.tick(now);
+          engine_.prune(now, options_.keep_ended_ms);
+          sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
+          return ApiResponse{};
+        },
+        true);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(auth_mutex_);  // not saved: report them with the next tick
+    for (const auto& [address, count] : failures) auth_failures_[address].unreported += count;
+    throw;
+  }
   // only a tick that was saved moves the clock: a stalled store is quotad's outage too
   last_tick_ms_ = now;
 }
@@ -347,8 +369,81 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
   return response;
 }
 
+namespace {
+
+// The methods a path answers ("" for an unknown path): anything else gets 405 with Allow.
+std::string allowed_methods(const std::vector<std::string>& parts) {
+  const size_t count = parts.size();
+  if (count == 1 && parts[0] == "healthz") return "GET";
+  if (count < 2 || parts[0] != "v1") return "";
+  if (parts[1] == "leases") {
+    if (count == 2) return "GET, POST";
+    if (count == 3) return "GET";
+    if (count == 4 && (parts[3] == "heartbeat" || parts[3] == "release" || parts[3] == "review")) return "POST";
+  } else if (parts[1] == "approvals") {
+    if (count == 2) return "GET";
+    if (count == 4 && (parts[3] == "approve" || parts[3] == "reject")) return "POST";
+  } else if (count == 2 && (parts[1] == "teams" || parts[1] == "audit")) {
+    return "GET";
+  }
+  return "";
+}
+
+}  // namespace
+
+bool QuotaService::auth_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms) {
+  std::lock_guard<std::mutex> lock(auth_mutex_);
+  auto it = auth_failures_.find(address);
+  if (it == auth_failures_.end() || now_ms >= it->second.blocked_until_ms) return false;
+  retry_after_ms = it->second.blocked_until_ms - now_ms;
+  ++it->second.unreported;  // refused without a look at the token: still an attempt
+  return true;
+}
+
+void QuotaService::auth_failed(const std::string& address, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(auth_mutex_);
+  if (auth_failures_.size() >= kMaxTrackedAddresses && !auth_failures_.count(address)) {
+    // bounded memory: forget the address whose block ended longest ago
+    auto oldest = std::min_element(auth_failures_.begin(), auth_failures_.end(), [](const auto& a, const auto& b) {
+      return a.second.blocked_until_ms < b.second.blocked_until_ms;
+    });
+    auth_failures_.erase(oldest);
+  }
+  AuthFailures& failures = auth_failures_[address];
+  if (failures.first_ms == 0) failures.first_ms = now_ms;
+  ++failures.count;
+  ++failures.unreported;
+  // a few typos are free; then 250 ms, doubling with every failure, at most a minute
+  if (failures.count >= kFreeAuthFailures) {
+    const int doublings = std::min(failures.count - kFreeAuthFailures, 8);
+    failures.blocked_until_ms = now_ms + std::min<int64_t>(60000, int64_t{250} << doublings);
+  }
+}
+
+void QuotaService::auth_succeeded(const std::string& address) {
+  std::lock_guard<std::mutex> lock(auth_mutex_);
+  auto it = auth_failures_.find(address);
+  if (it == auth_failures_.end()) return;
+  if (it->second.unreported == 0) {
+    auth_failures_.erase(it);
+  } else {
+    it->second.count = 0;  // kept until the tick has audited the failures
+    it->second.blocked_until_ms = 0;
+  }
+}
+
 ApiResponse QuotaService::route(const ApiRequest& req) {
   const auto parts = split_path(req.path);
+  const std::string allowed = allowed_methods(parts);
+  if (allowed.empty()) return error(404, "no such endpoint: " + req.method + " " + req.path);
+  if (!(allowed == req.method || allowed.rfind(req.method + ",", 0) == 0 ||
+        (allowed.size() > req.method.size() + 2 &&
+         allowed.compare(allowed.size() - req.method.size() - 2, std::string::npos, ", " + req.method) == 0))) {
+    ApiResponse response =
+        error(405, "method " + req.method + " not allowed on " + req.path + " (allowed: " + allowed + ")");
+    response.headers["Allow"] = allowed;
+    return response;
+  }
   const bool get = req.method == "GET";
   const bool post = req.method == "POST";
   if (parts.size() == 1 && parts[0] == "healthz") {
@@ -356,7 +451,6 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     response.body = json{{"status", "ok"}, {"time_ms", clock_()}};
     return response;
   }
-  if (parts.empty() || parts[0] != "v1") return error(404, "no such endpoint: " + req.path);
 
   Caller caller;
   if (!req.trusted_user.empty()) {
@@ -369,9 +463,21 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
       caller.role = Role::kAdmin;
     }
   } else {
+    const int64_t now = clock_();
+    int64_t retry_after_ms = 0;
+    if (auth_blocked(req.client_address, now, retry_after_ms)) {
+      ApiResponse response = error(429, "authorization: too many failed attempts from this address; retry in " +
+                                            std::to_string((retry_after_ms + 999) / 1000) + " s");
+      response.headers["Retry-After"] = std::to_string((retry_after_ms + 999) / 1000);
+      return response;
+    }
     if (req.token.empty()) return error(401, "authorization: a bearer token is required");
     const User* user = policy_.find_user_by_token(req.token);
-    if (user == nullptr) return error(401, "authorization: unknown token");
+    if (user == nullptr) {
+      auth_failed(req.client_address, now);
+      return error(401, "authorization: unknown token");
+    }
+    auth_succeeded(req.client_address);
     caller.name = user->name;
     caller.team = user->team;
     caller.role = user->role;
@@ -409,6 +515,7 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
     if (req.idempotency_key.size() > 128) throw RequestError("Idempotency-Key: longer than 128 characters");
     request.idempotency_key = req.idempotency_key;
   }
+  request.requested_by = request.user == caller.name ? "" : caller.name;  // never from the body
   if (caller.role != Role::kAdmin) {
     if (request.team != caller.team) return error(403, "team: " + caller.name + " acts only for team " + caller.team);
     if (request.user != caller.name) {
@@ -445,7 +552,8 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
         body["max_batch"] = result.max_batch;
         body["needed_gib"] = result.needed_gib;
         break;
-      case AcquireResult::Kind::kCreditsSpent: response.status = 429; break;
+      case AcquireResult::Kind::kCreditsSpent:
+      case AcquireResult::Kind::kTooManyQueued: response.status = 429; break;
       case AcquireResult::Kind::kInvalid: response.status = 400; break;
     }
     if (result.lease_id == 0) body.erase("lease_id");
@@ -597,6 +705,11 @@ ApiResponse QuotaService::decide(const Caller& caller, int64_t approval_id, bool
     if (!(caller.role == Role::kAdmin || (caller.role == Role::kLead && caller.team == approval->team))) {
       return error(403, "role: only a lead of team " + approval->team + " (or an admin) decides approval " +
                             std::to_string(approval_id));
+    }
+    if (approval->user == caller.name) {
+      return error(403, "role: " + caller.name + " cannot decide their own request (approval " +
+                            std::to_string(approval_id) + "); another lead of team " + approval->team +
+                            " or an admin does");
     }
     if (approval->state != ApprovalState::kPending) {
       return error(409, "approval " + std::to_string(approval_id) + " is already " + to_string(approval->state));

@@ -90,6 +90,17 @@ class QuotaService {
     std::string reason;
     Telemetry telemetry;  // the latest figures, each carried forward until reported again
   };
+  struct AuthFailures {
+    int count = 0;       // consecutive failures
+    int unreported = 0;  // attempts not yet in the audit log
+    int64_t first_ms = 0;
+    int64_t blocked_until_ms = 0;
+  };
+  static constexpr int kFreeAuthFailures = 5;
+  static constexpr size_t kMaxTrackedAddresses = 10000;
+  bool auth_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms);
+  void auth_failed(const std::string& address, int64_t now_ms);
+  void auth_succeeded(const std::string& address);
   ApiResponse route(const ApiRequest& req);
   // Runs `op` under the engine lock; if it changed state, the change is written before the answer leaves and
   // a failed write restores the engine as it was (503 with Retry-After).
@@ -133,6 +144,8 @@ class QuotaService {
   std::atomic<uint64_t> emergency_total_{0};
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
   UtilTracker tracker_;  // guarded by mutex_
+  std::mutex auth_mutex_;
+  std::map<std::string, AuthFailures> auth_failures_;  // by client address
 };
 
 }  // namespace yolo8::quota

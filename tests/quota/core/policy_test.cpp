@@ -210,5 +210,38 @@ TEST(PolicyValidation, SaltedTokensAreFoundAndCompared) {
   EXPECT_EQ(p.find_user_by_token("s3cret2"), nullptr);
 }
 
+// Issue 15: the deployment mounts the token hashes as a Secret and names it in QUOTAD_TOKENS_FILE.
+TEST(PolicyValidation, TokenHashesComeFromTheTokensFile) {
+  const std::string policy =
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
+      "users:\n  u: {}\n  v: {token_sha256: " +
+      sha256_hex("old") + "}\nteams:\n  t: {base: 1, members: [u, v]}\n";
+  const std::string tokens = "users:\n  u: {token_sha256: " + sha256_hex("ab" + std::string("u-secret")) +
+                             ", token_salt: ab}\n  v: {token_sha256: " + sha256_hex("v-secret") + "}\n";
+  const Policy p = load_policy_from_string(policy, "policy.yaml", ".", tokens, "tokens.yaml");
+  ASSERT_NE(p.find_user_by_token("u-secret"), nullptr);
+  EXPECT_EQ(p.find_user_by_token("u-secret")->name, "u");
+  ASSERT_NE(p.find_user_by_token("v-secret"), nullptr);
+  EXPECT_EQ(p.find_user_by_token("old"), nullptr) << "the Secret's hash replaces the policy's";
+  auto error = [&](const std::string& tokens_yaml) {
+    try {
+      load_policy_from_string(policy, "policy.yaml", ".", tokens_yaml, "tokens.yaml");
+    } catch (const PolicyError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      error("users:\n  u: {token_sha256: " + sha256_hex("x") + "}\n  zed: {token_sha256: " + sha256_hex("y") + "}\n")
+          .find("tokens.yaml:3: users.zed: not a user of the policy"),
+      std::string::npos);
+  EXPECT_NE(error("users:\n  v: {token_sha256: " + sha256_hex("y") + "}\n")
+                .find("policy.yaml:5: users.u.token_sha256: no token hash"),
+            std::string::npos)
+      << error("users:\n  v: {token_sha256: " + sha256_hex("y") + "}\n");
+  EXPECT_NE(error("users:\n  u: {token_sha256: nothex}\n").find("tokens.yaml:2: users.u.token_sha256"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <tuple>
 
 #include "quota/service/service.h"
 #include "tests/quota/quota_test_util.h"
@@ -127,6 +128,155 @@ TEST(QuotaChaos, AStorageStallLeavesNoPhantomStateNoAuditGapAndNoExpiredLease) {
   // and a restart finds a sound database
   QuotaService again(testing::example_policy(), options);
   again.inspect([](const Engine& engine) { EXPECT_EQ(engine.find(3)->state, LeaseState::kGranted); });
+}
+
+// The example department served from memory (the security rules do not depend on storage).
+struct Served {
+  FakeClock clock;
+  std::unique_ptr<QuotaService> service;
+  explicit Served(Policy policy = testing::example_policy()) {
+    ServiceOptions options;
+    options.clock = clock.fn();
+    service = std::make_unique<QuotaService>(std::move(policy), options);
+  }
+  ApiResponse call(const std::string& method, const std::string& path, const std::string& token,
+                   const std::string& body = "", const std::string& address = "10.0.0.1") {
+    ApiRequest request = api_call(method, path, token, body);
+    request.client_address = address;
+    return service->handle(request);
+  }
+  json audit() { return call("GET", "/v1/audit?limit=1000", "admin-token").body["audit"]; }
+};
+
+// Issue 15, failure 6: a lead approved their own yolov8x request.
+TEST(QuotaChaos, NobodyApprovesTheirOwnRequest) {
+  Served served;
+  const ApiResponse asked =
+      served.call("POST", "/v1/leases", "carol-token", R"({"model":"yolov8x","justification":"my paper"})");
+  ASSERT_EQ(asked.status, 403);
+  ASSERT_EQ(asked.body["status"], "needs_approval");
+  const ApiResponse own = served.call("POST", "/v1/approvals/1/approve", "carol-token");
+  EXPECT_EQ(own.status, 403) << own.body.dump();
+  EXPECT_NE(own.body["reason"].get<std::string>().find("own request"), std::string::npos);
+  const ApiResponse admin_ok = served.call("POST", "/v1/approvals/1/approve", "admin-token");
+  EXPECT_EQ(admin_ok.status, 200) << admin_ok.body.dump();
+}
+
+// Issue 15, failure 6: an admin acquiring for alice was audited as alice; a user outside the policy was granted.
+TEST(QuotaChaos, ActingOnBehalfIsAuditedWithBothNamesAndUnknownUsersAreRefused) {
+  Served served;
+  const ApiResponse for_alice =
+      served.call("POST", "/v1/leases", "admin-token", R"({"team":"team-cv","user":"alice","model":"yolov8s"})");
+  ASSERT_EQ(for_alice.status, 201) << for_alice.body.dump();
+  const json audit = served.audit();
+  ASSERT_FALSE(audit.empty());
+  const json& granted = audit.back();
+  EXPECT_EQ(granted["action"], "lease.granted");
+  EXPECT_EQ(granted["actor"], "admin");
+  EXPECT_NE(granted["detail"].get<std::string>().find("on behalf of alice"), std::string::npos) << granted.dump();
+  // the body cannot claim another requester
+  const ApiResponse own = served.call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s","requested_by":"x"})");
+  ASSERT_EQ(own.status, 201);
+  EXPECT_EQ(served.audit().back()["actor"], "alice");
+  EXPECT_EQ(served.audit().back()["detail"].get<std::string>().find("on behalf"), std::string::npos);
+
+  const ApiResponse ghost =
+      served.call("POST", "/v1/leases", "admin-token", R"({"team":"team-cv","user":"mallory","model":"yolov8s"})");
+  EXPECT_EQ(ghost.status, 403) << ghost.body.dump();
+  EXPECT_NE(ghost.body["reason"].get<std::string>().find("unknown user 'mallory'"), std::string::npos);
+  const ApiResponse wrong_team =
+      served.call("POST", "/v1/leases", "admin-token", R"({"team":"team-robotics","user":"alice","model":"yolov8s"})");
+  EXPECT_EQ(wrong_team.status, 403) << wrong_team.body.dump();
+}
+
+// Issue 15, failure 6: 29,594 token guesses in 3 s, no throttling, no audit row.
+TEST(QuotaChaos, FailedAuthenticationIsThrottledPerAddressAndAuditedInAggregate) {
+  Served served;
+  int unauthorized = 0, throttled = 0;
+  for (int guess = 0; guess < 1000; ++guess) {
+    const ApiResponse answer = served.call("GET", "/v1/teams", "guess-" + std::to_string(guess), "", "198.51.100.7");
+    if (answer.status == 401) ++unauthorized;
+    if (answer.status == 429) {
+      ++throttled;
+      EXPECT_EQ(answer.headers.count("Retry-After"), 1u);
+    }
+  }
+  EXPECT_EQ(unauthorized, 5) << "only the first few guesses reach the token check";
+  EXPECT_EQ(throttled, 995);
+  // blocked: even the right token waits (the block says nothing about which guess was close)
+  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.7").status, 429);
+  // other addresses are not affected
+  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.8").status, 200);
+  // exponential back-off: 250 ms after the 5th failure, then 500 ms after the next one
+  *served.clock.now += 300;
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7").status, 401);
+  *served.clock.now += 300;
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7").status, 429);
+  *served.clock.now += 300;
+  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.7").status, 200);
+  served.service->tick();
+  int audited = 0;
+  for (const auto& entry : served.audit()) {
+    if (entry["action"] != "auth.failed") continue;
+    ++audited;
+    EXPECT_NE(entry["detail"].get<std::string>().find("1003 failed or refused authentication(s) from 198.51.100.7"),
+              std::string::npos)
+        << entry.dump();
+  }
+  EXPECT_EQ(audited, 1) << "one aggregate entry, not one per guess";
+}
+
+// Issue 15, failure 6: a NUL byte in a justification cut the audit text while the lease kept the rest.
+TEST(QuotaChaos, ControlCharactersInFreeTextAreRefusedNamingTheField) {
+  Served served;
+  ApiResponse answer =
+      served.call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8x","justification":"needed\u0000 rm -rf"})");
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_EQ(answer.body["reason"].get<std::string>().rfind("justification: contains the control character 0x00", 0), 0u)
+      << answer.body.dump();
+  answer = served.call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s","job":"a\u001b[31mred"})");
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_EQ(answer.body["reason"].get<std::string>().rfind("job: ", 0), 0u) << answer.body.dump();
+  // line feeds stay allowed in free text
+  answer = served.call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8x","justification":"line 1\nline 2"})");
+  ASSERT_EQ(answer.status, 403);
+  const ApiResponse note = served.call("POST", "/v1/approvals/1/approve", "carol-token", R"({"note":"ok\u0000"})");
+  EXPECT_EQ(note.status, 400);
+  EXPECT_EQ(note.body["reason"].get<std::string>().rfind("note: ", 0), 0u) << note.body.dump();
+}
+
+// Issue 15, failure 6: POST /metrics and POST /healthz answered 200 (the service's routes; the pages are the
+// HTTP server's and covered on loopback).
+TEST(QuotaChaos, ReadOnlyRoutesAnswer405WithAllow) {
+  Served served;
+  for (const auto& [method, path, allow] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"POST", "/healthz", "GET"},
+                                                                      {"DELETE", "/v1/leases/1", "GET"},
+                                                                      {"PUT", "/v1/leases", "GET, POST"},
+                                                                      {"POST", "/v1/teams", "GET"},
+                                                                      {"GET", "/v1/leases/1/heartbeat", "POST"},
+                                                                      {"POST", "/v1/audit", "GET"}}) {
+    const ApiResponse answer = served.call(method, path, "alice-token");
+    EXPECT_EQ(answer.status, 405) << method << " " << path;
+    EXPECT_EQ(answer.headers.count("Allow") ? answer.headers.at("Allow") : "", allow) << method << " " << path;
+  }
+  EXPECT_EQ(served.call("GET", "/healthz", "").status, 200);
+  EXPECT_EQ(served.call("GET", "/v1/nothing", "alice-token").status, 404);
+}
+
+// Issue 15, failure 8: one member queued 1,200 requests.
+TEST(QuotaChaos, APerUserCapOnQueuedRequestsAnswers429) {
+  Policy policy = testing::example_policy();
+  policy.max_queued_per_user = 3;
+  Served served(policy);
+  // alice fills team-cv's base so her next requests queue
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(served.call("POST", "/v1/leases", "alice-token", "{}").status, 201);
+  *served.clock.now += 4 * kHour;  // outside the burst window
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(served.call("POST", "/v1/leases", "alice-token", "{}").status, 202);
+  const ApiResponse capped = served.call("POST", "/v1/leases", "alice-token", "{}");
+  EXPECT_EQ(capped.status, 429) << capped.body.dump();
+  EXPECT_EQ(capped.body["status"], "too_many_queued");
+  EXPECT_EQ(served.call("POST", "/v1/leases", "bob-token", "{}").status, 202) << "the cap is per user";
 }
 
 }  // namespace
