@@ -65,6 +65,7 @@ leases: )" +
 preemption: {min_runtime_s: )" +
          std::to_string(min_runtime_s) + R"(, grace_s: 30}
 tiers: {self_service: [yolov8n, yolov8s], approval: [yolov8x]}
+limits: {max_queued_per_user: 1000}  # the load tests queue ~100 requests per user on purpose
 )";
 }
 
