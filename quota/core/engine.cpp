@@ -658,6 +658,11 @@ void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
           std::to_string(extended) + " lease(s) extended by it");
 }
 
+std::string Engine::waiting_reason(int64_t lease_id, int64_t now_ms) const {
+  const Lease* lease = find(lease_id);
+  return lease != nullptr && lease->state == LeaseState::kQueued ? queue_reason(*lease, now_ms) : "";
+}
+
 std::vector<int64_t> Engine::queue_ids() const {
   std::vector<int64_t> ids;
   for (const Lease* lease : queue_order()) ids.push_back(lease->id);

@@ -178,6 +178,8 @@ class Engine {
   void credit_outage(int64_t from_ms, int64_t to_ms);
   // Queued lease ids in queue order (one sort; positions are index + 1).
   std::vector<int64_t> queue_ids() const;
+  // Why a queued lease waits (the `reason` of status_of without its queue position); "" for others.
+  std::string waiting_reason(int64_t lease_id, int64_t now_ms) const;
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
   bool release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor = "");
   // Moves an approved request into the queue. Throws PolicyError if not pending.

@@ -140,7 +140,7 @@ void QuotaService::publish_locked(const Changes& changes, bool all) {
     beat.user = lease.req.user;
     beat.state = lease.state;
     beat.deadline_ms = lease.deadline_ms;
-    beat.reason = lease.state == LeaseState::kQueued ? engine_.status_of(lease.id, now).reason : lease.reason;
+    beat.reason = lease.state == LeaseState::kQueued ? engine_.waiting_reason(lease.id, now) : lease.reason;
   };
   if (all) {
     board_.clear();
@@ -320,9 +320,14 @@ json QuotaService::lease_view(const Lease& lease, int64_t now_ms) const {
   view["preempt_grace_s"] = policy_.preempt_grace_s;
   view["expiry_grace_s"] = policy_.expiry_grace_s;
   if (lease.state == LeaseState::kQueued) {
-    const AcquireResult status = engine_.status_of(lease.id, now_ms);
-    view["position"] = status.position;
-    view["reason"] = status.reason;
+    // the position from the board (the queue is sorted once per change, not once per lease shown)
+    int position = 0;
+    {
+      std::lock_guard<std::mutex> beat_lock(beat_mutex_);
+      if (auto it = board_.find(lease.id); it != board_.end()) position = it->second.position;
+    }
+    view["position"] = position > 0 ? position : engine_.queue_position(lease.id);
+    view["reason"] = engine_.waiting_reason(lease.id, now_ms);
   }
   if (lease.state == LeaseState::kRevoking) view["deadline_in_ms"] = std::max<int64_t>(0, lease.deadline_ms - now_ms);
   return view;
@@ -808,9 +813,16 @@ ApiResponse QuotaService::audit(const Caller& caller, const ApiRequest& req) {
 }
 
 void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
-  std::lock_guard<std::timed_mutex> lock(mutex_);
-  merge_beats_locked();
-  sync_tracker(engine_, tracker_);
+  // a snapshot taken under the lock, rendered outside it: a slow page never delays a state change
+  std::optional<Engine> engine;
+  std::optional<UtilTracker> tracker;
+  {
+    std::lock_guard<std::timed_mutex> lock(mutex_);
+    merge_beats_locked();
+    sync_tracker(engine_, tracker_);
+    engine.emplace(engine_);
+    tracker.emplace(tracker_);
+  }
   ServiceCounters counters;
   counters.heartbeats = heartbeats_total_.load();
   counters.preemptions = preemptions_total_.load();
@@ -820,7 +832,7 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
       counters.responses[static_cast<int>(code)] = count;
     }
   }
-  const ServiceView view{policy_, engine_, tracker_, counters, clock_()};
+  const ServiceView view{policy_, *engine, *tracker, counters, clock_()};
   fn(view);
 }
 

@@ -71,7 +71,8 @@ class QuotaService {
   const Policy& policy() const { return policy_; }
   // Runs `fn` on the engine under the service lock (tests, invariants).
   void inspect(const std::function<void(const Engine&)>& fn);
-  // What /metrics and the status page render, read under the service lock with the tracker brought up to date.
+  // What /metrics and the status page render: a snapshot of the engine and the tracker (brought up to date)
+  // taken under the service lock; `fn` runs outside it.
   void observe(const std::function<void(const ServiceView&)>& fn);
 
  private:
@@ -135,7 +136,7 @@ class QuotaService {
   Engine engine_;
   std::unique_ptr<Store> store_;
   std::atomic<int64_t> last_tick_ms_{0};  // the last saved tick (the maintenance thread)
-  std::mutex beat_mutex_;                 // the board and the pending samples; never held during I/O
+  mutable std::mutex beat_mutex_;         // the board and the pending samples; never held during I/O
   std::map<int64_t, Beat> board_;
   std::vector<HeartbeatSample> pending_heartbeats_;  // for the store (batched)
   std::vector<HeartbeatSample> unmerged_beats_;      // raw reports for the engine and the tracker
