@@ -80,9 +80,9 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   ServiceOptions opts;
   opts.db_path = db;
   opts.full_sync = full_sync;
-  // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503
+  // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503;
+  // for a second after that, changes get 503 at once
   opts.store_busy_timeout_ms = 2000;
-  opts.lock_wait_ms = 5000;
   opts.outage_after_ms = 3000;  // the maintenance thread ticks every second
   // block the stop signals in every thread; the main thread waits for them
   sigset_t set;

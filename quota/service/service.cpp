@@ -161,7 +161,7 @@ void QuotaService::publish_locked(const Changes& changes, bool all) {
 }
 
 ApiResponse QuotaService::locked_local(const std::function<ApiResponse()>& op) {
-  std::unique_lock<std::timed_mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   std::lock_guard<std::mutex> store_lock(store_mutex_);
   store_->begin_immediate();
   try {
@@ -192,10 +192,14 @@ ApiResponse QuotaService::locked_local(const std::function<ApiResponse()>& op) {
 
 ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool writes) {
   if (store_ && options_.reload_per_call) return locked_local(op);
-  std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
-  if (!lock.try_lock_for(std::chrono::milliseconds(options_.lock_wait_ms))) {
-    throw Unavailable("quotad is busy (a state change is waiting for the database); retry shortly");
-  }
+  // After a failed write, changes fail fast for a moment instead of queueing behind the stalled store (each
+  // would hold the engine lock for the whole busy timeout in turn).
+  auto store_down = [&] {
+    return writes && store_ && std::chrono::steady_clock::now().time_since_epoch().count() < store_down_until_.load();
+  };
+  if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
   merge_beats_locked();
   // Persist, then apply: the engine is kept as it was until the change is durable. A read-only call copies
   // nothing; should it change state after all, the change is still written before the answer.
@@ -208,6 +212,9 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
       std::lock_guard<std::mutex> store_lock(store_mutex_);
       store_->write(engine_, changes);
     } catch (const StoreError& error) {
+      store_down_until_ = (std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.store_backoff_ms))
+                              .time_since_epoch()
+                              .count();
       if (before) {
         engine_ = std::move(*before);
       } else {
@@ -800,7 +807,7 @@ ApiResponse QuotaService::audit(const Caller& caller, const ApiRequest& req) {
     std::lock_guard<std::mutex> store_lock(store_mutex_);
     entries = store_->audit(after, limit, team);
   } else {
-    std::lock_guard<std::timed_mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& entry : engine_.audit()) {
       if (entry.seq > after && (team.empty() || entry.team == team) && entries.size() < limit) entries.push_back(entry);
     }
@@ -817,7 +824,7 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
   std::optional<Engine> engine;
   std::optional<UtilTracker> tracker;
   {
-    std::lock_guard<std::timed_mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
     merge_beats_locked();
     sync_tracker(engine_, tracker_);
     engine.emplace(engine_);

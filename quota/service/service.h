@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -28,11 +29,12 @@ struct ServiceOptions {
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
   int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
   bool write_each_heartbeat = false;           // commit every heartbeat sample at once instead of batching (benchmarks)
-  // How long a state change waits for the SQLite write lock (another process holding it) and for the engine
-  // lock before it is answered 503 with Retry-After, its effects undone. Local mode waits longer: the other
-  // holders are trainers on the same workstation.
+  // How long a state change waits for the SQLite write lock (another process holding it) before it is answered
+  // 503 with Retry-After, its effects undone; after such a failure, state changes are answered 503 at once for
+  // store_backoff_ms rather than each waiting in turn. Local mode waits longer: the other holders are
+  // trainers on the same workstation.
   int store_busy_timeout_ms = 30000;
-  int lock_wait_ms = 30000;
+  int store_backoff_ms = 1000;
   // A gap longer than this between two ticks is quotad's own outage (stalled, stopped): lease clocks are
   // extended by it (Engine::credit_outage). 0 = off; the server ticks every second and sets 3000.
   int64_t outage_after_ms = 0;
@@ -131,12 +133,14 @@ class QuotaService {
   Policy policy_;
   ServiceOptions options_;
   std::function<int64_t()> clock_;
-  std::timed_mutex mutex_;  // the engine and the tracker
+  std::mutex mutex_;  // the engine and the tracker
   std::mutex store_mutex_;
   Engine engine_;
   std::unique_ptr<Store> store_;
-  std::atomic<int64_t> last_tick_ms_{0};  // the last saved tick (the maintenance thread)
-  mutable std::mutex beat_mutex_;         // the board and the pending samples; never held during I/O
+  std::atomic<int64_t> last_tick_ms_{0};
+  std::atomic<std::chrono::steady_clock::rep> store_down_until_{
+      0};                          // steady clock  // the last saved tick (the maintenance thread)
+  mutable std::mutex beat_mutex_;  // the board and the pending samples; never held during I/O
   std::map<int64_t, Beat> board_;
   std::vector<HeartbeatSample> pending_heartbeats_;  // for the store (batched)
   std::vector<HeartbeatSample> unmerged_beats_;      // raw reports for the engine and the tracker

@@ -70,7 +70,7 @@ TEST(QuotaChaos, AStorageStallLeavesNoPhantomStateNoAuditGapAndNoExpiredLease) {
   options.db_path = db;
   options.clock = clock.fn();
   options.store_busy_timeout_ms = 300;
-  options.lock_wait_ms = 2000;
+  options.store_backoff_ms = 0;  // every call below really waits for the lock (see the back-off test)
   options.outage_after_ms = 3000;
   QuotaService service(testing::example_policy(), options);
   ASSERT_EQ(service.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
@@ -136,6 +136,30 @@ TEST(QuotaChaos, AStorageStallLeavesNoPhantomStateNoAuditGapAndNoExpiredLease) {
   // and a restart finds a sound database
   QuotaService again(testing::example_policy(), options);
   again.inspect([](const Engine& engine) { EXPECT_EQ(engine.find(3)->state, LeaseState::kGranted); });
+}
+
+// After a write failed, state changes answer 503 at once for a moment instead of each holding the engine lock
+// for the whole busy timeout in turn (which would tie up every API worker during a long stall).
+TEST(QuotaChaos, AfterAFailedWriteChangesFailFastUntilTheBackOffEnds) {
+  const std::string db = temp_db("chaos_backoff");
+  ServiceOptions options;
+  options.db_path = db;
+  options.store_busy_timeout_ms = 300;
+  options.store_backoff_ms = 1000;
+  QuotaService service(testing::example_policy(), options);
+  WriteLockHolder holder(db);
+  auto start = Steady::now();
+  EXPECT_EQ(service.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 503);
+  EXPECT_GE(ms_since(start), 250) << "the first change waits for the lock";
+  start = Steady::now();
+  const ApiResponse fast = service.handle(api_call("POST", "/v1/leases", "alice-token", "{}"));
+  EXPECT_EQ(fast.status, 503);
+  EXPECT_EQ(fast.headers.count("Retry-After"), 1u);
+  EXPECT_LT(ms_since(start), 100) << "a change during the back-off does not wait";
+  EXPECT_EQ(service.handle(api_call("GET", "/v1/teams", "alice-token")).status, 200) << "reads still answer";
+  holder.release();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_EQ(service.handle(api_call("POST", "/v1/leases", "alice-token", "{}")).status, 201);
 }
 
 // The example department served from memory (the security rules do not depend on storage).
