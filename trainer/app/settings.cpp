@@ -66,7 +66,7 @@ const std::vector<Entry>& entries() {
       {"seed", YOLO8_FIELD(loader.seed), "random seed"},
       {"deterministic", YOLO8_FIELD(deterministic), "deterministic algorithms (bitwise-reproducible on CPU)"},
       {"single_cls", YOLO8_FIELD(loader.single_cls), "treat every class as one"},
-      {"rect", YOLO8_FIELD(loader.rect), "rectangular training batches"},
+      {"rect", YOLO8_FIELD(loader.rect), "rectangular batches (train; val, where it is on unless rect=false)"},
       {"cos_lr", YOLO8_FIELD(optim.cos_lr), "cosine learning-rate schedule instead of linear"},
       {"close_mosaic", YOLO8_FIELD(augment.close_mosaic), "turn mosaic off for the last N epochs"},
       {"resume", YOLO8_FIELD(resume), "false, true (latest run), auto (this name's run if resumable), or PATH/last.pt"},
@@ -525,6 +525,8 @@ void validate(Settings& settings) {
 Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& mode) {
   Settings settings;
   settings.mode = mode;
+  // Mode defaults, as the reference's `val` sets them: rectangular batches unless rect=false.
+  if (mode == "val") settings.loader.rect = true;
   for (const auto& [key, value] : pairs) {
     if (key == "cfg" && !is_null_text(value)) {
       apply_yaml_file(settings, value);

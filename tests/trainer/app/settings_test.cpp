@@ -72,6 +72,13 @@ TEST(Settings, PrecedenceDefaultsThenCfgThenCommandLine) {
   EXPECT_EQ(settings.cfg, cfg);
 }
 
+// `yolo8 val` validates on rectangular batches unless rect=false, as `yolo val` does; training keeps rect off.
+TEST(Settings, ValModeDefaultsToRectangularBatches) {
+  EXPECT_FALSE(resolve_settings({}, "train").loader.rect);
+  EXPECT_TRUE(resolve_settings({}, "val").loader.rect);
+  EXPECT_FALSE(resolve_settings({{"rect", "false"}}, "val").loader.rect);
+}
+
 TEST(Settings, UnknownKeySuggestsClosestNames) {
   try {
     resolve_settings({{"epoch", "3"}}, "train");
