@@ -533,17 +533,13 @@ struct Reader {
   }
 };
 
-std::string cache_path_for(const std::vector<std::string>& files, const std::string& tag) {
-  if (files.empty()) return {};
-  fs::path dir = fs::path(label_path_for(files.front())).parent_path();
-  return dir.string() + tag + ".cache";
-}
-
 void save_cache(const std::string& path, uint64_t key, const DatasetIndex& idx) {
   std::string tmp = path + ".tmp" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
+    std::error_code ignored;
+    fs::create_directories(fs::path(path).parent_path(), ignored);
     std::ofstream o(tmp, std::ios::binary);
-    if (!o) return;  // read-only dataset: no cache, nothing wrong
+    if (!o) return;  // no writable cache folder: no cache, nothing wrong
     o.write(kCacheMagic, sizeof kCacheMagic);
     Writer w{o};
     w.i64(static_cast<int64_t>(key));
@@ -640,13 +636,43 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
 
 }  // namespace
 
+std::string default_cache_dir() {
+  const auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::string(value) : std::string();
+  };
+  if (!env("YOLO8_CACHE_DIR").empty()) return env("YOLO8_CACHE_DIR");
+  if (!env("XDG_CACHE_HOME").empty()) return (fs::path(env("XDG_CACHE_HOME")) / "yolo8").string();
+  if (!env("HOME").empty()) return (fs::path(env("HOME")) / ".cache" / "yolo8").string();
+  return (fs::temp_directory_path() / "yolo8-cache").string();
+}
+
+std::string index_cache_path(const std::vector<std::string>& files, const std::string& tag,
+                             const std::string& cache_dir) {
+  if (files.empty()) return {};
+  std::error_code error;
+  fs::path labels = fs::path(label_path_for(files.front())).parent_path();
+  const fs::path absolute = fs::absolute(labels, error);
+  if (!error) labels = absolute.lexically_normal();
+  // FNV-1a: the same name on every machine and build for the same folder.
+  uint64_t hash = 1469598103934665603ULL;
+  for (const unsigned char c : labels.string() + "\n" + tag) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  std::ostringstream name;
+  name << labels.filename().string() << tag << "-" << std::hex << std::setw(16) << std::setfill('0') << hash
+       << ".index";
+  return (fs::path(cache_dir.empty() ? default_cache_dir() : cache_dir) / "datasets" / name.str()).string();
+}
+
 DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptions& opts) {
   if (opts.nc <= 0) throw std::invalid_argument("nc: must be > 0 to check labels");
   DatasetIndex idx;
   idx.nc = opts.nc;
   uint64_t key = 0;
   if (opts.use_cache && !files.empty()) {
-    idx.cache_path = cache_path_for(files, opts.cache_tag);
+    idx.cache_path = index_cache_path(files, opts.cache_tag, opts.cache_dir);
     key = index_key(files, opts);
     if (load_cache(idx.cache_path, key, idx)) {
       idx.nc = opts.nc;

@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "data/config.h"
 #include "test_util.h"
@@ -234,9 +238,12 @@ TEST(DataCheckDataset, TxtListWithMissingImage) {
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
   // Listed splits over one folder keep separate caches.
   CheckOptions cached;
-  build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached);
-  EXPECT_TRUE(fs::exists(dir + "/labels.val.cache"));
+  cached.cache_dir = scratch_dir("cache");
+  const DatasetIndex val = build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached);
+  EXPECT_TRUE(fs::exists(val.cache_path));
+  EXPECT_NE(val.cache_path.find("labels.val-"), std::string::npos) << val.cache_path;
   EXPECT_TRUE(build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached).from_cache);
+  EXPECT_FALSE(build_split_index(load_data_yaml(dir + "/data.yaml"), "train", cached).from_cache);
 }
 
 TEST(DataCheckDataset, LabelsBesideImages) {
@@ -255,9 +262,11 @@ TEST(DataCheckDataset, CacheHitAndInvalidation) {
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;
   opts.workers = 2;
+  opts.cache_dir = scratch_dir("cache");
   DatasetIndex a = build_split_index(spec, "train", opts);
   EXPECT_FALSE(a.from_cache);
-  EXPECT_TRUE(fs::exists(dir + "/labels/train.cache"));
+  EXPECT_EQ(fs::path(a.cache_path).parent_path(), fs::path(opts.cache_dir) / "datasets");
+  EXPECT_TRUE(fs::exists(a.cache_path));
   DatasetIndex b = build_split_index(spec, "train", opts);
   EXPECT_TRUE(b.from_cache);
   EXPECT_EQ(b.summary.images, a.summary.images);
@@ -279,6 +288,52 @@ TEST(DataCheckDataset, CacheHitAndInvalidation) {
   DatasetIndex d = build_split_index(spec, "train", opts);
   EXPECT_FALSE(d.from_cache);
   EXPECT_EQ(d.summary.missing_labels, 0);
+}
+
+// Ultralytics reads `labels/<split>.cache` as its own pickle and crashes on anything else: indexing a dataset
+// (with the cache on, in the default folder) leaves the dataset folder exactly as it was.
+TEST(DataCheckDataset, IndexingWritesNothingIntoTheDataset) {
+  auto dir = make_messy_dataset();
+  const auto listing = [&] {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) files.push_back(entry.path().string());
+    std::sort(files.begin(), files.end());
+    return files;
+  };
+  const std::vector<std::string> before = listing();
+  CheckOptions opts;
+  opts.workers = 2;
+  const DatasetIndex index = build_split_index(load_data_yaml(dir + "/data.yaml"), "train", opts);
+  EXPECT_TRUE(fs::exists(index.cache_path));
+  EXPECT_EQ(index.cache_path.rfind(fs::path(dir).string(), 0), std::string::npos) << index.cache_path;
+  EXPECT_EQ(listing(), before);
+  for (const auto& file : listing()) EXPECT_NE(fs::path(file).extension(), ".cache") << file;
+}
+
+TEST(DataCheckDataset, DefaultCacheFolderFollowsTheEnvironment) {
+  const auto saved = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::make_pair(value != nullptr, std::string(value != nullptr ? value : ""));
+  };
+  const auto restore = [](const char* name, const std::pair<bool, std::string>& value) {
+    if (value.first) {
+      ::setenv(name, value.second.c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  const auto yolo8_dir = saved("YOLO8_CACHE_DIR"), xdg = saved("XDG_CACHE_HOME"), home = saved("HOME");
+  ::setenv("YOLO8_CACHE_DIR", "/somewhere/yolo8", 1);
+  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(default_cache_dir(), "/somewhere/yolo8");
+  ::unsetenv("YOLO8_CACHE_DIR");
+  EXPECT_EQ(default_cache_dir(), "/xdg/yolo8");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::setenv("HOME", "/home/ada", 1);
+  EXPECT_EQ(default_cache_dir(), "/home/ada/.cache/yolo8");
+  restore("YOLO8_CACHE_DIR", yolo8_dir);
+  restore("XDG_CACHE_HOME", xdg);
+  restore("HOME", home);
 }
 
 }  // namespace
