@@ -6,6 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "quota/server/metrics.h"
+
 namespace yolo8::quota {
 
 std::string html_escape(const std::string& text) {
@@ -84,8 +86,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
                                int refresh_s) {
   const auto teams = team_views(policy, engine, now_ms);
   const auto waste = waste_list(policy, engine, tracker, now_ms);
-  double in_use = 0;
-  for (const auto& team : teams) in_use += team.status.in_use;
+  // the same figures as quotad_gpus_allocated / _free: emergency leases are held GPUs too
+  const GpuAllocation allocation = gpu_allocation(policy, engine, now_ms);
   std::vector<const Lease*> running, queued;
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) running.push_back(&lease);
@@ -101,8 +103,11 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
   html << "<title>quotad status</title>\n<style>" << kStyle << "</style></head><body>\n";
   html << "<h1>GPU use</h1><div class=\"sub\">quotad &middot; " << utc_time(now_ms) << " &middot; read-only</div>\n";
   html << "<div class=\"cards\">"
-       << "<div class=\"card\"><b>" << fixed(in_use, 1) << " / " << policy.total_gpus() << "</b>GPUs in use</div>"
-       << "<div class=\"card\"><b>" << policy.emergency_pool_gpus() << "</b>emergency pool</div>"
+       << "<div class=\"card\" id=\"gpus-in-use\"><b>" << fixed(allocation.allocated, 2) << " / " << policy.total_gpus()
+       << "</b>GPUs in use</div>"
+       << "<div class=\"card\" id=\"gpus-free\"><b>" << fixed(allocation.free(), 2) << "</b>GPUs free</div>"
+       << "<div class=\"card\" id=\"gpus-emergency\"><b>" << fixed(allocation.emergency, 2) << " / "
+       << policy.emergency_pool_gpus() << "</b>emergency leases / pool</div>"
        << "<div class=\"card\"><b>" << running.size() << "</b>running leases</div>"
        << "<div class=\"card\"><b>" << queued.size() << "</b>queued</div>"
        << "<div class=\"card\"><b>" << waste.size() << "</b>on the waste list</div></div>\n";

@@ -40,7 +40,8 @@ TEST(QuotadStatusPage, ShowsTeamsLeasesQueueAndWaste) {
   EXPECT_EQ(html.find("src="), std::string::npos);  // no external assets
   EXPECT_EQ(html.find("<link"), std::string::npos);
   EXPECT_NE(html.find("2026-11-30 10:30:00 UTC"), std::string::npos);
-  EXPECT_NE(html.find("<b>10.0 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(html.find("<b>10.00 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(html.find("<b>10.00</b>GPUs free"), std::string::npos);
 
   const std::string teams = section(html, "teams");
   EXPECT_EQ(count(teams, "<tr><td>"), 3u);
