@@ -76,6 +76,8 @@ int QuotaServer::start() {
   };
   server.Get("/", status_page);
   server.Get("/status", status_page);
+  server.Get("/favicon.ico",
+             [](const httplib::Request&, httplib::Response& res) { res.set_content(favicon_ico(), "image/x-icon"); });
   server.Post(R"(/(metrics|status)?)", [](const httplib::Request&, httplib::Response& res) {
     res.status = 405;
     res.set_header("Allow", "GET");

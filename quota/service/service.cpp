@@ -98,7 +98,12 @@ void QuotaService::persist_locked() {
   }
   if (!store_) return;
   std::lock_guard<std::mutex> store_lock(store_mutex_);
-  store_->write(engine_, changes);
+  try {
+    store_->write(engine_, changes);
+  } catch (const StoreError&) {
+    ++storage_write_errors_;
+    throw;
+  }
 }
 
 ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op) {
@@ -149,7 +154,12 @@ void QuotaService::flush_heartbeats() {
   }
   if (!store_ || batch.empty()) return;
   std::lock_guard<std::mutex> store_lock(store_mutex_);
-  store_->write_heartbeats(batch);
+  try {
+    store_->write_heartbeats(batch);
+  } catch (const StoreError&) {
+    ++storage_write_errors_;
+    throw;
+  }
 }
 
 std::vector<std::string> QuotaService::check_invariants() {
@@ -559,6 +569,7 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
   counters.heartbeats = heartbeats_total_.load();
   counters.preemptions = preemptions_total_.load();
   counters.emergency_grants = emergency_total_.load();
+  counters.storage_write_errors = storage_write_errors_.load();
   for (size_t code = 0; code < responses_by_status_.size(); ++code) {
     if (const uint64_t count = responses_by_status_[code].load(); count > 0) {
       counters.responses[static_cast<int>(code)] = count;
