@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "data/image_io.h"
+
 namespace yolo8::data {
 namespace fs = std::filesystem;
 
@@ -214,13 +216,14 @@ const char* problem_name(Problem p) {
     case Problem::kLabelUnreadable: return "label_unreadable";
     case Problem::kDuplicate: return "duplicate_rows";
     case Problem::kPolygon: return "polygon_rows";
-    case Problem::kJpegTruncated: return "jpeg_truncated";
+    case Problem::kJpegEndMarkerMissing: return "jpeg_end_marker_missing";
+    case Problem::kImageTruncated: return "image_truncated";
   }
   return "unknown";
 }
 
 bool problem_skips_image(Problem p) {
-  return p != Problem::kDuplicate && p != Problem::kPolygon && p != Problem::kJpegTruncated;
+  return p != Problem::kDuplicate && p != Problem::kPolygon && p != Problem::kJpegEndMarkerMissing;
 }
 
 int64_t CheckSummary::skipped_total() const {
@@ -339,10 +342,17 @@ void check_image(const std::string& path, FileResult& r) {
   }
   r.record.width = w;
   r.record.height = h;
-  // libjpeg decodes a cut-off file with grey filling the rest; train on it, but say so.
-  const size_t n = bytes.size();
-  if (n >= 4 && bytes[0] == 0xFF && bytes[1] == 0xD8 && !(bytes[n - 2] == 0xFF && bytes[n - 1] == 0xD9))
-    add(Problem::kJpegTruncated, "JPEG has no end marker (truncated?); used as decoded");
+  // libjpeg decodes a cut-off file with grey filling the rest: skip it, as the reference does. A file that only
+  // lacks the end marker is whole; the reference rewrites it, we read it as it is and leave the file alone.
+  switch (jpeg_ending(bytes)) {
+    case JpegEnding::kScanDataMissing:
+      add(Problem::kImageTruncated, "JPEG image data ends early (file cut off?): its missing rows would be grey");
+      return;
+    case JpegEnding::kEndMarkerMissing:
+      add(Problem::kJpegEndMarkerMissing, "JPEG lacks its end marker but its image data is whole; used as it is");
+      break;
+    default: break;
+  }
 }
 
 bool parse_number(const std::string& tok, double& v) {
@@ -461,7 +471,7 @@ FileResult check_file(const std::string& path, const CheckOptions& opts) {
 
 // ---------------------------------------------------------------------------------------------------- cache
 
-constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '3'};
+constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '4'};
 
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   auto p = static_cast<const unsigned char*>(data);
@@ -614,7 +624,7 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
       i.file = r.str();
       i.line = static_cast<int>(r.i64());
       auto p = r.i64();
-      if (p < 0 || p > static_cast<int64_t>(Problem::kJpegTruncated)) return false;
+      if (p < 0 || p > static_cast<int64_t>(Problem::kImageTruncated)) return false;
       i.problem = static_cast<Problem>(p);
       i.message = r.str();
     }

@@ -44,7 +44,7 @@ struct ImageRecord {
   std::vector<BoxLabel> boxes;  // empty = background
 };
 
-// Why an image was left out (or, for kDuplicate / kPolygon / kJpegTruncated, only noted).
+// Why an image was left out (or, for kDuplicate / kPolygon / kJpegEndMarkerMissing, only noted).
 enum class Problem {
   kImageMissing,
   kImageCorrupt,
@@ -56,9 +56,10 @@ enum class Problem {
   kLabelOutOfRange,
   kLabelSize,
   kLabelUnreadable,
-  kDuplicate,      // not a skip: duplicate rows dropped
-  kPolygon,        // not a skip: polygon rows turned into boxes
-  kJpegTruncated,  // not a skip: JPEG without its end marker, used as decoded
+  kDuplicate,             // not a skip: duplicate rows dropped
+  kPolygon,               // not a skip: polygon rows turned into boxes
+  kJpegEndMarkerMissing,  // not a skip: a JPEG whose image data is whole but lacks its end marker, used as it is
+  kImageTruncated,        // a JPEG cut inside its image data: the missing rows would be grey under their labels
 };
 const char* problem_name(Problem p);
 bool problem_skips_image(Problem p);

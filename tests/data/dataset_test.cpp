@@ -134,7 +134,7 @@ std::string make_messy_dataset() {
   write_image(im + "tol.png", 40, 40);
   write_text(lb + "tol.txt", "0 1.0005 0.5 0.2 0.2\n");
   {
-    // A JPEG cut in half still decodes: used, with a note.
+    // A JPEG cut in half still "decodes", half grey: skipped. One that only lacks its end marker: used, noted.
     cv::Mat m(64, 64, CV_8UC3);
     cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));
     std::vector<uchar> buf;
@@ -142,6 +142,9 @@ std::string make_messy_dataset() {
     std::ofstream(im + "truncated.jpg", std::ios::binary)
         .write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() / 2));
     write_text(lb + "truncated.txt", "2 0.5 0.5 0.3 0.3\n");
+    std::ofstream(im + "no_end_marker.jpg", std::ios::binary)
+        .write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() - 2));
+    write_text(lb + "no_end_marker.txt", "1 0.5 0.5 0.3 0.3\n");
   }
   write_text(im + "corrupt.jpg", "this is not a jpeg");
   write_text(lb + "corrupt.txt", "0 0.5 0.5 0.2 0.2\n");
@@ -171,7 +174,7 @@ TEST(DataCheckDataset, MessyDatasetExactSummary) {
   opts.use_cache = false;
   DatasetIndex idx = build_split_index(spec, "train", opts);
   const auto& s = idx.summary;
-  EXPECT_EQ(s.files, 16);
+  EXPECT_EQ(s.files, 17);
   EXPECT_EQ(s.images, 7);
   EXPECT_EQ(s.instances, 6);
   EXPECT_EQ(s.backgrounds, 2);
@@ -179,14 +182,21 @@ TEST(DataCheckDataset, MessyDatasetExactSummary) {
   EXPECT_EQ(s.duplicates_removed, 1);
   EXPECT_EQ(s.polygons_converted, 1);
   const std::map<std::string, int64_t> expected = {
-      {"image_corrupt", 1}, {"image_too_small", 1},    {"unknown_format", 1},   {"label_arity", 2},
-      {"label_class", 1},   {"label_out_of_range", 1}, {"label_non_finite", 1}, {"label_size", 1}};
+      {"image_corrupt", 1},    {"image_too_small", 1}, {"unknown_format", 1},
+      {"label_arity", 2},      {"label_class", 1},     {"label_out_of_range", 1},
+      {"label_non_finite", 1}, {"label_size", 1},      {"image_truncated", 1}};
   EXPECT_EQ(s.skipped, expected);
-  EXPECT_EQ(s.skipped_total(), 9);
-  EXPECT_EQ(idx.issues.size(), 13u);  // 10 row/file problems + duplicate, polygon and truncated-JPEG notes
-  EXPECT_EQ(std::count_if(idx.issues.begin(), idx.issues.end(),
-                          [](const Issue& i) { return i.problem == Problem::kJpegTruncated; }),
-            1);
+  EXPECT_EQ(s.skipped_total(), 10);
+  EXPECT_EQ(idx.issues.size(), 14u);  // 11 row/file problems + duplicate, polygon and end-marker notes
+  const auto issue_of = [&](Problem problem) {
+    return std::find_if(idx.issues.begin(), idx.issues.end(), [&](const Issue& i) { return i.problem == problem; });
+  };
+  ASSERT_NE(issue_of(Problem::kJpegEndMarkerMissing), idx.issues.end());
+  EXPECT_EQ(issue_of(Problem::kJpegEndMarkerMissing)->file, dir + "/images/train/no_end_marker.jpg");
+  ASSERT_NE(issue_of(Problem::kImageTruncated), idx.issues.end());
+  EXPECT_EQ(issue_of(Problem::kImageTruncated)->file, dir + "/images/train/truncated.jpg");
+  EXPECT_TRUE(std::none_of(idx.records.begin(), idx.records.end(),
+                           [](const ImageRecord& r) { return r.image.find("truncated.jpg") != std::string::npos; }));
 
   // Problems carry file and line.
   bool saw_multi_line3 = false;
