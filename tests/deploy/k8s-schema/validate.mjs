@@ -13,8 +13,11 @@ import { basename, join } from "node:path";
 
 const kSkip = 77;
 const kExpectedErrorAnnotation = "yolo8.io/expected-error";
-// Kueue's CRD schemas ship in no npm package (deploy/README.md "Schema validation"): listed, not validated.
-const kNoSchemaGroups = new Map([["kueue.x-k8s.io", "no npm package ships Kueue's CRD schemas"]]);
+// Kueue's CRD schemas ship in no published npm package nor Debian package (deploy/README.md "Schema
+// validation"): listed, not validated. Once @kubernetes-models/kueue is published (and runs on our node), pin it
+// and move this group to kCrdPackages below.
+const kNoSchemaGroups = new Map([["kueue.x-k8s.io",
+                                  "no published npm or Debian package ships Kueue's CRD schemas"]]);
 
 let YAML;
 try {
