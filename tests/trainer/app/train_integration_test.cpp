@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "data/synth.h"
 #include "test_paths.h"
@@ -169,9 +170,17 @@ TEST_F(TrainIntegration, ValAndPredictFollowTheTrainingRun) {
   const std::string project = "project=" + (root_ / "runs").string();
   const auto run_printing = [](const std::vector<std::string>& words, std::string& out) {
     ::testing::internal::CaptureStdout();
-    const int code = run_mode(parse_command_line(words));
-    out = ::testing::internal::GetCapturedStdout();
-    return code;
+    try {
+      const int code = run_mode(parse_command_line(words));
+      std::cout.flush();
+      out = ::testing::internal::GetCapturedStdout();
+      return code;
+    } catch (const std::exception& error) {
+      std::cout.flush();
+      out = ::testing::internal::GetCapturedStdout();
+      ADD_FAILURE() << words.front() << " threw: " << error.what() << "\n" << out;
+      return -1;
+    }
   };
 
   std::string out;
@@ -188,7 +197,7 @@ TEST_F(TrainIntegration, ValAndPredictFollowTheTrainingRun) {
   EXPECT_FALSE(fs::exists(root_ / "runs" / "val" / "weights"));
 
   // What the command line gives wins.
-  ASSERT_EQ(run_printing({"val", "model=" + best, "threads=1", "workers=1", "imgsz=96", "single_cls=false",
+  ASSERT_EQ(run_printing({"val", "model=" + best, "threads=1", "workers=1", "imgsz=96", "single_cls=true",
                           "data=" + (root_ / "ds" / "data.yaml").string()},
                          out),
             kExitCompleted);
