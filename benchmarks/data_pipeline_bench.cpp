@@ -64,7 +64,7 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
   std::vector<cv::Mat> raw;
   for (int i = 0; i < n; ++i) raw.push_back(read_image(idx.records[i % idx.records.size()].image));
   t0 = thread_cpu();
-  for (int i = 0; i < n; ++i) imgs.push_back(resize_long_side(raw[i], imgsz, true));
+  for (int i = 0; i < n; ++i) imgs.push_back(resize_long_side(raw[i], imgsz));
   out.emplace_back("resize long side", (thread_cpu() - t0) * 1e3 / n);
   Rng rng(1);
   cv::Mat canvas, warped;

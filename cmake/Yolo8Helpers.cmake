@@ -48,8 +48,9 @@ function(yolo8_test name)
   if(NOT ARG_NO_TORCH)
     yolo8_use_torch(${name})
   endif()
+  # Dataset indexes and other derived files go to the build folder, not the user's ~/.cache.
   gtest_discover_tests(${name}
-    PROPERTIES LABELS ${ARG_LABEL}
+    PROPERTIES LABELS ${ARG_LABEL} ENVIRONMENT "YOLO8_CACHE_DIR=${PROJECT_BINARY_DIR}/test-cache"
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
     DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 60)

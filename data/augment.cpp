@@ -65,14 +65,14 @@ cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup, Letter
   return out;
 }
 
-cv::Mat resize_long_side(const cv::Mat& img, int imgsz, bool augment) {
+cv::Mat resize_long_side(const cv::Mat& img, int imgsz) {
   const int h0 = img.rows, w0 = img.cols;
   const double r = static_cast<double>(imgsz) / std::max(h0, w0);
   if (r == 1.0) return img;
   const int w = std::min(static_cast<int>(std::ceil(w0 * r)), imgsz);
   const int h = std::min(static_cast<int>(std::ceil(h0 * r)), imgsz);
   cv::Mat out;
-  cv::resize(img, out, cv::Size(w, h), 0, 0, (augment || r > 1) ? cv::INTER_LINEAR : cv::INTER_AREA);
+  cv::resize(img, out, cv::Size(w, h), 0, 0, cv::INTER_LINEAR);
   return out;
 }
 

@@ -42,8 +42,9 @@ struct LetterboxInfo {
 cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup = true, LetterboxInfo* info = nullptr,
                   int pad_value = 114);
 
-// Resizes so the long side is imgsz (Ultralytics' load_image): bilinear when augmenting or enlarging, else area.
-cv::Mat resize_long_side(const cv::Mat& img, int imgsz, bool augment);
+// Resizes so the long side is imgsz, bilinear whether it shrinks or enlarges: Ultralytics 8.0.232's load_image
+// (pixel-exact on tests/fixtures/val_case, where area interpolation is up to 21/255 away).
+cv::Mat resize_long_side(const cv::Mat& img, int imgsz);
 
 // Rectangular batch shapes (h, w) for images given as (h, w), already in batch order (sorted by h/w):
 // ceil(shape * imgsz / stride + pad) * stride.

@@ -35,7 +35,7 @@ struct LoaderConfig {
   int batch = 16;
   int workers = 8;  // clamped to the hardware threads
   CacheMode cache = CacheMode::kNone;
-  bool rect = false;  // rectangular batches (always on for validation loaders)
+  bool rect = false;  // rectangular batches (the trainer's validation loader always sets it)
   bool single_cls = false;
   double fraction = 1.0;  // fraction of the training images used
   uint64_t seed = 0;

@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "data/image_io.h"
+
 namespace yolo8::data {
 namespace fs = std::filesystem;
 
@@ -214,13 +216,14 @@ const char* problem_name(Problem p) {
     case Problem::kLabelUnreadable: return "label_unreadable";
     case Problem::kDuplicate: return "duplicate_rows";
     case Problem::kPolygon: return "polygon_rows";
-    case Problem::kJpegTruncated: return "jpeg_truncated";
+    case Problem::kJpegEndMarkerMissing: return "jpeg_end_marker_missing";
+    case Problem::kImageTruncated: return "image_truncated";
   }
   return "unknown";
 }
 
 bool problem_skips_image(Problem p) {
-  return p != Problem::kDuplicate && p != Problem::kPolygon && p != Problem::kJpegTruncated;
+  return p != Problem::kDuplicate && p != Problem::kPolygon && p != Problem::kJpegEndMarkerMissing;
 }
 
 int64_t CheckSummary::skipped_total() const {
@@ -339,10 +342,17 @@ void check_image(const std::string& path, FileResult& r) {
   }
   r.record.width = w;
   r.record.height = h;
-  // libjpeg decodes a cut-off file with grey filling the rest; train on it, but say so.
-  const size_t n = bytes.size();
-  if (n >= 4 && bytes[0] == 0xFF && bytes[1] == 0xD8 && !(bytes[n - 2] == 0xFF && bytes[n - 1] == 0xD9))
-    add(Problem::kJpegTruncated, "JPEG has no end marker (truncated?); used as decoded");
+  // libjpeg decodes a cut-off file with grey filling the rest: skip it, as the reference does. A file that only
+  // lacks the end marker is whole; the reference rewrites it, we read it as it is and leave the file alone.
+  switch (jpeg_ending(bytes)) {
+    case JpegEnding::kScanDataMissing:
+      add(Problem::kImageTruncated, "JPEG image data ends early (file cut off?): its missing rows would be grey");
+      return;
+    case JpegEnding::kEndMarkerMissing:
+      add(Problem::kJpegEndMarkerMissing, "JPEG lacks its end marker but its image data is whole; used as it is");
+      break;
+    default: break;
+  }
 }
 
 bool parse_number(const std::string& tok, double& v) {
@@ -461,7 +471,7 @@ FileResult check_file(const std::string& path, const CheckOptions& opts) {
 
 // ---------------------------------------------------------------------------------------------------- cache
 
-constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '3'};
+constexpr char kCacheMagic[8] = {'Y', '8', 'I', 'D', 'X', '0', '0', '4'};
 
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   auto p = static_cast<const unsigned char*>(data);
@@ -533,17 +543,13 @@ struct Reader {
   }
 };
 
-std::string cache_path_for(const std::vector<std::string>& files, const std::string& tag) {
-  if (files.empty()) return {};
-  fs::path dir = fs::path(label_path_for(files.front())).parent_path();
-  return dir.string() + tag + ".cache";
-}
-
 void save_cache(const std::string& path, uint64_t key, const DatasetIndex& idx) {
   std::string tmp = path + ".tmp" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
+    std::error_code ignored;
+    fs::create_directories(fs::path(path).parent_path(), ignored);
     std::ofstream o(tmp, std::ios::binary);
-    if (!o) return;  // read-only dataset: no cache, nothing wrong
+    if (!o) return;  // no writable cache folder: no cache, nothing wrong
     o.write(kCacheMagic, sizeof kCacheMagic);
     Writer w{o};
     w.i64(static_cast<int64_t>(key));
@@ -618,7 +624,7 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
       i.file = r.str();
       i.line = static_cast<int>(r.i64());
       auto p = r.i64();
-      if (p < 0 || p > static_cast<int64_t>(Problem::kJpegTruncated)) return false;
+      if (p < 0 || p > static_cast<int64_t>(Problem::kImageTruncated)) return false;
       i.problem = static_cast<Problem>(p);
       i.message = r.str();
     }
@@ -640,13 +646,43 @@ bool load_cache(const std::string& path, uint64_t key, DatasetIndex& idx) {
 
 }  // namespace
 
+std::string default_cache_dir() {
+  const auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::string(value) : std::string();
+  };
+  if (!env("YOLO8_CACHE_DIR").empty()) return env("YOLO8_CACHE_DIR");
+  if (!env("XDG_CACHE_HOME").empty()) return (fs::path(env("XDG_CACHE_HOME")) / "yolo8").string();
+  if (!env("HOME").empty()) return (fs::path(env("HOME")) / ".cache" / "yolo8").string();
+  return (fs::temp_directory_path() / "yolo8-cache").string();
+}
+
+std::string index_cache_path(const std::vector<std::string>& files, const std::string& tag,
+                             const std::string& cache_dir) {
+  if (files.empty()) return {};
+  std::error_code error;
+  fs::path labels = fs::path(label_path_for(files.front())).parent_path();
+  const fs::path absolute = fs::absolute(labels, error);
+  if (!error) labels = absolute.lexically_normal();
+  // FNV-1a: the same name on every machine and build for the same folder.
+  uint64_t hash = 1469598103934665603ULL;
+  for (const unsigned char c : labels.string() + "\n" + tag) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  std::ostringstream name;
+  name << labels.filename().string() << tag << "-" << std::hex << std::setw(16) << std::setfill('0') << hash
+       << ".index";
+  return (fs::path(cache_dir.empty() ? default_cache_dir() : cache_dir) / "datasets" / name.str()).string();
+}
+
 DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptions& opts) {
   if (opts.nc <= 0) throw std::invalid_argument("nc: must be > 0 to check labels");
   DatasetIndex idx;
   idx.nc = opts.nc;
   uint64_t key = 0;
   if (opts.use_cache && !files.empty()) {
-    idx.cache_path = cache_path_for(files, opts.cache_tag);
+    idx.cache_path = index_cache_path(files, opts.cache_tag, opts.cache_dir);
     key = index_key(files, opts);
     if (load_cache(idx.cache_path, key, idx)) {
       idx.nc = opts.nc;

@@ -44,7 +44,7 @@ struct ImageRecord {
   std::vector<BoxLabel> boxes;  // empty = background
 };
 
-// Why an image was left out (or, for kDuplicate / kPolygon / kJpegTruncated, only noted).
+// Why an image was left out (or, for kDuplicate / kPolygon / kJpegEndMarkerMissing, only noted).
 enum class Problem {
   kImageMissing,
   kImageCorrupt,
@@ -56,9 +56,10 @@ enum class Problem {
   kLabelOutOfRange,
   kLabelSize,
   kLabelUnreadable,
-  kDuplicate,      // not a skip: duplicate rows dropped
-  kPolygon,        // not a skip: polygon rows turned into boxes
-  kJpegTruncated,  // not a skip: JPEG without its end marker, used as decoded
+  kDuplicate,             // not a skip: duplicate rows dropped
+  kPolygon,               // not a skip: polygon rows turned into boxes
+  kJpegEndMarkerMissing,  // not a skip: a JPEG whose image data is whole but lacks its end marker, used as it is
+  kImageTruncated,        // a JPEG cut inside its image data: the missing rows would be grey under their labels
 };
 const char* problem_name(Problem p);
 bool problem_skips_image(Problem p);
@@ -94,10 +95,21 @@ struct DatasetIndex {
 struct CheckOptions {
   int nc = 0;
   int workers = 8;                // verification threads (clamped to the hardware)
-  bool use_cache = true;          // read/write "<labels dir>.cache"
+  bool use_cache = true;          // read/write the index in cache_dir (never inside the dataset)
   double coord_tolerance = 1e-3;  // normalised coordinates may exceed [0, 1] by this much
-  std::string cache_tag;          // "<labels dir><tag>.cache"; splits listed in .txt files share folders
+  std::string cache_tag;          // told apart in the index name: splits listed in .txt files share folders
+  std::string cache_dir;          // "" = default_cache_dir()
 };
+
+// Where yolo8 keeps what it derives from a user's files: $YOLO8_CACHE_DIR, else $XDG_CACHE_HOME/yolo8, else
+// ~/.cache/yolo8. Dataset indexes go to its datasets/ folder: a dataset folder is left as it was found, so
+// Ultralytics never meets a `labels/<split>.cache` it cannot read, and read-only mounts still get a cache.
+std::string default_cache_dir();
+
+// The index file of the labels folder of `files` (absolute path hashed), e.g.
+// <cache_dir>/datasets/val-3f2a9c0d41e6b7a8.index.
+std::string index_cache_path(const std::vector<std::string>& files, const std::string& tag,
+                             const std::string& cache_dir);
 
 // Verifies every image and label of the given files (see list_split_files).
 DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptions& opts);

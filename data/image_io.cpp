@@ -139,6 +139,42 @@ bool decode_jpeg(const std::vector<uint8_t>& bytes, int reduce, cv::Mat& out, in
 }
 #endif
 
+#ifdef YOLO8_HAVE_LIBJPEG
+// Counts libjpeg's warnings (a premature end of data, a marker inside the scan) instead of printing them.
+void jpeg_count_warning(j_common_ptr info, int level) {
+  if (level < 0) ++info->err->num_warnings;
+}
+
+// Decodes (at 1/8 scale: the entropy decoding is the same, the IDCT cheaper) and returns libjpeg's warning count,
+// or -1 when it fails outright. As in decode_jpeg, only C state lives in this frame (the row is libjpeg's).
+long jpeg_warnings(const std::vector<uint8_t>& bytes) {
+  jpeg_decompress_struct info;
+  JpegErrorJump error;
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = jpeg_error_to_jump;
+  error.manager.emit_message = jpeg_count_warning;
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&info);
+    return -1;
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, const_cast<unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  info.scale_num = 1;
+  info.scale_denom = 8;
+  jpeg_start_decompress(&info);
+  JSAMPARRAY row = (*info.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&info), JPOOL_IMAGE,
+                                             info.output_width * static_cast<JDIMENSION>(info.output_components), 1);
+  while (info.output_scanline < info.output_height) {
+    if (jpeg_read_scanlines(&info, row, 1) != 1) break;
+  }
+  jpeg_finish_decompress(&info);
+  const long warnings = error.manager.num_warnings;
+  jpeg_destroy_decompress(&info);
+  return warnings;
+}
+#endif
+
 int reduced_flag(int reduce) {
   switch (reduce) {
     case 2: return cv::IMREAD_REDUCED_COLOR_2;
@@ -163,6 +199,21 @@ cv::Mat decode_image(const std::vector<uint8_t>& bytes, int reduce) {
 #endif
   if (bytes.empty()) return img;
   return cv::imdecode(bytes, reduced_flag(reduce));
+}
+
+JpegEnding jpeg_ending(const std::vector<uint8_t>& bytes) {
+  if (!is_jpeg_stream(bytes)) return JpegEnding::kNotJpeg;
+  const size_t n = bytes.size();
+  if (n >= 4 && bytes[n - 2] == 0xFF && bytes[n - 1] == 0xD9) return JpegEnding::kComplete;
+#ifdef YOLO8_HAVE_LIBJPEG
+  // With the end marker put back, a file whose scans are whole decodes without a single warning; one cut inside
+  // its scan data meets the marker early ("premature end of data segment").
+  std::vector<uint8_t> closed = bytes;
+  closed.push_back(0xFF);
+  closed.push_back(0xD9);
+  if (jpeg_warnings(closed) == 0) return JpegEnding::kEndMarkerMissing;
+#endif
+  return JpegEnding::kScanDataMissing;
 }
 
 cv::Mat read_image(const std::string& path, int reduce) {

@@ -16,4 +16,9 @@ cv::Mat read_image(const std::string& path, int reduce = 1);
 // The same from bytes already in memory.
 cv::Mat decode_image(const std::vector<uint8_t>& bytes, int reduce = 1);
 
+// How a JPEG stream ends. A file cut inside its scan data still "decodes" (libjpeg fills the missing rows with
+// grey), so only kEndMarkerMissing (every row present, just no FFD9) is usable as it is.
+enum class JpegEnding { kNotJpeg, kComplete, kEndMarkerMissing, kScanDataMissing };
+JpegEnding jpeg_ending(const std::vector<uint8_t>& bytes);
+
 }  // namespace yolo8::data

@@ -117,7 +117,8 @@ void copy_to_planes(const cv::Mat& img, uint8_t* dst) {
 
 }  // namespace
 
-DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train)
+DataLoader::DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderConfig cfg, AugmentConfig aug,
+                       bool train)
     : cfg_(cfg), aug_(aug), train_(train) {
   if (!index) throw std::invalid_argument("DataLoader: no dataset index");
   keep_large_buffers_in_heap();
@@ -127,7 +128,8 @@ DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig c
   if (train_ && cfg_.fraction < 1.0)
     records_.resize(static_cast<size_t>(std::llround(static_cast<double>(records_.size()) * cfg_.fraction)));
   if (records_.empty()) throw std::runtime_error("DataLoader: the dataset has no usable images");
-  rect_ = !train_ || cfg_.rect;
+  rect_ = cfg_.rect;
+  letterbox_only_ = !train_ || rect_;
   if (rect_) {
     std::vector<std::pair<int, int>> hw;
     for (const auto& r : records_) hw.emplace_back(r.height, r.width);
@@ -212,9 +214,11 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
     if (read_disk_cache(disk, out.img, out.h0, out.w0)) return out;
   }
   // JPEG scales by 1/2, 1/4, 1/8 inside the DCT: decoding a large photo straight to >= imgsz is several times faster.
+  // Only for training, whose augmentation dwarfs the difference: validation decodes the full image, as the
+  // reference does, so that its pixels and metrics match (tests/trainer/app/val_golden_test.cpp).
   int reduce = 1;
   const int long0 = std::max(rec.width, rec.height);
-  if (is_jpeg(rec.image)) {
+  if (augment && is_jpeg(rec.image)) {
     if (long0 >= 8 * cfg_.imgsz)
       reduce = 8;
     else if (long0 >= 4 * cfg_.imgsz)
@@ -226,7 +230,7 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
   if (img.empty()) throw std::runtime_error(rec.image + ": image does not decode (changed since the check?)");
   out.h0 = reduce == 1 ? img.rows : rec.height;
   out.w0 = reduce == 1 ? img.cols : rec.width;
-  out.img = resize_long_side(img, cfg_.imgsz, augment);
+  out.img = resize_long_side(img, cfg_.imgsz);
   if (!out.img.isContinuous()) out.img = out.img.clone();
   if (cfg_.cache == CacheMode::kDisk) write_disk_cache(disk, out.img, out.h0, out.w0);
   if (cfg_.cache == CacheMode::kRam) {
@@ -295,7 +299,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
     const Loaded& L = loaded[k];
     double gain_h = static_cast<double>(L.img.rows) / L.h0, gain_w = static_cast<double>(L.img.cols) / L.w0;
     double pad_w = 0, pad_h = 0;
-    if (rect_) {
+    if (letterbox_only_) {
       LetterboxInfo lb;
       work = letterbox(L.img, out_h, out_w, false, &lb);
       bx = boxes[k];

@@ -33,8 +33,9 @@ struct Batch {
 
 class DataLoader {
  public:
-  // train = augmentation (mosaic etc.) and shuffling; otherwise letterboxed rectangular batches (validation).
-  DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train);
+  // train = augmentation (mosaic etc.) and shuffling; otherwise letterboxed batches in file order (validation),
+  // or in aspect-ratio order with the smallest shape per batch when cfg.rect (as the reference validates).
+  DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderConfig cfg, AugmentConfig aug, bool train);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -76,7 +77,8 @@ class DataLoader {
   LoaderConfig cfg_;
   AugmentConfig aug_;
   bool train_;
-  bool rect_;
+  bool rect_;            // rectangular batch shapes, images in aspect-ratio order
+  bool letterbox_only_;  // no augmentation: validation, or rectangular training
   int workers_ = 0;
   std::string cache_note_;
   bool closed_ = false;

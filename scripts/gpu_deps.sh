@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 mkdir -p .deps
 cd .deps
 apt-get download libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libsqlite3-dev libsqlite3-0 libcli11-dev \
-  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libgtest-dev libgmock-dev 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libgtest-dev libgmock-dev prometheus-cpp-dev libprometheus-cpp-core1.0 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
 ls -1 *.deb | wc -l | xargs echo "gpu_deps: .deb files in .deps:"

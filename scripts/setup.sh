@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ ninja-build ccache pkg-config libtorch-dev libopencv-dev libcli11-dev libyaml-cpp-dev
-          libgtest-dev libgmock-dev nlohmann-json3-dev libcpp-httplib-dev libsqlite3-dev libbenchmark-dev libgloo-dev libjpeg-dev)
+          libgtest-dev libgmock-dev nlohmann-json3-dev libcpp-httplib-dev libsqlite3-dev libbenchmark-dev libgloo-dev libjpeg-dev
+          prometheus-cpp-dev prometheus chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

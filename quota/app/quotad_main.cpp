@@ -168,8 +168,8 @@ int main(int argc, char** argv) {
   int report_top = 10;
   auto* report_cmd = app.add_subcommand("report", "monthly usage journal per team, read from the database");
   report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)")->required();
-  report_cmd->add_option("--format", report_format, "md or html")
-      ->check(CLI::IsMember({"md", "html"}))
+  report_cmd->add_option("--format", report_format, "md, html or csv")
+      ->check(CLI::IsMember({"md", "html", "csv"}))
       ->capture_default_str();
   report_cmd->add_option("--db", report_db, "quotad's SQLite database")->capture_default_str();
   report_cmd->add_option("--policy", report_policy, "policy YAML: teams, credit allowances, waste thresholds");
@@ -212,7 +212,9 @@ int main(int argc, char** argv) {
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
       const MonthlyReport report = build_report(report_db, report_month, policy.get(), report_top);
-      const std::string text = report_format == "html" ? report_html(report) : report_markdown(report);
+      const std::string text = report_format == "html"  ? report_html(report)
+                               : report_format == "csv" ? report_csv(report)
+                                                        : report_markdown(report);
       if (report_out.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
       } else {

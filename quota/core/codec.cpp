@@ -148,7 +148,7 @@ LeaseRequest lease_request_from_json(const json& body) {
   LeaseRequest request;
   request.team = bounded(body, "team", 128);
   request.user = bounded(body, "user", 128);
-  request.job = bounded(body, "job", 256);
+  request.job = bounded(body, "job", 256, "", true);  // shown escaped (metrics, pages): a line feed is harmless
   request.model = bounded(body, "model", 256, "yolov8n");
   request.imgsz = bounded_int(body, "imgsz", 640);
   auto batch = body.find("batch");

@@ -545,6 +545,8 @@ int QuotaServer::start() {
   };
   server.Get("/", status_page);
   server.Get("/status", status_page);
+  server.Get("/favicon.ico",
+             [](const httplib::Request&, httplib::Response& res) { res.set_content(favicon_ico(), "image/x-icon"); });
   const auto read_only = [](const httplib::Request& req, httplib::Response& res) {
     res.status = 405;
     res.set_header("Allow", "GET");
@@ -553,7 +555,7 @@ int QuotaServer::start() {
         "application/json");
   };
   // every method reaches a handler, so the service (or the read-only pages) answer 405 with Allow, not 404
-  const std::string read_only_paths = R"(/(metrics|status)?)";
+  const std::string read_only_paths = R"(/(metrics|status|favicon\.ico)?)";
   server.Post(read_only_paths, read_only);
   server.Put(read_only_paths, read_only);
   server.Patch(read_only_paths, read_only);

@@ -13,7 +13,12 @@ struct K8sRenderOptions {
   int cpus_per_gpu = 4;
 };
 
-// Multi-document YAML, teams in name order; the same policy always gives the same bytes.
+// Multi-document YAML written by yaml-cpp's emitter, teams in name order; the same policy always gives the same
+// bytes. Throws std::invalid_argument (naming the team and the rule) before emitting anything when a name would
+// not be a valid Kubernetes name.
 std::string render_k8s(const Policy& policy, const K8sRenderOptions& options = {});
+
+// Throws std::invalid_argument naming the first team whose name is not a DNS-1123 label (its Namespace's name).
+void check_k8s_names(const Policy& policy);
 
 }  // namespace yolo8::quota

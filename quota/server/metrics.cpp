@@ -1,9 +1,14 @@
 #include "quota/server/metrics.h"
 
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
 #include <algorithm>
-#include <cmath>
-#include <iomanip>
-#include <sstream>
+#include <map>
+#include <utility>
 
 namespace yolo8::quota {
 
@@ -11,33 +16,61 @@ namespace {
 
 bool running(const Lease& lease) { return lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking; }
 
-// Shortest text that reads back the same double; integers without a decimal point.
-std::string num(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  std::ostringstream stream;
-  stream << std::setprecision(10) << value;
-  return stream.str();
+const std::vector<double>& util_buckets() {
+  static const std::vector<double> buckets = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+  return buckets;
 }
+
+double seconds(int64_t ms) { return static_cast<double>(ms) / 1000.0; }
+
+constexpr double kSecondsPerHour = 3600.0;
+
+// The labels of one lease's series. `job_name`, not `job`: Prometheus owns `job` and `instance` (the scrape
+// target) and would rename ours to `exported_job`.
+prometheus::Labels lease_labels(int64_t id, const std::string& team, const std::string& user, const std::string& job) {
+  return {{"lease", std::to_string(id)}, {"team", team}, {"user", user}, {"job_name", job}};
+}
+
+// One scrape: a fresh registry for the gauges and counters of this moment (no stale series of ended leases),
+// and the families in the order they were declared, empty ones with their HELP and TYPE.
+class Exposition {
+ public:
+  prometheus::Family<prometheus::Gauge>& gauge(const std::string& name, const std::string& help) {
+    order_.push_back({name, help, prometheus::MetricType::Gauge, {}});
+    return prometheus::BuildGauge().Name(name).Help(help).Register(registry_);
+  }
+  void gauge(const std::string& name, const std::string& help, double value) { gauge(name, help).Add({}).Set(value); }
+  prometheus::Family<prometheus::Counter>& counter(const std::string& name, const std::string& help) {
+    order_.push_back({name, help, prometheus::MetricType::Counter, {}});
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry_);
+  }
+  // A family kept elsewhere (the histograms), placed here in the order.
+  void declare(const std::string& name) { order_.push_back({name, "", prometheus::MetricType::Histogram, {}}); }
+
+  std::string text(const prometheus::Registry& histograms) {
+    std::map<std::string, prometheus::MetricFamily> collected;
+    for (auto& family : registry_.Collect()) collected[family.name] = std::move(family);
+    for (auto& family : histograms.Collect()) collected[family.name] = std::move(family);
+    std::vector<prometheus::MetricFamily> families;
+    for (auto& declared : order_) {
+      auto it = collected.find(declared.name);
+      // prometheus-cpp leaves out a family without series; its HELP and TYPE still say what would be there
+      families.push_back(it == collected.end() ? std::move(declared) : std::move(it->second));
+      auto& series = families.back().metric;
+      std::sort(series.begin(), series.end(),
+                [](const prometheus::ClientMetric& left, const prometheus::ClientMetric& right) {
+                  return left.label < right.label;
+                });
+    }
+    return prometheus::TextSerializer().Serialize(families);
+  }
+
+ private:
+  prometheus::Registry registry_;
+  std::vector<prometheus::MetricFamily> order_;
+};
 
 }  // namespace
-
-std::string prometheus_label(const std::string& value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char character : value) {
-    if (character == '\\') {
-      out += "\\\\";
-    } else if (character == '"') {
-      out += "\\\"";
-    } else if (character == '\n') {
-      out += "\\n";
-    } else {
-      out += character;
-    }
-  }
-  return out;
-}
 
 const std::vector<double>& MetricsState::wait_buckets_s() {
   static const std::vector<double> buckets = {1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600};
@@ -49,38 +82,35 @@ const std::vector<double>& MetricsState::duration_buckets_s() {
   return buckets;
 }
 
-namespace {
-
-const std::vector<double>& util_buckets() {
-  static const std::vector<double> buckets = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
-  return buckets;
+MetricsState::MetricsState() : histograms_(std::make_unique<prometheus::Registry>()) {
+  queue_wait_ = &prometheus::BuildHistogram()
+                     .Name("quotad_queue_wait_seconds")
+                     .Help("Time from request to grant of granted leases.")
+                     .Register(*histograms_)
+                     .Add({}, wait_buckets_s());
+  job_duration_ = &prometheus::BuildHistogram()
+                       .Name("quotad_job_duration_seconds")
+                       .Help("Time from grant to end of ended leases.")
+                       .Register(*histograms_)
+                       .Add({}, duration_buckets_s());
+  job_util_ = &prometheus::BuildHistogram()
+                   .Name("quotad_job_gpu_utilization")
+                   .Help("Mean GPU utilisation (0..1) of ended leases that reported it.")
+                   .Register(*histograms_)
+                   .Add({}, util_buckets());
 }
 
-void observe(MetricsState::Histogram& distribution, const std::vector<double>& bounds, double value) {
-  if (distribution.counts.size() != bounds.size()) distribution.counts.assign(bounds.size(), 0);
-  for (size_t i = 0; i < bounds.size(); ++i) {
-    if (value <= bounds[i]) {
-      ++distribution.counts[i];
-      break;
-    }
-  }
-  ++distribution.count;
-  distribution.sum += value;
-}
-
-}  // namespace
+MetricsState::~MetricsState() = default;
 
 void MetricsState::observe_leases(const Engine& engine, const UtilTracker& tracker) {
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.granted_ms > 0 && waited_.insert(id).second) {
-      observe(queue_wait, wait_buckets_s(),
-              static_cast<double>(std::max<int64_t>(0, lease.granted_ms - lease.created_ms)) / 1000.0);
+      queue_wait_->Observe(seconds(std::max<int64_t>(0, lease.granted_ms - lease.created_ms)));
     }
     if (is_terminal(lease.state) && lease.granted_ms > 0 && ended_.insert(id).second) {
-      observe(job_duration, duration_buckets_s(),
-              static_cast<double>(std::max<int64_t>(0, lease.ended_ms - lease.granted_ms)) / 1000.0);
+      job_duration_->Observe(seconds(std::max<int64_t>(0, lease.ended_ms - lease.granted_ms)));
       if (const LeaseUtil* util = tracker.find(id); util != nullptr && util->samples > 0) {
-        observe(job_util, util_buckets(), util->avg_util());
+        job_util_->Observe(util->avg_util());
       }
     }
   }
@@ -92,62 +122,50 @@ void MetricsState::observe_leases(const Engine& engine, const UtilTracker& track
   }
 }
 
-namespace {
-
-class Writer {
- public:
-  explicit Writer(std::ostringstream& stream) : stream_(stream) {}
-  void family(const std::string& name, const char* type, const std::string& help) {
-    stream_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+GpuAllocation gpu_allocation(const Policy& policy, const Engine& engine, int64_t now_ms) {
+  GpuAllocation allocation;
+  allocation.total = policy.total_gpus();
+  for (const auto& [id, lease] : engine.leases()) {
+    if (!lease.holds_gpus(now_ms)) continue;
+    allocation.allocated += lease.units(policy);
+    if (lease.emergency) allocation.emergency += lease.units(policy);
   }
-  void sample(const std::string& name, const std::vector<std::pair<std::string, std::string>>& labels, double value) {
-    stream_ << name;
-    if (!labels.empty()) {
-      stream_ << "{";
-      for (size_t i = 0; i < labels.size(); ++i) {
-        stream_ << (i ? "," : "") << labels[i].first << "=\"" << prometheus_label(labels[i].second) << "\"";
-      }
-      stream_ << "}";
-    }
-    stream_ << " " << num(value) << "\n";
-  }
-  void histogram(const std::string& name, const std::string& help, const MetricsState::Histogram& distribution,
-                 const std::vector<double>& bounds) {
-    family(name, "histogram", help);
-    uint64_t cum = 0;
-    for (size_t i = 0; i < bounds.size(); ++i) {
-      cum += i < distribution.counts.size() ? distribution.counts[i] : 0;
-      sample(name + "_bucket", {{"le", num(bounds[i])}}, static_cast<double>(cum));
-    }
-    sample(name + "_bucket", {{"le", "+Inf"}}, static_cast<double>(distribution.count));
-    sample(name + "_sum", {}, distribution.sum);
-    sample(name + "_count", {}, static_cast<double>(distribution.count));
-  }
-
- private:
-  std::ostringstream& stream_;
-};
-
-}  // namespace
+  return allocation;
+}
 
 std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker, MetricsState& state,
                            int64_t now_ms) {
   state.observe_leases(engine, tracker);
-  std::ostringstream stream;
-  Writer writer(stream);
+  Exposition out;
   const std::string month = month_key(now_ms);
 
-  writer.family("quotad_gpus_total", "gauge", "GPUs in the inventory.");
-  writer.sample("quotad_gpus_total", {}, policy.total_gpus());
-  writer.family("quotad_emergency_pool_gpus", "gauge", "GPUs reserved for critical leases.");
-  writer.sample("quotad_emergency_pool_gpus", {}, policy.emergency_pool_gpus());
+  out.gauge("quotad_build_info", "The version of quotad serving these metrics (always 1).")
+      .Add({{"version", YOLO8_VERSION}})
+      .Set(1);
+
+  // the cluster: allocated + free == total, emergency leases included
+  const GpuAllocation allocation = gpu_allocation(policy, engine, now_ms);
+  out.gauge("quotad_gpus", "GPUs in the inventory.", allocation.total);
+  out.gauge("quotad_gpus_allocated",
+            "GPUs held by leases (a shared lease counts its memory share), emergency leases and expired leases "
+            "whose GPUs have not returned yet included.",
+            allocation.allocated);
+  out.gauge("quotad_gpus_free", "GPUs not held by any lease: quotad_gpus - quotad_gpus_allocated.", allocation.free());
+  out.gauge("quotad_emergency_gpus_allocated",
+            "GPUs held by emergency (critical) leases, which count against no team; part of quotad_gpus_allocated.",
+            allocation.emergency);
+  out.gauge("quotad_emergency_pool_gpus", "GPUs reserved for critical leases.", policy.emergency_pool_gpus());
+  out.gauge("quotad_heartbeat_interval_seconds", "Heartbeat interval the policy asks of every lease.",
+            policy.heartbeat_interval_s);
+  out.gauge("quotad_lease_ttl_seconds", "A lease without a heartbeat for this long expires.", policy.ttl_s);
 
   const auto teams = team_views(policy, engine, now_ms);
   auto team_gauge = [&](const std::string& name, const std::string& help, auto value) {
-    writer.family(name, "gauge", help);
-    for (const auto& team : teams) writer.sample(name, {{"team", team.status.name}}, value(team));
+    auto& family = out.gauge(name, help);
+    for (const auto& team : teams) family.Add({{"team", team.status.name}}).Set(value(team));
   };
-  team_gauge("quotad_team_gpus_in_use", "GPUs a team holds (a shared lease counts its memory share).",
+  team_gauge("quotad_team_gpus_in_use",
+             "GPUs a team holds (a shared lease counts its memory share), emergency leases not included.",
              [](const TeamView& team) { return team.status.in_use; });
   team_gauge("quotad_team_base_gpus", "Guaranteed GPUs of a team.",
              [](const TeamView& team) { return team.status.base; });
@@ -157,167 +175,163 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
              [](const TeamView& team) { return team.status.limit_now; });
   team_gauge("quotad_team_in_burst_window", "1 while a burst window of the team is open.",
              [](const TeamView& team) { return team.status.in_burst_window ? 1.0 : 0.0; });
-  team_gauge("quotad_team_memory_allocated_gib", "GPU memory held by the team's running leases.",
+  team_gauge("quotad_team_memory_allocated_gib", "GPU memory held by the team's running leases, in GiB.",
              [](const TeamView& team) { return team.memory_allocated_gib; });
-  team_gauge("quotad_team_memory_used_gib", "GPU memory the team's running leases report using (peak per GPU x GPUs).",
+  team_gauge("quotad_team_memory_used_gib",
+             "GPU memory the team's running leases report using (peak per GPU x GPUs), in GiB.",
              [](const TeamView& team) { return team.memory_used_gib; });
   team_gauge("quotad_team_active_leases", "Running (granted or revoking) leases of a team.",
              [](const TeamView& team) { return static_cast<double>(team.status.leases_active); });
   team_gauge("quotad_team_queued", "Queued requests of a team.",
              [](const TeamView& team) { return static_cast<double>(team.status.queued); });
-  writer.family("quotad_team_gpu_utilization", "gauge",
-                "GPU-weighted mean of the latest utilisation (0..1) reported by the team's running leases.");
-  for (const auto& team : teams) {
-    if (team.gpu_util >= 0) writer.sample("quotad_team_gpu_utilization", {{"team", team.status.name}}, team.gpu_util);
+  {
+    auto& family =
+        out.gauge("quotad_team_gpu_utilization",
+                  "GPU-weighted mean of the latest utilisation (0..1) reported by the team's running leases.");
+    for (const auto& team : teams) {
+      if (team.gpu_util >= 0) family.Add({{"team", team.status.name}}).Set(team.gpu_util);
+    }
   }
-  writer.family("quotad_team_gpu_hours", "gauge",
-                "GPU-hours charged to the team's members this month (UTC), running leases included.");
-  for (const auto& team : teams) {
-    writer.sample("quotad_team_gpu_hours", {{"team", team.status.name}, {"month", month}}, team.gpu_hours_month);
+  {
+    auto& family = out.gauge("quotad_team_gpu_seconds",
+                             "GPU-seconds charged to the team's members this month (UTC), running leases included.");
+    for (const auto& team : teams) {
+      family.Add({{"team", team.status.name}, {"month", month}}).Set(team.gpu_hours_month * kSecondsPerHour);
+    }
   }
 
   // queue
-  int queued = 0;
-  double oldest_wait_s = 0;
-  for (const auto& [id, lease] : engine.leases()) {
-    if (lease.state != LeaseState::kQueued) continue;
-    ++queued;
-    oldest_wait_s = std::max(oldest_wait_s, static_cast<double>(now_ms - lease.created_ms) / 1000.0);
+  {
+    int queued = 0;
+    double oldest_wait_s = 0;
+    auto& current = out.gauge("quotad_queue_wait_seconds_current", "Wait so far of each queued request.");
+    for (const auto& [id, lease] : engine.leases()) {
+      if (lease.state != LeaseState::kQueued) continue;
+      ++queued;
+      const double wait_s = seconds(now_ms - lease.created_ms);
+      oldest_wait_s = std::max(oldest_wait_s, wait_s);
+      current.Add({{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}}).Set(wait_s);
+    }
+    out.gauge("quotad_queue_length", "Requests waiting in the queue.", queued);
+    out.gauge("quotad_queue_oldest_wait_seconds", "How long the longest-waiting queued request has waited.",
+              oldest_wait_s);
   }
-  writer.family("quotad_queue_length", "gauge", "Requests waiting in the queue.");
-  writer.sample("quotad_queue_length", {}, queued);
-  writer.family("quotad_queue_oldest_wait_seconds", "gauge", "How long the longest-waiting queued request has waited.");
-  writer.sample("quotad_queue_oldest_wait_seconds", {}, oldest_wait_s);
-  writer.family("quotad_queue_wait_seconds_current", "gauge", "Wait so far of each queued request.");
-  for (const auto& [id, lease] : engine.leases()) {
-    if (lease.state != LeaseState::kQueued) continue;
-    writer.sample("quotad_queue_wait_seconds_current",
-                  {{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}},
-                  static_cast<double>(now_ms - lease.created_ms) / 1000.0);
-  }
-  writer.histogram("quotad_queue_wait_seconds", "Time from request to grant of granted leases.", state.queue_wait,
-                   MetricsState::wait_buckets_s());
+  out.declare("quotad_queue_wait_seconds");
 
   // leases
-  std::map<std::string, int> by_state;
-  for (auto lease_state : {LeaseState::kPendingApproval, LeaseState::kQueued, LeaseState::kGranted,
-                           LeaseState::kRevoking, LeaseState::kReleased, LeaseState::kExpired, LeaseState::kRejected}) {
-    by_state[to_string(lease_state)] = 0;
+  {
+    auto& family = out.gauge("quotad_leases", "Leases in memory by state (ended ones for a day).");
+    for (auto lease_state :
+         {LeaseState::kPendingApproval, LeaseState::kQueued, LeaseState::kGranted, LeaseState::kRevoking,
+          LeaseState::kReleased, LeaseState::kExpired, LeaseState::kRejected}) {
+      family.Add({{"state", to_string(lease_state)}});
+    }
+    for (const auto& [id, lease] : engine.leases()) family.Add({{"state", to_string(lease.state)}}).Increment();
   }
-  for (const auto& [id, lease] : engine.leases()) ++by_state[to_string(lease.state)];
-  writer.family("quotad_leases", "gauge", "Leases in memory by state (ended ones for a day).");
-  for (const auto& [state_text, count] : by_state) writer.sample("quotad_leases", {{"state", state_text}}, count);
-
-  writer.family("quotad_lease_gpus", "gauge", "GPUs (or memory share) held by each running lease.");
+  auto& lease_gpus = out.gauge("quotad_lease_gpus", "GPUs (or memory share) held by each running lease.");
+  auto& lease_runtime = out.gauge("quotad_lease_runtime_seconds", "Time since grant of each running lease.");
+  auto& lease_util =
+      out.gauge("quotad_lease_gpu_utilization", "Latest GPU utilisation (0..1) reported by each running lease.");
+  auto& lease_avg_util =
+      out.gauge("quotad_lease_avg_gpu_utilization", "Time-weighted mean GPU utilisation of each running lease so far.");
+  auto& heartbeat_age = out.gauge("quotad_lease_heartbeat_age_seconds",
+                                  "Time since the last heartbeat (or the grant) of each running lease.");
+  auto& review_pending =
+      out.gauge("quotad_emergency_review_pending_seconds",
+                "Time since grant of each emergency lease whose after-the-fact review is still open (leases in "
+                "memory: running ones and those ended within a day).");
   for (const auto& [id, lease] : engine.leases()) {
+    const auto labels = lease_labels(id, lease.req.team, lease.req.user, lease.req.job);
+    if (lease.emergency && lease.review_pending && lease.granted_ms > 0) {
+      review_pending.Add(labels).Set(seconds(now_ms - lease.granted_ms));
+    }
     if (!running(lease)) continue;
-    writer.sample(
-        "quotad_lease_gpus",
-        {{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}, {"job", lease.req.job}},
-        lease.units(policy));
+    lease_gpus.Add(labels).Set(lease.units(policy));
+    lease_runtime.Add(labels).Set(seconds(now_ms - lease.granted_ms));
+    heartbeat_age.Add(labels).Set(seconds(now_ms - std::max(lease.last_seen_ms, lease.granted_ms)));
+    if (lease.telemetry.gpu_util >= 0) lease_util.Add(labels).Set(lease.telemetry.gpu_util);
+    if (const LeaseUtil* util = tracker.find(id); util != nullptr && util->samples > 0) {
+      lease_avg_util.Add(labels).Set(util->avg_util());
+    }
   }
-  writer.family("quotad_lease_runtime_seconds", "gauge", "Time since grant of each running lease.");
-  for (const auto& [id, lease] : engine.leases()) {
-    if (!running(lease)) continue;
-    writer.sample(
-        "quotad_lease_runtime_seconds",
-        {{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}, {"job", lease.req.job}},
-        static_cast<double>(now_ms - lease.granted_ms) / 1000.0);
-  }
-  writer.family("quotad_lease_gpu_utilization", "gauge",
-                "Latest GPU utilisation (0..1) reported by each running lease.");
-  for (const auto& [id, lease] : engine.leases()) {
-    if (!running(lease) || lease.telemetry.gpu_util < 0) continue;
-    writer.sample(
-        "quotad_lease_gpu_utilization",
-        {{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}, {"job", lease.req.job}},
-        lease.telemetry.gpu_util);
-  }
-  writer.family("quotad_lease_avg_gpu_utilization", "gauge",
-                "Time-weighted mean GPU utilisation of each running lease so far.");
-  for (const auto& [id, lease] : engine.leases()) {
-    const LeaseUtil* util = tracker.find(id);
-    if (!running(lease) || util == nullptr || util->samples == 0) continue;
-    writer.sample(
-        "quotad_lease_avg_gpu_utilization",
-        {{"lease", std::to_string(id)}, {"team", lease.req.team}, {"user", lease.req.user}, {"job", lease.req.job}},
-        util->avg_util());
-  }
-  writer.histogram("quotad_job_duration_seconds", "Time from grant to end of ended leases.", state.job_duration,
-                   MetricsState::duration_buckets_s());
-  writer.histogram("quotad_job_gpu_utilization", "Mean GPU utilisation (0..1) of ended leases that reported it.",
-                   state.job_util, util_buckets());
+  out.declare("quotad_job_duration_seconds");
+  out.declare("quotad_job_gpu_utilization");
 
   // credits
-  std::set<std::string> members;
-  for (const auto& [key, hours] : engine.usage()) {
-    if (key.second == month) members.insert(key.first);
-  }
-  for (const auto& [id, lease] : engine.leases()) {
-    if (running(lease)) members.insert(lease.req.user);
-  }
-  auto team_of = [&](const std::string& user) {
-    auto it = policy.users.find(user);
-    return it == policy.users.end() ? std::string() : it->second.team;
-  };
-  writer.family("quotad_member_gpu_hours", "gauge",
-                "GPU-hours charged to a member this month (UTC), running leases included.");
-  for (const auto& member : members) {
-    writer.sample("quotad_member_gpu_hours", {{"user", member}, {"team", team_of(member)}, {"month", month}},
-                  engine.used_gpu_hours(member, month, now_ms));
-  }
-  writer.family("quotad_member_credit_gpu_hours", "gauge", "GPU-hours a member may use this month (loan included).");
-  for (const auto& member : members) {
-    writer.sample("quotad_member_credit_gpu_hours", {{"user", member}, {"team", team_of(member)}, {"month", month}},
-                  engine.credit_allowance(member, month, now_ms));
+  {
+    std::set<std::string> members;
+    for (const auto& [key, hours] : engine.usage()) {
+      if (key.second == month) members.insert(key.first);
+    }
+    for (const auto& [id, lease] : engine.leases()) {
+      if (running(lease)) members.insert(lease.req.user);
+    }
+    auto team_of = [&](const std::string& user) {
+      auto it = policy.users.find(user);
+      return it == policy.users.end() ? std::string() : it->second.team;
+    };
+    auto& used = out.gauge("quotad_member_gpu_seconds",
+                           "GPU-seconds charged to a member this month (UTC), running leases included.");
+    auto& allowance =
+        out.gauge("quotad_member_credit_gpu_seconds", "GPU-seconds a member may use this month (loan included).");
+    for (const auto& member : members) {
+      const prometheus::Labels labels = {{"user", member}, {"team", team_of(member)}, {"month", month}};
+      used.Add(labels).Set(engine.used_gpu_hours(member, month, now_ms) * kSecondsPerHour);
+      allowance.Add(labels).Set(engine.credit_allowance(member, month, now_ms) * kSecondsPerHour);
+    }
   }
 
   // waste
-  const auto waste = waste_list(policy, engine, tracker, now_ms);
-  writer.family("quotad_waste_threshold_gpu_utilization", "gauge",
-                "Utilisation below which a running lease counts as idle.");
-  writer.sample("quotad_waste_threshold_gpu_utilization", {}, policy.waste_gpu_util_below);
-  writer.family("quotad_waste_threshold_seconds", "gauge",
-                "How long a lease must stay below the threshold to be listed.");
-  writer.sample("quotad_waste_threshold_seconds", {}, policy.waste_after_s);
-  writer.family("quotad_waste_leases", "gauge", "Running leases on the waste list.");
-  writer.sample("quotad_waste_leases", {}, static_cast<double>(waste.size()));
-  writer.family("quotad_waste_low_utilization_seconds", "gauge",
-                "Waste list: how long each listed lease has stayed below the utilisation threshold.");
-  for (const auto& entry : waste) {
-    writer.sample(
-        "quotad_waste_low_utilization_seconds",
-        {{"lease", std::to_string(entry.lease_id)}, {"team", entry.team}, {"user", entry.user}, {"job", entry.job}},
-        static_cast<double>(entry.low_ms) / 1000.0);
-  }
-  writer.family("quotad_waste_gpu_hours", "gauge",
-                "Waste list: GPU-hours each listed lease has held below the threshold.");
-  for (const auto& entry : waste) {
-    writer.sample(
-        "quotad_waste_gpu_hours",
-        {{"lease", std::to_string(entry.lease_id)}, {"team", entry.team}, {"user", entry.user}, {"job", entry.job}},
-        entry.wasted_gpu_hours);
-  }
-
-  // service counters
-  writer.family("quotad_heartbeats_total", "counter", "Heartbeats answered.");
-  writer.sample("quotad_heartbeats_total", {}, static_cast<double>(state.heartbeats));
-  writer.family("quotad_preemptions_total", "counter", "Leases revoked for a waiting request.");
-  writer.sample("quotad_preemptions_total", {}, static_cast<double>(state.preemptions));
-  writer.family("quotad_emergency_grants_total", "counter", "Critical leases granted.");
-  writer.sample("quotad_emergency_grants_total", {}, static_cast<double>(state.emergency_grants));
-  writer.family("quotad_responses_total", "counter", "API responses by HTTP status.");
-  for (const auto& [code, count] : state.responses) {
-    if (count > 0) {
-      writer.sample("quotad_responses_total", {{"code", std::to_string(code)}}, static_cast<double>(count));
+  {
+    const auto waste = waste_list(policy, engine, tracker, now_ms);
+    out.gauge("quotad_waste_threshold_gpu_utilization", "Utilisation below which a running lease counts as idle.",
+              policy.waste_gpu_util_below);
+    out.gauge("quotad_waste_threshold_seconds", "How long a lease must stay below the threshold to be listed.",
+              policy.waste_after_s);
+    out.gauge("quotad_waste_leases", "Running leases on the waste list.", static_cast<double>(waste.size()));
+    auto& low = out.gauge("quotad_waste_low_utilization_seconds",
+                          "Waste list: how long each listed lease has stayed below the utilisation threshold.");
+    auto& wasted = out.gauge("quotad_waste_gpu_seconds",
+                             "Waste list: GPU-seconds each listed lease has held below the threshold.");
+    for (const auto& entry : waste) {
+      const auto labels = lease_labels(entry.lease_id, entry.team, entry.user, entry.job);
+      low.Add(labels).Set(seconds(entry.low_ms));
+      wasted.Add(labels).Set(entry.wasted_gpu_hours * kSecondsPerHour);
     }
   }
-  return stream.str();
+
+  // service counters (monotonic since quotad started)
+  const ServiceCounters& counters = state.counters;
+  out.counter("quotad_heartbeats_total", "Heartbeats answered.")
+      .Add({})
+      .Increment(static_cast<double>(counters.heartbeats));
+  out.counter("quotad_preemptions_total", "Leases revoked for a waiting request.")
+      .Add({})
+      .Increment(static_cast<double>(counters.preemptions));
+  out.counter("quotad_emergency_grants_total", "Critical leases granted.")
+      .Add({})
+      .Increment(static_cast<double>(counters.emergency_grants));
+  out.counter("quotad_storage_write_errors_total", "SQLite writes that failed (state changes or heartbeat batches).")
+      .Add({})
+      .Increment(static_cast<double>(counters.storage_write_errors));
+  {
+    auto& family = out.counter("quotad_responses_total", "API responses by HTTP status.");
+    for (const auto& [code, count] : counters.responses) {
+      if (count > 0) family.Add({{"code", std::to_string(code)}}).Increment(static_cast<double>(count));
+    }
+  }
+  return out.text(state.histograms());
 }
 
 std::vector<std::string> exported_metric_names() {
-  std::vector<std::string> names = {"quotad_gpus_total",
+  std::vector<std::string> names = {"quotad_build_info",
+                                    "quotad_gpus",
+                                    "quotad_gpus_allocated",
+                                    "quotad_gpus_free",
+                                    "quotad_emergency_gpus_allocated",
                                     "quotad_emergency_pool_gpus",
+                                    "quotad_heartbeat_interval_seconds",
+                                    "quotad_lease_ttl_seconds",
                                     "quotad_team_gpus_in_use",
                                     "quotad_team_base_gpus",
                                     "quotad_team_burst_gpus",
@@ -328,25 +342,28 @@ std::vector<std::string> exported_metric_names() {
                                     "quotad_team_active_leases",
                                     "quotad_team_queued",
                                     "quotad_team_gpu_utilization",
-                                    "quotad_team_gpu_hours",
+                                    "quotad_team_gpu_seconds",
+                                    "quotad_queue_wait_seconds_current",
                                     "quotad_queue_length",
                                     "quotad_queue_oldest_wait_seconds",
-                                    "quotad_queue_wait_seconds_current",
                                     "quotad_leases",
                                     "quotad_lease_gpus",
                                     "quotad_lease_runtime_seconds",
                                     "quotad_lease_gpu_utilization",
                                     "quotad_lease_avg_gpu_utilization",
-                                    "quotad_member_gpu_hours",
-                                    "quotad_member_credit_gpu_hours",
+                                    "quotad_lease_heartbeat_age_seconds",
+                                    "quotad_emergency_review_pending_seconds",
+                                    "quotad_member_gpu_seconds",
+                                    "quotad_member_credit_gpu_seconds",
                                     "quotad_waste_threshold_gpu_utilization",
                                     "quotad_waste_threshold_seconds",
                                     "quotad_waste_leases",
                                     "quotad_waste_low_utilization_seconds",
-                                    "quotad_waste_gpu_hours",
+                                    "quotad_waste_gpu_seconds",
                                     "quotad_heartbeats_total",
                                     "quotad_preemptions_total",
                                     "quotad_emergency_grants_total",
+                                    "quotad_storage_write_errors_total",
                                     "quotad_responses_total"};
   for (const char* distribution :
        {"quotad_queue_wait_seconds", "quotad_job_duration_seconds", "quotad_job_gpu_utilization"}) {
@@ -359,10 +376,7 @@ std::string MetricsExporter::text() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text;
   service_.observe([&](const ServiceView& view) {
-    state_.heartbeats = view.counters.heartbeats;
-    state_.preemptions = view.counters.preemptions;
-    state_.emergency_grants = view.counters.emergency_grants;
-    state_.responses = view.counters.responses;
+    state_.counters = view.counters;
     text = render_metrics(view.policy, view.engine, view.tracker, state_, view.now_ms);
   });
   return text;

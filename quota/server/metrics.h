@@ -1,7 +1,8 @@
 #pragma once
-// The Prometheus exposition of quotad: counters and histograms kept between scrapes, and the text format.
+// The Prometheus exposition of quotad, built with prometheus-cpp's core (registry, metric families and its text
+// serializer); quotad's own HTTP server serves the text at /metrics.
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -11,38 +12,53 @@
 #include "quota/core/usage.h"
 #include "quota/service/service.h"
 
+namespace prometheus {
+class Registry;
+class Histogram;
+}  // namespace prometheus
+
 namespace yolo8::quota {
 
-// Monotonic counters and histograms owned by the service; `observe_leases` feeds histograms from lease
-// records once each (queue waits when granted, durations when ended).
+// What lives between scrapes: the histograms (each lease observed once: its queue wait when granted, its
+// duration and mean utilisation when it ended) and the service's monotonic counters of the latest scrape.
 class MetricsState {
  public:
+  MetricsState();
+  ~MetricsState();
+  MetricsState(const MetricsState&) = delete;
+  MetricsState& operator=(const MetricsState&) = delete;
+
   static const std::vector<double>& wait_buckets_s();
   static const std::vector<double>& duration_buckets_s();
   void observe_leases(const Engine& engine, const UtilTracker& tracker);
+  const prometheus::Registry& histograms() const { return *histograms_; }
 
-  uint64_t heartbeats = 0;
-  uint64_t preemptions = 0;
-  uint64_t emergency_grants = 0;
-  std::map<int, uint64_t> responses;  // by HTTP status
-
-  struct Histogram {
-    std::vector<uint64_t> counts;  // per bucket (cumulative when written)
-    uint64_t count = 0;
-    double sum = 0;
-  };
-  Histogram queue_wait;    // seconds from request to grant
-  Histogram job_duration;  // seconds from grant to end
-  Histogram job_util;      // average utilisation of ended jobs (buckets 0.1 .. 1)
+  ServiceCounters counters;
 
  private:
+  std::unique_ptr<prometheus::Registry> histograms_;
+  prometheus::Histogram* queue_wait_ = nullptr;    // seconds from request to grant
+  prometheus::Histogram* job_duration_ = nullptr;  // seconds from grant to end
+  prometheus::Histogram* job_util_ = nullptr;      // mean utilisation of ended jobs (0..1)
   std::set<int64_t> waited_;
   std::set<int64_t> ended_;
 };
 
-// Prometheus text exposition (version 0.0.4), every family with HELP and TYPE, names prefixed `quotad_`.
+// GPUs held right now, emergency leases and expired leases whose GPUs have not returned yet included; a shared
+// lease counts its memory share. allocated + free == total.
+struct GpuAllocation {
+  double total = 0;
+  double allocated = 0;
+  double emergency = 0;  // the part of `allocated` held by emergency (critical) leases
+  double free() const { return total - allocated; }
+};
+GpuAllocation gpu_allocation(const Policy& policy, const Engine& engine, int64_t now_ms);
+
+// Prometheus text exposition (version 0.0.4): every family with HELP and TYPE, names prefixed `quotad_`, series
+// of a family sorted by their labels (the same state always gives the same bytes).
 std::string render_metrics(const Policy& policy, const Engine& engine, const UtilTracker& tracker, MetricsState& state,
                            int64_t now_ms);
+
 // /metrics of a running service: keeps the histograms between scrapes (each lease is counted once).
 class MetricsExporter {
  public:
@@ -55,10 +71,7 @@ class MetricsExporter {
   MetricsState state_;
 };
 
-// The metric family names render_metrics exports (dashboard tests check queries against them).
+// The series names render_metrics can export (histograms as their _bucket, _sum and _count series).
 std::vector<std::string> exported_metric_names();
-
-// "a\"b" style escaping for label values.
-std::string prometheus_label(const std::string& value);
 
 }  // namespace yolo8::quota

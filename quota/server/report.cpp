@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <ctime>
 #include <iomanip>
@@ -167,11 +168,18 @@ void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms
            kMsPerDay;
 }
 
-MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n) {
+MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n,
+                           int64_t now_ms) {
   MonthlyReport report;
   report.month = month;
   int64_t from = 0, to = 0, pfrom = 0, pto = 0;
   month_range_ms(month, from, to);  // validates before anything parses it
+  report.month_end_ms = to;
+  report.generated_ms =
+      now_ms > 0
+          ? now_ms
+          : std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
   report.prev_month = previous_month_key(month);
   month_range_ms(report.prev_month, pfrom, pto);
   if (policy != nullptr) {
@@ -356,20 +364,100 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   return report;
 }
 
+std::string lease_outcome(LeaseState state, Outcome outcome) {
+  switch (state) {
+    case LeaseState::kGranted: return "running";
+    case LeaseState::kRevoking: return "revoking";
+    case LeaseState::kReleased: return outcome == Outcome::kNone ? "released" : to_string(outcome);
+    case LeaseState::kExpired:
+      // a victim that did not release before its preemption deadline ends expired with outcome preempted
+      if (outcome == Outcome::kPreempted) return "revoked (deadline passed)";
+      return outcome == Outcome::kNone ? "expired (no heartbeat)" : "expired (" + to_string(outcome) + ")";
+    default: return to_string(state);
+  }
+}
+
+std::vector<double> round_to_total(const std::vector<double>& values, int digits) {
+  const double scale = std::pow(10.0, digits);
+  std::vector<long long> units(values.size());
+  std::vector<std::pair<double, size_t>> remainders;
+  double sum = 0;
+  long long floors = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double scaled = values[i] * scale;
+    sum += scaled;
+    units[i] = static_cast<long long>(std::floor(scaled + 1e-9));
+    floors += units[i];
+    remainders.push_back({scaled - static_cast<double>(units[i]), i});
+  }
+  // hand the units the floors lost to the largest remainders (ties: the earlier row)
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& left, const auto& right) { return left.first > right.first; });
+  long long missing = std::llround(sum) - floors;
+  for (size_t i = 0; i < remainders.size() && missing > 0; ++i, --missing) ++units[remainders[i].second];
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = static_cast<double>(units[i]) / scale;
+  return out;
+}
+
+namespace {
+
+// The team GPU-hours as shown (rounded so that they add up to the shown total), this month and the previous one.
+struct ShownHours {
+  std::vector<double> current, previous, idle;
+  double total = 0, prev_total = 0, idle_total = 0;
+  int leases = 0;
+};
+
+ShownHours shown_hours(const MonthlyReport& report, int digits) {
+  std::vector<double> current, previous, idle;
+  ShownHours shown;
+  for (const auto& team : report.teams) {
+    current.push_back(team.gpu_hours);
+    previous.push_back(team.prev_gpu_hours);
+    idle.push_back(team.wasted_gpu_hours);
+    shown.leases += team.leases;
+  }
+  shown.current = round_to_total(current, digits);
+  shown.previous = round_to_total(previous, digits);
+  shown.idle = round_to_total(idle, digits);
+  for (double value : shown.current) shown.total += value;
+  for (double value : shown.previous) shown.prev_total += value;
+  for (double value : shown.idle) shown.idle_total += value;
+  return shown;
+}
+
+std::string month_note(const MonthlyReport& report) {
+  std::string note = "Generated at " + utc_date(report.generated_ms) + " UTC.";
+  if (report.month_in_progress()) {
+    note += " The month is still running (it ends " + utc_date(report.month_end_ms) +
+            " UTC): the figures cover its start up to the generation time, running leases included.";
+  }
+  return note;
+}
+
+}  // namespace
+
 std::string report_markdown(const MonthlyReport& report) {
+  const ShownHours shown = shown_hours(report, 1);
   std::ostringstream stream;
   stream << "# GPU usage journal " << report.month << "\n\n";
-  stream << "Total: **" << fixed(report.total_gpu_hours, 1) << " GPU-hours** (" << report.prev_month << ": "
-         << fixed(report.prev_total_gpu_hours, 1) << ", "
-         << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours) << ").\n\n";
+  stream << month_note(report) << "\n\n";
+  stream << "Total: **" << fixed(shown.total, 1) << " GPU-hours** (" << report.prev_month << ": "
+         << fixed(shown.prev_total, 1) << ", " << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours)
+         << "). Team rows are rounded so that they add up to the totals.\n\n";
   stream << "## Teams\n\n| team | GPU-hours | vs " << report.prev_month
          << " | leases | GPU utilisation | change | idle GPU-hours |\n|---|---:|---:|---:|---:|---:|---:|\n";
-  for (const auto& team : report.teams) {
-    stream << "| " << markdown_cell(team.team) << " | " << fixed(team.gpu_hours, 1) << " | "
+  for (size_t i = 0; i < report.teams.size(); ++i) {
+    const ReportTeam& team = report.teams[i];
+    stream << "| " << markdown_cell(team.team) << " | " << fixed(shown.current[i], 1) << " | "
            << hours_change(team.gpu_hours, team.prev_gpu_hours) << " | " << team.leases << " | "
            << percent(team.avg_util) << " | " << pct_change(team.avg_util, team.prev_avg_util) << " | "
-           << fixed(team.wasted_gpu_hours, 1) << " |\n";
+           << fixed(shown.idle[i], 1) << " |\n";
   }
+  stream << "| **total** | **" << fixed(shown.total, 1) << "** | "
+         << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours) << " | **" << shown.leases
+         << "** | | | **" << fixed(shown.idle_total, 1) << "** |\n";
   stream << "\n## Top jobs\n\n";
   if (report.top_jobs.empty()) {
     stream << "No job ran this month.\n";
@@ -381,7 +469,7 @@ std::string report_markdown(const MonthlyReport& report) {
              << markdown_cell(job.job) << " | " << markdown_cell(job.model) << " | "
              << fixed(job.gpus, job.gpus == std::floor(job.gpus) ? 0 : 2) << " | " << fixed(job.gpu_hours, 1) << " | "
              << format_duration_ms(job.duration_ms) << " | " << percent(job.avg_util) << " | "
-             << (job.outcome == Outcome::kNone ? to_string(job.state) : to_string(job.outcome)) << " |\n";
+             << lease_outcome(job.state, job.outcome) << " |\n";
     }
   }
   stream << "\n## Waste leaderboard\n\nTime spent below " << fixed(100 * report.waste_util_below, 0)
@@ -502,16 +590,34 @@ std::string markdown_to_html(const std::string& text) {
     }
     return escaped;
   };
-  while (std::getline(is, line)) {
+  std::vector<std::string> lines;
+  while (std::getline(is, line)) lines.push_back(line);
+  auto separator = [](const std::string& row) { return row.rfind("|--", 0) == 0 || row.rfind("|:-", 0) == 0; };
+  std::vector<bool> right;  // per column: `---:` in the separator row
+  for (size_t index = 0; index < lines.size(); ++index) {
+    line = lines[index];
     if (!line.empty() && line[0] == '|') {
-      if (line.rfind("|---", 0) == 0 || line.rfind("|--", 0) == 0) continue;
+      if (separator(line)) continue;
       if (!in_table) {
         html << "<table>\n";
         in_table = header = true;
+        right.clear();
+        if (index + 1 < lines.size() && separator(lines[index + 1])) {
+          // "|---|---:|": a column whose dashes end in ':' is right-aligned
+          const std::string& marks = lines[index + 1];
+          for (size_t bar = marks.find('|'); bar + 1 < marks.size(); bar = marks.find('|', bar + 1)) {
+            const size_t next = marks.find('|', bar + 1);
+            if (next == std::string::npos) break;
+            right.push_back(next > bar + 1 && marks[next - 1] == ':');
+          }
+        }
       }
       html << "<tr>";
-      for (const auto& cell : cells(line)) {
-        html << (header ? "<th>" : "<td>") << inline_md(cell) << (header ? "</th>" : "</td>");
+      const auto row = cells(line);
+      for (size_t column = 0; column < row.size(); ++column) {
+        const char* tag = header ? "th" : "td";
+        const bool number = column < right.size() && right[column];
+        html << "<" << tag << (number ? " class=\"n\"" : "") << ">" << inline_md(row[column]) << "</" << tag << ">";
       }
       html << "</tr>\n";
       header = false;
@@ -566,10 +672,154 @@ std::string report_html(const MonthlyReport& report) {
        << html_escape(report.month)
        << "</title>\n<style>body{font-family:system-ui,sans-serif;margin:24px;color:#1d2330}"
           "table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #dde1e7;padding:4px 10px;"
-          "text-align:left;font-size:13px}th{background:#eef1f5}.charts svg{display:block;margin:12px 0}"
+          "text-align:left;font-size:13px}th{background:#eef1f5}"
+          "th.n,td.n{text-align:right;font-variant-numeric:tabular-nums}.charts svg{display:block;margin:12px 0}"
           "svg text{font-family:system-ui,sans-serif}</style></head><body>\n"
        << body << "</body></html>\n";
   return html.str();
+}
+
+namespace {
+
+// RFC 4180: a field with a comma, a quote or a line break is quoted, its quotes doubled.
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char character : text) {
+    if (character == '"') out += '"';
+    out += character;
+  }
+  return out + "\"";
+}
+
+constexpr const char* kCsvColumns[] = {"record",
+                                       "month",
+                                       "team",
+                                       "user",
+                                       "lease",
+                                       "job",
+                                       "model",
+                                       "gpus",
+                                       "gpu_hours",
+                                       "prev_gpu_hours",
+                                       "leases",
+                                       "gpu_utilization",
+                                       "idle_gpu_hours",
+                                       "duration_s",
+                                       "outcome",
+                                       "used_gpu_hours",
+                                       "allowance_gpu_hours",
+                                       "balance_gpu_hours",
+                                       "time_utc",
+                                       "justification",
+                                       "review",
+                                       "note"};
+
+class CsvWriter {
+ public:
+  CsvWriter() {
+    for (const char* column : kCsvColumns) header_.push_back(column);
+    for (size_t i = 0; i < header_.size(); ++i) out_ << (i ? "," : "") << header_[i];
+    out_ << "\r\n";
+  }
+  // One row: the named fields, every other column empty.
+  void row(const std::map<std::string, std::string>& fields) {
+    for (const auto& [name, value] : fields) {
+      if (std::find(header_.begin(), header_.end(), name) == header_.end()) {
+        throw std::logic_error("report_csv: no column " + name);
+      }
+    }
+    for (size_t i = 0; i < header_.size(); ++i) {
+      auto it = fields.find(header_[i]);
+      out_ << (i ? "," : "") << (it == fields.end() ? "" : csv_field(it->second));
+    }
+    out_ << "\r\n";
+  }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::vector<std::string> header_;
+  std::ostringstream out_;
+};
+
+std::string utilization(double value) { return value < 0 ? "" : fixed(value, 4); }
+
+}  // namespace
+
+std::string report_csv(const MonthlyReport& report) {
+  constexpr int kDigits = 3;
+  const ShownHours shown = shown_hours(report, kDigits);
+  CsvWriter csv;
+  csv.row({{"record", "report"},
+           {"month", report.month},
+           {"time_utc", utc_date(report.generated_ms)},
+           {"note", report.month_in_progress() ? "month in progress: figures up to time_utc" : "month complete"}});
+  for (size_t i = 0; i < report.teams.size(); ++i) {
+    const ReportTeam& team = report.teams[i];
+    csv.row({{"record", "team"},
+             {"month", report.month},
+             {"team", team.team},
+             {"gpu_hours", fixed(shown.current[i], kDigits)},
+             {"prev_gpu_hours", fixed(shown.previous[i], kDigits)},
+             {"leases", std::to_string(team.leases)},
+             {"gpu_utilization", utilization(team.avg_util)},
+             {"idle_gpu_hours", fixed(shown.idle[i], kDigits)}});
+  }
+  csv.row({{"record", "total"},
+           {"month", report.month},
+           {"gpu_hours", fixed(shown.total, kDigits)},
+           {"prev_gpu_hours", fixed(shown.prev_total, kDigits)},
+           {"leases", std::to_string(shown.leases)},
+           {"idle_gpu_hours", fixed(shown.idle_total, kDigits)}});
+  for (const auto& job : report.top_jobs) {
+    csv.row({{"record", "job"},
+             {"month", report.month},
+             {"team", job.team},
+             {"user", job.user},
+             {"lease", std::to_string(job.lease_id)},
+             {"job", job.job},
+             {"model", job.model},
+             {"gpus", fixed(job.gpus, 3)},
+             {"gpu_hours", fixed(job.gpu_hours, kDigits)},
+             {"gpu_utilization", utilization(job.avg_util)},
+             {"duration_s", std::to_string(job.duration_ms / 1000)},
+             {"outcome", lease_outcome(job.state, job.outcome)}});
+  }
+  for (const auto& waste_row : report.waste) {
+    csv.row({{"record", "waste"},
+             {"month", report.month},
+             {"team", waste_row.team},
+             {"user", waste_row.user},
+             {"leases", std::to_string(waste_row.leases)},
+             {"idle_gpu_hours", fixed(waste_row.wasted_gpu_hours, kDigits)},
+             {"duration_s", std::to_string(waste_row.longest_low_ms / 1000)}});
+  }
+  for (const auto& credit : report.credits) {
+    std::map<std::string, std::string> fields = {{"record", "credit"},
+                                                 {"month", report.month},
+                                                 {"team", credit.team},
+                                                 {"user", credit.user},
+                                                 {"used_gpu_hours", fixed(credit.used, kDigits)}};
+    if (credit.allowance >= 0) {
+      fields["allowance_gpu_hours"] = fixed(credit.allowance, kDigits);
+      fields["balance_gpu_hours"] = fixed(credit.balance(), kDigits);
+    }
+    csv.row(fields);
+  }
+  for (const auto& emergency : report.emergencies) {
+    csv.row({{"record", "emergency"},
+             {"month", report.month},
+             {"team", emergency.team},
+             {"user", emergency.user},
+             {"lease", std::to_string(emergency.lease_id)},
+             {"job", emergency.job},
+             {"gpus", fixed(emergency.gpus, 3)},
+             {"gpu_hours", fixed(emergency.gpu_hours, kDigits)},
+             {"time_utc", utc_date(emergency.granted_ms)},
+             {"justification", emergency.justification},
+             {"review", emergency.review}});
+  }
+  return csv.text();
 }
 
 }  // namespace yolo8::quota

@@ -52,6 +52,9 @@ struct ReportEmergency {
 
 struct MonthlyReport {
   std::string month, prev_month;
+  int64_t generated_ms = 0;  // when the report was built (UTC ms)
+  int64_t month_end_ms = 0;  // start of the next month
+  bool month_in_progress() const { return generated_ms < month_end_ms; }
   double waste_util_below = 0.20;
   int waste_after_s = 3600;
   std::vector<ReportTeam> teams;    // by GPU-hours, most first
@@ -65,11 +68,24 @@ struct MonthlyReport {
 // Reads `db_path` read-only. `month` is "YYYY-MM" (throws std::invalid_argument otherwise); `policy` (may be
 // null) gives team membership, credit allowances and the waste thresholds (defaults: 20 %, 1 h).
 // GPU-hours are lease time inside the month times the GPUs (or memory share) of each lease.
-MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n = 10);
+// `now_ms` (0: the system clock) is the "generated at" time; a month that is not over is marked in progress.
+MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n = 10,
+                           int64_t now_ms = 0);
 
 std::string report_markdown(const MonthlyReport& report);
-// Standalone HTML with inline SVG bar charts (no scripts, no external assets).
+// Standalone HTML with inline SVG bar charts (no scripts, no external assets); numbers right-aligned.
 std::string report_html(const MonthlyReport& report);
+// One RFC 4180 table: a `record` column (report, team, total, job, waste, credit, emergency) and the columns each
+// record uses; GPU-hours with 3 decimals, team rows summing exactly to the total row.
+std::string report_csv(const MonthlyReport& report);
+
+// What happened to a lease, for every lease: running, revoking, completed, preempted, failed, cancelled,
+// revoked (its preemption deadline passed), expired (no heartbeat), released, rejected, queued, ...
+std::string lease_outcome(LeaseState state, Outcome outcome);
+
+// `values` rounded to `digits` decimals so that the rounded figures add up to the rounded sum (largest
+// remainder): a table's rows then add up to the total it shows.
+std::vector<double> round_to_total(const std::vector<double>& values, int digits);
 
 // [start, end) of a "YYYY-MM" month in UTC milliseconds; throws std::invalid_argument.
 void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms);

@@ -6,6 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "quota/server/metrics.h"
+
 namespace yolo8::quota {
 
 std::string html_escape(const std::string& text) {
@@ -60,15 +62,15 @@ constexpr const char* kStyle = R"(
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d2330;background:#f6f7f9}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .sub{color:#5b6475;font-size:13px}
-.cards{display:flex;gap:12px;margin-top:14px}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin-top:14px}
 .card{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:10px 16px;min-width:120px}
 .card b{display:block;font-size:22px}
 table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e7;font-size:13px}
 th,td{padding:6px 10px;border-bottom:1px solid #eceef2;text-align:left}
-td{white-space:nowrap}td:last-child{white-space:normal}
+td{white-space:nowrap}td:last-child{white-space:normal;min-width:14em}
 th{background:#eef1f5;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
-.bar{position:relative;height:16px;background:#e6e9ee;border-radius:3px;min-width:260px}
+.bar{position:relative;height:16px;background:#e6e9ee;border-radius:3px;min-width:160px}
 .fill{position:absolute;left:0;top:0;bottom:0;background:#3b7dd8;border-radius:3px}
 .fill.over{background:#d8453b}
 .mark{position:absolute;top:-3px;bottom:-3px;width:2px;background:#1d2330}
@@ -76,6 +78,8 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 .empty{color:#5b6475;font-style:italic}
 .waste td{background:#fff4f2}
 .legend{font-size:12px;color:#5b6475;margin-top:4px}
+.scroll{overflow-x:auto;max-width:100%}
+@media (max-width:600px){body{margin:12px}.card{min-width:0;flex:1 1 30%}.card b{font-size:18px}}
 )";
 
 }  // namespace
@@ -84,8 +88,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
                                int refresh_s) {
   const auto teams = team_views(policy, engine, now_ms);
   const auto waste = waste_list(policy, engine, tracker, now_ms);
-  double in_use = 0;
-  for (const auto& team : teams) in_use += team.status.in_use;
+  // the same figures as quotad_gpus_allocated / _free: emergency leases are held GPUs too
+  const GpuAllocation allocation = gpu_allocation(policy, engine, now_ms);
   std::vector<const Lease*> running, queued;
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) running.push_back(&lease);
@@ -96,18 +100,23 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
   });
 
   std::ostringstream html;
-  html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
+  html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   if (refresh_s > 0) html << "<meta http-equiv=\"refresh\" content=\"" << refresh_s << "\">\n";
   html << "<title>quotad status</title>\n<style>" << kStyle << "</style></head><body>\n";
   html << "<h1>GPU use</h1><div class=\"sub\">quotad &middot; " << utc_time(now_ms) << " &middot; read-only</div>\n";
   html << "<div class=\"cards\">"
-       << "<div class=\"card\"><b>" << fixed(in_use, 1) << " / " << policy.total_gpus() << "</b>GPUs in use</div>"
-       << "<div class=\"card\"><b>" << policy.emergency_pool_gpus() << "</b>emergency pool</div>"
+       << "<div class=\"card\" id=\"gpus-in-use\"><b>" << fixed(allocation.allocated, 2) << " / " << policy.total_gpus()
+       << "</b>GPUs in use</div>"
+       << "<div class=\"card\" id=\"gpus-free\"><b>" << fixed(allocation.free(), 2) << "</b>GPUs free</div>"
+       << "<div class=\"card\" id=\"gpus-emergency\"><b>" << fixed(allocation.emergency, 2) << " / "
+       << policy.emergency_pool_gpus() << "</b>emergency leases / pool</div>"
        << "<div class=\"card\"><b>" << running.size() << "</b>running leases</div>"
        << "<div class=\"card\"><b>" << queued.size() << "</b>queued</div>"
        << "<div class=\"card\"><b>" << waste.size() << "</b>on the waste list</div></div>\n";
 
-  html << "<h2>Teams</h2>\n<table id=\"teams\"><tr><th>team</th><th>GPUs in use / quota now</th><th></th>"
+  html << "<h2>Teams</h2>\n<div class=\"scroll\"><table id=\"teams\"><tr><th>team</th><th>GPUs in use / quota "
+          "now</th><th></th>"
        << "<th>base</th><th>burst</th><th>window</th><th>memory used / held (GiB)</th><th>utilisation</th>"
        << "<th>GPU-h this month</th><th>running</th><th>queued</th></tr>\n";
   for (const auto& team : teams) {
@@ -128,14 +137,15 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
          << "</td><td class=\"n\">" << status.leases_active << "</td><td class=\"n\">" << status.queued
          << "</td></tr>\n";
   }
-  html << "</table><div class=\"legend\">Bar: GPUs in use (red above the quota in force); dark mark: quota now; "
+  html << "</table></div><div class=\"legend\">Bar: GPUs in use (red above the quota in force); dark mark: quota now; "
           "grey mark: base.</div>\n";
 
   html << "<h2>Running leases</h2>\n";
   if (running.empty()) {
     html << "<p class=\"empty\">No lease is running.</p>\n";
   } else {
-    html << "<table id=\"leases\"><tr><th>lease</th><th>team</th><th>user</th><th>job</th><th>model</th>"
+    html << "<div class=\"scroll\"><table "
+            "id=\"leases\"><tr><th>lease</th><th>team</th><th>user</th><th>job</th><th>model</th>"
          << "<th>GPUs</th><th>state</th><th>running for</th><th>utilisation now</th><th>mean</th>"
          << "<th>memory (GiB)</th></tr>\n";
     for (const Lease* lease : running) {
@@ -151,14 +161,15 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
            << (lease->telemetry.memory_used_gib >= 0 ? fixed(lease->telemetry.memory_used_gib, 1) : "&ndash;")
            << "</td></tr>\n";
     }
-    html << "</table>\n";
+    html << "</table></div>\n";
   }
 
   html << "<h2>Queue</h2>\n";
   if (queued.empty()) {
     html << "<p class=\"empty\">Nobody is waiting.</p>\n";
   } else {
-    html << "<table id=\"queue\"><tr><th>#</th><th>lease</th><th>team</th><th>user</th><th>job</th><th>GPUs</th>"
+    html << "<div class=\"scroll\"><table "
+            "id=\"queue\"><tr><th>#</th><th>lease</th><th>team</th><th>user</th><th>job</th><th>GPUs</th>"
          << "<th>priority</th><th>waiting for</th><th>why</th></tr>\n";
     for (const Lease* lease : queued) {
       const AcquireResult status = engine.status_of(lease->id, now_ms);
@@ -169,7 +180,7 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
            << format_duration_ms(now_ms - lease->created_ms) << "</td><td>" << html_escape(status.reason)
            << "</td></tr>\n";
     }
-    html << "</table>\n";
+    html << "</table></div>\n";
   }
 
   html << "<h2>Waste list</h2>\n<div class=\"sub\">Running leases below " << fixed(100 * policy.waste_gpu_util_below, 0)
@@ -178,7 +189,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
   if (waste.empty()) {
     html << "<p class=\"empty\">No idle lease.</p>\n";
   } else {
-    html << "<table id=\"waste\" class=\"waste\"><tr><th>lease</th><th>team</th><th>user</th><th>job</th>"
+    html << "<div class=\"scroll\"><table id=\"waste\" "
+            "class=\"waste\"><tr><th>lease</th><th>team</th><th>user</th><th>job</th>"
          << "<th>GPUs</th><th>below threshold for</th><th>utilisation now</th><th>idle GPU-hours</th></tr>\n";
     for (const auto& entry : waste) {
       html << "<tr><td class=\"n\">" << entry.lease_id << "</td><td>" << html_escape(entry.team) << "</td><td>"
@@ -187,10 +199,44 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
            << "</td><td class=\"n\">" << percent(entry.last_util) << "</td><td class=\"n\">"
            << fixed(entry.wasted_gpu_hours, 1) << "</td></tr>\n";
     }
-    html << "</table>\n";
+    html << "</table></div>\n";
   }
   html << "<p class=\"sub\">Live figures: <a href=\"/metrics\">/metrics</a> (Prometheus).</p>\n</body></html>\n";
   return html.str();
+}
+
+std::string favicon_ico() {
+  // 16x16, 32-bit BGRA, bottom-up rows, then a 1-bit AND mask (all zero: alpha decides); a blue tile with three
+  // white bars, like the page's usage bars
+  constexpr int kSize = 16;
+  std::string ico;
+  auto u16 = [&](unsigned value) {
+    ico += static_cast<char>(value & 0xff);
+    ico += static_cast<char>((value >> 8) & 0xff);
+  };
+  auto u32 = [&](uint32_t value) {
+    u16(value & 0xffff);
+    u16(value >> 16);
+  };
+  const uint32_t pixels_bytes = kSize * kSize * 4, mask_bytes = kSize * 4;  // mask rows padded to 32 bits
+  const uint32_t image_bytes = 40 + pixels_bytes + mask_bytes;
+  u16(0), u16(1), u16(1);  // ICONDIR: reserved, type icon, one image
+  ico += static_cast<char>(kSize), ico += static_cast<char>(kSize), ico += '\0', ico += '\0';
+  u16(1), u16(32), u32(image_bytes), u32(6 + 16);        // planes, bits, size, offset
+  u32(40), u32(kSize), u32(2 * kSize), u16(1), u16(32);  // BITMAPINFOHEADER (height counts the mask)
+  u32(0), u32(pixels_bytes + mask_bytes), u32(0), u32(0), u32(0), u32(0);
+  const int bar_top[3] = {9, 4, 6};  // rows from the top where each bar starts (columns 3-4, 7-8, 11-12)
+  for (int row = kSize - 1; row >= 0; --row) {
+    for (int column = 0; column < kSize; ++column) {
+      const bool corner = (row == 0 || row == kSize - 1) && (column == 0 || column == kSize - 1);
+      const int bar = (column - 3) / 4;
+      const bool white = column >= 3 && column <= 12 && (column - 3) % 4 < 2 && row >= bar_top[bar] && row <= 12;
+      const uint32_t bgra = corner ? 0x00000000u : white ? 0xffffffffu : 0xffd87d3bu;  // #3b7dd8
+      u32(bgra);
+    }
+  }
+  ico.append(mask_bytes, '\0');
+  return ico;
 }
 
 std::string render_status_page(QuotaService& service) {

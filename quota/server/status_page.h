@@ -17,6 +17,9 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
 // The page for a running service.
 std::string render_status_page(QuotaService& service);
 
+// quotad's icon (GET /favicon.ico): a 16x16 ICO, so browsers showing the status page get no 404.
+std::string favicon_ico();
+
 std::string html_escape(const std::string& text);
 // "1 h 05 min", "42 s"
 std::string format_duration_ms(int64_t ms);

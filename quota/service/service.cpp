@@ -212,6 +212,7 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
       std::lock_guard<std::mutex> store_lock(store_mutex_);
       store_->write(engine_, changes);
     } catch (const StoreError& error) {
+      ++storage_write_errors_;
       store_down_until_ = (std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.store_backoff_ms))
                               .time_since_epoch()
                               .count();
@@ -280,6 +281,7 @@ void QuotaService::flush_heartbeats() {
     std::lock_guard<std::mutex> store_lock(store_mutex_);
     store_->write_heartbeats(batch);
   } catch (const StoreError&) {
+    ++storage_write_errors_;
     // keep the samples for the next round (bounded: the oldest go first)
     std::lock_guard<std::mutex> beat_lock(beat_mutex_);
     batch.insert(batch.end(), pending_heartbeats_.begin(), pending_heartbeats_.end());
@@ -834,6 +836,7 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
   counters.heartbeats = heartbeats_total_.load();
   counters.preemptions = preemptions_total_.load();
   counters.emergency_grants = emergency_total_.load();
+  counters.storage_write_errors = storage_write_errors_.load();
   for (size_t code = 0; code < responses_by_status_.size(); ++code) {
     if (const uint64_t count = responses_by_status_[code].load(); count > 0) {
       counters.responses[static_cast<int>(code)] = count;

@@ -46,6 +46,7 @@ struct ServiceCounters {
   uint64_t heartbeats = 0;
   uint64_t preemptions = 0;
   uint64_t emergency_grants = 0;
+  uint64_t storage_write_errors = 0;  // failed SQLite writes (state changes or heartbeat batches)
   std::map<int, uint64_t> responses;  // by HTTP status
 };
 
@@ -147,6 +148,7 @@ class QuotaService {
   std::atomic<uint64_t> heartbeats_total_{0};
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};
+  std::atomic<uint64_t> storage_write_errors_{0};
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
   UtilTracker tracker_;  // guarded by mutex_
   std::mutex auth_mutex_;

@@ -44,10 +44,10 @@ TEST(DataLetterbox, OddPaddingGoesBottomRight) {
 
 TEST(DataResizeLongSide, CeilAndCap) {
   cv::Mat img(300, 500, CV_8UC3, cv::Scalar::all(0));
-  cv::Mat r = resize_long_side(img, 640, true);
+  cv::Mat r = resize_long_side(img, 640);
   EXPECT_EQ(r.cols, 640);
   EXPECT_EQ(r.rows, 384);
-  cv::Mat s = resize_long_side(img, 128, false);
+  cv::Mat s = resize_long_side(img, 128);
   EXPECT_EQ(s.cols, 128);
   EXPECT_EQ(s.rows, 77);  // ceil(76.8)
 }

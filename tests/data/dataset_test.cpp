@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "data/config.h"
 #include "test_util.h"
@@ -130,7 +134,7 @@ std::string make_messy_dataset() {
   write_image(im + "tol.png", 40, 40);
   write_text(lb + "tol.txt", "0 1.0005 0.5 0.2 0.2\n");
   {
-    // A JPEG cut in half still decodes: used, with a note.
+    // A JPEG cut in half still "decodes", half grey: skipped. One that only lacks its end marker: used, noted.
     cv::Mat m(64, 64, CV_8UC3);
     cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));
     std::vector<uchar> buf;
@@ -138,6 +142,9 @@ std::string make_messy_dataset() {
     std::ofstream(im + "truncated.jpg", std::ios::binary)
         .write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() / 2));
     write_text(lb + "truncated.txt", "2 0.5 0.5 0.3 0.3\n");
+    std::ofstream(im + "no_end_marker.jpg", std::ios::binary)
+        .write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() - 2));
+    write_text(lb + "no_end_marker.txt", "1 0.5 0.5 0.3 0.3\n");
   }
   write_text(im + "corrupt.jpg", "this is not a jpeg");
   write_text(lb + "corrupt.txt", "0 0.5 0.5 0.2 0.2\n");
@@ -167,7 +174,7 @@ TEST(DataCheckDataset, MessyDatasetExactSummary) {
   opts.use_cache = false;
   DatasetIndex idx = build_split_index(spec, "train", opts);
   const auto& s = idx.summary;
-  EXPECT_EQ(s.files, 16);
+  EXPECT_EQ(s.files, 17);
   EXPECT_EQ(s.images, 7);
   EXPECT_EQ(s.instances, 6);
   EXPECT_EQ(s.backgrounds, 2);
@@ -175,14 +182,21 @@ TEST(DataCheckDataset, MessyDatasetExactSummary) {
   EXPECT_EQ(s.duplicates_removed, 1);
   EXPECT_EQ(s.polygons_converted, 1);
   const std::map<std::string, int64_t> expected = {
-      {"image_corrupt", 1}, {"image_too_small", 1},    {"unknown_format", 1},   {"label_arity", 2},
-      {"label_class", 1},   {"label_out_of_range", 1}, {"label_non_finite", 1}, {"label_size", 1}};
+      {"image_corrupt", 1},    {"image_too_small", 1}, {"unknown_format", 1},
+      {"label_arity", 2},      {"label_class", 1},     {"label_out_of_range", 1},
+      {"label_non_finite", 1}, {"label_size", 1},      {"image_truncated", 1}};
   EXPECT_EQ(s.skipped, expected);
-  EXPECT_EQ(s.skipped_total(), 9);
-  EXPECT_EQ(idx.issues.size(), 13u);  // 10 row/file problems + duplicate, polygon and truncated-JPEG notes
-  EXPECT_EQ(std::count_if(idx.issues.begin(), idx.issues.end(),
-                          [](const Issue& i) { return i.problem == Problem::kJpegTruncated; }),
-            1);
+  EXPECT_EQ(s.skipped_total(), 10);
+  EXPECT_EQ(idx.issues.size(), 14u);  // 11 row/file problems + duplicate, polygon and end-marker notes
+  const auto issue_of = [&](Problem problem) {
+    return std::find_if(idx.issues.begin(), idx.issues.end(), [&](const Issue& i) { return i.problem == problem; });
+  };
+  ASSERT_NE(issue_of(Problem::kJpegEndMarkerMissing), idx.issues.end());
+  EXPECT_EQ(issue_of(Problem::kJpegEndMarkerMissing)->file, dir + "/images/train/no_end_marker.jpg");
+  ASSERT_NE(issue_of(Problem::kImageTruncated), idx.issues.end());
+  EXPECT_EQ(issue_of(Problem::kImageTruncated)->file, dir + "/images/train/truncated.jpg");
+  EXPECT_TRUE(std::none_of(idx.records.begin(), idx.records.end(),
+                           [](const ImageRecord& r) { return r.image.find("truncated.jpg") != std::string::npos; }));
 
   // Problems carry file and line.
   bool saw_multi_line3 = false;
@@ -234,9 +248,12 @@ TEST(DataCheckDataset, TxtListWithMissingImage) {
   EXPECT_EQ(idx.summary.skipped.at("image_missing"), 1);
   // Listed splits over one folder keep separate caches.
   CheckOptions cached;
-  build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached);
-  EXPECT_TRUE(fs::exists(dir + "/labels.val.cache"));
+  cached.cache_dir = scratch_dir("cache");
+  const DatasetIndex val = build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached);
+  EXPECT_TRUE(fs::exists(val.cache_path));
+  EXPECT_NE(val.cache_path.find("labels.val-"), std::string::npos) << val.cache_path;
   EXPECT_TRUE(build_split_index(load_data_yaml(dir + "/data.yaml"), "val", cached).from_cache);
+  EXPECT_FALSE(build_split_index(load_data_yaml(dir + "/data.yaml"), "train", cached).from_cache);
 }
 
 TEST(DataCheckDataset, LabelsBesideImages) {
@@ -255,9 +272,11 @@ TEST(DataCheckDataset, CacheHitAndInvalidation) {
   DatasetSpec spec = load_data_yaml(dir + "/data.yaml");
   CheckOptions opts;
   opts.workers = 2;
+  opts.cache_dir = scratch_dir("cache");
   DatasetIndex a = build_split_index(spec, "train", opts);
   EXPECT_FALSE(a.from_cache);
-  EXPECT_TRUE(fs::exists(dir + "/labels/train.cache"));
+  EXPECT_EQ(fs::path(a.cache_path).parent_path(), fs::path(opts.cache_dir) / "datasets");
+  EXPECT_TRUE(fs::exists(a.cache_path));
   DatasetIndex b = build_split_index(spec, "train", opts);
   EXPECT_TRUE(b.from_cache);
   EXPECT_EQ(b.summary.images, a.summary.images);
@@ -279,6 +298,52 @@ TEST(DataCheckDataset, CacheHitAndInvalidation) {
   DatasetIndex d = build_split_index(spec, "train", opts);
   EXPECT_FALSE(d.from_cache);
   EXPECT_EQ(d.summary.missing_labels, 0);
+}
+
+// Ultralytics reads `labels/<split>.cache` as its own pickle and crashes on anything else: indexing a dataset
+// (with the cache on, in the default folder) leaves the dataset folder exactly as it was.
+TEST(DataCheckDataset, IndexingWritesNothingIntoTheDataset) {
+  auto dir = make_messy_dataset();
+  const auto listing = [&] {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) files.push_back(entry.path().string());
+    std::sort(files.begin(), files.end());
+    return files;
+  };
+  const std::vector<std::string> before = listing();
+  CheckOptions opts;
+  opts.workers = 2;
+  const DatasetIndex index = build_split_index(load_data_yaml(dir + "/data.yaml"), "train", opts);
+  EXPECT_TRUE(fs::exists(index.cache_path));
+  EXPECT_EQ(index.cache_path.rfind(fs::path(dir).string(), 0), std::string::npos) << index.cache_path;
+  EXPECT_EQ(listing(), before);
+  for (const auto& file : listing()) EXPECT_NE(fs::path(file).extension(), ".cache") << file;
+}
+
+TEST(DataCheckDataset, DefaultCacheFolderFollowsTheEnvironment) {
+  const auto saved = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::make_pair(value != nullptr, std::string(value != nullptr ? value : ""));
+  };
+  const auto restore = [](const char* name, const std::pair<bool, std::string>& value) {
+    if (value.first) {
+      ::setenv(name, value.second.c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  const auto yolo8_dir = saved("YOLO8_CACHE_DIR"), xdg = saved("XDG_CACHE_HOME"), home = saved("HOME");
+  ::setenv("YOLO8_CACHE_DIR", "/somewhere/yolo8", 1);
+  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(default_cache_dir(), "/somewhere/yolo8");
+  ::unsetenv("YOLO8_CACHE_DIR");
+  EXPECT_EQ(default_cache_dir(), "/xdg/yolo8");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::setenv("HOME", "/home/ada", 1);
+  EXPECT_EQ(default_cache_dir(), "/home/ada/.cache/yolo8");
+  restore("YOLO8_CACHE_DIR", yolo8_dir);
+  restore("XDG_CACHE_HOME", xdg);
+  restore("HOME", home);
 }
 
 }  // namespace

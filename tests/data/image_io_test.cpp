@@ -141,6 +141,23 @@ TEST(DataImageIo, OtherFormatsGoThroughOpenCv) {
   EXPECT_EQ(cv::norm(got, cv::imread(path, cv::IMREAD_COLOR), cv::NORM_INF), 0);
 }
 
+// Cut inside the scan data (baseline or progressive) vs only the end marker missing.
+TEST(DataImageIo, JpegEndingTellsACutFileFromAMissingEndMarker) {
+  for (const int progressive : {0, 1}) {
+    std::vector<uint8_t> jpeg;
+    cv::imencode(".jpg", test_picture(96, 64), jpeg, {cv::IMWRITE_JPEG_PROGRESSIVE, progressive});
+    SCOPED_TRACE(progressive ? "progressive" : "baseline");
+    EXPECT_EQ(jpeg_ending(jpeg), JpegEnding::kComplete);
+    EXPECT_EQ(jpeg_ending({jpeg.begin(), jpeg.end() - 2}), JpegEnding::kEndMarkerMissing);
+    EXPECT_EQ(jpeg_ending({jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() / 3)}),
+              JpegEnding::kScanDataMissing);
+    EXPECT_EQ(jpeg_ending({jpeg.begin(), jpeg.end() - 40}), JpegEnding::kScanDataMissing);
+  }
+  std::vector<uint8_t> png;
+  cv::imencode(".png", test_picture(16, 16), png);
+  EXPECT_EQ(jpeg_ending(png), JpegEnding::kNotJpeg);
+}
+
 TEST(DataImageIo, BadFilesGiveAnEmptyImageNotACrash) {
   const std::string dir = test::scratch_dir("bad");
   EXPECT_TRUE(read_image(dir + "/missing.jpg").empty());

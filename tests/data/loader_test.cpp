@@ -176,7 +176,7 @@ TEST(DataLoader, CloseMosaic) {
 
 class DataValidationLoader : public ::testing::TestWithParam<int> {};
 
-// imgsz 128 on 128-px files: plain decode; imgsz 64 on 256-px JPEGs: reduced (1/4) JPEG decode.
+// imgsz 128 on 128-px files: no resize; imgsz 64 on 256-px JPEGs: shrunk by 4 (fully decoded, as validation is).
 TEST_P(DataValidationLoader, RectBatchesMapBack) {
   const int imgsz = GetParam();
   std::string yaml = synth_yaml();
@@ -186,6 +186,7 @@ TEST_P(DataValidationLoader, RectBatchesMapBack) {
   cfg.imgsz = imgsz;
   cfg.batch = 4;
   cfg.workers = 2;
+  cfg.rect = true;
   DataLoader dl(idx, cfg, AugmentConfig{}, false);
   auto batches = run_epoch(dl, 0);
   ASSERT_EQ(batches.size(), 3u);
@@ -215,6 +216,25 @@ TEST_P(DataValidationLoader, RectBatchesMapBack) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(DataSizes, DataValidationLoader, ::testing::Values(128, 64));
+
+// Without rect, validation letterboxes every image into imgsz x imgsz and keeps the file order (the reference's
+// validator when `rect` is off; tests/trainer/app/val_golden_test.cpp pins the pixels).
+TEST(DataLoader, SquareValidationKeepsFileOrder) {
+  auto idx = index_of(synth_yaml(), "val");
+  LoaderConfig cfg;
+  cfg.imgsz = 96;
+  cfg.batch = 4;
+  cfg.workers = 2;
+  DataLoader dl(idx, cfg, AugmentConfig{}, false);
+  std::vector<std::string> paths;
+  for (const auto& b : run_epoch(dl, 0)) {
+    EXPECT_EQ(b.images.size(2), 96);
+    EXPECT_EQ(b.images.size(3), 96);
+    paths.insert(paths.end(), b.paths.begin(), b.paths.end());
+  }
+  ASSERT_EQ(paths.size(), idx->records.size());
+  for (size_t i = 0; i < paths.size(); ++i) EXPECT_EQ(paths[i], idx->records[i].image);
+}
 
 // Colour-coded rectangles: class c is drawn in colour c; after augmentation each box must be filled with its
 // colour and the colour must not appear outside the boxes of its class.

@@ -61,13 +61,17 @@ std::vector<fs::path> yaml_files() {
   return files;
 }
 
-// Every non-empty document of every YAML file under deploy/.
+// A plain Prometheus rules file (deploy/prometheus/quotad-rules.yaml): YAML, but no Kubernetes object.
+bool prometheus_rules_file(const YAML::Node& doc) { return doc.IsMap() && doc["groups"] && !doc["apiVersion"]; }
+
+// Every non-empty document of every YAML file under deploy/ that is a Kubernetes object (or a kustomization).
 const std::vector<Object>& objects() {
   static const std::vector<Object> all = [] {
     std::vector<Object> out;
     for (const auto& path : yaml_files()) {
       for (const auto& doc : YAML::LoadAllFromFile(path.string())) {
-        if (!doc.IsNull()) out.push_back({fs::relative(path, deploy_dir()).string(), doc});
+        if (!doc.IsNull() && !prometheus_rules_file(doc))
+          out.push_back({fs::relative(path, deploy_dir()).string(), doc});
       }
     }
     return out;
@@ -193,7 +197,7 @@ TEST(DeployManifests, EveryObjectHasApiVersionKindAndName) {
 TEST(DeployManifests, KustomizationsListEveryObjectFileButTheJobTemplates) {
   std::set<std::string> listed;
   const auto kustomizations = of_kind("Kustomization");
-  ASSERT_EQ(kustomizations.size(), 2u);  // the platform and the Kueue variant
+  ASSERT_EQ(kustomizations.size(), 3u);  // the platform, the Kueue variant and the Prometheus Operator's rules
   for (const auto& k : kustomizations) {
     const fs::path dir = (deploy_dir() / k.file).parent_path();
     for (const auto& res : strings(k.node["resources"])) {

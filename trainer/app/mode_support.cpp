@@ -18,8 +18,6 @@
 
 namespace yolo8::app {
 namespace fs = std::filesystem;
-namespace {
-
 std::vector<ImageGeometry> batch_geometry(const data::Batch& batch) {
   std::vector<ImageGeometry> geometry;
   const torch::Tensor ratio_pad = batch.ratio_pad.to(torch::kDouble).contiguous();
@@ -30,8 +28,6 @@ std::vector<ImageGeometry> batch_geometry(const data::Batch& batch) {
   }
   return geometry;
 }
-
-}  // namespace
 
 std::string yaml_text(const YAML::Node& node) {
   YAML::Emitter emitter;
@@ -69,15 +65,15 @@ torch::Device pick_device(const Settings& settings) {
   return torch::kCPU;
 }
 
-data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train) {
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role) {
   data::LoaderConfig config = settings.loader;
   config.batch = batch;
   config.stride = stride;
-  config.shuffle = train;
-  if (!train) {
-    config.rect = true;  // validation: rectangular batches over every image
-    config.fraction = 1.0;
-  }
+  config.shuffle = role == LoaderRole::kTrain;
+  if (role != LoaderRole::kTrain) config.fraction = 1.0;
+  // The reference validates a training run on rectangular batches whatever `rect` says; `val` follows `rect`,
+  // whose default is on in that mode (resolve_settings).
+  if (role == LoaderRole::kTrainingValidation) config.rect = true;
   return config;
 }
 

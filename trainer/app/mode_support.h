@@ -44,10 +44,15 @@ torch::Device pick_device(const Settings& settings);
 
 // The settings' loader config with this loader's batch and stride; validation loaders are rectangular and use
 // every image.
-data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, bool train);
+// Who reads the loader: the training loop, the validation inside a training run, or `yolo8 val`.
+enum class LoaderRole { kTrain, kTrainingValidation, kValidation };
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role);
 // The split's index, with its report when `verbose`; throws DataError when no image is usable.
 std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& spec, const std::string& split,
                                                      const Settings& settings, bool verbose);
+
+// Each image's original size and letterbox mapping, as the validator takes them.
+std::vector<ImageGeometry> batch_geometry(const data::Batch& batch);
 
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
 // empty) receives the first batch's labels and predictions as mosaics. `half`: the forward pass under CUDA

@@ -34,12 +34,16 @@ std::vector<torch::Tensor> DetectionValidator::add_batch(const torch::Tensor& pr
   std::vector<torch::Tensor> mapped_detections;
   for (size_t image = 0; image < detections.size(); ++image) {
     const torch::Tensor mine = rows.index({rows.select(1, 0) == static_cast<double>(image)});
+    // The reference maps labels and detections back with one gain, the height's (scale_boxes takes
+    // ratio_pad[0][0]): up to 0.4 % off in x where the two sides round differently, but its metrics are the yardstick.
+    ImageGeometry reference_geometry = geometry[image];
+    reference_geometry.gain_w = reference_geometry.gain_h;
     torch::Tensor label_boxes = xywh_to_xyxy(mine.slice(1, 2, 6)) * scale;
-    label_boxes = boxes_to_original(label_boxes, geometry[image]);
+    label_boxes = boxes_to_original(label_boxes, reference_geometry);
     const torch::Tensor image_labels = torch::cat({mine.slice(1, 1, 2), label_boxes}, 1);
     torch::Tensor detected = detections[image];
     if (config_.single_cls && detected.size(0) > 0) detected.select(1, 5).zero_();
-    detected = boxes_to_original(detected, geometry[image]);
+    detected = boxes_to_original(detected, reference_geometry);
     metrics_.update(detected, image_labels);
     confusion_.update(detected, image_labels);
     if (config_.save_json && image < paths.size()) json_.add(coco_image_id(paths[image]), detected);

@@ -8,7 +8,8 @@
 #include <sstream>
 
 #include "quota/server/metrics.h"
-#include "tests/quota/visibility_util.h"
+#include "quota/server/status_page.h"
+#include "tests/quota/server/activity_util.h"
 
 namespace yolo8::quota {
 namespace {
@@ -95,10 +96,21 @@ TEST(QuotadDashboard, EveryQueryNamesAnExportedMetric) {
   collect_queries(d, queries);
   ASSERT_GE(queries.size(), 20u);
 
+  // a live exposition with every kind of lease, so that families without series in a quiet cluster show too
   testing::ScriptedHistory h;
   h.run();
-  const std::set<std::string> exported = names_in_exposition(h.metrics_text());
-  ASSERT_GT(exported.size(), 30u);
+  ASSERT_TRUE(testing::add_shared_and_emergency(h));
+  h.metrics_text();
+  const std::string text = h.metrics_text();
+  std::set<std::string> exported;
+  {
+    std::istringstream is(text);
+    std::string line;
+    while (std::getline(is, line)) {
+      if (!line.empty() && line[0] != '#') exported.insert(line.substr(0, line.find_first_of("{ ")));
+    }
+  }
+  ASSERT_GT(exported.size(), 40u);
 
   const std::regex token("quotad_[a-z0-9_]+");
   std::set<std::string> used;
@@ -113,9 +125,111 @@ TEST(QuotadDashboard, EveryQueryNamesAnExportedMetric) {
     EXPECT_GT(found, 0) << "query names no quotad metric: " << q;
   }
   // the waste list and the quota in force are on the dashboard
-  EXPECT_TRUE(used.count("quotad_waste_gpu_hours"));
+  EXPECT_TRUE(used.count("quotad_waste_gpu_seconds"));
   EXPECT_TRUE(used.count("quotad_team_quota_gpus"));
   EXPECT_TRUE(used.count("quotad_job_duration_seconds_bucket"));
+  EXPECT_TRUE(used.count("quotad_gpus_allocated"));
+  EXPECT_TRUE(used.count("quotad_gpus_free"));
+}
+
+TEST(QuotadDashboard, ClusterTotalsMatchTheStatusPageAndTheLeases) {
+  testing::ScriptedHistory h;
+  h.run();
+  ASSERT_TRUE(testing::add_shared_and_emergency(h));
+  const auto samples = testing::parse_samples(h.metrics_text());
+  // the Cluster GPUs stat: its queries are bare metric names, so their value is the sample's
+  std::map<std::string, double> stat;
+  const json dashboard = load_dashboard();
+  for (const json& p : dashboard.at("panels")) {
+    if (p.at("title") != "Cluster GPUs") continue;
+    for (const json& t : p.at("targets")) stat[t.at("legendFormat")] = samples.at(t.at("expr").get<std::string>());
+  }
+  ASSERT_EQ(stat.size(), 5u);
+  double leases = 0;
+  for (const auto& [key, value] : samples) {
+    if (key.rfind("quotad_lease_gpus{", 0) == 0) leases += value;
+  }
+  EXPECT_DOUBLE_EQ(stat["allocated"], 4 + 6 + 4.0 / 80 + 3);
+  EXPECT_DOUBLE_EQ(stat["allocated"], leases);
+  EXPECT_DOUBLE_EQ(stat["allocated"] + stat["free"], stat["total"]);
+  EXPECT_DOUBLE_EQ(stat["emergency leases"], 3);
+  const std::string page = render_status_page(*h.service);
+  EXPECT_NE(page.find("<b>13.05 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(page.find("<b>6.95</b>GPUs free"), std::string::npos);
+}
+
+// Every panel of a kind that has data: its targets, unit and columns.
+std::vector<json> data_panels(const json& d) {
+  std::vector<json> out;
+  for (const json& p : d.at("panels")) {
+    if (p.at("type") != "row") out.push_back(p);
+  }
+  return out;
+}
+
+TEST(QuotadDashboard, UnitsAPersonReadsWithoutGuessing) {
+  const json d = load_dashboard();
+  for (const json& p : data_panels(d)) {
+    const std::string title = p.at("title");
+    const json& defaults = p.at("fieldConfig").at("defaults");
+    const std::string unit = defaults.value("unit", "");
+    // GiB figures (the _gib metrics) are IEC gibibytes: Grafana's `gbytes`, not the SI `decgbytes`
+    EXPECT_NE(unit, "decgbytes") << title;
+    bool gib = false;
+    for (const json& t : p.at("targets")) gib |= t.at("expr").get<std::string>().find("_gib") != std::string::npos;
+    if (gib) {
+      EXPECT_EQ(unit, "gbytes") << title;
+    }
+    if (p.at("type") == "table") {
+      // every merged value column gets a name; the scrape's own labels are hidden
+      const json* organize = nullptr;
+      for (const json& step : p.at("transformations")) {
+        if (step.at("id") == "organize") organize = &step;
+      }
+      ASSERT_NE(organize, nullptr) << title;
+      const json& rename = organize->at("options").at("renameByName");
+      for (const json& t : p.at("targets")) {
+        const std::string column = "Value #" + t.at("refId").get<std::string>();
+        EXPECT_TRUE(rename.contains(column)) << title << ": " << column << " has no name";
+      }
+      EXPECT_TRUE(rename.contains("job_name")) << title;
+      for (const char* hidden : {"Time", "__name__", "instance", "job"}) {
+        EXPECT_TRUE(organize->at("options").at("excludeByName").value(hidden, false)) << title << ": " << hidden;
+      }
+      continue;
+    }
+    // one unit per axis: a graph with several queries has one unit for all of them (no per-series unit)
+    EXPECT_FALSE(unit.empty()) << title << " has no unit";
+    for (const json& o : p.at("fieldConfig").at("overrides")) {
+      for (const json& property : o.at("properties")) EXPECT_NE(property.at("id"), "unit") << title;
+    }
+  }
+}
+
+TEST(QuotadDashboard, RequiresNamesEveryPanelTypeAndTheDataSource) {
+  const json d = load_dashboard();
+  std::set<std::string> required;
+  for (const json& r : d.at("__requires"))
+    required.insert(r.at("type").get<std::string>() + ":" + r.at("id").get<std::string>());
+  EXPECT_TRUE(required.count("grafana:grafana"));
+  EXPECT_TRUE(required.count("datasource:prometheus"));
+  for (const json& p : data_panels(d)) {
+    EXPECT_TRUE(required.count("panel:" + p.at("type").get<std::string>())) << p.at("type");
+  }
+}
+
+TEST(QuotadDashboard, NoQueryUsesTheScrapeJobLabel) {
+  // Prometheus owns `job` (the scrape job); quotad's job names are `job_name`
+  const json d = load_dashboard();
+  std::vector<std::string> queries;
+  collect_queries(d, queries);
+  const std::regex job_label(R"((\bjob\s*[=!]~?|by\s*\([^)]*\bjob\b|\{\{\s*job\s*\}\}))");
+  for (const auto& q : queries) EXPECT_FALSE(std::regex_search(q, job_label)) << q;
+  for (const json& p : data_panels(d)) {
+    for (const json& t : p.at("targets")) {
+      EXPECT_EQ(t.value("legendFormat", "").find("{{job}}"), std::string::npos) << p.at("title");
+    }
+  }
 }
 
 TEST(QuotadDashboard, CheckerCatchesAnUnknownMetric) {

@@ -1,5 +1,6 @@
 #include "quota/server/metrics.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -10,23 +11,12 @@
 #include <set>
 #include <sstream>
 
-#include "tests/quota/visibility_util.h"
+#include "tests/quota/server/activity_util.h"
 
 namespace yolo8::quota {
 namespace {
 
-// sample line "name{labels} value" -> value, keyed by "name{labels}"
-std::map<std::string, double> parse_samples(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream is(text);
-  std::string line;
-  while (std::getline(is, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t sp = line.rfind(' ');
-    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
-  }
-  return out;
-}
+using testing::parse_samples;
 
 TEST(QuotadMetrics, ScriptedHistoryFigures) {
   testing::ScriptedHistory h;
@@ -37,7 +27,7 @@ TEST(QuotadMetrics, ScriptedHistoryFigures) {
     EXPECT_NE(it, m.end()) << key;
     return it == m.end() ? -1.0 : it->second;
   };
-  EXPECT_EQ(at("quotad_gpus_total"), 20);
+  EXPECT_EQ(at("quotad_gpus"), 20);
   EXPECT_EQ(at("quotad_emergency_pool_gpus"), 3);
   // 09:00 UTC Monday: team-cv's window (09:00-12:00 +01:00) is open, the interns' (weekends) is not
   EXPECT_EQ(at(R"(quotad_team_gpus_in_use{team="team-cv"})"), 4);  // lease 2 released
@@ -54,10 +44,10 @@ TEST(QuotadMetrics, ScriptedHistoryFigures) {
   EXPECT_DOUBLE_EQ(at(R"(quotad_team_gpu_utilization{team="team-robotics"})"), 0.80);
   EXPECT_EQ(m.count(R"(quotad_team_gpu_utilization{team="team-interns"})"), 0u);  // nothing reported
   // alice: 2 leases x 4 GPUs x 1.5 h; erin: 6 GPUs x 1.5 h
-  EXPECT_DOUBLE_EQ(at(R"(quotad_team_gpu_hours{team="team-cv",month="2026-11"})"), 12);
-  EXPECT_DOUBLE_EQ(at(R"(quotad_member_gpu_hours{user="alice",team="team-cv",month="2026-11"})"), 12);
-  EXPECT_DOUBLE_EQ(at(R"(quotad_member_gpu_hours{user="erin",team="team-robotics",month="2026-11"})"), 9);
-  EXPECT_DOUBLE_EQ(at(R"(quotad_member_credit_gpu_hours{user="alice",team="team-cv",month="2026-11"})"), 120);
+  EXPECT_DOUBLE_EQ(at(R"(quotad_team_gpu_seconds{month="2026-11",team="team-cv"})"), 12 * 3600);
+  EXPECT_DOUBLE_EQ(at(R"(quotad_member_gpu_seconds{month="2026-11",team="team-cv",user="alice"})"), 12 * 3600);
+  EXPECT_DOUBLE_EQ(at(R"(quotad_member_gpu_seconds{month="2026-11",team="team-robotics",user="erin"})"), 9 * 3600);
+  EXPECT_DOUBLE_EQ(at(R"(quotad_member_credit_gpu_seconds{month="2026-11",team="team-cv",user="alice"})"), 120 * 3600);
   // queue: ivan has waited 90 minutes; the three granted leases waited 0 s
   EXPECT_EQ(at("quotad_queue_length"), 1);
   EXPECT_EQ(at("quotad_queue_oldest_wait_seconds"), 5400);
@@ -67,9 +57,9 @@ TEST(QuotadMetrics, ScriptedHistoryFigures) {
   EXPECT_EQ(at(R"(quotad_leases{state="granted"})"), 2);
   EXPECT_EQ(at(R"(quotad_leases{state="queued"})"), 1);
   EXPECT_EQ(at(R"(quotad_leases{state="released"})"), 1);
-  EXPECT_EQ(at(R"(quotad_lease_runtime_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 5400);
+  EXPECT_EQ(at(R"(quotad_lease_runtime_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"), 5400);
   // lease 3: 15 % for 30 min then 80 % for 60 min
-  EXPECT_NEAR(at(R"(quotad_lease_avg_gpu_utilization{lease="3",team="team-robotics",user="erin",job="grasp"})"),
+  EXPECT_NEAR(at(R"(quotad_lease_avg_gpu_utilization{job_name="grasp",lease="3",team="team-robotics",user="erin"})"),
               (0.15 * 30 + 0.80 * 60) / 90, 1e-9);
   // the released job: 5400 s at 90 %
   EXPECT_EQ(at(R"(quotad_job_duration_seconds_bucket{le="3600"})"), 0);
@@ -81,10 +71,11 @@ TEST(QuotadMetrics, ScriptedHistoryFigures) {
   EXPECT_EQ(at("quotad_waste_threshold_gpu_utilization"), 0.2);
   EXPECT_EQ(at("quotad_waste_threshold_seconds"), 3600);
   EXPECT_EQ(at("quotad_waste_leases"), 1);
-  EXPECT_EQ(at(R"(quotad_waste_low_utilization_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"),
+  EXPECT_EQ(at(R"(quotad_waste_low_utilization_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"),
             5400);
-  EXPECT_DOUBLE_EQ(at(R"(quotad_waste_gpu_hours{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 6);
-  EXPECT_EQ(m.count(R"(quotad_waste_gpu_hours{lease="3",team="team-robotics",user="erin",job="grasp"})"), 0u);
+  EXPECT_DOUBLE_EQ(at(R"(quotad_waste_gpu_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"),
+                   6 * 3600);
+  EXPECT_EQ(m.count(R"(quotad_waste_gpu_seconds{job_name="grasp",lease="3",team="team-robotics",user="erin"})"), 0u);
   EXPECT_EQ(at("quotad_heartbeats_total"), 3 * 181);
   EXPECT_EQ(at("quotad_preemptions_total"), 0);
 }
@@ -105,7 +96,7 @@ TEST(QuotadMetrics, WasteListNeedsTheFullDuration) {
   h.post("/v1/leases/1/heartbeat", "alice-token", R"({"gpu_util":0.5})");
   m = parse_samples(h.metrics_text());
   EXPECT_EQ(m["quotad_waste_leases"], 1);
-  EXPECT_EQ(m.count(R"(quotad_waste_gpu_hours{lease="1",team="team-cv",user="alice",job="idle-sweep"})"), 0u);
+  EXPECT_EQ(m.count(R"(quotad_waste_gpu_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"), 0u);
 }
 
 TEST(QuotadMetrics, QuotaInForceFollowsTheBurstWindow) {
@@ -138,8 +129,9 @@ TEST(QuotadMetrics, WasteListSurvivesARestart) {
   *again.clock = now;
   auto m = parse_samples(again.metrics_text());
   EXPECT_EQ(m["quotad_waste_leases"], 1);
-  EXPECT_EQ(m[R"(quotad_waste_low_utilization_seconds{lease="1",team="team-cv",user="alice",job="idle-sweep"})"], 5400);
-  EXPECT_NEAR(m[R"(quotad_lease_avg_gpu_utilization{lease="3",team="team-robotics",user="erin",job="grasp"})"],
+  EXPECT_EQ(m[R"(quotad_waste_low_utilization_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"],
+            5400);
+  EXPECT_NEAR(m[R"(quotad_lease_avg_gpu_utilization{job_name="grasp",lease="3",team="team-robotics",user="erin"})"],
               (0.15 * 30 + 0.80 * 60) / 90, 1e-9);
 }
 
@@ -187,9 +179,73 @@ TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {
 }
 
 TEST(QuotadMetrics, LabelValuesAreEscaped) {
-  EXPECT_EQ(prometheus_label(R"(a"b\c)"
-                             "\n"),
-            R"(a\"b\\c\n)");
+  testing::ScriptedHistory h;
+  h.post("/v1/leases", "alice-token", R"({"model":"yolov8s","gpus":1,"job":"a\"b\\c\nd"})");
+  const std::string text = h.metrics_text();
+  EXPECT_NE(text.find(R"(quotad_lease_gpus{job_name="a\"b\\c\nd",lease="1",team="team-cv",user="alice"} 1)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(QuotadMetrics, AllocatedAndFreeAddUpWithEmergencyLeases) {
+  testing::ScriptedHistory h;
+  h.run();
+  ASSERT_TRUE(testing::add_shared_and_emergency(h));
+  const auto m = parse_samples(h.metrics_text());
+  const double share = 4.0 / 80;  // bob's yolov8n share on an 80 GiB GPU
+  EXPECT_DOUBLE_EQ(m.at("quotad_gpus"), 20);
+  EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated"), 4 + 6 + share + 3);
+  EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated") + m.at("quotad_gpus_free"), m.at("quotad_gpus"));
+  EXPECT_DOUBLE_EQ(m.at("quotad_emergency_gpus_allocated"), 3);
+  // the teams' GPUs in use leave the emergency lease out; the allocation puts it back
+  double teams = 0;
+  for (const auto& [key, value] : m) {
+    if (key.rfind("quotad_team_gpus_in_use{", 0) == 0) teams += value;
+  }
+  EXPECT_DOUBLE_EQ(teams + m.at("quotad_emergency_gpus_allocated"), m.at("quotad_gpus_allocated"));
+  EXPECT_DOUBLE_EQ(m.at(R"(quotad_lease_gpus{job_name="hotfix",lease="6",team="team-robotics",user="dave"})"), 3);
+  EXPECT_DOUBLE_EQ(
+      m.at(R"(quotad_emergency_review_pending_seconds{job_name="hotfix",lease="6",team="team-robotics",user="dave"})"),
+      0);
+  EXPECT_EQ(m.at("quotad_emergency_grants_total"), 1);
+}
+
+TEST(QuotadMetrics, BuildInfoHeartbeatAgeAndPolicyTimes) {
+  testing::ScriptedHistory h;
+  h.run();
+  *h.clock += 25000;
+  const std::string text = h.metrics_text();
+  const auto m = parse_samples(text);
+  EXPECT_EQ(m.at(std::string("quotad_build_info{version=\"") + YOLO8_VERSION + "\"}"), 1) << text;
+  EXPECT_EQ(m.at("quotad_heartbeat_interval_seconds"), 10);
+  EXPECT_EQ(m.at("quotad_lease_ttl_seconds"), 60);
+  EXPECT_EQ(m.at(R"(quotad_lease_heartbeat_age_seconds{job_name="grasp",lease="3",team="team-robotics",user="erin"})"),
+            25);
+  // no label named job or instance: Prometheus would rename it to exported_job / exported_instance
+  EXPECT_EQ(text.find("{job="), std::string::npos);
+  EXPECT_EQ(text.find(",job="), std::string::npos);
+  EXPECT_EQ(text.find("instance="), std::string::npos);
+  EXPECT_EQ(m.at("quotad_storage_write_errors_total"), 0);
+}
+
+TEST(QuotadMetrics, StorageWriteErrorsAreCounted) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string db = dir + "/write_errors_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  testing::ScriptedHistory h(db);
+  ASSERT_EQ(h.post("/v1/leases", "alice-token", R"({"model":"yolov8s","gpus":1,"job":"a"})"), 201);
+  // another connection makes every heartbeat insert fail, as a full disk or a broken file would
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other,
+                         "CREATE TRIGGER refuse BEFORE INSERT ON heartbeats BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(other);
+  ASSERT_EQ(h.post("/v1/leases/1/heartbeat", "alice-token", R"({"gpu_util":0.5})"), 200);
+  EXPECT_THROW(h.service->flush_heartbeats(), std::exception);
+  EXPECT_EQ(parse_samples(h.metrics_text()).at("quotad_storage_write_errors_total"), 1);
 }
 
 TEST(QuotadMetrics, TrackerAveragesAndClosesRuns) {

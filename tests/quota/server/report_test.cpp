@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "tests/quota/visibility_util.h"
 
@@ -180,6 +181,12 @@ TEST_F(QuotadReport, MarkdownAndHtml) {
   EXPECT_NE(html.find(">n/a</text>"), std::string::npos);  // team-interns reported no utilisation
   EXPECT_NE(html.find("<td>safety | recall fix for the demo</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>reviewed by admin: justified</td>"), std::string::npos);
+  // numbers right-aligned: the markdown's `---:` columns become class="n" cells
+  EXPECT_NE(html.find("<td>team-cv</td><td class=\"n\">26.0</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<th class=\"n\">GPU-hours</th>"), std::string::npos);
+  EXPECT_NE(html.find("td.n{text-align:right"), std::string::npos);
+  EXPECT_NE(md.find("| 4 | team-cv | bob | idle-notebook |"), std::string::npos);
+  EXPECT_NE(md.find("| completed |"), std::string::npos);
 }
 
 // A job without an outcome (it expired, or still runs) shows its state in the outcome column, not an empty cell.
@@ -194,7 +201,104 @@ TEST(QuotadReportMarkdown, JobWithoutOutcomeShowsItsState) {
   expired.outcome = Outcome::kNone;
   report.top_jobs = {expired};
   const std::string markdown = report_markdown(report);
-  EXPECT_NE(markdown.find("| expired |\n"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| expired (no heartbeat) |\n"), std::string::npos) << markdown;
+}
+
+TEST(QuotadReportMarkdown, EveryLeaseHasAnOutcome) {
+  EXPECT_EQ(lease_outcome(LeaseState::kGranted, Outcome::kNone), "running");
+  EXPECT_EQ(lease_outcome(LeaseState::kRevoking, Outcome::kNone), "revoking");
+  EXPECT_EQ(lease_outcome(LeaseState::kReleased, Outcome::kCompleted), "completed");
+  EXPECT_EQ(lease_outcome(LeaseState::kReleased, Outcome::kPreempted), "preempted");
+  EXPECT_EQ(lease_outcome(LeaseState::kExpired, Outcome::kPreempted), "revoked (deadline passed)");
+  EXPECT_EQ(lease_outcome(LeaseState::kExpired, Outcome::kNone), "expired (no heartbeat)");
+  for (auto state : {LeaseState::kPendingApproval, LeaseState::kQueued, LeaseState::kGranted, LeaseState::kRevoking,
+                     LeaseState::kReleased, LeaseState::kExpired, LeaseState::kRejected}) {
+    for (auto outcome :
+         {Outcome::kNone, Outcome::kCompleted, Outcome::kPreempted, Outcome::kFailed, Outcome::kCancelled}) {
+      EXPECT_FALSE(lease_outcome(state, outcome).empty()) << to_string(state) << " " << to_string(outcome);
+    }
+  }
+}
+
+// The case: three teams at 0.26 GPU-hours each were shown as 0.3 + 0.3 + 0.3 = 0.9 against a total of 0.8.
+MonthlyReport three_small_teams() {
+  MonthlyReport report;
+  report.month = "2026-11";
+  report.prev_month = "2026-10";
+  report.generated_ms = 1;
+  report.month_end_ms = 2;
+  for (const char* name : {"a", "b", "c"}) {
+    ReportTeam team;
+    team.team = name;
+    team.gpu_hours = 0.26;
+    team.wasted_gpu_hours = 0.05;
+    team.leases = 1;
+    report.teams.push_back(team);
+    report.total_gpu_hours += team.gpu_hours;
+  }
+  return report;
+}
+
+TEST(QuotadReportMarkdown, TeamRowsAddUpToTheTotal) {
+  EXPECT_EQ(round_to_total({0.26, 0.26, 0.26}, 1), (std::vector<double>{0.3, 0.3, 0.2}));
+  EXPECT_EQ(round_to_total({1.04, 2.04, 3.04}, 1), (std::vector<double>{1.1, 2.0, 3.0}));
+  EXPECT_EQ(round_to_total({}, 1), std::vector<double>{});
+  const std::string md = report_markdown(three_small_teams());
+  EXPECT_NE(md.find("Total: **0.8 GPU-hours**"), std::string::npos) << md;
+  // the shown team figures, read back from the table, add up to the shown total
+  double rows = 0;
+  std::istringstream is(md);
+  std::string line;
+  while (std::getline(is, line)) {
+    if (line.rfind("| a |", 0) == 0 || line.rfind("| b |", 0) == 0 || line.rfind("| c |", 0) == 0) {
+      rows += std::stod(line.substr(6, line.find(" |", 6) - 6));
+    }
+  }
+  EXPECT_NEAR(rows, 0.8, 1e-9) << md;
+  EXPECT_NE(md.find("| **total** | **0.8** |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| **3** | | | **0.2** |"), std::string::npos) << md;  // leases and idle GPU-hours too
+}
+
+TEST(QuotadReportMarkdown, GeneratedAtAndMonthInProgress) {
+  MonthlyReport report = three_small_teams();
+  int64_t from = 0, to = 0;
+  month_range_ms("2026-11", from, to);
+  report.month_end_ms = to;
+  report.generated_ms = from + 19 * 24 * testing::kHour + 12 * testing::kHour;
+  std::string md = report_markdown(report);
+  EXPECT_NE(md.find("Generated at 2026-11-20 12:00 UTC."), std::string::npos) << md;
+  EXPECT_NE(md.find("The month is still running (it ends 2026-12-01 00:00 UTC)"), std::string::npos) << md;
+  report.generated_ms = to + testing::kHour;
+  md = report_markdown(report);
+  EXPECT_NE(md.find("Generated at 2026-12-01 01:00 UTC."), std::string::npos) << md;
+  EXPECT_EQ(md.find("still running"), std::string::npos) << md;
+}
+
+TEST(QuotadReportMarkdown, CsvIsOneTableWhoseTeamsAddUpToTheTotal) {
+  MonthlyReport report = three_small_teams();
+  ReportEmergency emergency;
+  emergency.lease_id = 9;
+  emergency.justification = "outage, \"prod\"\nline two";
+  emergency.review = "pending";
+  report.emergencies = {emergency};
+  const std::string csv = report_csv(report);
+  std::istringstream is(csv);
+  std::string header;
+  std::getline(is, header);
+  EXPECT_EQ(header.rfind("record,month,team,user,lease,job,", 0), 0u) << header;
+  EXPECT_EQ(header.back(), '\r');  // RFC 4180 line ends
+  EXPECT_NE(csv.find("report,2026-11,"), std::string::npos);
+  EXPECT_NE(csv.find("month in progress"), std::string::npos);
+  EXPECT_NE(csv.find("team,2026-11,a,,,,,,0.260,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("total,2026-11,,,,,,,0.780,0.000,3,,0.150,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\"outage, \"\"prod\"\"\nline two\""), std::string::npos) << csv;  // quoted, quotes doubled
+  size_t columns = 1;
+  for (char c : header) columns += c == ',';
+  std::string row;
+  std::getline(is, row);  // the report row: as many fields as the header
+  size_t fields = 1;
+  for (char c : row) fields += c == ',';
+  EXPECT_EQ(fields, columns) << row;
 }
 
 TEST_F(QuotadReport, WithoutPolicyAndBadInput) {
@@ -217,6 +321,13 @@ TEST_F(QuotadReport, CommandLine) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("<svg"), std::string::npos);
+  const std::string csv_out = temp_path("report.csv");
+  const std::string csv_cmd = bin + " report --month 2026-11 --format csv --db " + *db_ + " --out " + csv_out;
+  ASSERT_EQ(std::system(csv_cmd.c_str()), 0) << csv_cmd;
+  std::ifstream csv_in(csv_out);
+  std::stringstream csv;
+  csv << csv_in.rdbuf();
+  EXPECT_NE(csv.str().find("total,2026-11,,,,,,,32.000,24.000,"), std::string::npos) << csv.str();
   const std::string bad = bin + " report --month 2026-11 --format pdf --db " + *db_ + " > /dev/null 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
 }

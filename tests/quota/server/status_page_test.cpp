@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "quota/server/http_server.h"
 #include "tests/quota/visibility_util.h"
@@ -40,7 +41,8 @@ TEST(QuotadStatusPage, ShowsTeamsLeasesQueueAndWaste) {
   EXPECT_EQ(html.find("src="), std::string::npos);  // no external assets
   EXPECT_EQ(html.find("<link"), std::string::npos);
   EXPECT_NE(html.find("2026-11-30 10:30:00 UTC"), std::string::npos);
-  EXPECT_NE(html.find("<b>10.0 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(html.find("<b>10.00 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(html.find("<b>10.00</b>GPUs free"), std::string::npos);
 
   const std::string teams = section(html, "teams");
   EXPECT_EQ(count(teams, "<tr><td>"), 3u);
@@ -240,6 +242,105 @@ TEST(QuotadStatusPage, HeadlessChromiumScreenshot) {
   EXPECT_GT(dark, img.gray.size() / 200) << "almost no dark pixels: no text rendered";
   std::printf("screenshot %s: %ux%u, mean %.1f, variance %.1f, dark pixels %.2f %%\n", png.c_str(), img.width,
               img.height, mean, var, 100.0 * static_cast<double>(dark) / static_cast<double>(img.gray.size()));
+}
+
+// Runs `command` and returns what it printed on stdout.
+std::string output_of(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  size_t read = 0;
+  while ((read = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, read);
+  pclose(pipe);
+  return out;
+}
+
+// The status page at 390 px (a phone) and 1280 px: the document is never wider than the viewport (no sideways
+// scrolling), measured by Chromium itself; the screenshots stay in the build folder as test artefacts.
+TEST(QuotadStatusPage, NoHorizontalScrollAt390And1280InChromium) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium)";
+  testing::ScriptedHistory h;
+  h.run();
+  // long names and a shared lease, the widest content the page gets
+  h.post("/v1/leases", "bob-token",
+         R"({"model":"yolov8n","shared":true,"job":"a-rather-long-experiment-name-for-the-narrow-screen"})");
+  const std::string page = render_status_page(*h.service);
+  // One origin for the page and the harness that measures it in an iframe as wide as the viewport.
+  httplib::Server web;
+  web.Get("/page",
+          [&](const httplib::Request&, httplib::Response& res) { res.set_content(page, "text/html; charset=utf-8"); });
+  web.Get(R"(/harness/(\d+))", [](const httplib::Request& req, httplib::Response& res) {
+    const std::string width = req.matches[1];
+    res.set_content(
+        "<!DOCTYPE html><html><body style=\"margin:0\"><iframe id=\"f\" src=\"/page\" style=\"width:" + width +
+            "px;height:900px;border:0\"></iframe><pre id=\"result\">pending</pre><script>"
+            "var f=document.getElementById('f');"
+            "function measure(){var d=f.contentDocument.documentElement;document.getElementById('result')"
+            ".textContent='scrollWidth='+d.scrollWidth+' clientWidth='+d.clientWidth+' end';}"
+            "f.addEventListener('load',measure);"
+            "if(f.contentDocument&&f.contentDocument.readyState==='complete')measure();"
+            "</script></body></html>",
+        "text/html; charset=utf-8");
+  });
+  const int port = web.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { web.listen_after_bind(); });
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  const std::string artefacts = std::string(yolo8::test::kBinaryDir) + "/test-artefacts/status_page";
+  std::filesystem::create_directories(artefacts);
+  std::ofstream(artefacts + "/status.html") << page;
+  const std::string profile =
+      std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp/chromium_layout_" + std::to_string(::getpid());
+  const std::string flags =
+      " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
+      " --user-data-dir=" +
+      profile;
+  for (const int width : {390, 1280}) {
+    SCOPED_TRACE(width);
+    const std::string dom = output_of("timeout 90 " + chromium + flags +
+                                      " --virtual-time-budget=10000 --window-size=1400,1000 --dump-dom " + base +
+                                      "/harness/" + std::to_string(width) + " 2>/dev/null");
+    const std::regex measured(R"(scrollWidth=(\d+) clientWidth=(\d+) end)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(dom, match, measured)) << dom.substr(0, 2000);
+    const int scroll_width = std::stoi(match[1]);
+    const int client_width = std::stoi(match[2]);
+    EXPECT_EQ(client_width, width);
+    EXPECT_LE(scroll_width, client_width) << "the page scrolls sideways at " << width << " px";
+    std::printf("status page at %d px: document scrollWidth %d, viewport %d\n", width, scroll_width, client_width);
+
+    const std::string png = artefacts + "/status_" + std::to_string(width) + ".png";
+    std::filesystem::remove(png);
+    const std::string shot = "timeout 90 " + chromium + flags + " --screenshot=" + png +
+                             " --window-size=" + std::to_string(width) + ",1400 " + base + "/page > " + profile +
+                             ".log 2>&1";
+    ASSERT_EQ(std::system(shot.c_str()), 0) << shot;
+    const Image img = read_png(png);
+    EXPECT_EQ(img.width, static_cast<uint32_t>(width));
+    std::printf("screenshot kept: %s (%ux%u)\n", png.c_str(), img.width, img.height);
+  }
+  web.stop();
+  serving.join();
+}
+
+TEST(QuotadStatusPage, ServesAFavicon) {
+  testing::ScriptedHistory h;
+  QuotaServer server(*h.service, ServerOptions{});
+  const int port = server.start();
+  httplib::Client c("127.0.0.1", port);
+  auto res = c.Get("/favicon.ico");
+  server.stop();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "image/x-icon");
+  const std::string& ico = res->body;
+  ASSERT_EQ(ico.size(), 6u + 16 + 40 + 16 * 16 * 4 + 16 * 4);
+  EXPECT_EQ(ico.substr(0, 6), std::string("\0\0\1\0\1\0", 6));  // ICONDIR: an icon, one image
+  EXPECT_EQ(static_cast<uint8_t>(ico[6]), 16);                  // 16 x 16
+  EXPECT_EQ(static_cast<uint8_t>(ico[7]), 16);
+  EXPECT_EQ(static_cast<uint8_t>(ico[22]), 40);  // the bitmap header follows the directory
+  EXPECT_EQ(ico, favicon_ico());
 }
 
 }  // namespace

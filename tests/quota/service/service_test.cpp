@@ -247,9 +247,9 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   const std::string m = MetricsExporter(s).text();
   EXPECT_NE(m.find("quotad_team_gpus_in_use{team=\"team-cv\"} 2"), std::string::npos) << m;
   EXPECT_NE(m.find("quotad_leases{state=\"granted\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("quotad_gpus_total 20"), std::string::npos);
-  EXPECT_NE(m.find("quotad_member_credit_gpu_hours{user=\"alice\""), std::string::npos) << m;
-  EXPECT_NE(m.find("quotad_member_gpu_hours{user=\"alice\""), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_gpus 20"), std::string::npos);
+  EXPECT_NE(m.find("quotad_member_credit_gpu_seconds{month="), std::string::npos) << m;
+  EXPECT_NE(m.find("quotad_member_gpu_seconds{month="), std::string::npos) << m;
 }
 
 }  // namespace
