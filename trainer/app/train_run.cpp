@@ -182,9 +182,12 @@ void TrainingRun::size_batch() {
 
 void TrainingRun::open_run_dir() {
   if (run_dir_.empty()) {
-    run_dir_ = is_main_ ? make_run_dir(project_dir(settings_.project, settings_.task), "train", settings_.name,
-                                       settings_.exist_ok)
-                        : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
+    // resume=auto names the folder it continues (a restarted Job pod must land there even when its predecessor
+    // died before the first checkpoint), so a fresh start takes that folder rather than NAME2.
+    const bool reuse_folder = settings_.exist_ok || settings_.resume == "auto";
+    run_dir_ = is_main_
+                   ? make_run_dir(project_dir(settings_.project, settings_.task), "train", settings_.name, reuse_folder)
+                   : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
   }
   if (is_main_) app::write_text(run_dir_ / "args.yaml", settings_to_yaml(settings_));
   console_->out() << "Settings:\n" << settings_table(settings_) << "Run folder: " << run_dir_.string() << "\n";

@@ -87,6 +87,19 @@ TEST_F(TrainIntegration, WritesTheRunFolder) {
   EXPECT_GT(state.optimizer_choice.momentum, 0.0);
 }
 
+// A Job pod that died before its first checkpoint left an empty run folder: the restarted pod (resume=auto) trains
+// into that folder, where the next restart will look, not into NAME2.
+TEST_F(TrainIntegration, ResumeAutoStartsFreshInItsOwnFolder) {
+  reset_stop_state();
+  fs::create_directories(root_ / "runs" / "early-death" / "weights");
+  Settings restarted = settings("early-death", 1);
+  restarted.exist_ok = false;
+  restarted.resume = "auto";
+  ASSERT_EQ(run_train(restarted), kExitCompleted);
+  EXPECT_TRUE(fs::exists(root_ / "runs" / "early-death" / "weights" / "last.pt"));
+  EXPECT_FALSE(fs::exists(root_ / "runs" / "early-death2"));
+}
+
 // Stops inside epoch 2 in the middle of a gradient accumulation, then at an epoch boundary; both resumes
 // must land on the uninterrupted run's exact weights.
 TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
