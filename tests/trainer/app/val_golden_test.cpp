@@ -51,7 +51,8 @@ class ValGolden : public ::testing::Test {
     for (const char* item : {"data.yaml", "images", "labels"}) {
       fs::copy(kCaseDir / item, data_dir_ / item, fs::copy_options::recursive);
     }
-    settings_ = resolve_settings({{"data", (data_dir_ / "data.yaml").string()},
+    settings_ = resolve_settings({{"model", (kCaseDir / "yolov8n-val-case.pt").string()},
+                                  {"data", (data_dir_ / "data.yaml").string()},
                                   {"imgsz", "160"},
                                   {"batch", "16"},
                                   {"rect", "false"},
