@@ -109,7 +109,7 @@ TEST_P(OnnxRuntimes, OnnxRuntimeMatchesLibTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, OnnxRuntimes,
                          ::testing::Values(Case{160, 160, 12}, Case{128, 192, 12}, Case{128, 192, 13}),
-                         [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
+                         [](const ::testing::TestParamInfo<Case>& param) { return case_name(param.param); });
 
 }  // namespace
 }  // namespace yolo8
