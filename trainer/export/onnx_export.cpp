@@ -234,8 +234,10 @@ std::string python_names_dict(const std::vector<std::string>& names) {
 
 void check_onnx_options(const OnnxExportOptions& options, int64_t max_stride) {
   if (options.opset != 12 && options.opset != 13) {
-    throw std::invalid_argument("setting 'opset' must be 12 or 13 for format=onnx (OpenCV DNN 4.6 and ONNX Runtime " +
-                                std::string("both load those), got ") + std::to_string(options.opset));
+    throw std::invalid_argument(
+        "setting 'opset' must be 12 or 13 for format=onnx (the opsets OpenCV DNN 4.6 and ONNX Runtime both load), "
+        "got " +
+        std::to_string(options.opset));
   }
   if (options.dynamic) {
     throw std::invalid_argument(
