@@ -22,7 +22,7 @@ python3 - "$work" "$imgsz" "$epochs" "$images" "$start" "$end" <<'PY'
 import csv, json, sys
 work, imgsz, epochs, images, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 step = json.load(open(f"{work}/step.json"))
-rows = list(csv.reader(open(f"{work}/runs/train/bench/results.csv")))
+rows = list(csv.reader(open(f"{work}/runs/bench/results.csv")))
 header = [h.strip() for h in rows[0]]
 last = dict(zip(header, (c.strip() for c in rows[-1])))
 train_ips = float(last["images_per_s"])

@@ -117,7 +117,8 @@ void copy_to_planes(const cv::Mat& img, uint8_t* dst) {
 
 }  // namespace
 
-DataLoader::DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train)
+DataLoader::DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderConfig cfg, AugmentConfig aug,
+                       bool train)
     : cfg_(cfg), aug_(aug), train_(train) {
   if (!index) throw std::invalid_argument("DataLoader: no dataset index");
   keep_large_buffers_in_heap();

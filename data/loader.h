@@ -35,7 +35,7 @@ class DataLoader {
  public:
   // train = augmentation (mosaic etc.) and shuffling; otherwise letterboxed batches in file order (validation),
   // or in aspect-ratio order with the smallest shape per batch when cfg.rect (as the reference validates).
-  DataLoader(std::shared_ptr<const DatasetIndex> index, LoaderConfig cfg, AugmentConfig aug, bool train);
+  DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderConfig cfg, AugmentConfig aug, bool train);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;

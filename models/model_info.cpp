@@ -28,8 +28,9 @@ double conv_chain_macs(const torch::nn::Module& m, Size2& s) {
     const int64_t ph = pad ? (**pad)[0] : 0, pw = pad ? (**pad)[1] : 0;
     const int64_t oh = (s.h + 2 * ph - d[0] * (k[0] - 1) - 1) / st[0] + 1;
     const int64_t ow = (s.w + 2 * pw - d[1] * (k[1] - 1) - 1) / st[1] + 1;
-    macs += static_cast<double>(oh * ow) * static_cast<double>(o.out_channels()) *
-            static_cast<double>(o.in_channels() / o.groups()) * static_cast<double>(k[0] * k[1]);
+    const int64_t in_per_group = o.in_channels() / o.groups();  // exact: groups divides the channels
+    macs += static_cast<double>(oh * ow) * static_cast<double>(o.out_channels()) * static_cast<double>(in_per_group) *
+            static_cast<double>(k[0] * k[1]);
     s = {oh, ow};
   }
   return macs;

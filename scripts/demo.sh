@@ -19,10 +19,9 @@ echo "== 2/4 train yolov8n from scratch on CPU ($epochs epochs at imgsz $imgsz)"
 $yolo8 train data=$data/data.yaml model=yolov8n.yaml imgsz="$imgsz" epochs="$epochs" batch=16 \
   name=demo exist_ok=true quota=off plots=true
 
-echo "== 3/4 validate best.pt"
-$yolo8 val model=runs/train/demo/weights/best.pt data=$data/data.yaml imgsz="$imgsz"
+echo "== 3/4 validate best.pt (data and imgsz come from the training run)"
+$yolo8 val model=runs/detect/demo/weights/best.pt
 
 echo "== 4/4 predict on validation images"
-$yolo8 predict model=runs/train/demo/weights/best.pt source=$data/images/val imgsz="$imgsz" name=demo \
-  exist_ok=true save_txt=true
-echo "Run folder: runs/train/demo   predictions: runs/predict/demo"
+$yolo8 predict model=runs/detect/demo/weights/best.pt source=$data/images/val name=demo-predict exist_ok=true save_txt
+echo "Run folder: runs/detect/demo   predictions: runs/detect/demo-predict"

@@ -81,14 +81,14 @@ yolo8=build-gpu/trainer/yolo8
 stage "profile $variants at $imgsz"
 timeout "$(limit 150 150)" $yolo8 profile variants=$variants imgsz=$imgsz batch=$batches device=0 \
   project=/tmp/yolo8-runs name=variants exist_ok=true
-cp /tmp/yolo8-runs/profile/variants/profile.json "$OUT/profile_$imgsz.json" 2>/dev/null
-cp /tmp/yolo8-runs/profile/variants/memory-table.yaml "$OUT/memory-table.yaml" 2>/dev/null
+cp /tmp/yolo8-runs/variants/profile.json "$OUT/profile_$imgsz.json" 2>/dev/null
+cp /tmp/yolo8-runs/variants/memory-table.yaml "$OUT/memory-table.yaml" 2>/dev/null
 
 for budget in $budgets; do
   stage "batch=auto under gpu_mem=$budget GiB"
   timeout "$(limit 75 90)" $yolo8 profile variants=$variants imgsz=$imgsz batch=auto gpu_mem=$budget device=0 \
     project=/tmp/yolo8-runs name=auto$budget exist_ok=true | grep -v "auto-batch:"
-  cp /tmp/yolo8-runs/profile/auto$budget/auto_batch.json "$OUT/auto_batch_${budget}gib.json" 2>/dev/null
+  cp /tmp/yolo8-runs/auto$budget/auto_batch.json "$OUT/auto_batch_${budget}gib.json" 2>/dev/null
 done
 
 stage "build and run the unit and golden tests (CUDA ones included) in the time left"

@@ -123,7 +123,8 @@ std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings
   const double budget = memory_budget_bytes(settings, device);
   // The cap a leased run gets: going over it is an out-of-memory error, not a neighbour's problem.
   cap_memory_bytes(static_cast<int64_t>(budget), device);
-  const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
+  const fs::path run_dir =
+      make_run_dir(project_dir(settings.project, settings.task), "profile", settings.name, settings.exist_ok);
   std::vector<AutoBatchProfileRow> rows;
   for (const auto& variant : variants) rows.push_back(profile_variant(variant, settings, device, budget));
   std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"

@@ -26,7 +26,8 @@ struct AutoBatchProfileRow {
 };
 
 // Sizes, verifies and confirms the batch for each variant; prints a table and writes auto_batch.json into a run
-// folder under `project/profile`. The budget is gpu_mem GiB (else the device's memory) and is enforced as a cap.
+// folder `profile` (profile2, ...) under the project folder (runs/detect). The budget is gpu_mem GiB (else the device's
+// memory) and is enforced as a cap.
 std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings,
                                                         const std::vector<std::string>& variants);
 

@@ -32,11 +32,11 @@ const std::vector<ModeInfo>& modes() {
         "lr0", "patience", "quota", "team", "priority", "gpu_mem"}},
       {"val",
        "validate weights on a dataset split and print the metrics table",
-       "yolo8 val model=runs/train/exp/weights/best.pt data=d.yaml",
+       "yolo8 val model=runs/detect/train/weights/best.pt   (data, imgsz, single_cls: the training run's unless given)",
        {"model", "data", "split", "imgsz", "batch", "conf", "iou", "max_det", "save_json", "plots"}},
       {"predict",
-       "detect objects in an image or a folder; saves annotated images and YOLO txt",
-       "yolo8 predict model=best.pt source=images/ conf=0.25",
+       "detect objects in an image or a folder; saves annotated images (and YOLO txt with save_txt)",
+       "yolo8 predict model=best.pt source=images/ conf=0.25 imgsz=640,480 save_txt",
        {"model", "source", "imgsz", "conf", "iou", "max_det", "classes", "save_txt", "save_conf", "line_width"}},
       {"export",
        "write the weights in another format",
@@ -68,6 +68,18 @@ const ModeInfo* find_mode(const std::string& name) {
 
 bool looks_like_flag(const std::string& word) { return word.size() > 2 && word.rfind("--", 0) == 0; }
 
+// Ultralytics' task words; `yolo8 detect train ...` is `yolo8 train ...`, the others have no model here.
+bool is_task_word(const std::string& word) {
+  return word == "detect" || word == "segment" || word == "classify" || word == "pose" || word == "obb";
+}
+
+void refuse_other_task(const std::string& word) {
+  if (word != "detect") {
+    throw SettingsError("task '" + word + "' is not supported: yolo8 only does detect (yolo8 detect train ... or " +
+                        "yolo8 train ...)");
+  }
+}
+
 bool is_bool_setting(const std::string& key) {
   for (const auto& info : setting_infos()) {
     if (info.name == key) return info.type == SettingType::kBool;
@@ -89,14 +101,20 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     command.mode = "help";
     return command;
   }
-  const std::string& first = args[0];
+  size_t index = 0;
+  if (is_task_word(args[0])) {
+    refuse_other_task(args[0]);
+    if (args.size() == 1) throw SettingsError("a mode must follow the task: yolo8 detect train|val|predict|export ...");
+    index = 1;
+  }
+  const std::string& first = args[index];
   if (first == "--version" || first == "-V" || first == "version") {
     command.mode = "version";
     return command;
   }
   if (first == "help" || first == "--help" || first == "-h") {
     command.mode = "help";
-    if (args.size() > 1) command.action = args[1];
+    if (index + 1 < args.size()) command.action = args[index + 1];
     return command;
   }
   if (find_mode(first) == nullptr) {
@@ -107,7 +125,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     throw SettingsError("unknown mode '" + first + "'; modes are train, val, predict, export, info, profile, data");
   }
   command.mode = first;
-  size_t index = 1;
+  ++index;
   if (command.mode == "data" && index < args.size() && args[index].find('=') == std::string::npos &&
       !looks_like_flag(args[index]) && args[index] != "-h") {
     command.action = args[index++];
@@ -126,7 +144,26 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       continue;
     }
     if (!looks_like_flag(word)) {
-      throw SettingsError("expected key=value or --key value, got '" + word + "'");
+      if (is_task_word(word)) {
+        refuse_other_task(word);
+        continue;  // `yolo8 train detect ...`, as the reference reads the task word anywhere
+      }
+      // A bare boolean switches it on, as in `yolo8 predict ... save_txt`.
+      const std::string key = normalise_key(word);
+      if (is_bool_setting(key)) {
+        command.pairs.emplace_back(key, "true");
+        continue;
+      }
+      bool known = false;
+      for (const auto& info : setting_infos()) known |= info.name == key;
+      if (known) throw SettingsError("setting '" + key + "' needs a value: " + key + "=VALUE");
+      std::string message = "expected key=value, --key value or a boolean setting, got '" + word + "'";
+      const auto suggestions = closest_setting_names(key);
+      for (size_t i = 0; i < suggestions.size(); ++i) {
+        message += (i == 0 ? "; did you mean " : (i + 1 == suggestions.size() ? " or " : ", ")) +
+                   ("'" + suggestions[i] + "'") + (i + 1 == suggestions.size() ? "?" : "");
+      }
+      throw SettingsError(message);
     }
     const std::string key = normalise_key(body);
     const bool has_next =
@@ -176,7 +213,8 @@ std::string usage_text(const std::string& mode_name) {
     return out.str();
   }
   out << "yolo8 " << YOLO8_VERSION << " - YOLOv8 training in C++ that shares GPUs fairly\n\n"
-      << "Usage: yolo8 MODE key=value ...   (--key value works too)\n\nModes:\n";
+      << "Usage: yolo8 [detect] MODE key=value ...   (--key value works too; a bare boolean like save_txt means "
+         "save_txt=true)\n\nModes:\n";
   for (const auto& mode : modes()) {
     out << "  " << mode.name << std::string(9 - std::string(mode.name).size(), ' ') << mode.summary << "\n";
   }
@@ -184,6 +222,7 @@ std::string usage_text(const std::string& mode_name) {
   for (const auto& mode : modes()) out << "  " << mode.example << "\n";
   out << "\nSettings: defaults < cfg=FILE.yaml < command line. `yolo8 help settings` lists them all,\n"
       << "`yolo8 MODE --help` the main ones of a mode.\n"
+      << "Run folders: runs/detect/NAME (NAME = the mode, then train2, train3 ...; project= and name= change it).\n"
       << "Exit codes: 0 completed, 75 preempted (resume continues), 2 bad settings or data, 1 other failure.\n";
   return out.str();
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "models/model_info.h"
@@ -54,6 +55,33 @@ LoadedModel load_model_for_cli(const std::string& spec) {
     throw;
   } catch (const std::exception& error) {
     throw DataError(error.what());
+  }
+}
+
+// val and predict use what the weights were trained with unless the user set it, as the reference does with a
+// checkpoint's train_args: val takes data, imgsz and single_cls, predict imgsz.
+void adopt_training_arguments(Settings& settings, const std::vector<std::pair<std::string, std::string>>& pairs) {
+  const std::vector<std::string> keys = settings.mode == "val" ? std::vector<std::string>{"data", "imgsz", "single_cls"}
+                                                               : std::vector<std::string>{"imgsz"};
+  const std::set<std::string> given = given_setting_keys(pairs);
+  const std::map<std::string, std::string> arguments =
+      app::as_input_error([&] { return training_arguments(settings.model); });
+  const std::string origin = settings.model + " (training arguments)";
+  std::string adopted;
+  bool data_adopted = false;
+  for (const std::string& key : keys) {
+    const auto found = arguments.find(key);
+    if (given.count(key) || found == arguments.end() || found->second.empty() || found->second == "null") continue;
+    set_setting(settings, key, found->second, origin);
+    adopted += (adopted.empty() ? "" : " ") + key + "=" + found->second;
+    data_adopted |= key == "data";
+  }
+  if (adopted.empty()) return;
+  validate(settings);
+  std::cout << settings.mode << ": " << adopted << " from the training run of " << settings.model << "\n";
+  if (data_adopted && !std::filesystem::exists(settings.data)) {
+    throw SettingsError("setting 'data' is required for val: the training run's data '" + settings.data + "' (from " +
+                        settings.model + ") does not exist here; give data=PATH.yaml");
   }
 }
 
@@ -115,7 +143,8 @@ int run_mode(const CommandLine& command) {
   // Export-only keys (opset, dynamic, imgsz as H,W) are read by the export mode itself.
   const auto export_keys =
       command.mode == "export" ? take_keys(pairs, {"opset", "dynamic", "imgsz"}) : std::map<std::string, std::string>{};
-  const Settings settings = resolve_settings(pairs, command.mode);
+  Settings settings = resolve_settings(pairs, command.mode);
+  if (settings.mode == "val" || settings.mode == "predict") adopt_training_arguments(settings, pairs);
   if (settings.mode == "info") {
     LoadedModel loaded = load_model_for_cli(settings.model);
     const std::string name = std::filesystem::path(settings.model).stem().string();

@@ -1,11 +1,15 @@
 #include "trainer/app/model_loading.h"
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
+#include "models/pickle_reader.h"
 #include "trainer/app/run_dir.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/ema.h"
@@ -95,20 +99,96 @@ LoadedModel load_any_model(const std::string& spec, int64_t nc_override) {
 std::string resolve_resume_checkpoint(const Settings& settings) {
   const std::string& resume = settings.resume;
   if (resume == "false") return "";
+  const fs::path project = project_dir(settings.project, settings.task);
   if (resume == "auto") {
-    const fs::path candidate = fs::path(settings.project) / "train" /
-                               (settings.name.empty() ? std::string("train") : settings.name) / "weights" / "last.pt";
+    const fs::path candidate =
+        project / (settings.name.empty() ? std::string("train") : settings.name) / "weights" / "last.pt";
     std::string error;
     if (fs::exists(candidate) && checkpoint_readable(candidate.string(), &error)) return candidate.string();
     if (fs::exists(candidate))
       std::cout << "resume=auto: " << candidate.string() << " is not resumable (" << error << "); starting fresh\n";
     return "";
   }
-  const std::string path = resume == "true" ? latest_last_checkpoint(settings.project, "train").string() : resume;
-  if (path.empty()) throw SettingsError("resume=true but no " + settings.project + "/train/*/weights/last.pt exists");
+  const std::string path = resume == "true" ? latest_last_checkpoint(project).string() : resume;
+  if (path.empty()) {
+    throw SettingsError("resume=true found no */weights/last.pt in " + project.string() +
+                        " (set project= to the folder holding the run, or resume=PATH/last.pt)");
+  }
   std::string error;
   if (!checkpoint_readable(path, &error)) throw DataError("cannot resume from " + path + ": " + error);
   return path;
+}
+
+namespace {
+
+// A pickled scalar or list as setting text (lists as a,b,c); false when it is neither.
+bool pickle_value_text(const pickle::Value& value, std::string& text) {
+  switch (value.kind) {
+    case pickle::Kind::kNone: text = "null"; return true;
+    case pickle::Kind::kBool: text = value.b ? "true" : "false"; return true;
+    case pickle::Kind::kInt: text = std::to_string(value.i); return true;
+    case pickle::Kind::kFloat: {
+      std::ostringstream out;
+      out << value.f;
+      text = out.str();
+      return true;
+    }
+    case pickle::Kind::kString: text = value.s; return true;
+    case pickle::Kind::kList:
+    case pickle::Kind::kTuple:
+      text.clear();
+      for (const auto& item : value.items) {
+        std::string element;
+        if (!item || !pickle_value_text(*item, element)) return false;
+        text += (text.empty() ? "" : ",") + element;
+      }
+      return true;
+    default: return false;
+  }
+}
+
+// An Ultralytics `.pt`'s train_args dict; tensors are not read (only their sizes are needed to unpickle).
+std::map<std::string, std::string> ultralytics_train_args(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader zip(path);
+  auto [pkl_data, pkl_size] = zip.getRecord("data.pkl");
+  const std::string pkl(static_cast<const char*>(pkl_data.get()), pkl_size);
+  const pickle::StorageLoader no_storage = [](const std::string&, c10::ScalarType dtype, int64_t numel) {
+    return torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+  };
+  const pickle::ValuePtr root = pickle::unpickle(pkl, no_storage);
+  std::map<std::string, std::string> arguments;
+  const pickle::Value* train_args = root ? root->get("train_args") : nullptr;
+  if (train_args == nullptr || train_args->kind != pickle::Kind::kDict) return arguments;
+  for (const auto& [key, value] : train_args->dict) {
+    std::string text;
+    if (key && key->kind == pickle::Kind::kString && value && pickle_value_text(*value, text)) arguments[key->s] = text;
+  }
+  return arguments;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> training_arguments(const std::string& path) {
+  if (fs::path(path).extension() != ".pt" || !fs::is_regular_file(path)) return {};
+  if (is_training_checkpoint(path)) {
+    const CheckpointMeta meta = decode_meta(load_checkpoint(path).settings_text, path);
+    std::map<std::string, std::string> arguments;
+    try {
+      const YAML::Node root = YAML::Load(meta.settings_yaml);
+      for (const auto& item : root) {
+        if (item.second.IsScalar()) arguments[item.first.as<std::string>()] = item.second.as<std::string>();
+        if (item.second.IsNull()) arguments[item.first.as<std::string>()] = "null";
+      }
+    } catch (const YAML::Exception& error) {
+      throw DataError(path + ": unreadable training settings (" + error.what() + ")");
+    }
+    return arguments;
+  }
+  try {
+    return ultralytics_train_args(path);
+  } catch (const std::exception&) {
+    return {};  // a state-dict file or anything else without training arguments
+  }
 }
 
 }  // namespace yolo8

@@ -33,6 +33,10 @@ bool is_training_checkpoint(const std::string& path);
 // path finds nothing resumable.
 std::string resolve_resume_checkpoint(const Settings& settings);
 
+// The training arguments a weights file carries, as setting text (lists as a,b): a yolo8 checkpoint's settings,
+// an Ultralytics `.pt`'s train_args; empty for a YAML, a state-dict file or anything else.
+std::map<std::string, std::string> training_arguments(const std::string& path);
+
 namespace app {
 
 // Setup failures (data, weights, checkpoints) are the user's to fix: exit 2, not 1.

@@ -45,7 +45,8 @@ int run_val(const Settings& settings) {
   const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
   const int stride = static_cast<int>(model->max_stride());
   const int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 32;
-  data::DataLoader loader(index, app::loader_config(settings, batch, stride, app::LoaderRole::kValidation), settings.augment, false);
+  data::DataLoader loader(index, app::loader_config(settings, batch, stride, app::LoaderRole::kValidation),
+                          settings.augment, false);
   ValConfig config;
   config.conf = settings.conf >= 0 ? settings.conf : 0.001;
   config.iou = settings.iou;
@@ -60,7 +61,8 @@ int run_val(const Settings& settings) {
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
             << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS)\n";
   if (settings.save_json) {
-    const fs::path run_dir = make_run_dir(settings.project, "val", settings.name, settings.exist_ok);
+    const fs::path run_dir =
+        make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
     validator.write_json((run_dir / "predictions.json").string());
     std::cout << "Predictions written to " << (run_dir / "predictions.json").string() << "\n";
   }
@@ -106,13 +108,16 @@ int run_predict(const Settings& settings) {
   model->eval();
   torch::NoGradGuard no_grad;
   const int stride = static_cast<int>(model->max_stride());
-  const fs::path run_dir = make_run_dir(settings.project, "predict", settings.name, settings.exist_ok);
+  const fs::path run_dir =
+      make_run_dir(project_dir(settings.project, settings.task), "predict", settings.name, settings.exist_ok);
   if (settings.save_txt) fs::create_directories(run_dir / "labels");
   NmsConfig nms;
   nms.conf_thres = settings.conf >= 0 ? settings.conf : 0.25;
   nms.iou_thres = settings.iou;
   nms.max_det = settings.max_det;
   nms.agnostic = settings.agnostic_nms;
+  const int target_h = settings.imgsz_hw.empty() ? settings.loader.imgsz : settings.imgsz_hw[0];
+  const int target_w = settings.imgsz_hw.empty() ? settings.loader.imgsz : settings.imgsz_hw[1];
   const std::vector<std::string> files = list_images(settings.source);
   int64_t total_detections = 0;
   for (const std::string& file : files) {
@@ -121,9 +126,9 @@ int run_predict(const Settings& settings) {
       std::cerr << "predict: skipping unreadable image " << file << "\n";
       continue;
     }
-    // Minimal padding to the stride, as the reference's predictor does.
-    const double gain = std::min(static_cast<double>(settings.loader.imgsz) / image.rows,
-                                 static_cast<double>(settings.loader.imgsz) / image.cols);
+    // Minimal padding to the stride, as the reference's predictor does; imgsz=h,w bounds height and width apart.
+    const double gain =
+        std::min(static_cast<double>(target_h) / image.rows, static_cast<double>(target_w) / image.cols);
     const int new_h = static_cast<int>(std::lround(image.rows * gain));
     const int new_w = static_cast<int>(std::lround(image.cols * gain));
     const int out_h = (new_h + stride - 1) / stride * stride;
@@ -188,7 +193,7 @@ int run_predict(const Settings& settings) {
       }
     }
     if (settings.save) cv::imwrite((run_dir / fs::path(file).filename()).string(), drawn);
-    std::cout << file << ": " << detections.size(0) << " detections\n";
+    std::cout << file << ": " << out_h << "x" << out_w << " " << detections.size(0) << " detections\n";
   }
   std::cout << files.size() << " images, " << total_detections << " detections. Results saved to " << run_dir.string()
             << "\n";

@@ -54,7 +54,8 @@ torch::Device profile_device(const Settings& settings) {
 int run_profile(const Settings& settings, const std::vector<std::string>& variants, const std::vector<int>& batches) {
   configure_threads(settings);
   const torch::Device device = profile_device(settings);
-  const fs::path run_dir = make_run_dir(settings.project, "profile", settings.name, settings.exist_ok);
+  const fs::path run_dir =
+      make_run_dir(project_dir(settings.project, settings.task), "profile", settings.name, settings.exist_ok);
   MemoryMeter meter(device);
   MemoryTable table;
   table.reference_imgsz = 640;

@@ -8,26 +8,28 @@
 namespace yolo8 {
 namespace fs = std::filesystem;
 
-fs::path make_run_dir(const std::string& project, const std::string& mode, const std::string& name, bool exist_ok) {
+fs::path project_dir(const std::string& project, const std::string& task) {
+  return project.empty() ? fs::path("runs") / task : fs::path(project);
+}
+
+fs::path make_run_dir(const fs::path& project_dir, const std::string& mode, const std::string& name, bool exist_ok) {
   const std::string base_name = name.empty() ? mode : name;
-  const fs::path parent = fs::path(project) / mode;
-  fs::path dir = parent / base_name;
+  fs::path dir = project_dir / base_name;
   if (!exist_ok) {
-    for (int suffix = 2; fs::exists(dir); ++suffix) dir = parent / (base_name + std::to_string(suffix));
+    for (int suffix = 2; fs::exists(dir); ++suffix) dir = project_dir / (base_name + std::to_string(suffix));
   }
   std::error_code error;
-  fs::create_directories(dir / "weights", error);
+  fs::create_directories(mode == "train" ? dir / "weights" : dir, error);
   if (error) throw std::runtime_error("cannot create run folder " + dir.string() + ": " + error.message());
   return dir;
 }
 
-fs::path latest_last_checkpoint(const std::string& project, const std::string& mode) {
-  const fs::path parent = fs::path(project) / mode;
+fs::path latest_last_checkpoint(const fs::path& project_dir) {
   fs::path best;
   fs::file_time_type best_time{};
   std::error_code error;
-  if (!fs::is_directory(parent, error)) return {};
-  for (const auto& run : fs::directory_iterator(parent, error)) {
+  if (!fs::is_directory(project_dir, error)) return {};
+  for (const auto& run : fs::directory_iterator(project_dir, error)) {
     const fs::path candidate = run.path() / "weights" / "last.pt";
     if (!fs::is_regular_file(candidate, error)) continue;
     const auto time = fs::last_write_time(candidate, error);

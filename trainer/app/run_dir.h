@@ -1,5 +1,6 @@
 #pragma once
-// Run folders (`runs/train/NAME`, incremented unless exist_ok) and the results.csv every run writes.
+// Run folders as Ultralytics lays them out (`runs/detect/train`, `train2`, ... unless exist_ok) and the
+// results.csv every run writes.
 
 #include <filesystem>
 #include <fstream>
@@ -8,12 +9,16 @@
 
 namespace yolo8 {
 
-// project/mode/name, or name2, name3 ... when it exists and !exist_ok; created with weights/.
-std::filesystem::path make_run_dir(const std::string& project, const std::string& mode, const std::string& name,
-                                   bool exist_ok);
+// The folder holding the run folders: `project`, or runs/TASK when it is empty (runs/detect).
+std::filesystem::path project_dir(const std::string& project, const std::string& task);
 
-// The most recently written */weights/last.pt under project/mode, or "" if none.
-std::filesystem::path latest_last_checkpoint(const std::string& project, const std::string& mode);
+// project_dir/name (name "" = the mode: train, val, predict, profile), or name2, name3 ... when it exists and
+// !exist_ok. Created; a train run's with weights/.
+std::filesystem::path make_run_dir(const std::filesystem::path& project_dir, const std::string& mode,
+                                   const std::string& name, bool exist_ok);
+
+// The most recently written */weights/last.pt under project_dir, or "" if none.
+std::filesystem::path latest_last_checkpoint(const std::filesystem::path& project_dir);
 
 // One epoch of results.csv: the reference's columns, then yolo8's own.
 struct ResultsRow {

@@ -50,14 +50,14 @@ const std::vector<Entry>& entries() {
       {"patience", YOLO8_FIELD(patience), "epochs without fitness improvement before stopping early"},
       {"batch", YOLO8_FIELD(batch), "images per batch; -1 or auto fits the memory budget; 0.7 uses 70% of it",
        kResumable},
-      {"imgsz", YOLO8_FIELD(loader.imgsz), "training and validation image size in pixels"},
+      {"imgsz", YOLO8_FIELD(loader.imgsz), "image size in pixels; predict and export also take h,w"},
       {"save", YOLO8_FIELD(save), "save checkpoints and predictions"},
       {"save_period", YOLO8_FIELD(save_period), "save a checkpoint every N epochs; -1 disables"},
       {"cache", YOLO8_FIELD(loader.cache), "cache decoded images: false, ram or disk"},
       {"device", YOLO8_FIELD(device), "cpu, a CUDA device 0, or several 0,1 (one process each); empty = auto",
        kResumable},
       {"workers", YOLO8_FIELD(loader.workers), "data loading threads (per process)", kResumable},
-      {"project", YOLO8_FIELD(project), "folder holding the run folders"},
+      {"project", YOLO8_FIELD(project), "folder holding the run folders; empty = runs/detect"},
       {"name", YOLO8_FIELD(name), "run folder name; empty = the mode's name, incremented"},
       {"exist_ok", YOLO8_FIELD(exist_ok), "reuse an existing run folder instead of incrementing"},
       {"pretrained", YOLO8_FIELD(pretrained), "true, false, or a .pt whose matching tensors are transferred"},
@@ -359,10 +359,20 @@ void set_setting(Settings& settings, const std::string& raw_key, const std::stri
     throw SettingsError(message + " (yolo8 help lists every setting)");
   }
   const std::string value = trim(raw_value);
+  if (key == "imgsz") settings.imgsz_hw.clear();
   if (is_null_text(value)) {
     // null resets to the default, as an Ultralytics cfg with `key: null` means.
     const Settings defaults;
     std::visit([&](auto member) { member(settings) = read(defaults, member); }, entry->member);
+    return;
+  }
+  if (key == "imgsz" && value.find_first_of(",[") != std::string::npos) {
+    // imgsz=640,480 is height, width (Ultralytics' order); the square size keeps the longer side.
+    const std::vector<int> sizes = parse_int_list(key, value, origin);
+    if (sizes.empty() || sizes.size() > 2)
+      bad_value(key, value, "one size like 640, or height,width like 640,480", origin);
+    settings.loader.imgsz = *std::max_element(sizes.begin(), sizes.end());
+    if (sizes.size() == 2 && sizes[0] != sizes[1]) settings.imgsz_hw = sizes;
     return;
   }
   std::visit(
@@ -399,6 +409,9 @@ void set_setting(Settings& settings, const std::string& raw_key, const std::stri
 std::string get_setting(const Settings& settings, const std::string& key) {
   const Entry* entry = find_entry(key);
   if (entry == nullptr) throw SettingsError("unknown setting '" + key + "'");
+  if (key == "imgsz" && settings.imgsz_hw.size() == 2) {
+    return std::to_string(settings.imgsz_hw[0]) + "," + std::to_string(settings.imgsz_hw[1]);
+  }
   return std::visit(
       [&](auto member) -> std::string {
         const auto& field = read(settings, member);
@@ -500,6 +513,16 @@ void validate(Settings& settings) {
   data::LoaderConfig loader = settings.loader;
   loader.stride = 1;
   check_component([&] { data::validate(loader); });
+  if (!settings.imgsz_hw.empty()) {
+    check(settings.mode == "predict" || settings.mode == "export", "imgsz",
+          "takes one size for " + settings.mode + ", got " + get_setting(settings, "imgsz") +
+              ": train and val use square images, as Ultralytics does (rect=true gives rectangular batches); "
+              "height,width is for predict and export");
+    for (const int side : settings.imgsz_hw) {
+      loader.imgsz = side;
+      check_component([&] { data::validate(loader); });
+    }
+  }
   check_component([&] { data::validate(settings.augment); });
   check_component([&] { validate(settings.optim); });
   check_component([&] { validate(settings.loss); });
@@ -527,6 +550,9 @@ Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>
   settings.mode = mode;
   // Mode defaults, as the reference's `val` sets them: rectangular batches unless rect=false.
   if (mode == "val") settings.loader.rect = true;
+  // These modes need weights the user names; yolov8n.yaml is the default only where fresh weights make sense.
+  const bool needs_weights = mode == "predict" || mode == "val" || mode == "export";
+  if (needs_weights) settings.model.clear();
   for (const auto& [key, value] : pairs) {
     if (key == "cfg" && !is_null_text(value)) {
       apply_yaml_file(settings, value);
@@ -538,7 +564,32 @@ Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>
   }
   settings.mode = mode;
   validate(settings);
+  if (needs_weights && settings.model.empty()) {
+    throw SettingsError("setting 'model' is required for " + mode +
+                        ": model=PATH.pt, e.g. model=runs/detect/train/weights/best.pt");
+  }
+  const std::string extension = to_lower(std::filesystem::path(settings.model).extension().string());
+  if ((mode == "predict" || mode == "val") && (extension == ".yaml" || extension == ".yml")) {
+    throw SettingsError("setting 'model' of " + mode + " must be trained weights (.pt), got '" + settings.model +
+                        "': a model YAML has random weights");
+  }
   return settings;
+}
+
+std::set<std::string> given_setting_keys(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::set<std::string> keys;
+  for (const auto& [key, value] : pairs) {
+    keys.insert(key);
+    if (key != "cfg" || is_null_text(value)) continue;
+    try {
+      const YAML::Node root = YAML::LoadFile(value);
+      if (!root.IsMap()) continue;
+      for (const auto& item : root) keys.insert(item.first.as<std::string>());
+    } catch (const YAML::Exception& error) {
+      throw SettingsError(value + ": invalid YAML: " + error.msg);
+    }
+  }
+  return keys;
 }
 
 Settings merge_resumed_settings(const Settings& saved, const Settings& requested) {

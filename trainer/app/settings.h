@@ -3,6 +3,7 @@
 // Filled and validated in one place: defaults < cfg=FILE.yaml < command line.
 
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,8 +52,8 @@ struct Settings {
   double batch = 16;  // >= 1 images, -1 auto, 0 < x < 1 fraction of the memory budget
   bool save = true;
   int save_period = -1;
-  std::string device;  // "" auto, cpu, 0, 0,1 ...
-  std::string project = "runs";
+  std::string device;   // "" auto, cpu, 0, 0,1 ...
+  std::string project;  // "" = runs/TASK (runs/detect)
   std::string name;
   bool exist_ok = false;
   std::string pretrained = "true";  // true | false | PATH.pt
@@ -81,6 +82,10 @@ struct Settings {
   bool show_labels = true;
   bool show_conf = true;
   int line_width = 0;  // 0: scaled to the image
+
+  // imgsz=h,w (predict, export): the rectangle, height first; empty = the square loader.imgsz (which then holds
+  // the longer side).
+  std::vector<int> imgsz_hw;
 
   // Export.
   std::string format = "state_dict";
@@ -148,8 +153,12 @@ Settings merge_resumed_settings(const Settings& saved, const Settings& requested
 // Range and choice checks, done once after all sources are applied.
 void validate(Settings& settings);
 
-// defaults < cfg=FILE (from the pairs or explicit) < the key=value pairs, then validate.
+// defaults < cfg=FILE (from the pairs or explicit) < the key=value pairs, then validate. predict, val and export
+// need weights: model= must be given (predict and val refuse a model YAML: its weights are random).
 Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& mode);
+
+// The keys the user set: the pairs' and those of the cfg=FILE they name (read again; call after resolve_settings).
+std::set<std::string> given_setting_keys(const std::vector<std::pair<std::string, std::string>>& pairs);
 
 // args.yaml text: every setting, one per line.
 std::string settings_to_yaml(const Settings& settings);

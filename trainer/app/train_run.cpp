@@ -182,7 +182,8 @@ void TrainingRun::size_batch() {
 
 void TrainingRun::open_run_dir() {
   if (run_dir_.empty()) {
-    run_dir_ = is_main_ ? make_run_dir(settings_.project, "train", settings_.name, settings_.exist_ok)
+    run_dir_ = is_main_ ? make_run_dir(project_dir(settings_.project, settings_.task), "train", settings_.name,
+                                       settings_.exist_ok)
                         : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
   }
   if (is_main_) app::write_text(run_dir_ / "args.yaml", settings_to_yaml(settings_));
@@ -195,7 +196,8 @@ void TrainingRun::create_loaders() {
   train_config.world_size = dist_.world_size();
   train_loader_ = std::make_unique<data::DataLoader>(train_index_, train_config, settings_.augment, true);
   val_loader_ = std::make_unique<data::DataLoader>(
-      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, app::LoaderRole::kTrainingValidation), settings_.augment, false);
+      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, app::LoaderRole::kTrainingValidation),
+      settings_.augment, false);
   batches_per_epoch_ = train_loader_->num_batches();
 }
 

@@ -24,7 +24,7 @@ TEST(ProfileAutoBatch, EveryVariantFitsItsBudgetWithoutOutOfMemory) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_EQ(test::exit_code_of(status), kExitCompleted);
-  std::ifstream in(project / "profile" / "p" / "auto_batch.json");
+  std::ifstream in(project / "p" / "auto_batch.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json report = nlohmann::json::parse(in);
   EXPECT_EQ(report["device"], "cpu");
@@ -54,7 +54,7 @@ TEST(ProfileAutoBatch, ABudgetTooSmallForBatchOneFailsClearly) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_EQ(test::exit_code_of(status), kExitFailure);
-  std::ifstream in(project / "profile" / "p" / "auto_batch.json");
+  std::ifstream in(project / "p" / "auto_batch.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json report = nlohmann::json::parse(in);
   EXPECT_FALSE(report["rows"][0]["fits"].get<bool>());

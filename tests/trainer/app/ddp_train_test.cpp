@@ -68,8 +68,8 @@ TEST(DdpTrain, TwoProcessesTrainAndStopTogether) {
     const pid_t rank1 = spawn_rank(args("together", 2), 1, port, (root / "rank1.log").string());
     EXPECT_EQ(wait_exit(rank0), kExitCompleted);
     EXPECT_EQ(wait_exit(rank1), kExitCompleted);
-    EXPECT_TRUE(checkpoint_readable((root / "runs/train/together/weights/last.pt").string()));
-    EXPECT_TRUE(fs::exists(root / "runs/train/together/results.csv"));
+    EXPECT_TRUE(checkpoint_readable((root / "runs/together/weights/last.pt").string()));
+    EXPECT_TRUE(fs::exists(root / "runs/together/results.csv"));
     // Rank 0 prints the run (settings, progress, cost); rank 1 prints nothing of it.
     const std::string rank0_log = read_text(root / "rank0.log");
     EXPECT_NE(rank0_log.find("Cost:"), std::string::npos) << rank0_log;
@@ -79,7 +79,7 @@ TEST(DdpTrain, TwoProcessesTrainAndStopTogether) {
   {
     // Only rank 1 gets SIGTERM (once rank 0 has finished epoch 1); rank 0 must stop at the same step and save.
     const int port = find_free_port();
-    const fs::path last = root / "runs/train/stopped/weights/last.pt";
+    const fs::path last = root / "runs/stopped/weights/last.pt";
     const pid_t rank0 = spawn_rank(args("stopped", 50), 0, port, "/dev/null");
     const pid_t rank1 = spawn_rank(args("stopped", 50), 1, port, "/dev/null");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);

@@ -16,26 +16,45 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
+// Ultralytics' layout: project/name, name defaulting to the mode, train2, train3 ... unless exist_ok.
 TEST(RunDir, IncrementsUnlessExistOk) {
   const fs::path project = fresh_dir("runs_inc");
-  EXPECT_EQ(make_run_dir(project, "train", "exp", false), project / "train" / "exp");
-  EXPECT_EQ(make_run_dir(project, "train", "exp", false), project / "train" / "exp2");
-  EXPECT_EQ(make_run_dir(project, "train", "exp", false), project / "train" / "exp3");
-  EXPECT_EQ(make_run_dir(project, "train", "exp", true), project / "train" / "exp");
-  EXPECT_EQ(make_run_dir(project, "val", "", false), project / "val" / "val");
-  EXPECT_TRUE(fs::is_directory(project / "train" / "exp2" / "weights"));
+  EXPECT_EQ(make_run_dir(project, "train", "", false), project / "train");
+  EXPECT_EQ(make_run_dir(project, "train", "", false), project / "train2");
+  EXPECT_EQ(make_run_dir(project, "train", "", false), project / "train3");
+  EXPECT_EQ(make_run_dir(project, "train", "", true), project / "train");
+  EXPECT_EQ(make_run_dir(project, "train", "exp", false), project / "exp");
+  EXPECT_EQ(make_run_dir(project, "train", "exp", false), project / "exp2");
+  EXPECT_EQ(make_run_dir(project, "val", "", false), project / "val");
+  EXPECT_EQ(make_run_dir(project, "predict", "", false), project / "predict");
+  EXPECT_EQ(make_run_dir(project, "predict", "", false), project / "predict2");
+  EXPECT_EQ(make_run_dir(project, "profile", "", false), project / "profile");
+  // Only a train run holds weights.
+  EXPECT_TRUE(fs::is_directory(project / "train2" / "weights"));
+  EXPECT_TRUE(fs::is_directory(project / "exp2" / "weights"));
+  EXPECT_TRUE(fs::is_directory(project / "predict"));
+  EXPECT_FALSE(fs::exists(project / "predict" / "weights"));
+  EXPECT_FALSE(fs::exists(project / "val" / "weights"));
+  EXPECT_FALSE(fs::exists(project / "profile" / "weights"));
+}
+
+TEST(RunDir, ProjectDefaultsToRunsSlashTask) {
+  EXPECT_EQ(project_dir("", "detect"), fs::path("runs") / "detect");
+  EXPECT_EQ(project_dir("/runs", "detect"), fs::path("/runs"));
+  EXPECT_EQ(project_dir("experiments", "detect"), fs::path("experiments"));
 }
 
 TEST(RunDir, LatestLastCheckpointIsTheNewest) {
   const fs::path project = fresh_dir("runs_latest");
-  EXPECT_TRUE(latest_last_checkpoint(project, "train").empty());
+  EXPECT_TRUE(latest_last_checkpoint(project).empty());
   for (const char* name : {"a", "b"}) {
     const fs::path dir = make_run_dir(project, "train", name, false);
     std::ofstream(dir / "weights" / "last.pt") << name;
     fs::last_write_time(dir / "weights" / "last.pt",
                         fs::file_time_type::clock::now() + std::chrono::seconds(name[0] == 'a' ? 10 : 0));
   }
-  EXPECT_EQ(latest_last_checkpoint(project, "train"), project / "train" / "a" / "weights" / "last.pt");
+  make_run_dir(project, "predict", "", false);  // other run folders are no candidates
+  EXPECT_EQ(latest_last_checkpoint(project), project / "a" / "weights" / "last.pt");
 }
 
 TEST(ResultsCsv, HeaderRowsAndTruncation) {

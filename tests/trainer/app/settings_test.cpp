@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "test_paths.h"
@@ -20,6 +21,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
 
 TEST(Settings, DefaultsMatchUltralytics) {
   const Settings settings;
+  EXPECT_EQ(settings.project, "");  // runs/detect, as the reference lays run folders out
   EXPECT_EQ(settings.epochs, 100);
   EXPECT_EQ(settings.batch, 16);
   EXPECT_EQ(settings.loader.imgsz, 640);
@@ -75,8 +77,72 @@ TEST(Settings, PrecedenceDefaultsThenCfgThenCommandLine) {
 // `yolo8 val` validates on rectangular batches unless rect=false, as `yolo val` does; training keeps rect off.
 TEST(Settings, ValModeDefaultsToRectangularBatches) {
   EXPECT_FALSE(resolve_settings({}, "train").loader.rect);
-  EXPECT_TRUE(resolve_settings({}, "val").loader.rect);
-  EXPECT_FALSE(resolve_settings({{"rect", "false"}}, "val").loader.rect);
+  EXPECT_TRUE(resolve_settings({{"model", "best.pt"}}, "val").loader.rect);
+  EXPECT_FALSE(resolve_settings({{"model", "best.pt"}, {"rect", "false"}}, "val").loader.rect);
+}
+
+// Random weights are never what predict or val should run: model= is required and a YAML is refused. export
+// writes whatever it is given (a YAML's fresh weights have the names and shapes a loader checks).
+TEST(Settings, PredictValAndExportNeedWeights) {
+  for (const char* mode : {"predict", "val", "export"}) {
+    try {
+      resolve_settings({{"source", "images"}}, mode);
+      ADD_FAILURE() << mode << " ran without model=";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("setting 'model' is required for " + std::string(mode)),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  for (const char* mode : {"predict", "val"}) {
+    try {
+      resolve_settings({{"model", "yolov8n.yaml"}}, mode);
+      ADD_FAILURE() << mode << " accepted a model YAML";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("random weights"), std::string::npos) << error.what();
+    }
+  }
+  EXPECT_EQ(resolve_settings({{"model", "yolov8s.yaml"}}, "export").model, "yolov8s.yaml");
+  for (const char* mode : {"train", "info", "profile"}) EXPECT_EQ(resolve_settings({}, mode).model, "yolov8n.yaml");
+  // A cfg file naming the weights counts as naming them.
+  const std::string cfg = write_temp("weights_cfg.yaml", "model: runs/detect/train/weights/best.pt\n");
+  EXPECT_EQ(resolve_settings({{"cfg", cfg}}, "predict").model, "runs/detect/train/weights/best.pt");
+}
+
+// imgsz=h,w is height then width (Ultralytics' order) for predict and export; train and val keep one square size.
+TEST(Settings, RectangularImgszOnlyWherePredictAndExportUseIt) {
+  const Settings predict = resolve_settings({{"model", "best.pt"}, {"imgsz", "640,480"}}, "predict");
+  EXPECT_EQ(predict.imgsz_hw, (std::vector<int>{640, 480}));
+  EXPECT_EQ(predict.loader.imgsz, 640);
+  EXPECT_EQ(get_setting(predict, "imgsz"), "640,480");
+  EXPECT_EQ(resolve_settings({{"model", "best.pt"}, {"imgsz", "[320, 480]"}}, "export").imgsz_hw,
+            (std::vector<int>{320, 480}));
+  // One size in list form, or h == w, is the square.
+  EXPECT_TRUE(resolve_settings({{"model", "best.pt"}, {"imgsz", "320,320"}}, "predict").imgsz_hw.empty());
+  EXPECT_EQ(resolve_settings({{"model", "best.pt"}, {"imgsz", "[320]"}}, "predict").loader.imgsz, 320);
+  // A later imgsz replaces the rectangle.
+  EXPECT_TRUE(
+      resolve_settings({{"model", "best.pt"}, {"imgsz", "640,480"}, {"imgsz", "320"}}, "predict").imgsz_hw.empty());
+  for (const char* mode : {"train", "val", "info"}) {
+    try {
+      resolve_settings({{"model", "best.pt"}, {"imgsz", "640,480"}}, mode);
+      ADD_FAILURE() << mode << " accepted imgsz=640,480";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("setting 'imgsz' takes one size for " + std::string(mode)),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_THROW(resolve_settings({{"model", "best.pt"}, {"imgsz", "640,480,320"}}, "predict"), SettingsError);
+  EXPECT_THROW(resolve_settings({{"model", "best.pt"}, {"imgsz", "640,16"}}, "predict"), SettingsError);
+}
+
+// The keys the user set decide what val takes from the weights' training run: the pairs' and the cfg file's.
+TEST(Settings, GivenKeysIncludeTheCfgFile) {
+  const std::string cfg = write_temp("given_cfg.yaml", "imgsz: 320\nconf: 0.5\n");
+  EXPECT_EQ(given_setting_keys({{"cfg", cfg}, {"data", "d.yaml"}}),
+            (std::set<std::string>{"cfg", "imgsz", "conf", "data"}));
+  EXPECT_EQ(given_setting_keys({{"model", "best.pt"}}), (std::set<std::string>{"model"}));
 }
 
 TEST(Settings, UnknownKeySuggestsClosestNames) {
@@ -262,7 +328,7 @@ TEST(Settings, ResumableKeysAreFlaggedInTheTable) {
 
 TEST(Settings, ResumeKeepsTheSavedRecipe) {
   Settings saved = resolve_settings({{"epochs", "30"}, {"lr0", "0.02"}, {"workers", "2"}, {"batch", "8"}}, "train");
-  const Settings requested = resolve_settings({{"resume", "runs/train/a/weights/last.pt"},
+  const Settings requested = resolve_settings({{"resume", "runs/detect/a/weights/last.pt"},
                                                {"epochs", "99"},
                                                {"lr0", "0.5"},
                                                {"workers", "4"},
@@ -280,7 +346,7 @@ TEST(Settings, ResumeKeepsTheSavedRecipe) {
   EXPECT_EQ(merged.threads, 3);
   EXPECT_FALSE(merged.plots);
   EXPECT_DOUBLE_EQ(merged.batch, 8);  // resumable but left at its default: the saved one stays
-  EXPECT_EQ(merged.resume, "runs/train/a/weights/last.pt");
+  EXPECT_EQ(merged.resume, "runs/detect/a/weights/last.pt");
 }
 
 TEST(Settings, ArgsYamlRoundTrips) {

@@ -97,7 +97,7 @@ TEST(Sigterm, TenRandomStopsThenSameWeightsAsUninterrupted) {
 
   std::mt19937 random(1234);
   std::uniform_real_distribution<double> delay(0.2, 1.2);
-  const fs::path last = root / "runs" / "train" / "chain" / "weights" / "last.pt";
+  const fs::path last = root / "runs" / "chain" / "weights" / "last.pt";
   int stops = 0;
   int launches = 0;
   for (; launches < 60; ++launches) {
@@ -112,7 +112,7 @@ TEST(Sigterm, TenRandomStopsThenSameWeightsAsUninterrupted) {
   EXPECT_GE(stops, 10);
   ASSERT_LT(launches, 60);
 
-  LoadedModel straight = load_any_model((root / "runs" / "train" / "straight" / "weights" / "last.pt").string());
+  LoadedModel straight = load_any_model((root / "runs" / "straight" / "weights" / "last.pt").string());
   LoadedModel chain = load_any_model(last.string());
   const auto expected = state_dict(*straight.model);
   const auto actual = state_dict(*chain.model);

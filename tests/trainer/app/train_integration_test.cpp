@@ -7,8 +7,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "data/synth.h"
+#include "test_paths.h"
+#include "trainer/app/cli.h"
+#include "trainer/app/commands.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
 #include "trainer/app/train_run.h"
@@ -65,7 +69,7 @@ int run_train_stopping_at(const Settings& settings, int64_t iteration) {
 TEST_F(TrainIntegration, WritesTheRunFolder) {
   reset_stop_state();
   ASSERT_EQ(run_train(settings("outputs", 1)), kExitCompleted);
-  const fs::path run = root_ / "runs" / "train" / "outputs";
+  const fs::path run = root_ / "runs" / "outputs";
   for (const char* file : {"args.yaml", "results.csv", "weights/last.pt", "weights/best.pt"}) {
     EXPECT_TRUE(fs::exists(run / file)) << file;
   }
@@ -88,13 +92,13 @@ TEST_F(TrainIntegration, WritesTheRunFolder) {
 TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
   reset_stop_state();
   ASSERT_EQ(run_train(settings("straight", 2)), kExitCompleted);
-  const auto reference = weights_of(root_ / "runs" / "train" / "straight" / "weights" / "last.pt");
+  const auto reference = weights_of(root_ / "runs" / "straight" / "weights" / "last.pt");
 
   for (const int64_t stop_at : {6, 4}) {
     const std::string name = "interrupted" + std::to_string(stop_at);
     reset_stop_state();
     ASSERT_EQ(run_train_stopping_at(settings(name, 2), stop_at), kExitPreempted) << "stop at " << stop_at;
-    const fs::path last = root_ / "runs" / "train" / name / "weights" / "last.pt";
+    const fs::path last = root_ / "runs" / name / "weights" / "last.pt";
     ASSERT_TRUE(checkpoint_readable(last.string()));
     reset_stop_state();
     Settings resume = settings(name, 2);
@@ -112,7 +116,7 @@ TEST_F(TrainIntegration, ResumeIsBitwiseIdentical) {
 TEST_F(TrainIntegration, ResumeWithAnotherBatchContinues) {
   reset_stop_state();
   ASSERT_EQ(run_train_stopping_at(settings("rebatch", 2), 3), kExitPreempted);
-  const fs::path last = root_ / "runs" / "train" / "rebatch" / "weights" / "last.pt";
+  const fs::path last = root_ / "runs" / "rebatch" / "weights" / "last.pt";
   EXPECT_EQ(load_checkpoint(last.string()).batch, 4);
   reset_stop_state();
   Settings resume = settings("rebatch", 2);
@@ -138,7 +142,7 @@ TEST_F(TrainIntegration, ResumeWithAnotherBatchKeepsTheAutoOptimizer) {
   first_settings.time = 45.0 / 3600.0;
   reset_stop_state();
   ASSERT_EQ(run_train_stopping_at(first_settings, 2), kExitPreempted);
-  const fs::path last = root_ / "runs" / "train" / "auto_optimizer" / "weights" / "last.pt";
+  const fs::path last = root_ / "runs" / "auto_optimizer" / "weights" / "last.pt";
   const CheckpointState stopped = load_checkpoint(last.string());
   ASSERT_EQ(stopped.optimizer_choice.name, "SGD");
   ASSERT_EQ(stopped.global_iteration, 2);
@@ -153,6 +157,65 @@ TEST_F(TrainIntegration, ResumeWithAnotherBatchKeepsTheAutoOptimizer) {
   EXPECT_EQ(resumed.optimizer_choice.lr, stopped.optimizer_choice.lr);
   EXPECT_EQ(resumed.batch, 2);
   EXPECT_GE(resumed.global_iteration, 1);  // trained at batch 2 (the epoch restarts after a batch change)
+}
+
+// val takes data, imgsz and single_cls from the weights' training run unless they are given, predict its imgsz
+// (and imgsz=h,w as height, width); both write into the project folder as the reference lays it out.
+TEST_F(TrainIntegration, ValAndPredictFollowTheTrainingRun) {
+  reset_stop_state();
+  Settings train = settings("for_val", 1);
+  train.loader.single_cls = true;
+  ASSERT_EQ(run_train(train), kExitCompleted);
+  const std::string best = (root_ / "runs" / "for_val" / "weights" / "best.pt").string();
+  const std::string project = "project=" + (root_ / "runs").string();
+  const auto run_printing = [](const std::vector<std::string>& words, std::string& out) {
+    ::testing::internal::CaptureStdout();
+    try {
+      const int code = run_mode(parse_command_line(words));
+      std::cout.flush();
+      out = ::testing::internal::GetCapturedStdout();
+      return code;
+    } catch (const std::exception& error) {
+      std::cout.flush();
+      out = ::testing::internal::GetCapturedStdout();
+      ADD_FAILURE() << words.front() << " threw: " << error.what() << "\n" << out;
+      return -1;
+    }
+  };
+
+  std::string out;
+  ASSERT_EQ(run_printing({"val", "model=" + best, "threads=1", "workers=1", "save_json", project}, out),
+            kExitCompleted);
+  EXPECT_NE(out.find("val: data=" + (root_ / "ds" / "data.yaml").string() +
+                     " imgsz=64 single_cls=true from the "
+                     "training run of " +
+                     best),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("at imgsz 64 "), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(root_ / "runs" / "val" / "predictions.json"));
+  EXPECT_FALSE(fs::exists(root_ / "runs" / "val" / "weights"));
+
+  // What the command line gives wins.
+  ASSERT_EQ(run_printing({"val", "model=" + best, "threads=1", "workers=1", "imgsz=96", "single_cls=true",
+                          "data=" + (root_ / "ds" / "data.yaml").string()},
+                         out),
+            kExitCompleted);
+  EXPECT_EQ(out.find("from the training run"), std::string::npos) << out;
+  EXPECT_NE(out.find("at imgsz 96 "), std::string::npos) << out;
+
+  // A 282x320 image: 64 from the training run letterboxes it to 64x64; imgsz=64,128 bounds height 64 and width
+  // 128, so 64x73 padded to the stride: 64x96.
+  const std::string image = std::string(test::kFixturesDir) + "/val_case/images/val/00002.jpg";
+  ASSERT_EQ(run_printing({"predict", "model=" + best, "source=" + image, "threads=1", project}, out), kExitCompleted);
+  EXPECT_NE(out.find("predict: imgsz=64 from the training run"), std::string::npos) << out;
+  EXPECT_NE(out.find("00002.jpg: 64x64 "), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(root_ / "runs" / "predict" / "00002.jpg"));
+  ASSERT_EQ(run_printing(
+                {"predict", "model=" + best, "source=" + image, "threads=1", "imgsz=64,128", "save_txt", project}, out),
+            kExitCompleted);
+  EXPECT_NE(out.find("00002.jpg: 64x96 "), std::string::npos) << out;
+  EXPECT_TRUE(fs::is_directory(root_ / "runs" / "predict2" / "labels"));
 }
 
 TEST_F(TrainIntegration, MissingDataIsAnInputError) {
