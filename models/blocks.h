@@ -38,6 +38,8 @@ class BottleneckImpl : public torch::nn::Module {
                  double e = 0.5);
   // x: B×c1×H×W -> B×c2×H×W
   torch::Tensor forward(const torch::Tensor& x);
+  // True when the input is added to the output (shortcut and equal channel counts).
+  bool adds_input() const { return add_; }
   Conv cv1{nullptr}, cv2{nullptr};
 
  private:

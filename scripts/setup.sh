@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ ninja-build ccache pkg-config libtorch-dev libopencv-dev libcli11-dev libyaml-cpp-dev
           libgtest-dev libgmock-dev nlohmann-json3-dev libcpp-httplib-dev libsqlite3-dev libbenchmark-dev libgloo-dev libjpeg-dev
-          prometheus-cpp-dev prometheus chromium)
+          libonnx-dev prometheus-cpp-dev prometheus chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -37,6 +37,14 @@ if ! cmp -s "$schema_dir/package-lock.json" "$schema_dir/node_modules/.yolo8-ins
   echo "setup: installing the Kubernetes schema validator's npm packages"
   (cd "$schema_dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
   cp "$schema_dir/package-lock.json" "$schema_dir/node_modules/.yolo8-installed-lock.json"
+fi
+# ONNX Runtime for the export tests (tests/trainer/export): onnxruntime-node ships its CPU library in the package,
+# so its download script stays off.
+ort_dir=tests/trainer/export/onnxruntime
+if ! cmp -s "$ort_dir/package-lock.json" "$ort_dir/node_modules/.yolo8-installed-lock.json"; then
+  echo "setup: installing ONNX Runtime's npm package for the export tests"
+  (cd "$ort_dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  cp "$ort_dir/package-lock.json" "$ort_dir/node_modules/.yolo8-installed-lock.json"
 fi
 
 [[ "${1:-}" == "--no-build" ]] && exit 0

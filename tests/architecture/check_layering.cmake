@@ -3,6 +3,7 @@
 set(rules
   "yolo_detect|opencv|^yolo_data$|^yolo8_app$|^yolo_train_core$|^yolo_quota|detection maths is LibTorch only"
   "yolo_train_core|opencv|^yolo_data$|^yolo8_app$|^yolo_quota|the training core never links OpenCV, data or quota"
+  "yolo_export|opencv|^yolo_data$|^yolo8_app$|^yolo_train_core$|^yolo_quota|the exporter is models + ONNX: no OpenCV"
   "yolo_models|opencv|^yolo_data$|^yolo_detect$|^yolo_train_core$|^yolo8_app$|models have no OpenCV and no trainer"
   "yolo_data_config|torch|c10|opencv|^yolo_data$|the data config is plain structs: no LibTorch, no OpenCV"
   "yolo_quota_core|torch|c10|opencv|HTTPLIB|httplib|SQLite|sqlite|the quota core has no LibTorch, HTTP or SQLite"

@@ -11,6 +11,7 @@
 #include "models/model_info.h"
 #include "models/weights.h"
 #include "trainer/app/auto_batch_profile.h"
+#include "trainer/app/export_mode.h"
 #include "trainer/app/launcher.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/modes.h"
@@ -139,6 +140,9 @@ int run_mode(const CommandLine& command) {
     }
     return run_profile(settings, variants, batches);
   }
+  // Export-only keys (opset, dynamic, imgsz as H,W) are read by the export mode itself.
+  const auto export_keys =
+      command.mode == "export" ? take_keys(pairs, {"opset", "dynamic", "imgsz"}) : std::map<std::string, std::string>{};
   Settings settings = resolve_settings(pairs, command.mode);
   if (settings.mode == "val" || settings.mode == "predict") adopt_training_arguments(settings, pairs);
   if (settings.mode == "info") {
@@ -147,14 +151,7 @@ int run_mode(const CommandLine& command) {
     std::cout << format_model_info(model_info(loaded.model, settings.loader.imgsz), name);
     return kExitCompleted;
   }
-  if (settings.mode == "export") {
-    if (settings.out.empty()) throw SettingsError("setting 'out' is required for export: out=PATH");
-    const LoadedModel loaded = load_model_for_cli(settings.model);
-    const size_t tensors = export_state_dict(loaded.model, settings.out);
-    std::cout << "Exported " << tensors << " tensors (" << settings.format << ", Ultralytics names) to " << settings.out
-              << "\n";
-    return kExitCompleted;
-  }
+  if (settings.mode == "export") return run_export(settings, export_keys);
   if (settings.mode == "train" && settings.device_ids().size() > 1 && std::getenv("RANK") == nullptr) {
     // device=0,1: one process per GPU, this one only launches and waits (signals are forwarded).
     std::cout << "Starting " << settings.device_ids().size() << " training processes (DDP)\n";

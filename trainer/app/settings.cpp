@@ -91,7 +91,7 @@ const std::vector<Entry>& entries() {
       {"show_labels", YOLO8_FIELD(show_labels), "draw labels on predicted images"},
       {"show_conf", YOLO8_FIELD(show_conf), "draw confidences on predicted images"},
       {"line_width", YOLO8_FIELD(line_width), "box line width; 0 = scaled to the image"},
-      {"format", YOLO8_FIELD(format), "export format: state_dict"},
+      {"format", YOLO8_FIELD(format), "export format: state_dict, onnx or torchscript"},
       {"out", YOLO8_FIELD(out), "output path (export, data synth)"},
       {"lr0", YOLO8_FIELD(optim.lr0), "initial learning rate"},
       {"lrf", YOLO8_FIELD(optim.lrf), "final learning rate as a fraction of lr0"},
@@ -540,7 +540,7 @@ void validate(Settings& settings) {
   check(!settings.profile, "profile", "(speed profiling during training) is not implemented; use yolo8 profile");
   check(settings.label_smoothing == 0, "label_smoothing",
         "is not implemented: must be 0, got " + format_double(settings.label_smoothing));
-  check_choice("format", settings.format, {"state_dict"});
+  check_choice("format", settings.format, {"state_dict", "onnx", "torchscript"});
   check(settings.threads >= 0, "threads", "must be >= 0");
   if (!settings.freeze.empty()) parse_int_list("freeze", settings.freeze, "setting");
 }
