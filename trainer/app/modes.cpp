@@ -13,6 +13,7 @@
 
 #include "data/synth.h"
 #include "trainer/app/mode_support.h"
+#include "trainer/app/plots.h"
 #include "trainer/app/predict_onnx.h"
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
@@ -55,18 +56,26 @@ int run_val(const Settings& settings) {
   config.single_cls = settings.loader.single_cls;
   config.save_json = settings.save_json;
   DetectionValidator validator(model->nc(), names, config);
+  // Like `yolo val`, every run gets its folder (runs/detect/val, val2, ...): plots, and predictions.json.
+  const fs::path run_dir =
+      make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
   const auto start = Clock::now();
-  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val");
+  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val",
+                      settings.plots ? run_dir : fs::path(), names);
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
             << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS)\n";
+  if (settings.plots) {
+    app::try_plot("validation curves", [&] {
+      plot_validation(run_dir.string(), validator.results().per_class, validator.confusion().matrix(), names);
+    });
+  }
   if (settings.save_json) {
-    const fs::path run_dir =
-        make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
     validator.write_json((run_dir / "predictions.json").string());
     std::cout << "Predictions written to " << (run_dir / "predictions.json").string() << "\n";
   }
+  std::cout << "Results saved to " << run_dir.string() << "\n";
   return kExitCompleted;
 }
 
