@@ -127,6 +127,12 @@ bool Lease::holds_gpus(int64_t now_ms) const {
 Engine::Engine(Policy policy) : policy_(std::move(policy)) { policy_.validate(); }
 
 namespace {
+// The owner a GPU is counted against: the team, or the emergency pool for critical leases.
+bool same_owner(const Lease& left, const Lease& right) {
+  const bool left_critical = left.req.priority == Priority::kCritical;
+  const bool right_critical = right.req.priority == Priority::kCritical;
+  return left_critical == right_critical && (left_critical || left.req.team == right.req.team);
+}
 std::string requester(const LeaseRequest& req) { return req.requested_by.empty() ? req.user : req.requested_by; }
 std::string on_behalf(const LeaseRequest& req) {
   return req.requested_by.empty() ? "" : "on behalf of " + req.user + ": ";
@@ -164,12 +170,38 @@ const Approval* Engine::find_approval(int64_t approval_id) const {
 }
 
 double Engine::team_units(const std::string& team, int64_t now_ms) const {
-  double sum = 0;
+  return held_gpus([&](const Lease& lease) { return lease.req.team == team; }, now_ms, {});
+}
+
+double Engine::held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
+                         const std::set<int64_t>& ignore) const {
+  // a GPU carrying any shared lease of the matched leases counts whole: nobody else can use it whole, so
+  // counting the memory share would let a team hold many GPUs while counting as a fraction of one (issue 15)
+  double whole = 0;
+  std::set<int> shared_gpus;
   for (const auto& [id, lease] : leases_) {
     // emergency leases come out of the pool, not the team's quota
-    if (lease.req.team == team && !lease.emergency && lease.holds_gpus(now_ms)) sum += lease.units(policy_);
+    if (lease.emergency || !lease.holds_gpus(now_ms) || ignore.count(id) || !match(lease)) continue;
+    if (lease.shared) {
+      shared_gpus.insert(lease.devices.begin(), lease.devices.end());
+    } else {
+      whole += lease.gpus;
+    }
   }
-  return sum;
+  return whole + static_cast<double>(shared_gpus.size());
+}
+
+double Engine::added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const {
+  if (!lease.shared) return static_cast<double>(devices.size());
+  // shared leases of one team only ever share a GPU with each other (place()), so joining a GPU that already
+  // carries leases costs nothing more
+  for (const auto& [id, holder] : leases_) {
+    if (id == lease.id || !holder.holds_gpus(now_ms)) continue;
+    for (int device : holder.devices) {
+      if (std::find(devices.begin(), devices.end(), device) != devices.end()) return 0;
+    }
+  }
+  return 1;
 }
 
 std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_ms,
@@ -177,11 +209,14 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
   const size_t gpu_count = policy_.gpus.size();
   std::vector<double> used(gpu_count, 0);
   std::vector<int> count(gpu_count, 0);
-  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false);
+  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false), foreign(gpu_count, false);
   for (const auto& [id, holder] : leases_) {
     if (id == lease.id || !holder.holds_gpus(now_ms) || ignore.count(id)) continue;
     for (int device : holder.devices) {
       if (device < 0 || static_cast<size_t>(device) >= gpu_count) continue;
+      // a GPU belongs to one team (or to the emergency pool) at a time: shared leases of different teams never
+      // share it, so that every GPU counts against exactly one team's quota
+      foreign[static_cast<size_t>(device)] = foreign[static_cast<size_t>(device)] || !same_owner(holder, lease);
       used[static_cast<size_t>(device)] +=
           holder.shared ? holder.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
       count[static_cast<size_t>(device)] += 1;
@@ -195,7 +230,10 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
     int best = -1;
     for (size_t device = 0; device < gpu_count; ++device) {
       const double free = policy_.gpus[device].memory_gib - used[device];
-      if (whole[device] || count[device] >= policy_.max_leases_per_gpu || free + kEps < lease.memory_gib) continue;
+      if (whole[device] || foreign[device] || count[device] >= policy_.max_leases_per_gpu ||
+          free + kEps < lease.memory_gib) {
+        continue;
+      }
       // pack: prefer GPUs already shared, then the tightest fit
       auto key = [&](size_t gpu) { return std::make_pair(count[gpu] == 0, policy_.gpus[gpu].memory_gib - used[gpu]); };
       if (best < 0 || key(device) < key(static_cast<size_t>(best))) best = static_cast<int>(device);
@@ -247,10 +285,11 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   if (team_it == policy_.teams.end()) return false;  // the team left the policy since the request
   const Team& team = team_it->second;
   const bool critical = lease.req.priority == Priority::kCritical;
-  const double before = team_units(lease.req.team, now_ms);
-  if (!critical && before + lease.units(policy_) > team.limit_at(now_ms) + kEps) return false;
   auto placement = place(lease, now_ms, {});
   if (!placement) return false;
+  const double before = team_units(lease.req.team, now_ms);
+  const double added = added_gpus(lease, placement->devices, now_ms);
+  if (!critical && before + added > team.limit_at(now_ms) + kEps) return false;
   lease.devices = placement->devices;
   lease.state = LeaseState::kGranted;
   lease.granted_ms = now_ms;
@@ -258,7 +297,7 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   lease.charged_until_ms = now_ms;
   lease.emergency = critical;
   lease.review_pending = critical;
-  lease.over_base = !critical && before + lease.units(policy_) > team.base + kEps;
+  lease.over_base = !critical && before + added > team.base + kEps;
   lease.waiting_on.clear();
   lease.reason.clear();
   changes_.leases.insert(lease.id);
@@ -280,25 +319,29 @@ bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
   if (team_it == policy_.teams.end()) return false;
   const Team& team = team_it->second;
   const bool critical = waiting.req.priority == Priority::kCritical;
-  const double mine = team_units(waiting.req.team, now_ms) + waiting.units(policy_);
+  // a shared request that does not fit needs a GPU of its own: it counts whole
+  const double mine = team_units(waiting.req.team, now_ms) + (waiting.shared ? 1.0 : waiting.gpus);
   // over its own team's limit, a request may only displace lower-priority work of its own team
   const bool over_own = !critical && mine > team.limit_at(now_ms) + kEps;
   const double must_free_own = over_own ? mine - team.limit_at(now_ms) : 0;
   const bool within_base = critical || mine <= team.base + kEps;
-  std::map<std::string, bool> over_limit;
+  std::map<std::string, bool> over_limit, over_base;
   for (const auto& [name, other_team] : policy_.teams) {
-    over_limit[name] = team_units(name, now_ms) > other_team.limit_at(now_ms) + kEps;
+    const double used = team_units(name, now_ms);
+    over_limit[name] = used > other_team.limit_at(now_ms) + kEps;
+    over_base[name] = used > other_team.base + kEps;
   }
 
   std::vector<const Lease*> candidates;
   for (const auto& [id, victim] : leases_) {
-    if (victim.state != LeaseState::kGranted || !victim.req.preemptible || victim.req.priority == Priority::kCritical) {
-      continue;
-    }
+    if (victim.state != LeaseState::kGranted || victim.req.priority == Priority::kCritical) continue;
     if (now_ms - victim.granted_ms < static_cast<int64_t>(policy_.min_runtime_s) * 1000) continue;
     const bool lower = victim.req.priority < waiting.req.priority;
+    // the base is a guarantee: a team above its base (by the whole-GPU count) gives GPUs back to a team below it
     const bool reclaim =
-        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_limit[victim.req.team]);
+        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_base[victim.req.team]);
+    // `preemptible: false` protects work within the team's base, not GPUs taken beyond it
+    if (!victim.req.preemptible && !(reclaim && victim.over_base)) continue;
     if (over_own ? (lower && victim.req.team == waiting.req.team) : (lower || reclaim)) candidates.push_back(&victim);
   }
   if (candidates.empty()) return false;
@@ -312,11 +355,10 @@ bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
                    [&](const Lease* left, const Lease* right) { return rank(left) < rank(right); });
   std::set<int64_t> ignore;
   std::vector<const Lease*> victims;
+  const double own_now = team_units(waiting.req.team, now_ms);
   auto enough = [&]() {
-    double freed_own = 0;
-    for (const Lease* victim : victims) {
-      if (victim->req.team == waiting.req.team && !victim->emergency) freed_own += victim->units(policy_);
-    }
+    const double freed_own =
+        own_now - held_gpus([&](const Lease& lease) { return lease.req.team == waiting.req.team; }, now_ms, ignore);
     return freed_own + kEps >= must_free_own && place(waiting, now_ms, ignore).has_value();
   };
   bool fits = false;
@@ -416,7 +458,9 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
   if (team_it == policy_.teams.end()) return "team " + lease.req.team + " is no longer in the policy";
   const Team& team = team_it->second;
   const double used = team_units(lease.req.team, now_ms);
-  if (lease.req.priority != Priority::kCritical && used + lease.units(policy_) > team.limit_at(now_ms) + kEps) {
+  const auto placement = place(lease, now_ms, {});
+  const double added = placement ? added_gpus(lease, placement->devices, now_ms) : (lease.shared ? 1.0 : lease.gpus);
+  if (lease.req.priority != Priority::kCritical && used + added > team.limit_at(now_ms) + kEps) {
     return "team " + team.name + " uses " + fixed_text(used) + " of the " + fixed_text(team.limit_at(now_ms)) +
            " GPUs allowed now (base " + fixed_text(team.base) + ", burst " + fixed_text(team.burst) +
            (team.in_burst_window(now_ms) ? ", inside a burst window)" : " only inside burst windows)");
@@ -949,7 +993,9 @@ void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {
 void Engine::prune(int64_t now_ms, int64_t keep_ms) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     const Lease& lease = it->second;
-    if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms) {
+    // an emergency lease stays until an admin has reviewed it, however long ago it ended
+    if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms &&
+        !lease.review_pending) {
       if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
       it = leases_.erase(it);
     } else {

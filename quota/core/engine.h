@@ -1,6 +1,7 @@
 #pragma once
 // The pure lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -220,13 +221,20 @@ class Engine {
   void reserve_ids(int64_t next_lease_id, int64_t next_approval_id);
   int64_t next_lease_id() const { return next_lease_; }
   int64_t next_approval_id() const { return next_approval_; }
-  // Drops ended leases older than `keep_ms` from memory (they stay in storage).
+  // Drops ended leases older than `keep_ms` from memory (they stay in storage); an emergency lease whose review
+  // is still pending stays until it is reviewed.
   void prune(int64_t now_ms, int64_t keep_ms);
 
  private:
   struct Placement {
     std::vector<int> devices;
   };
+  // GPUs held by the leases `match` selects (emergency ones and `ignore` left out): whole leases count their
+  // GPUs, and a GPU carrying any of their shared leases counts whole.
+  double held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
+                   const std::set<int64_t>& ignore) const;
+  // GPUs `lease` would add to its team's count on `devices`: 0 for a shared lease joining a GPU its team holds.
+  double added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const;
   std::optional<Placement> place(const Lease& lease, int64_t now_ms, const std::set<int64_t>& ignore) const;
   bool try_grant(Lease& lease, int64_t now_ms);
   bool try_preempt(Lease& lease, int64_t now_ms);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 
 #include "tests/quota/quota_test_util.h"
 
@@ -441,6 +442,157 @@ TEST(Engine, IdempotencyKeyReplaysTheSameLease) {
   EXPECT_EQ(e.leases().size(), 1u);
   r.user = "bob";  // keys are per user
   EXPECT_NE(e.acquire(r, kOutsideWindow).lease_id, a.lease_id);
+}
+
+// A shared yolov8n lease of `memory_gib` per GPU.
+LeaseRequest shared_req(const std::string& team, const std::string& user, double memory_gib = 1.5) {
+  LeaseRequest r = req(team, user, 1, "yolov8n");
+  r.shared = true;
+  r.memory_gib = memory_gib;
+  return r;
+}
+
+// The distinct GPUs the running leases of `team` sit on.
+size_t gpus_touched(const Engine& e, const std::string& team, int64_t now) {
+  std::set<int> devices;
+  for (const auto& [id, l] : e.leases()) {
+    if (l.req.team == team && l.holds_gpus(now)) devices.insert(l.devices.begin(), l.devices.end());
+  }
+  return devices.size();
+}
+
+// Issue 15: team-interns (base 2) held all 17 non-pool GPUs through 68 small shared leases while counting as
+// 1.33 GPUs, and team-cv stayed queued below its base.
+TEST(Engine, SharedLeasesCountTheirGpusWholeSoATeamCannotHoldTheClusterThroughThem) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  int granted = 0;
+  for (int i = 0; i < 68; ++i) {
+    auto r = shared_req("team-interns", "ivan");
+    r.idempotency_key = "k" + std::to_string(i);
+    granted += e.acquire(r, t).kind == Kind::kGranted;
+  }
+  EXPECT_EQ(granted, 8);  // 4 leases per GPU on the 2 GPUs of the base
+  EXPECT_EQ(gpus_touched(e, "team-interns", t), 2u);
+  EXPECT_DOUBLE_EQ(e.team_units("team-interns", t), 2);
+  // the others reach their bases at once
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(e.acquire(req("team-cv", "alice"), t).kind, Kind::kGranted) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(e.acquire(req("team-robotics", "erin"), t).kind, Kind::kGranted) << i;
+  expect_sound(e, t);
+}
+
+TEST(Engine, SharedLeasesOfDifferentTeamsNeverShareAGpu) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  const auto a = e.acquire(shared_req("team-cv", "alice", 6), t);
+  const auto b = e.acquire(shared_req("team-robotics", "erin", 6), t);
+  ASSERT_EQ(a.kind, Kind::kGranted);
+  ASSERT_EQ(b.kind, Kind::kGranted);
+  EXPECT_NE(e.find(a.lease_id)->devices, e.find(b.lease_id)->devices);
+  const auto c = e.acquire(shared_req("team-cv", "bob", 6), t);  // joins its own team's GPU: no new GPU counted
+  EXPECT_EQ(e.find(c.lease_id)->devices, e.find(a.lease_id)->devices);
+  EXPECT_DOUBLE_EQ(e.team_units("team-cv", t), 1);
+  EXPECT_DOUBLE_EQ(e.team_units("team-robotics", t), 1);
+}
+
+// Whole and shared leases mixed: team-cv fills its burst window (6 whole GPUs + 32 shares on 8 GPUs = 14) and
+// team-robotics 3; team-interns, below its base, gets its 2 GPUs back by preemption within the grace time.
+TEST(Engine, ATeamBelowItsBaseReclaimsGpusHeldThroughSharedLeases) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kInsideWindow;
+  for (int i = 0; i < 6; ++i) ASSERT_EQ(e.acquire(req("team-cv", "alice"), t0).kind, Kind::kGranted);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(e.acquire(req("team-robotics", "erin"), t0).kind, Kind::kGranted);
+  int shares = 0;
+  for (int i = 0; i < 40; ++i) shares += e.acquire(shared_req("team-cv", "bob", 6), t0).kind == Kind::kGranted;
+  EXPECT_EQ(shares, 32);
+  EXPECT_DOUBLE_EQ(e.team_units("team-cv", t0), 14);
+  // release what was not granted (queued shares)
+  for (const auto& [id, l] : e.leases()) {
+    if (l.state == LeaseState::kQueued) e.release(id, Outcome::kCancelled, t0);
+  }
+  expect_sound(e, t0);
+  const int64_t t1 = t0 + 20 * kMinute;
+  for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t1);
+  auto whole = e.acquire(req("team-interns", "ivan"), t1);
+  auto shared = e.acquire(shared_req("team-interns", "ivan", 6), t1);
+  ASSERT_EQ(whole.kind, Kind::kQueued);
+  ASSERT_EQ(shared.kind, Kind::kQueued);
+  std::vector<int64_t> victims;
+  for (const auto& [id, l] : e.leases()) {
+    if (l.state == LeaseState::kRevoking) victims.push_back(id);
+  }
+  // the fewest victims: the shares of two GPUs, all of team-cv's over-base leases
+  ASSERT_EQ(victims.size(), 8u);
+  for (int64_t v : victims) {
+    EXPECT_EQ(e.find(v)->req.team, "team-cv");
+    EXPECT_TRUE(e.find(v)->over_base);
+  }
+  // the victims ignore the deadline: the waiters start when it passes (grace_s 120)
+  const int64_t deadline = t1 + 120 * 1000;
+  for (int64_t t = t1 + 30000; t < deadline; t += 30000) {
+    for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t);
+    e.tick(t);
+  }
+  e.tick(deadline);
+  EXPECT_EQ(e.find(whole.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(e.find(shared.lease_id)->state, LeaseState::kGranted);
+  EXPECT_DOUBLE_EQ(e.team_units("team-interns", deadline), 2);
+  EXPECT_DOUBLE_EQ(e.team_units("team-cv", deadline), 12);
+  expect_sound(e, deadline);
+}
+
+// The guarantee holds whatever the mix: a team below its base is granted within min_runtime_s + grace_s.
+TEST(Engine, EveryTeamReachesItsBaseWhateverTheMixOfSharedAndWholeLeases) {
+  for (int seed = 1; seed <= 20; ++seed) {
+    Engine e(testing::example_policy());
+    const int64_t t0 = kInsideWindow;
+    uint32_t state = static_cast<uint32_t>(seed);
+    auto next = [&]() { return state = state * 1103515245u + 12345u, (state >> 16) % 100; };
+    // team-cv and team-interns fill what they can with a random mix; team-robotics then asks for its base
+    for (int i = 0; i < 80; ++i) {
+      const bool cv = next() < 70;
+      const std::string team = cv ? "team-cv" : "team-interns";
+      const std::string user = cv ? "alice" : "ivan";
+      auto r = next() < 50 ? shared_req(team, user, 4 + static_cast<double>(next() % 30)) : req(team, user, 1);
+      r.preemptible = next() < 80;
+      e.acquire(r, t0);
+    }
+    for (const auto& [id, l] : e.leases()) {
+      if (l.state == LeaseState::kQueued) e.release(id, Outcome::kCancelled, t0);
+    }
+    expect_sound(e, t0);
+    int64_t t = t0 + 11 * kMinute;  // past min_runtime_s
+    std::vector<int64_t> waiters;
+    for (int i = 0; i < 6; ++i) {
+      for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t);
+      waiters.push_back(e.acquire(req("team-robotics", "erin"), t).lease_id);
+    }
+    const int64_t deadline = t + 120 * 1000;
+    for (; t <= deadline; t += 10000) {
+      for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t);
+      e.tick(t);
+      expect_sound(e, t);
+    }
+    for (int64_t w : waiters) EXPECT_EQ(e.find(w)->state, LeaseState::kGranted) << "seed " << seed << " lease " << w;
+    EXPECT_DOUBLE_EQ(e.team_units("team-robotics", t), 6) << "seed " << seed;
+  }
+}
+
+TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
+  Engine e(testing::example_policy());
+  auto c = req("team-interns", "ivan");
+  c.priority = Priority::kCritical;
+  c.justification = "demo day";
+  const auto crit = e.acquire(c, kMonday);
+  const auto normal = e.acquire(req("team-interns", "ivan"), kMonday);
+  e.release(crit.lease_id, Outcome::kCompleted, kMonday + kHour);
+  e.release(normal.lease_id, Outcome::kCompleted, kMonday + kHour);
+  e.prune(kMonday + 30 * kHour, 24 * kHour);
+  EXPECT_EQ(e.find(normal.lease_id), nullptr);
+  ASSERT_NE(e.find(crit.lease_id), nullptr);
+  e.review_emergency(crit.lease_id, "admin", kMonday + 31 * kHour, "justified");
+  e.prune(kMonday + 31 * kHour, 24 * kHour);
+  EXPECT_EQ(e.find(crit.lease_id), nullptr);
 }
 
 TEST(Engine, InvalidRequestsAreRefusedWithTheKey) {
