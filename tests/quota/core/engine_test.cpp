@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
 #include <set>
+#include <tuple>
 
 #include "tests/quota/quota_test_util.h"
 
@@ -593,6 +597,196 @@ TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
   e.review_emergency(crit.lease_id, "admin", kMonday + 31 * kHour, "justified");
   e.prune(kMonday + 31 * kHour, 24 * kHour);
   EXPECT_EQ(e.find(crit.lease_id), nullptr);
+}
+
+// Issue 15: the queue order is computed once per change and read by status and positions.
+TEST(Engine, AThousandQueuedRequestsAndTheirStatusStayCheap) {
+  Policy policy = testing::example_policy();
+  policy.max_queued_per_user = 2000;
+  Engine e(policy);
+  const int64_t t = kOutsideWindow;
+  for (int i = 0; i < 6; ++i) ASSERT_EQ(e.acquire(req("team-robotics", "erin"), t).kind, Kind::kGranted);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 1000; ++i) ids.push_back(e.acquire(req("team-robotics", "erin"), t + i).lease_id);
+  ASSERT_EQ(e.queue_ids().size(), 1000u);
+  // every row's position, as the status page and the lease views ask for them
+  auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 10; ++round) {
+    for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(e.queue_position(ids[i]), static_cast<int>(i) + 1);
+  }
+  const double positions_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  // re-sorting the queue per row made this 10 x 1,000 sorts of 1,000 requests (seconds); a lookup per row takes
+  // about a millisecond in all, so the budget is generous for a loaded machine
+  EXPECT_LT(positions_ms, 500) << "10 x 1,000 queue positions took " << positions_ms << " ms";
+  start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(e.status_of(ids[i], t + 2000).position, static_cast<int>(i) + 1);
+  const double status_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "[ figures  ] 10 x 1,000 queue positions: " << positions_ms
+            << " ms; 1,000 queued status answers: " << status_ms << " ms\n";
+  // the order follows changes: releasing the first waiter moves everyone up
+  e.release(ids[0], Outcome::kCancelled, t + 3000);
+  EXPECT_EQ(e.queue_position(ids[1]), 1);
+  EXPECT_EQ(e.queue_position(ids[0]), 0);
+}
+
+// Issue 19: a request names gpus (guaranteed) and max_gpus (burst from idle GPUs, revoked first).
+TEST(Engine, PerJobBurstTakesOnlyIdleGpusAndIsRevokedFirst) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kInsideWindow;  // team-cv may hold 14
+  auto burst = req("team-cv", "alice", 2);
+  burst.max_gpus = 10;
+  const auto b = e.acquire(burst, t0);
+  ASSERT_EQ(b.kind, Kind::kGranted);
+  EXPECT_EQ(e.find(b.lease_id)->gpus, 10);
+  EXPECT_EQ(e.find(b.lease_id)->extra_gpus, 8);
+  EXPECT_EQ(e.find(b.lease_id)->devices.size(), 10u);
+  EXPECT_TRUE(std::any_of(e.audit().begin(), e.audit().end(), [&](const AuditEntry& a) {
+    return a.lease_id == b.lease_id && a.detail.find("+8 idle GPU(s)") != std::string::npos;
+  }));
+  const int64_t plain = e.acquire(req("team-cv", "bob"), t0).lease_id;  // over base too, not a burst
+  // within the team's limit: 11 held of 14, a 1..8 burst gets 3 more
+  auto capped = req("team-cv", "bob", 1);
+  capped.max_gpus = 8;
+  const auto c = e.acquire(capped, t0);
+  ASSERT_EQ(c.kind, Kind::kGranted);
+  EXPECT_EQ(e.find(c.lease_id)->gpus, 3);
+  e.release(c.lease_id, Outcome::kCompleted, t0);
+  for (int i = 0; i < 6; ++i) ASSERT_EQ(e.acquire(req("team-robotics", "erin"), t0).kind, Kind::kGranted);
+  // the 17 non-pool GPUs are held; team-interns asks for its base: the burst lease is revoked first
+  const int64_t t1 = t0 + 20 * kMinute;
+  for (const auto& [id, l] : e.leases()) e.heartbeat(id, {}, t1);
+  const auto w = e.acquire(req("team-interns", "ivan"), t1);
+  ASSERT_EQ(w.kind, Kind::kQueued);
+  std::vector<int64_t> victims;
+  for (const auto& [id, l] : e.leases()) {
+    if (l.state == LeaseState::kRevoking) victims.push_back(id);
+  }
+  ASSERT_EQ(victims, std::vector<int64_t>{b.lease_id});
+  EXPECT_EQ(e.find(plain)->state, LeaseState::kGranted);
+  e.release(b.lease_id, Outcome::kPreempted, t1 + 1000);
+  EXPECT_EQ(e.find(w.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(e.acquire(req("team-interns", "ivan"), t1 + 1000).kind, Kind::kGranted);
+  // the job resumes while someone waits (robotics past its limit): it gets its guarantee, no idle GPUs
+  ASSERT_EQ(e.acquire(req("team-robotics", "erin"), t1 + 1000).kind, Kind::kQueued);
+  const auto again = e.acquire(burst, t1 + 2000);
+  ASSERT_EQ(again.kind, Kind::kGranted);
+  EXPECT_EQ(e.find(again.lease_id)->gpus, 2);
+  EXPECT_EQ(e.find(again.lease_id)->extra_gpus, 0);
+  expect_sound(e, t1 + 2000);
+  // bad bounds are refused naming the field
+  auto bad = req("team-cv", "alice", 4);
+  bad.max_gpus = 2;
+  EXPECT_NE(e.acquire(bad, t1).reason.find("max_gpus"), std::string::npos);
+  auto shared = shared_req("team-cv", "alice");
+  shared.max_gpus = 2;
+  EXPECT_EQ(e.acquire(shared, t1).kind, Kind::kInvalid);
+}
+
+// Two teams of equal share on 4 GPUs (a third holds the rest), fair share with a 24 h half-life.
+Policy fair_policy() {
+  std::string yaml =
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 80}\nemergency_pool: 0\n"
+      "users:\n";
+  const char* names[] = {"ua", "ub", "uc", "ua2"};
+  for (int i = 0; i < 4; ++i)
+    yaml += std::string("  ") + names[i] + ": {token_sha256: " + std::string(63, 'a') + std::to_string(i) + "}\n";
+  yaml +=
+      "teams:\n  a: {base: 1, members: [ua, ua2]}\n  b: {base: 1, members: [ub]}\n  c: {base: 2, members: [uc]}\n"
+      "credits: {monthly_gpu_hours: 0}\nfair_share: {half_life_h: 24}\n";
+  return load_policy_from_string(yaml, "fair.yaml");
+}
+
+// Issue 19: within a priority, the team (and user) with less recent use against its share goes first; the
+// order turns as usage decays.
+TEST(Engine, FairShareOrdersTheQueueAndTheOrderTurnsAsUsageDecays) {
+  Engine e(fair_policy());
+  const int64_t t0 = kMonday;
+  const int64_t t1 = t0 + 10 * kHour;
+  const auto a1 = e.acquire(req("a", "ua"), t0);
+  ASSERT_EQ(a1.kind, Kind::kGranted) << a1.reason;
+  e.release(a1.lease_id, Outcome::kCompleted, t1);  // team a: 10 GPU-hours, just now
+  EXPECT_NEAR(e.fair_share("a", "ua", t1).team_gpu_hours, 10, 1e-9);
+  EXPECT_NEAR(e.fair_share("a", "ua", t1 + 24 * kHour).team_gpu_hours, 5, 1e-9);  // one half-life later
+  // each team at its limit of 1, c holding the rest: the next requests of a and b wait
+  auto round = [&](int64_t t) {
+    std::vector<int64_t> held;
+    for (const char* team : {"a", "b", "c", "c"}) {
+      const std::string user = std::string("u") + team;
+      held.push_back(e.acquire(req(team, user), t).lease_id);
+    }
+    const auto wait_a = e.acquire(req("a", "ua"), t + 1000);  // a asks first
+    const auto wait_b = e.acquire(req("b", "ub"), t + 2000);
+    EXPECT_EQ(wait_a.kind, Kind::kQueued);
+    EXPECT_EQ(wait_b.kind, Kind::kQueued);
+    const int position_a = e.queue_position(wait_a.lease_id);
+    const int position_b = e.queue_position(wait_b.lease_id);
+    const std::string reason = e.status_of(wait_a.lease_id, t + 2000).reason;
+    for (int64_t id : {wait_a.lease_id, wait_b.lease_id}) e.release(id, Outcome::kCancelled, t + 3000);
+    for (int64_t id : held) e.release(id, Outcome::kCompleted, t + 3000);
+    return std::make_tuple(position_a, position_b, reason);
+  };
+  const auto [first_a, first_b, reason] = round(t1 + kHour);
+  EXPECT_EQ(first_b, 1);  // b has no recent use
+  EXPECT_EQ(first_a, 2);
+  EXPECT_NE(reason.find("fair share 0."), std::string::npos) << reason;
+  EXPECT_NE(reason.find("team a 100% of recent use"), std::string::npos) << reason;
+  // b then runs 4 GPU-hours two days later; three days after a's use, a's 10 have decayed to 1.25
+  const int64_t t2 = t1 + 3 * 24 * kHour;
+  const auto b1 = e.acquire(req("b", "ub"), t2 - 4 * kHour);
+  e.release(b1.lease_id, Outcome::kCompleted, t2);
+  EXPECT_GT(e.fair_share("a", "ua", t2).factor, e.fair_share("b", "ub", t2).factor);
+  const auto [later_a, later_b, later_reason] = round(t2);
+  EXPECT_EQ(later_a, 1);
+  EXPECT_EQ(later_b, 2);
+  // within a team, the member with less recent use goes first
+  EXPECT_GT(e.fair_share("a", "ua2", t2).factor, e.fair_share("a", "ua", t2).factor);
+  expect_sound(e, t2);
+}
+
+// Without fair_share in the policy the queue keeps arrival order within a priority.
+TEST(Engine, WithoutFairShareTheQueueIsFirstComeFirstServed) {
+  Policy policy = fair_policy();
+  policy.fair_share_half_life_h = 0;
+  Engine e(policy);
+  const auto a1 = e.acquire(req("a", "ua"), kMonday);
+  e.release(a1.lease_id, Outcome::kCompleted, kMonday + 10 * kHour);
+  const int64_t t = kMonday + 11 * kHour;
+  for (const char* team : {"a", "b", "c", "c"}) e.acquire(req(team, std::string("u") + team), t);
+  const auto wait_a = e.acquire(req("a", "ua"), t + 1000);
+  const auto wait_b = e.acquire(req("b", "ub"), t + 2000);
+  EXPECT_EQ(e.queue_position(wait_a.lease_id), 1);
+  EXPECT_EQ(e.queue_position(wait_b.lease_id), 2);
+  EXPECT_EQ(e.status_of(wait_a.lease_id, t).reason.find("fair share"), std::string::npos);
+}
+
+// Issue 19: GPUs held per user, a per-team policy key.
+TEST(Engine, PerUserGpuCapKeepsOneMemberFromTakingTheTeam) {
+  Policy policy = testing::example_policy();
+  policy.teams.at("team-cv").max_gpus_per_user = 3;
+  Engine e(policy);
+  const int64_t t = kOutsideWindow;
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(e.acquire(req("team-cv", "alice"), t).kind, Kind::kGranted);
+  const auto fourth = e.acquire(req("team-cv", "alice"), t);
+  ASSERT_EQ(fourth.kind, Kind::kQueued);
+  EXPECT_NE(fourth.reason.find("max_gpus_per_user"), std::string::npos) << fourth.reason;
+  EXPECT_EQ(e.acquire(req("team-cv", "bob"), t).kind, Kind::kGranted);  // the team is not held back
+  // a shared lease needs a GPU of its own, whole toward the cap
+  const auto shared = e.acquire(shared_req("team-cv", "alice", 6), t);
+  EXPECT_EQ(shared.kind, Kind::kQueued);
+  const auto too_big = e.acquire(req("team-cv", "alice", 4), t);
+  EXPECT_EQ(too_big.kind, Kind::kNotAllowed);
+  EXPECT_NE(too_big.reason.find("max_gpus_per_user"), std::string::npos);
+  // nobody else is preempted for a capped user
+  for (const auto& [id, l] : e.leases()) EXPECT_NE(l.state, LeaseState::kRevoking);
+  // a per-job burst stays within the cap
+  e.release(fourth.lease_id, Outcome::kCancelled, t);
+  e.release(shared.lease_id, Outcome::kCancelled, t);
+  auto burst = req("team-cv", "bob", 1);
+  burst.max_gpus = 5;
+  const auto b = e.acquire(burst, t);
+  ASSERT_EQ(b.kind, Kind::kGranted);
+  EXPECT_EQ(e.find(b.lease_id)->gpus, 2);  // bob holds 1: 1 + 2 = his cap of 3
 }
 
 TEST(Engine, InvalidRequestsAreRefusedWithTheKey) {
