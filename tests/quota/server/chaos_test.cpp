@@ -581,6 +581,7 @@ TEST(QuotaChaos, AQueueOfTwelveHundredKeepsHeartbeatsTicksAndTheStatusPageFast) 
   EXPECT_LT(worst_tick_ms, 500);
   EXPECT_LT(page_ms, 1000);
   EXPECT_NE(page.find("team-robotics uses 6.0 of the 6.0"), std::string::npos);
+  EXPECT_NE(page.find("; fair share "), std::string::npos);  // issue 19: the reason shows the fair-share standing
 }
 
 }  // namespace
