@@ -616,9 +616,9 @@ TEST(Engine, AThousandQueuedRequestsAndTheirStatusStayCheap) {
   }
   const double positions_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  // re-sorting the queue per row made this 10 x 1,000 sorts of 1,000 requests (seconds); a lookup per row takes
-  // about a millisecond in all, so the budget is generous for a loaded machine
-  EXPECT_LT(positions_ms, 500) << "10 x 1,000 queue positions took " << positions_ms << " ms";
+  // re-sorting the queue per row made this 10 x 1,000 sorts of 1,000 requests (730 ms on the shared machine); a
+  // lookup per row takes 0.3-5 ms in all, so the budget is generous for a loaded machine
+  EXPECT_LT(positions_ms, 100) << "10 x 1,000 queue positions took " << positions_ms << " ms";
   start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(e.status_of(ids[i], t + 2000).position, static_cast<int>(i) + 1);
   const double status_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
