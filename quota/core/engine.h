@@ -1,6 +1,7 @@
 #pragma once
 // The pure lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,7 +33,8 @@ struct LeaseRequest {
   std::string model = "yolov8n";
   int imgsz = 640;
   int batch = 0;          // images per step over all GPUs; 0 = auto (the trainer fits it)
-  int gpus = 0;           // 0 = policy default
+  int gpus = 0;           // 0 = policy default; the guaranteed GPUs
+  int max_gpus = 0;       // per-job burst (issue 19): up to this many GPUs while they are idle; 0 = gpus
   double memory_gib = 0;  // per GPU: the share for shared leases, a minimum GPU size otherwise
   Priority priority = Priority::kNormal;
   bool preemptible = true;
@@ -64,6 +66,7 @@ struct Lease {
   std::vector<int> devices;             // indices into Policy::gpus
   std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
   bool over_base = false;               // granted beyond the team's base (a burst lease)
+  int extra_gpus = 0;                   // per-job burst: GPUs granted beyond req.gpus from idle capacity
   bool emergency = false;
   bool review_pending = false;
   int64_t approval_id = 0;
@@ -143,6 +146,14 @@ struct HeartbeatResult {
   std::string reason;
 };
 
+// A team's and a user's standing in the fair share (issue 19): recent use (GPU-hours decayed with
+// fair_share.half_life_h) as a fraction of all recent use, against the normalised share.
+struct FairShare {
+  double factor = 1;  // 2^(-team usage/team share) x 2^(-user usage/user share); 1 without recent use
+  double team_gpu_hours = 0, team_usage = 0, team_share = 0;
+  double user_gpu_hours = 0, user_usage = 0, user_share = 0;  // user: within the team
+};
+
 struct TeamStatus {
   std::string name;
   double base = 0, burst = 0, limit_now = 0, in_use = 0;
@@ -176,8 +187,9 @@ class Engine {
   // of running and queued leases and the deadlines of revoking ones move by that time, so nobody loses a lease
   // for quotad's own unavailability. Audited as `quotad.outage`.
   void credit_outage(int64_t from_ms, int64_t to_ms);
-  // Queued lease ids in queue order (one sort; positions are index + 1).
-  std::vector<int64_t> queue_ids() const;
+  // Queued lease ids in queue order, kept by every change (positions are index + 1).
+  const std::vector<int64_t>& queue_ids() const { return queue_; }
+  FairShare fair_share(const std::string& team, const std::string& user, int64_t now_ms) const;
   // Why a queued lease waits (the `reason` of status_of without its queue position); "" for others.
   std::string waiting_reason(int64_t lease_id, int64_t now_ms) const;
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
@@ -220,13 +232,20 @@ class Engine {
   void reserve_ids(int64_t next_lease_id, int64_t next_approval_id);
   int64_t next_lease_id() const { return next_lease_; }
   int64_t next_approval_id() const { return next_approval_; }
-  // Drops ended leases older than `keep_ms` from memory (they stay in storage).
+  // Drops ended leases older than `keep_ms` from memory (they stay in storage); an emergency lease whose review
+  // is still pending stays until it is reviewed.
   void prune(int64_t now_ms, int64_t keep_ms);
 
  private:
   struct Placement {
     std::vector<int> devices;
   };
+  // GPUs held by the leases `match` selects (emergency ones and `ignore` left out): whole leases count their
+  // GPUs, and a GPU carrying any of their shared leases counts whole.
+  double held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
+                   const std::set<int64_t>& ignore) const;
+  // GPUs `lease` would add to its team's count on `devices`: 0 for a shared lease joining a GPU its team holds.
+  double added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const;
   std::optional<Placement> place(const Lease& lease, int64_t now_ms, const std::set<int64_t>& ignore) const;
   bool try_grant(Lease& lease, int64_t now_ms);
   bool try_preempt(Lease& lease, int64_t now_ms);
@@ -236,8 +255,15 @@ class Engine {
   void charge(Lease& lease, int64_t until_ms);
   void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
            const std::string& detail);
-  std::vector<const Lease*> queue_order() const;
+  // Recomputes the queue order (and the fair-share factors in it); called once per change, read by the rest.
+  void order_queue(int64_t now_ms);
+  void add_fair_usage(const Lease& lease, double gpu_hours, int64_t at_ms);
+  double decayed(const std::string& key, int64_t now_ms) const;
+  // Why `lease` may not start now for its user's cap; "" when within it.
+  // `devices`: where it would go (a shared lease joining a GPU with the user's shares adds nothing); null: anywhere.
+  std::string user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const;
   std::string queue_reason(const Lease& lease, int64_t now_ms) const;
+  std::string fair_share_text(const Lease& lease, int64_t now_ms) const;
 
   Policy policy_;
   std::map<int64_t, Lease> leases_;
@@ -249,6 +275,13 @@ class Engine {
   int64_t next_approval_ = 1;
   int64_t next_audit_seq_ = 1;
   Changes changes_;
+  std::vector<int64_t> queue_;          // queued ids in order (order_queue)
+  std::map<int64_t, int> queue_index_;  // id -> position - 1
+  struct Decayed {
+    double value = 0;
+    int64_t as_of_ms = 0;
+  };
+  std::map<std::string, Decayed> fair_usage_;  // "team:<name>" / "user:<name>" -> decayed GPU-hours
 };
 
 }  // namespace yolo8::quota

@@ -256,6 +256,7 @@ void Policy::validate() const {
   if (max_queued_per_user < 1) fail("limits.max_queued_per_user", "must be >= 1");
   if (!(waste_gpu_util_below >= 0 && waste_gpu_util_below <= 1)) fail("waste.gpu_util_below", "must be within [0, 1]");
   if (waste_after_s < 0) fail("waste.after_s", "must be >= 0");
+  finite_at_least(fair_share_half_life_h, 0, "fair_share.half_life_h");
   for (const auto& [model, estimate] : memory_table.models) {
     if (!std::isfinite(estimate.fixed_gib) || !std::isfinite(estimate.per_image_gib) || estimate.fixed_gib < 0 ||
         !(estimate.per_image_gib > 0)) {
@@ -275,6 +276,11 @@ void Policy::validate() const {
     if (!(team.burst >= team.base)) fail(team_key + ".burst", "must be >= base");
     if (team.burst > total_gpus()) {
       fail(team_key + ".burst", "exceeds the inventory of " + std::to_string(total_gpus()) + " GPUs");
+    }
+    if (key_lines.count(team_key + ".share") || team.share != -1) finite_at_least(team.share, 0, team_key + ".share");
+    if (team.max_gpus_per_user < 0) fail(team_key + ".max_gpus_per_user", "must be >= 0 (0: no cap)");
+    if (team.max_gpus_per_user > total_gpus()) {
+      fail(team_key + ".max_gpus_per_user", "exceeds the inventory of " + std::to_string(total_gpus()) + " GPUs");
     }
     base_sum += team.base;
     for (const auto& user : team.leads) {
@@ -509,7 +515,7 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   index_keys(context, root, "", policy.key_lines);
   context.keys(root, "",
                {"inventory", "teams", "users", "emergency_pool", "defaults", "tiers", "leases", "preemption", "sharing",
-                "credits", "memory_table", "limits", "waste"});
+                "credits", "memory_table", "limits", "waste", "fair_share"});
   // inventory
   const YAML::Node inv = root["inventory"];
   if (!inv.IsDefined()) context.fail(root, "inventory", "is required");
@@ -572,9 +578,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     team.name = entry.first.as<std::string>();
     const std::string key_path = "teams." + team.name;
     const YAML::Node node = entry.second;
-    context.keys(node, key_path, {"base", "burst", "burst_windows", "leads", "members"});
+    context.keys(node, key_path, {"base", "burst", "burst_windows", "leads", "members", "share", "max_gpus_per_user"});
     team.base = context.need<double>(node, "base", key_path + ".base");
     team.burst = context.get<double>(node["burst"], key_path + ".burst", team.base);
+    team.share = context.get<double>(node["share"], key_path + ".share", -1);
+    team.max_gpus_per_user = context.get<int>(node["max_gpus_per_user"], key_path + ".max_gpus_per_user", 0);
     team.leads = string_list(context, node["leads"], key_path + ".leads");
     team.members = string_list(context, node["members"], key_path + ".members");
     const YAML::Node wins = node["burst_windows"];
@@ -689,6 +697,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     policy.max_batch = context.get<int>(section["max_batch"], "limits.max_batch", policy.max_batch);
     policy.max_queued_per_user =
         context.get<int>(section["max_queued_per_user"], "limits.max_queued_per_user", policy.max_queued_per_user);
+  }
+  if (const YAML::Node section = root["fair_share"]; section.IsDefined()) {
+    context.keys(section, "fair_share", {"half_life_h"});
+    policy.fair_share_half_life_h =
+        context.get<double>(section["half_life_h"], "fair_share.half_life_h", policy.fair_share_half_life_h);
   }
   if (const YAML::Node table_node = root["memory_table"]; table_node.IsDefined()) {
     std::string path = context.get<std::string>(table_node, "memory_table", "");

@@ -129,6 +129,7 @@ class QuotaService {
   ApiResponse list_approvals(const Caller& caller);
   ApiResponse review(const Caller& caller, int64_t id, const std::string& body);
   ApiResponse teams(const Caller& caller);
+  ApiResponse queue(const Caller& caller);
   ApiResponse audit(const Caller& caller, const ApiRequest& req);
 
   Policy policy_;

@@ -98,6 +98,30 @@ TEST(QuotaStore, WritesStatesInTheSameTextFormAsBefore) {
   EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.state') FROM approvals WHERE id = 1"), "cancelled");
 }
 
+TEST(QuotaStore, AnEndedEmergencyLeaseLoadsUntilItsReviewIsClosed) {
+  const std::string path = temp_db("review_kept");
+  Engine engine(testing::example_policy());
+  LeaseRequest request;
+  request.team = "team-interns";
+  request.user = "ivan";
+  request.priority = Priority::kCritical;
+  request.justification = "demo day";
+  const int64_t id = engine.acquire(request, kMonday).lease_id;
+  request.priority = Priority::kNormal;
+  const int64_t normal = engine.acquire(request, kMonday).lease_id;
+  engine.release(id, Outcome::kCompleted, kMonday + kHour);
+  engine.release(normal, Outcome::kCompleted, kMonday + kHour);
+  Store store(path);
+  store.write(engine, engine.take_changes());
+  const Snapshot old = store.load(kMonday + 72 * kHour, 24 * kHour, 0);  // ended two days before
+  ASSERT_EQ(old.leases.size(), 1u);
+  EXPECT_EQ(old.leases[0].id, id);
+  EXPECT_TRUE(old.leases[0].review_pending);
+  engine.review_emergency(id, "admin", kMonday + 72 * kHour, "justified");
+  store.write(engine, engine.take_changes());
+  EXPECT_TRUE(store.load(kMonday + 72 * kHour, 24 * kHour, 0).leases.empty());
+}
+
 // The message of the StoreError loading `path` throws; empty (and a test failure) when it loads.
 std::string load_error(const std::string& path) {
   Store store(path);
