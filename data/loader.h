@@ -79,7 +79,7 @@ class DataLoader {
   LoaderConfig cfg_;
   AugmentConfig aug_;
   bool train_;
-  bool rect_;            // rectangular batch shapes, images in aspect-ratio order
+  bool rect_;  // rectangular batch shapes, images in aspect-ratio order
   int workers_ = 0;
   std::string cache_note_;
   bool closed_ = false;
