@@ -34,6 +34,9 @@ struct Snapshot {
   // and the lease ids that audit and heartbeat rows name), loaded or not.
   int64_t next_lease_id = 1;
   int64_t next_approval_id = 1;
+  // issue 19: every loan application and credit grant (few; never deleted)
+  std::vector<Loan> loans;
+  std::vector<CreditGrant> grants;
 };
 
 struct RepairReport;
