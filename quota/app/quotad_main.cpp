@@ -17,6 +17,7 @@
 #include "quota/server/http_server.h"
 #include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
+#include "quota/server/statement.h"
 #include "quota/service/service.h"
 #include "quota/store/store.h"
 
@@ -164,10 +165,13 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
 
-  std::string report_month, report_format = "md", report_db = "quotad.db", report_policy, report_out;
+  std::string report_month, report_quarter, report_format = "md", report_db = "quotad.db", report_policy, report_out;
   int report_top = 10;
-  auto* report_cmd = app.add_subcommand("report", "monthly usage journal per team, read from the database");
-  report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)")->required();
+  auto* report_cmd = app.add_subcommand(
+      "report", "monthly usage journal per team (--month), or the quarter-end statement per member (--quarter)");
+  report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)");
+  report_cmd->add_option("--quarter", report_quarter,
+                         "YYYY-Qn: balances, loans, grants and a ranking (needs --policy)");
   report_cmd->add_option("--format", report_format, "md, html or csv")
       ->check(CLI::IsMember({"md", "html", "csv"}))
       ->capture_default_str();
@@ -208,7 +212,25 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (*report_cmd && !report_quarter.empty()) {
+      if (!report_month.empty()) throw std::runtime_error("--quarter: give either --month or --quarter, not both");
+      quarter_months(report_quarter);  // names --quarter before anything else is read
+      if (report_policy.empty()) throw std::runtime_error("--policy: required with --quarter (the credit rules)");
+      const QuarterStatement statement = build_statement(report_db, report_quarter, load_policy(report_policy));
+      const std::string text = report_format == "html"  ? statement_html(statement)
+                               : report_format == "csv" ? statement_csv(statement)
+                                                        : statement_markdown(statement);
+      if (report_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::ofstream out(report_out, std::ios::binary);
+        out << text;
+        if (!out) throw std::runtime_error(report_out + ": cannot write");
+      }
+      return 0;
+    }
     if (*report_cmd) {
+      if (report_month.empty()) throw std::runtime_error("--month: required (or --quarter)");
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
       const MonthlyReport report = build_report(report_db, report_month, policy.get(), report_top);
