@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,7 +14,9 @@
 #include <random>
 
 #include "quota/core/policy.h"
+#include "quota/core/recommend.h"
 #include "quota/core/sha256.h"
+#include "quota/server/history.h"
 #include "quota/server/http_server.h"
 #include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
@@ -180,6 +183,20 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
 
+  int recommend_months = 3;
+  std::string recommend_db = "quotad.db", recommend_policy, recommend_diff;
+  auto* recommend_cmd = app.add_subcommand(
+      "recommend", "propose base and burst per team from the recorded history, with the figures and a policy diff");
+  recommend_cmd->add_option("--months", recommend_months, "history to read: the last N x 30 days")
+      ->check(CLI::Range(1, 36))
+      ->capture_default_str();
+  recommend_cmd->add_option("--db", recommend_db, "quotad's SQLite database")->capture_default_str();
+  recommend_cmd->add_option("--policy", recommend_policy, "the policy file the diff applies to")->required();
+  std::string recommend_until;
+  recommend_cmd->add_option("--until", recommend_until,
+                            "YYYY-MM-DD (UTC): the window ends at that midnight (default: now)");
+  recommend_cmd->add_option("--diff", recommend_diff, "also write the diff alone to this file (patch -p0 < FILE)");
+
   std::string render_out;
   double render_memory_per_gpu = 32;
   auto* render_cmd =
@@ -209,6 +226,41 @@ int main(int argc, char** argv) {
         out << text;
         if (!out) throw std::runtime_error(render_out + ": cannot write");
         std::fprintf(stderr, "wrote %s\n", render_out.c_str());
+      }
+      return 0;
+    }
+    if (*recommend_cmd) {
+      const Policy policy = load_policy(recommend_policy);
+      std::ifstream policy_in(recommend_policy, std::ios::binary);
+      const std::string policy_text((std::istreambuf_iterator<char>(policy_in)), std::istreambuf_iterator<char>());
+      int64_t now = system_now_ms();
+      if (!recommend_until.empty()) {
+        int64_t month_start = 0, month_end = 0;
+        const bool shape = recommend_until.size() == 10 && recommend_until[7] == '-' &&
+                           std::isdigit(static_cast<unsigned char>(recommend_until[8])) &&
+                           std::isdigit(static_cast<unsigned char>(recommend_until[9]));
+        try {
+          if (!shape) throw std::invalid_argument("shape");
+          month_range_ms(recommend_until.substr(0, 7), month_start, month_end);
+        } catch (const std::invalid_argument&) {
+          throw std::runtime_error("--until: expected YYYY-MM-DD, got '" + recommend_until + "'");
+        }
+        now = month_start + (std::stoll(recommend_until.substr(8, 2)) - 1) * 86400000LL;
+        if (recommend_until.substr(8, 2) == "00" || now >= month_end) {
+          throw std::runtime_error("--until: no such day '" + recommend_until + "'");
+        }
+      }
+      const UsageHistory history =
+          load_history(recommend_db, policy, now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
+      const Recommendation recommendation = recommend(policy, history);
+      const std::string diff = policy_diff(policy_text, recommend_policy, policy, recommendation);
+      std::printf("%s\n", recommendation_text(recommendation).c_str());
+      std::printf("%s", diff.empty() ? "The policy already matches: no change proposed.\n"
+                                     : ("Policy diff (apply with: patch -p0 < FILE):\n\n" + diff).c_str());
+      if (!recommend_diff.empty()) {
+        std::ofstream out(recommend_diff, std::ios::binary);
+        out << diff;
+        if (!out) throw std::runtime_error(recommend_diff + ": cannot write");
       }
       return 0;
     }

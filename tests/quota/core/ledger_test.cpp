@@ -171,6 +171,42 @@ TEST(Ledger, ContributionCreditsAreGrantedByALeadCappedPerQuarterAndShownInTheBa
   expect_sound(e, kDec);
 }
 
+TEST(Ledger, PolicyKeysAreValidatedWithFileAndLine) {
+  const std::string head = R"(inventory:
+  nodes: [{name: n, gpus: 4, memory_gib: 80}]
+users:
+  a: {token_sha256: 9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}
+teams:
+  t: {base: 2, members: [a]}
+credits:
+  monthly_gpu_hours: 100
+)";
+  const Policy fine = load_policy_from_string(head +
+                                                  "  automatic_loan: false\n  loan_applications_per_month: 1\n"
+                                                  "  max_loan_gpu_hours_per_month: 30\n"
+                                                  "  max_grant_gpu_hours_per_quarter: 0\n",
+                                              "p.yaml");
+  EXPECT_FALSE(fine.automatic_loan);
+  EXPECT_EQ(fine.loan_applications_per_month, 1);
+  EXPECT_DOUBLE_EQ(fine.max_loan_gpu_hours_per_month, 30);
+  EXPECT_DOUBLE_EQ(fine.max_grant_gpu_hours_per_quarter, 0);
+  const std::pair<std::string, std::string> bad[] = {
+      {"  max_grant_gpu_hours_per_quarter: -1\n", "p.yaml:9: credits.max_grant_gpu_hours_per_quarter"},
+      {"  max_loan_gpu_hours_per_month: .nan\n", "p.yaml:9: credits.max_loan_gpu_hours_per_month"},
+      {"  loan_applications_per_month: -2\n", "p.yaml:9: credits.loan_applications_per_month"},
+      {"  automatic_loan: maybe\n", "p.yaml:9"},
+      {"  loans_per_month: 2\n", "p.yaml:9"},
+  };
+  for (const auto& [line, expected] : bad) {
+    try {
+      load_policy_from_string(head + line, "p.yaml");
+      ADD_FAILURE() << line;
+    } catch (const PolicyError& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  }
+}
+
 TEST(Ledger, QuarterStringsAreValidatedNamingTheArgument) {
   EXPECT_EQ(quarter_months("2026-Q4"), (std::vector<std::string>{"2026-10", "2026-11", "2026-12"}));
   EXPECT_EQ(quarter_of("2026-11"), "2026-Q4");
