@@ -189,6 +189,54 @@ QuarterStatement build_statement(const std::string& db_path, const std::string& 
   return statement;
 }
 
+double LedgerTotals::loan(const std::string& user, const std::string& month) const {
+  auto it = loans.find({user, month});
+  return it == loans.end() ? 0 : it->second;
+}
+
+double LedgerTotals::grant(const std::string& user, const std::string& month) const {
+  auto it = grants.find({user, month});
+  return it == grants.end() ? 0 : it->second;
+}
+
+LedgerTotals read_ledger_totals(const std::string& db_path) {
+  // the tables are small (a few records per member and month): read them whole
+  LedgerTotals totals;
+  sqlite3* raw = nullptr;
+  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
+    sqlite3_close(raw);
+    throw std::runtime_error(db_path + ": cannot open the quota database: " + msg);
+  }
+  Db db(raw);
+  sqlite3_busy_timeout(db.get(), 10000);
+  for (const char* table : {"loans", "grants"}) {
+    Query exists = prepare(db.get(), db_path, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+    sqlite3_bind_text(exists.get(), 1, table, -1, SQLITE_STATIC);
+    if (sqlite3_step(exists.get()) != SQLITE_ROW) continue;
+    const bool loans = std::string(table) == "loans";
+    Query query = prepare(db.get(), db_path, loans ? "SELECT id, body FROM loans" : "SELECT id, body FROM grants");
+    while (sqlite3_step(query.get()) == SQLITE_ROW) {
+      try {
+        const nlohmann::json body = nlohmann::json::parse(column_text(query.get(), 1));
+        if (loans) {
+          const Loan loan = loan_from_json(body);
+          if (loan.state == LoanState::kApproved || loan.state == LoanState::kRepaid) {
+            totals.loans[{loan.user, loan.month}] += loan.gpu_hours;
+          }
+        } else {
+          const CreditGrant grant = grant_from_json(body);
+          totals.grants[{grant.user, grant.month}] += grant.gpu_hours;
+        }
+      } catch (const std::exception& error) {
+        throw std::runtime_error(db_path + ": table " + table + ", row id " +
+                                 std::to_string(sqlite3_column_int64(query.get(), 0)) + ": " + error.what());
+      }
+    }
+  }
+  return totals;
+}
+
 namespace {
 
 // One table of the statement, rendered the same way in Markdown and HTML.

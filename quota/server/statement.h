@@ -2,7 +2,9 @@
 // `quotad report --quarter YYYY-Qn`: the quarter-end statement per member (balance, loans, contribution credits
 // and a ranking), read from quotad's SQLite store (issue 19).
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quota/core/ledger.h"
@@ -42,6 +44,15 @@ struct QuarterStatement {
   std::vector<Loan> loans;               // applications for the quarter's months
   std::vector<CreditGrant> grants;       // grants in the quarter
 };
+
+// Approved (or repaid) loan and granted GPU-hours per (user, month), read-only from the store; empty where the
+// database predates the loans and grants tables. The monthly report's allowances use it.
+struct LedgerTotals {
+  std::map<std::pair<std::string, std::string>, double> loans, grants;
+  double loan(const std::string& user, const std::string& month) const;
+  double grant(const std::string& user, const std::string& month) const;
+};
+LedgerTotals read_ledger_totals(const std::string& db_path);
 
 // Reads `db_path` read-only. `quarter` is "YYYY-Qn" (PolicyError naming --quarter otherwise); the policy gives the
 // members and the credit rules. `now_ms` (0: the system clock) is the generation time; months that have not

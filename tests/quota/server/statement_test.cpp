@@ -160,6 +160,20 @@ TEST(QuotadStatement, BalancesLoansGrantsAndRanking) {
   EXPECT_THROW(build_statement(scripted_db(), "2026-Q5", policy), PolicyError);
 }
 
+TEST(QuotadStatement, MonthlyReportUsesTheSameAllowance) {
+  const Policy policy = load_policy(policy_file());
+  auto allowance = [&](const std::string& month, const std::string& user) {
+    for (const auto& credit : build_report(scripted_db(), month, &policy, 10, at("2026-12", 15, 12)).credits) {
+      if (credit.user == user) return credit.allowance;
+    }
+    return -2.0;
+  };
+  EXPECT_DOUBLE_EQ(allowance("2026-11", "alice"), 20);  // 10 + the approved loan
+  EXPECT_DOUBLE_EQ(allowance("2026-12", "alice"), 4);   // 10 - the 6 repaid
+  EXPECT_DOUBLE_EQ(allowance("2026-11", "bob"), 15);    // 10 + the grant
+  EXPECT_DOUBLE_EQ(allowance("2026-10", "erin"), 6);    // 10 - September's overrun
+}
+
 TEST(QuotadStatement, MarkdownHtmlAndCsv) {
   const Policy policy = load_policy(policy_file());
   const QuarterStatement statement = build_statement(scripted_db(), "2026-Q4", policy, at("2026-12", 15, 12));
