@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "quota/core/engine.h"
 #include "tests/quota/quota_test_util.h"
@@ -169,6 +170,57 @@ TEST(Ledger, ContributionCreditsAreGrantedByALeadCappedPerQuarterAndShownInTheBa
   EXPECT_EQ(refusal_of([&] { e.grant_credits("alice", 1, "more", "admin", kDec); }), Refusal::kLimit);
   EXPECT_NEAR(e.month_credit_of("alice", "2026-12").debt, 0.0, 1e-9);
   expect_sound(e, kDec);
+}
+
+TEST(Ledger, RandomApplicationsDecisionsGrantsAndRolloversKeepTheInvariants) {
+  Engine e(applications_policy());
+  std::mt19937 random(19);
+  const std::vector<std::string> people = {"alice", "bob", "carol", "dave", "erin", "oscar", "ivan", "admin"};
+  auto pick = [&](const std::vector<std::string>& from) { return from[random() % from.size()]; };
+  const double amounts[] = {-1, 0, 0.5, 5, 20, 49, 60, std::numeric_limits<double>::quiet_NaN()};
+  int64_t now = kMonday - 60 * 24 * kHour;  // early October
+  int applied = 0, approved = 0, granted = 0, refused = 0;
+  for (int step = 0; step < 3000; ++step) {
+    now += static_cast<int64_t>(random() % 90) * kMinute;
+    try {
+      switch (random() % 4) {
+        case 0:
+          e.apply_loan(pick(people), amounts[random() % 8], "why", now);
+          ++applied;
+          break;
+        case 1: {
+          if (e.loans().empty()) break;
+          auto it = std::next(e.loans().begin(), static_cast<long>(random() % e.loans().size()));
+          e.decide_loan(it->first, random() % 3 != 0, pick(people), "", now);
+          ++approved;
+          break;
+        }
+        case 2:
+          e.grant_credits(pick(people), amounts[random() % 8], "tool", pick(people), now);
+          ++granted;
+          break;
+        default: e.tick(now);
+      }
+    } catch (const LedgerError&) {
+      ++refused;
+    }
+    const auto errors = e.check_invariants(now);
+    ASSERT_TRUE(errors.empty()) << "step " << step << ": " << errors.front();
+  }
+  EXPECT_GT(applied, 20);
+  EXPECT_GT(approved, 5);
+  EXPECT_GT(granted, 5);
+  EXPECT_GT(refused, 100);
+  EXPECT_GE(month_key(now), "2026-12");  // several rollovers happened
+  int settled = 0;
+  for (const auto& [id, loan] : e.loans()) {
+    if (loan.month < month_key(now)) {
+      EXPECT_NE(loan.state, LoanState::kPending) << id;
+      EXPECT_NE(loan.state, LoanState::kApproved) << id;
+      ++settled;
+    }
+  }
+  EXPECT_GT(settled, 0);
 }
 
 TEST(Ledger, PolicyKeysAreValidatedWithFileAndLine) {
