@@ -168,6 +168,35 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
 
+  // the ledger (issue 19)
+  std::string loan_state, ledger_text, ledger_user, ledger_month;
+  double ledger_hours = 0;
+  int64_t loan_id = 0;
+  auto* loans_cmd = app.add_subcommand("loans", "list loan applications (own; leads: the team's; admins: all)");
+  add_admin(loans_cmd);
+  loans_cmd->add_option("--state", loan_state, "pending, approved, rejected, repaid or expired");
+  auto* apply_cmd = app.add_subcommand("apply-loan", "apply for GPU-hours beyond this month's allowance");
+  add_admin(apply_cmd);
+  apply_cmd->add_option("hours", ledger_hours, "GPU-hours")->required();
+  apply_cmd->add_option("--justification", ledger_text, "why (for the lead who decides)")->required();
+  auto* approve_loan_cmd = app.add_subcommand("approve-loan", "approve a loan (a lead of the team or an admin)");
+  add_admin(approve_loan_cmd);
+  approve_loan_cmd->add_option("id", loan_id, "loan id")->required();
+  approve_loan_cmd->add_option("--note", note, "note for the audit log");
+  auto* reject_loan_cmd = app.add_subcommand("reject-loan", "reject a loan (a lead of the team or an admin)");
+  add_admin(reject_loan_cmd);
+  reject_loan_cmd->add_option("id", loan_id, "loan id")->required();
+  reject_loan_cmd->add_option("--note", note, "reason for the audit log");
+  auto* grant_cmd = app.add_subcommand("grant", "grant contribution credits to a member (a lead or an admin)");
+  add_admin(grant_cmd);
+  grant_cmd->add_option("user", ledger_user, "member")->required();
+  grant_cmd->add_option("hours", ledger_hours, "GPU-hours")->required();
+  grant_cmd->add_option("--reason", ledger_text, "the contribution: a shared tool, a dataset, ...")->required();
+  auto* balance_cmd = app.add_subcommand("balance", "a member's allowance, use, loans and grants for a month");
+  add_admin(balance_cmd);
+  balance_cmd->add_option("--user", ledger_user, "member (default: the caller)");
+  balance_cmd->add_option("--month", ledger_month, "YYYY-MM (default: this month)");
+
   std::string report_month, report_quarter, report_format = "md", report_db = "quotad.db", report_policy, report_out;
   int report_top = 10;
   auto* report_cmd = app.add_subcommand(
@@ -367,6 +396,49 @@ int main(int argc, char** argv) {
                     reply["state"].get<std::string>().c_str(), reply["decided_by"].get<std::string>().c_str(),
                     static_cast<long long>(reply["lease_id"].get<int64_t>()),
                     reply["lease"]["state"].get<std::string>().c_str());
+        return 0;
+      }
+    } else if (*loans_cmd) {
+      reply = admin_call(admin, "GET", "/v1/loans" + (loan_state.empty() ? "" : "?state=" + loan_state));
+      if (!admin.raw_json) {
+        std::printf("%-5s %-10s %-14s %-8s %8s %-9s %-10s %8s %s\n", "id", "user", "team", "month", "hours", "state",
+                    "decided_by", "repaid", "justification");
+        for (const auto& loan : reply["loans"]) {
+          std::printf("%-5lld %-10s %-14s %-8s %8.1f %-9s %-10s %8.1f %s\n",
+                      static_cast<long long>(loan["id"].get<int64_t>()), loan["user"].get<std::string>().c_str(),
+                      loan["team"].get<std::string>().c_str(), loan["month"].get<std::string>().c_str(),
+                      loan["amount_gpu_hours"].get<double>(), loan["state"].get<std::string>().c_str(),
+                      loan["decided_by"].get<std::string>().c_str(), loan["repaid_gpu_hours"].get<double>(),
+                      loan["justification"].get<std::string>().c_str());
+        }
+        return 0;
+      }
+    } else if (*apply_cmd) {
+      reply = admin_call(admin, "POST", "/v1/loans",
+                         json{{"amount_gpu_hours", ledger_hours}, {"justification", ledger_text}}.dump());
+    } else if (*approve_loan_cmd || *reject_loan_cmd) {
+      reply = admin_call(admin, "POST",
+                         "/v1/loans/" + std::to_string(loan_id) + (*approve_loan_cmd ? "/approve" : "/reject"),
+                         json{{"note", note}}.dump());
+    } else if (*grant_cmd) {
+      reply =
+          admin_call(admin, "POST", "/v1/credits",
+                     json{{"user", ledger_user}, {"amount_gpu_hours", ledger_hours}, {"reason", ledger_text}}.dump());
+    } else if (*balance_cmd) {
+      std::string query;
+      if (!ledger_user.empty()) query += "user=" + ledger_user;
+      if (!ledger_month.empty()) query += (query.empty() ? "" : "&") + std::string("month=") + ledger_month;
+      reply = admin_call(admin, "GET", "/v1/balance" + (query.empty() ? "" : "?" + query));
+      if (!admin.raw_json) {
+        std::printf(
+            "%s (%s), %s: allowance %.1f GPU-hours = monthly %.1f + automatic loan %.1f + loans %.1f + "
+            "grants %.1f - repaying %.1f; used %.1f; balance %.1f\n",
+            reply["user"].get<std::string>().c_str(), reply["team"].get<std::string>().c_str(),
+            reply["month"].get<std::string>().c_str(), reply["allowance_gpu_hours"].get<double>(),
+            reply["monthly_gpu_hours"].get<double>(), reply["automatic_loan_gpu_hours"].get<double>(),
+            reply["loans_gpu_hours"].get<double>(), reply["grants_gpu_hours"].get<double>(),
+            reply["repaying_gpu_hours"].get<double>(), reply["used_gpu_hours"].get<double>(),
+            reply["balance_gpu_hours"].get<double>());
         return 0;
       }
     } else if (*approvals_cmd) {

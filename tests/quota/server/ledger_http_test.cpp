@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -62,6 +63,7 @@ struct Quotad {
   std::unique_ptr<QuotaService> service;
   std::unique_ptr<QuotaServer> server;
   std::unique_ptr<httplib::Client> client;
+  int port = 0;
   Quotad(const std::string& db, std::shared_ptr<std::atomic<int64_t>> clock) : now(std::move(clock)) {
     ServiceOptions options;
     options.db_path = db;
@@ -69,7 +71,8 @@ struct Quotad {
     options.clock = [shared] { return shared->load(); };
     service = std::make_unique<QuotaService>(applications_policy(), options);
     server = std::make_unique<QuotaServer>(*service, ServerOptions{});
-    client = std::make_unique<httplib::Client>("127.0.0.1", server->start());
+    port = server->start();
+    client = std::make_unique<httplib::Client>("127.0.0.1", port);
   }
   ~Quotad() { server->stop(); }
 };
@@ -228,6 +231,37 @@ TEST(QuotaLedgerHttp, HardeningRulesForEveryLedgerEndpoint) {
   EXPECT_TRUE(seen);
   std::vector<std::string> errors = quotad.service->check_invariants();
   EXPECT_TRUE(errors.empty()) << errors.front();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(QuotaLedgerHttp, CommandLineVerbs) {
+  const std::string db = testing::temp_db("ledger_cli");
+  auto clock = std::make_shared<std::atomic<int64_t>>(kMonday + 9 * kHour);
+  Quotad quotad(db, clock);
+  const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  const std::string server = " --server http://127.0.0.1:" + std::to_string(quotad.port);
+  const std::string out = db + ".out", err = db + ".err";
+  auto run = [&](const std::string& args, const std::string& token) {
+    return std::system((bin + " " + args + server + " --token " + token + " > " + out + " 2> " + err).c_str());
+  };
+  ASSERT_EQ(run("apply-loan 12.5 --justification 'rebuttal runs'", "alice-token"), 0) << read_text(err);
+  EXPECT_NE(run("approve-loan 1", "alice-token"), 0);
+  EXPECT_NE(read_text(err).find("HTTP 403"), std::string::npos) << read_text(err);
+  ASSERT_EQ(run("approve-loan 1 --note ok", "carol-token"), 0) << read_text(err);
+  ASSERT_EQ(run("grant alice 3 --reason 'shared tool'", "carol-token"), 0) << read_text(err);
+  ASSERT_EQ(run("balance", "alice-token"), 0) << read_text(err);
+  EXPECT_NE(read_text(out).find("allowance 115.5 GPU-hours = monthly 100.0 + automatic loan 0.0 + loans 12.5 + "
+                                "grants 3.0"),
+            std::string::npos)
+      << read_text(out);
+  ASSERT_EQ(run("loans --state approved", "carol-token"), 0) << read_text(err);
+  EXPECT_NE(read_text(out).find("rebuttal runs"), std::string::npos) << read_text(out);
 }
 
 }  // namespace
