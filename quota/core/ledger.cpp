@@ -14,6 +14,7 @@ namespace {
 constexpr LoanState kLoanStates[] = {LoanState::kPending, LoanState::kApproved, LoanState::kRejected,
                                      LoanState::kRepaid, LoanState::kExpired};
 constexpr size_t kMaxFreeText = 2000;
+constexpr int kMaxGrantsPerQuarter = 100;  // per member
 constexpr double kEps = 1e-9;
 
 std::string fixed_text(double value, int digits = 1) {
@@ -325,8 +326,17 @@ const CreditGrant& Engine::grant_credits(const std::string& user, double gpu_hou
   const std::string month = month_key(now_ms);
   const std::string quarter = quarter_of(month);
   double sum = 0;
+  int count = 0;
   for (const auto& [id, grant] : grants_) {
-    if (grant.user == user && quarter_of(grant.month) == quarter) sum += grant.gpu_hours;
+    if (grant.user == user && quarter_of(grant.month) == quarter) {
+      sum += grant.gpu_hours;
+      ++count;
+    }
+  }
+  if (count >= kMaxGrantsPerQuarter) {
+    // the GPU-hour cap alone would let tiny grants pile up records without end
+    throw LedgerError(Kind::kLimit, "grants: " + user + " already has " + std::to_string(count) + " grants in " +
+                                        quarter + " (at most " + std::to_string(kMaxGrantsPerQuarter) + ")");
   }
   if (sum + gpu_hours > policy_.max_grant_gpu_hours_per_quarter + kEps) {
     throw LedgerError(Kind::kLimit, "amount_gpu_hours: " + fixed_text(gpu_hours) + " more would make " +

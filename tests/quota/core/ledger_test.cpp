@@ -170,6 +170,9 @@ TEST(Ledger, ContributionCreditsAreGrantedByALeadCappedPerQuarterAndShownInTheBa
   EXPECT_EQ(refusal_of([&] { e.grant_credits("alice", 1, "more", "admin", kDec); }), Refusal::kLimit);
   EXPECT_NEAR(e.month_credit_of("alice", "2026-12").debt, 0.0, 1e-9);
   expect_sound(e, kDec);
+  // tiny grants cannot pile up records without end: at most 100 per member and quarter
+  for (int i = 0; i < 100; ++i) e.grant_credits("bob", 0.01, "typo fix", "carol", kNov);
+  EXPECT_EQ(refusal_of([&] { e.grant_credits("bob", 0.01, "typo fix", "carol", kNov); }), Refusal::kLimit);
 }
 
 TEST(Ledger, RandomApplicationsDecisionsGrantsAndRolloversKeepTheInvariants) {
