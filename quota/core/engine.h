@@ -215,7 +215,9 @@ class Engine {
   // Loan applications and contribution credits (issue 19; defined in ledger.cpp). Refusals throw LedgerError.
   // `user` applies for `gpu_hours` more this month; a lead of the user's team or an admin decides, never the
   // applicant. Approved loans raise the month's allowance; the overrun is repaid from the next month's credits.
-  const Loan& apply_loan(const std::string& user, double gpu_hours, const std::string& justification, int64_t now_ms);
+  // A repeated `idempotency_key` of the same user returns the loan it created, unchanged (`replayed` set).
+  const Loan& apply_loan(const std::string& user, double gpu_hours, const std::string& justification, int64_t now_ms,
+                         const std::string& idempotency_key = "", bool* replayed = nullptr);
   const Loan& decide_loan(int64_t loan_id, bool approve, const std::string& by, const std::string& note,
                           int64_t now_ms);
   // `by` credits `user` with `gpu_hours` this month for a contribution (`reason`), within the quarter's cap.

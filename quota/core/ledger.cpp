@@ -95,7 +95,8 @@ nlohmann::json to_json(const Loan& loan) {
                         {"created_ms", loan.created_ms},
                         {"decided_ms", loan.decided_ms},
                         {"repaid_gpu_hours", loan.repaid_gpu_hours},
-                        {"repaid_in", loan.repaid_in}};
+                        {"repaid_in", loan.repaid_in},
+                        {"idempotency_key", loan.idempotency_key}};
 }
 
 nlohmann::json to_json(const CreditGrant& grant) {
@@ -125,6 +126,7 @@ Loan loan_from_json(const nlohmann::json& record) {
   loan.decided_ms = record.value("decided_ms", int64_t{0});
   loan.repaid_gpu_hours = record.value("repaid_gpu_hours", 0.0);
   loan.repaid_in = record.value("repaid_in", "");
+  loan.idempotency_key = record.value("idempotency_key", "");
   return loan;
 }
 
@@ -210,7 +212,16 @@ const Loan* Engine::find_loan(int64_t loan_id) const {
 }
 
 const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const std::string& justification,
-                               int64_t now_ms) {
+                               int64_t now_ms, const std::string& idempotency_key, bool* replayed) {
+  if (replayed != nullptr) *replayed = false;
+  if (!idempotency_key.empty()) {
+    for (const auto& [id, loan] : loans_) {
+      if (loan.user == user && loan.idempotency_key == idempotency_key) {
+        if (replayed != nullptr) *replayed = true;
+        return loan;
+      }
+    }
+  }
   const auto user_it = policy_.users.find(user);
   if (user_it == policy_.users.end() || user_it->second.team.empty()) {
     throw LedgerError(Kind::kForbidden, "user: " + user + " is not a member of a team (loans are per member)");
@@ -253,6 +264,7 @@ const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const 
   loan.month = month;
   loan.gpu_hours = gpu_hours;
   loan.justification = justification;
+  loan.idempotency_key = idempotency_key;
   loan.created_ms = now_ms;
   changes_.loans.insert(loan.id);
   log_team(now_ms, user, "loan.requested", loan.team,

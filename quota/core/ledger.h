@@ -34,6 +34,7 @@ struct Loan {
   int64_t decided_ms = 0;
   double repaid_gpu_hours = 0;  // the part of the month's overrun the next month paid back (<= gpu_hours)
   std::string repaid_in;        // the month that paid it back
+  std::string idempotency_key;  // a retried application with the same key gets this loan back
 };
 
 struct CreditGrant {

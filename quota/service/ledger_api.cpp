@@ -1,5 +1,6 @@
 // The ledger's API (issue 19): loan applications, contribution credits and a member's balance.
 //   POST /v1/loans {amount_gpu_hours, justification}      a member applies for this month      201 the loan
+//                                                         (a repeated Idempotency-Key: 200, the same loan)
 //   GET  /v1/loans[?state=S]  GET /v1/loans/{id}           own (members), the team's (leads), all (admins)
 //   POST /v1/loans/{id}/approve|reject {note?}             a lead of the team or an admin, never the applicant
 //   POST /v1/credits {user, amount_gpu_hours, reason}      a lead of the member's team or an admin   201 the grant
@@ -134,11 +135,16 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
       return error(403,
                    "user: " + caller.name + " cannot apply for a loan for " + user + " (members apply for themselves)");
     }
+    if (req.idempotency_key.size() > 128) throw RequestError("Idempotency-Key: longer than 128 characters");
+    check_text("Idempotency-Key", req.idempotency_key, false);
     return locked([&] {
       try {
         ApiResponse response;
-        response.status = 201;
-        response.body = to_json(engine_.apply_loan(caller.name, amount, justification, clock_()));
+        bool replayed = false;
+        response.body =
+            to_json(engine_.apply_loan(caller.name, amount, justification, clock_(), req.idempotency_key, &replayed));
+        response.body["replayed"] = replayed;
+        response.status = replayed ? 200 : 201;
         return response;
       } catch (const LedgerError& refused) {
         return refusal(refused);

@@ -190,6 +190,16 @@ TEST(QuotaLedgerHttp, HardeningRulesForEveryLedgerEndpoint) {
       "user": "bob"})")
                 .status,
             403);
+  // a retried application with the same Idempotency-Key is the same loan, not a second one
+  httplib::Headers keyed = {{"Authorization", "Bearer erin-token"}, {"Idempotency-Key", "retry-1"}};
+  auto first = c.Post("/v1/loans", keyed, R"({"amount_gpu_hours": 5, "justification": "x"})", "application/json");
+  auto again = c.Post("/v1/loans", keyed, R"({"amount_gpu_hours": 5, "justification": "x"})", "application/json");
+  ASSERT_TRUE(first && again);
+  EXPECT_EQ(first->status, 201);
+  EXPECT_EQ(again->status, 200);
+  EXPECT_EQ(json::parse(again->body)["id"], json::parse(first->body)["id"]);
+  EXPECT_TRUE(json::parse(again->body)["replayed"].get<bool>());
+  EXPECT_EQ(call(c, "GET", "/v1/loans", "erin-token").body["loans"].size(), 1u);
   // limits: 2 applications and 50 GPU-hours per member and month
   EXPECT_EQ(call(c, "POST", "/v1/loans", "bob-token", R"({"amount_gpu_hours": 60, "justification": "x"})").status, 429);
   EXPECT_EQ(call(c, "POST", "/v1/loans", "bob-token", R"({"amount_gpu_hours": 10, "justification": "x"})").status, 201);
