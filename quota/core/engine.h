@@ -229,7 +229,9 @@ class Engine {
   const std::map<int64_t, Loan>& loans() const { return loans_; }
   const std::map<int64_t, CreditGrant>& grants() const { return grants_; }
   double granted_gpu_hours(const std::string& user, const std::string& month) const;
-  void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants);
+  // `next_loan_id` / `next_grant_id`: the store's sequences (ids of rows no longer loaded are not reused).
+  void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id = 1,
+                      int64_t next_grant_id = 1);
 
   // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, ...).
   std::vector<std::string> check_invariants(int64_t now_ms) const;

@@ -442,11 +442,12 @@ void Engine::check_ledger(std::vector<std::string>& errors) const {
   }
 }
 
-void Engine::restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants) {
+void Engine::restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id,
+                            int64_t next_grant_id) {
   loans_.clear();
   grants_.clear();
-  next_loan_ = 1;
-  next_grant_ = 1;
+  next_loan_ = std::max<int64_t>(1, next_loan_id);
+  next_grant_ = std::max<int64_t>(1, next_grant_id);
   for (auto& loan : loans) {
     next_loan_ = std::max(next_loan_, loan.id + 1);
     loans_[loan.id] = std::move(loan);

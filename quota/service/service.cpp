@@ -91,7 +91,8 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
                       std::move(snapshot.usage), snapshot.next_audit_seq, now);
       engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
-      engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants));
+      engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                             snapshot.next_grant_id);
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
@@ -105,7 +106,8 @@ void QuotaService::reload_locked(int64_t now_ms) {
   engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), {}, std::move(snapshot.usage),
                   snapshot.next_audit_seq, 0);
   engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
-  engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants));
+  engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                         snapshot.next_grant_id);
 }
 
 void QuotaService::count_committed(const Changes& changes) {

@@ -214,6 +214,16 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
     }
   }
   {
+    Statement statement(
+        prepare("SELECT MAX(COALESCE((SELECT MAX(id) FROM loans), 0), COALESCE((SELECT MAX(row_id) FROM quarantine "
+                "WHERE source = 'loans'), 0)) + 1, MAX(COALESCE((SELECT MAX(id) FROM grants), 0), "
+                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'grants'), 0)) + 1"));
+    if (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.next_loan_id = sqlite3_column_int64(statement.get(), 0);
+      snapshot.next_grant_id = sqlite3_column_int64(statement.get(), 1);
+    }
+  }
+  {
     Statement statement(prepare("SELECT user, month, gpu_hours FROM usage"));
     while (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.usage[{text(statement.get(), 0), text(statement.get(), 1)}] = sqlite3_column_double(statement.get(), 2);
