@@ -925,11 +925,7 @@ double Engine::used_gpu_hours(const std::string& user, const std::string& month,
 }
 
 double Engine::credit_allowance(const std::string& user, const std::string& month, int64_t) const {
-  auto it = usage_.find({user, previous_month_key(month)});
-  const double prev = it == usage_.end() ? 0 : it->second;
-  // last month's overrun was a loan against this month
-  const double debt = std::max(0.0, prev - policy_.monthly_gpu_hours);
-  return policy_.monthly_gpu_hours + policy_.loan_gpu_hours - debt;
+  return month_credit_of(user, month).allowance();
 }
 
 void Engine::end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
@@ -1056,6 +1052,7 @@ void Engine::tick(int64_t now_ms) {
                 "queued request not polled for " + std::to_string(policy_.ttl_s) + " s", "quotad");
     }
   }
+  settle_loans(now_ms);
   schedule(now_ms);
 }
 
@@ -1140,6 +1137,7 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
   if (busy > policy_.total_gpus() - policy_.emergency_pool_gpus()) {
     errors.push_back("non-critical leases hold " + std::to_string(busy) + " GPUs, eating into the emergency pool");
   }
+  check_ledger(errors);
   return errors;
 }
 

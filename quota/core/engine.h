@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "quota/core/ledger.h"
 #include "quota/core/policy.h"
 
 namespace yolo8::quota {
@@ -167,7 +168,11 @@ struct Changes {
   std::set<int64_t> approvals;
   std::vector<AuditEntry> audit;
   std::set<std::pair<std::string, std::string>> usage;  // (user, month)
-  bool empty() const { return leases.empty() && approvals.empty() && audit.empty() && usage.empty(); }
+  std::set<int64_t> loans;
+  std::set<int64_t> grants;
+  bool empty() const {
+    return leases.empty() && approvals.empty() && audit.empty() && usage.empty() && loans.empty() && grants.empty();
+  }
 };
 
 class Engine {
@@ -216,6 +221,29 @@ class Engine {
   double used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const;
   double credit_allowance(const std::string& user, const std::string& month, int64_t now_ms) const;
   const std::map<std::pair<std::string, std::string>, double>& usage() const { return usage_; }
+  // The figures behind credit_allowance().
+  MonthCredit month_credit_of(const std::string& user, const std::string& month) const;
+
+  // Loan applications and contribution credits (issue 19; defined in ledger.cpp). Refusals throw LedgerError.
+  // `user` applies for `gpu_hours` more this month; a lead of the user's team or an admin decides, never the
+  // applicant. Approved loans raise the month's allowance; the overrun is repaid from the next month's credits.
+  // A repeated `idempotency_key` of the same user returns the loan it created, unchanged (`replayed` set).
+  const Loan& apply_loan(const std::string& user, double gpu_hours, const std::string& justification, int64_t now_ms,
+                         const std::string& idempotency_key = "", bool* replayed = nullptr);
+  const Loan& decide_loan(int64_t loan_id, bool approve, const std::string& by, const std::string& note,
+                          int64_t now_ms);
+  // `by` credits `user` with `gpu_hours` this month for a contribution (`reason`), within the quarter's cap.
+  const CreditGrant& grant_credits(const std::string& user, double gpu_hours, const std::string& reason,
+                                   const std::string& by, int64_t now_ms);
+  // Month rollover (called by tick): loans of ended months are settled (repaid or expired), audited.
+  void settle_loans(int64_t now_ms);
+  const Loan* find_loan(int64_t loan_id) const;
+  const std::map<int64_t, Loan>& loans() const { return loans_; }
+  const std::map<int64_t, CreditGrant>& grants() const { return grants_; }
+  double granted_gpu_hours(const std::string& user, const std::string& month) const;
+  // `next_loan_id` / `next_grant_id`: the store's sequences (ids of rows no longer loaded are not reused).
+  void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id = 1,
+                      int64_t next_grant_id = 1);
 
   // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, ...).
   std::vector<std::string> check_invariants(int64_t now_ms) const;
@@ -264,6 +292,10 @@ class Engine {
   std::string user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const;
   std::string queue_reason(const Lease& lease, int64_t now_ms) const;
   std::string fair_share_text(const Lease& lease, int64_t now_ms) const;
+  // The ledger's invariants (ledger.cpp): loans and grants within the policy's caps, repaid <= borrowed.
+  void check_ledger(std::vector<std::string>& errors) const;
+  void log_team(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& team,
+                const std::string& detail);
 
   Policy policy_;
   std::map<int64_t, Lease> leases_;
@@ -271,6 +303,10 @@ class Engine {
   std::vector<AuditEntry> audit_;
   std::map<std::pair<std::string, std::string>, double> usage_;
   std::map<std::pair<std::string, std::string>, int64_t> idempotency_;  // (user, key) -> lease
+  std::map<int64_t, Loan> loans_;
+  std::map<int64_t, CreditGrant> grants_;
+  int64_t next_loan_ = 1;
+  int64_t next_grant_ = 1;
   int64_t next_lease_ = 1;
   int64_t next_approval_ = 1;
   int64_t next_audit_seq_ = 1;

@@ -251,6 +251,9 @@ void Policy::validate() const {
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
   finite_at_least(monthly_gpu_hours, 0, "credits.monthly_gpu_hours");
   finite_at_least(loan_gpu_hours, 0, "credits.loan_gpu_hours");
+  if (loan_applications_per_month < 0) fail("credits.loan_applications_per_month", "must be >= 0 (0: no applications)");
+  finite_at_least(max_loan_gpu_hours_per_month, 0, "credits.max_loan_gpu_hours_per_month");
+  finite_at_least(max_grant_gpu_hours_per_quarter, 0, "credits.max_grant_gpu_hours_per_quarter");
   if (max_batch < 1) fail("limits.max_batch", "must be >= 1");
   if (max_imgsz < 32) fail("limits.max_imgsz", "must be >= 32");
   if (max_queued_per_user < 1) fail("limits.max_queued_per_user", "must be >= 1");
@@ -680,10 +683,22 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
         context.get<int>(section["max_leases_per_gpu"], "sharing.max_leases_per_gpu", policy.max_leases_per_gpu);
   }
   if (const YAML::Node section = root["credits"]; section.IsDefined()) {
-    context.keys(section, "credits", {"monthly_gpu_hours", "loan_gpu_hours"});
+    context.keys(section, "credits",
+                 {"monthly_gpu_hours", "loan_gpu_hours", "automatic_loan", "loan_applications_per_month",
+                  "max_loan_gpu_hours_per_month", "max_grant_gpu_hours_per_quarter"});
     policy.monthly_gpu_hours =
         context.get<double>(section["monthly_gpu_hours"], "credits.monthly_gpu_hours", policy.monthly_gpu_hours);
     policy.loan_gpu_hours = context.get<double>(section["loan_gpu_hours"], "credits.loan_gpu_hours", 0);
+    policy.automatic_loan = context.get<bool>(section["automatic_loan"], "credits.automatic_loan", true);
+    policy.loan_applications_per_month =
+        context.get<int>(section["loan_applications_per_month"], "credits.loan_applications_per_month",
+                         policy.loan_applications_per_month);
+    policy.max_loan_gpu_hours_per_month =
+        context.get<double>(section["max_loan_gpu_hours_per_month"], "credits.max_loan_gpu_hours_per_month",
+                            policy.max_loan_gpu_hours_per_month);
+    policy.max_grant_gpu_hours_per_quarter =
+        context.get<double>(section["max_grant_gpu_hours_per_quarter"], "credits.max_grant_gpu_hours_per_quarter",
+                            policy.max_grant_gpu_hours_per_quarter);
   }
   if (const YAML::Node section = root["waste"]; section.IsDefined()) {
     context.keys(section, "waste", {"gpu_util_below", "after_s"});

@@ -106,6 +106,14 @@ struct Policy {
   // credits, GPU-hours per member per month; 0 disables credits
   double monthly_gpu_hours = 100;
   double loan_gpu_hours = 0;
+  // issue 19: the loan above is granted without asking when `automatic_loan` is on (the behaviour before);
+  // loan applications (POST /v1/loans) need a lead's approval, at most `loan_applications_per_month` per member
+  // and month (0: none) and `max_loan_gpu_hours_per_month` GPU-hours in all; contribution credits granted to a
+  // member are capped at `max_grant_gpu_hours_per_quarter` per quarter (0: no grants)
+  bool automatic_loan = true;
+  int loan_applications_per_month = 2;
+  double max_loan_gpu_hours_per_month = 50;
+  double max_grant_gpu_hours_per_quarter = 50;
   // request bounds
   int max_imgsz = 4096;
   int max_batch = 4096;

@@ -91,6 +91,8 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
                       std::move(snapshot.usage), snapshot.next_audit_seq, now);
       engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
+      engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                             snapshot.next_grant_id);
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
@@ -104,6 +106,8 @@ void QuotaService::reload_locked(int64_t now_ms) {
   engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), {}, std::move(snapshot.usage),
                   snapshot.next_audit_seq, 0);
   engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
+  engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                         snapshot.next_grant_id);
 }
 
 void QuotaService::count_committed(const Changes& changes) {
@@ -399,6 +403,8 @@ std::string allowed_methods(const std::vector<std::string>& parts) {
     if (count == 4 && (parts[3] == "approve" || parts[3] == "reject")) return "POST";
   } else if (count == 2 && (parts[1] == "teams" || parts[1] == "audit" || parts[1] == "queue")) {
     return "GET";
+  } else {
+    return ledger_allowed_methods(parts);
   }
   return "";
 }
@@ -519,6 +525,8 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     return audit(caller, req);
   } else if (part_count == 2 && parts[1] == "queue" && get) {
     return queue(caller);
+  } else if (!ledger_allowed_methods(parts).empty()) {
+    return ledger_route(caller, req, parts);
   }
   return error(404, "no such endpoint: " + req.method + " " + req.path);
 }

@@ -236,5 +236,48 @@ TEST(QuotaStore, AnAuditGapIsFoundAtStartAndRecordedByRepair) {
   std::filesystem::remove(report.backup);
 }
 
+TEST(QuotaStore, LoansAndGrantsRoundTripAndABadLoanRowIsSetAsideWithoutReusingItsId) {
+  const std::string db = temp_db("ledger_store");
+  const int64_t now = kMonday + 9 * kHour;
+  {
+    Engine engine(testing::example_policy());
+    Store store(db);
+    engine.apply_loan("alice", 10, "first", now);
+    engine.apply_loan("bob", 5, "second", now);
+    engine.grant_credits("alice", 3, "tool", "carol", now);
+    store.write(engine, engine.take_changes());
+  }
+  {
+    Store store(db);
+    const Snapshot snapshot = store.load(now, kHour, 10);
+    ASSERT_EQ(snapshot.loans.size(), 2u);
+    EXPECT_EQ(snapshot.loans[1].justification, "second");
+    ASSERT_EQ(snapshot.grants.size(), 1u);
+    EXPECT_EQ(snapshot.grants[0].granted_by, "carol");
+    EXPECT_EQ(snapshot.next_loan_id, 3);
+  }
+  execute(db, "UPDATE loans SET body = '{\"id\": 2, \"state\": \"forgiven\"}' WHERE id = 2");
+  {
+    Store store(db);
+    try {
+      store.load(now, kHour, 10);
+      ADD_FAILURE() << "a bad loan row loaded";
+    } catch (const StoreError& error) {
+      EXPECT_NE(std::string(error.what()).find("table loans, row id 2"), std::string::npos) << error.what();
+    }
+  }
+  const RepairReport report = repair_database(db, now);
+  ASSERT_EQ(report.quarantined.size(), 1u);
+  EXPECT_EQ(report.quarantined[0].rfind("loans row 2", 0), 0u) << report.quarantined[0];
+  Store store(db);
+  Snapshot snapshot = store.load(now, kHour, 10);
+  EXPECT_EQ(snapshot.loans.size(), 1u);
+  EXPECT_EQ(snapshot.next_loan_id, 3);  // 2 stays taken by the quarantined row
+  Engine engine(testing::example_policy());
+  engine.restore_ledger(snapshot.loans, snapshot.grants, snapshot.next_loan_id, snapshot.next_grant_id);
+  EXPECT_EQ(engine.apply_loan("bob", 5, "again", now).id, 3);
+  for (const char* suffix : {"", "-wal"}) std::filesystem::remove(report.backup + suffix);
+}
+
 }  // namespace
 }  // namespace yolo8::quota
