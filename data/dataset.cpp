@@ -692,8 +692,15 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
   }
   std::vector<FileResult> results(files.size());
   std::atomic<size_t> next{0};
+  std::atomic<bool> cancelled{false};
   auto work = [&]() {
-    for (size_t i = next++; i < files.size(); i = next++) results[i] = check_file(files[i], opts);
+    for (size_t i = next++; i < files.size() && !cancelled; i = next++) {
+      if (opts.cancelled && opts.cancelled()) {
+        cancelled = true;
+        break;
+      }
+      results[i] = check_file(files[i], opts);
+    }
   };
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   size_t n_threads =
@@ -702,6 +709,7 @@ DatasetIndex build_index(const std::vector<std::string>& files, const CheckOptio
   for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  if (cancelled) throw CheckCancelled();
 
   auto& s = idx.summary;
   s.files = static_cast<int64_t>(files.size());

@@ -1,9 +1,11 @@
 #pragma once
 // YOLO-format datasets: data.yaml, image lists, label files, verification and the cached index.
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -99,6 +101,15 @@ struct CheckOptions {
   double coord_tolerance = 1e-3;  // normalised coordinates may exceed [0, 1] by this much
   std::string cache_tag;          // told apart in the index name: splits listed in .txt files share folders
   std::string cache_dir;          // "" = default_cache_dir()
+  // Polled between files; when it answers true the check stops and build_index throws CheckCancelled (a run asked
+  // to stop while a large dataset is being verified must not finish the verification first).
+  std::function<bool()> cancelled;
+};
+
+// The check was cancelled through CheckOptions::cancelled; nothing is cached.
+class CheckCancelled : public std::runtime_error {
+ public:
+  CheckCancelled() : std::runtime_error("dataset check cancelled") {}
 };
 
 // Where yolo8 keeps what it derives from a user's files: $YOLO8_CACHE_DIR, else $XDG_CACHE_HOME/yolo8, else

@@ -184,18 +184,32 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   wait.approval_id = response.body.value("approval_id", int64_t{0});
   wait.position = response.body.value("position", 0);
   wait.reason = reason_of(response);
-  if (on_wait) on_wait(wait);
   ApiRequest poll_request;
   poll_request.method = "GET";
   poll_request.path = "/v1/leases/" + std::to_string(id);
+  const auto cancel_request = [&] {
+    ApiRequest cancel;
+    cancel.method = "POST";
+    cancel.path = poll_request.path + "/release";
+    cancel.body = json{{"outcome", to_string(Outcome::kCancelled)}}.dump();
+    call(cancel);
+  };
+  // on_wait may throw to give up (the trainer does on SIGTERM): the queued request is cancelled, not left to
+  // be granted to nobody.
+  const auto report_wait = [&] {
+    if (!on_wait) return;
+    try {
+      on_wait(wait);
+    } catch (...) {
+      cancel_request();
+      throw;
+    }
+  };
+  report_wait();
   int64_t unreachable_since = 0;
   for (;;) {
     if (steady_ms() - start > static_cast<int64_t>(max_wait_s * 1000)) {
-      ApiRequest cancel;
-      cancel.method = "POST";
-      cancel.path = poll_request.path + "/release";
-      cancel.body = json{{"outcome", to_string(Outcome::kCancelled)}}.dump();
-      call(cancel);
+      cancel_request();
       throw std::runtime_error("quota: gave up waiting for lease " + std::to_string(id));
     }
     std::this_thread::sleep_for(poll);
@@ -221,7 +235,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
       wait.status = state == LeaseState::kQueued ? WaitStatus::kQueued : WaitStatus::kNeedsApproval;
       wait.position = response.body.value("position", 0);
       wait.reason = response.body.value("reason", "");
-      if (on_wait) on_wait(wait);
+      report_wait();
       continue;
     }
     throw QuotaRefused(

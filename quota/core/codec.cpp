@@ -85,11 +85,14 @@ json to_json(const LeaseRequest& request) {
 }
 
 json to_json(const Telemetry& telemetry) {
-  return json{{"step", telemetry.step},
-              {"epoch", telemetry.epoch},
-              {"gpu_util", telemetry.gpu_util},
-              {"memory_used_gib", telemetry.memory_used_gib},
-              {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
+  json out{{"step", telemetry.step},
+           {"epoch", telemetry.epoch},
+           {"gpu_util", telemetry.gpu_util},
+           {"memory_used_gib", telemetry.memory_used_gib},
+           {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
+  if (!telemetry.gpu_util_source.empty()) out["gpu_util_source"] = telemetry.gpu_util_source;
+  if (telemetry.device_memory_used_gib >= 0) out["device_memory_used_gib"] = telemetry.device_memory_used_gib;
+  return out;
 }
 
 json to_json(const Lease& lease, const Policy& policy) {
@@ -184,7 +187,13 @@ Telemetry telemetry_from_json(const json& body) {
   telemetry.gpu_util = field<double>(body, "gpu_util", -1);
   telemetry.memory_used_gib = field<double>(body, "memory_used_gib", -1);
   telemetry.last_checkpoint_ms = field<int64_t>(body, "last_checkpoint_ms", 0);
+  telemetry.gpu_util_source = bounded(body, "gpu_util_source", 16);
+  telemetry.device_memory_used_gib = field<double>(body, "device_memory_used_gib", -1);
   if (telemetry.gpu_util > 1.0 + 1e-9) throw RequestError("gpu_util: a fraction within 0..1");
+  if (!telemetry.gpu_util_source.empty() && telemetry.gpu_util_source != "nvml" &&
+      telemetry.gpu_util_source != "busy_time") {
+    throw RequestError("gpu_util_source: expected nvml or busy_time, got '" + telemetry.gpu_util_source + "'");
+  }
   return telemetry;
 }
 
@@ -240,6 +249,8 @@ Lease lease_from_json(const json& record) {
     lease.telemetry.epoch = telemetry.value("epoch", -1);
     lease.telemetry.gpu_util = telemetry.value("gpu_util", -1.0);
     lease.telemetry.memory_used_gib = telemetry.value("memory_used_gib", -1.0);
+    lease.telemetry.gpu_util_source = telemetry.value("gpu_util_source", "");
+    lease.telemetry.device_memory_used_gib = telemetry.value("device_memory_used_gib", -1.0);
     lease.telemetry.last_checkpoint_ms = telemetry.value("last_checkpoint_ms", int64_t{0});
   }
   return lease;

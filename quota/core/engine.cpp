@@ -852,6 +852,8 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
   if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
   if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
   if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
+  if (!telemetry.gpu_util_source.empty()) lease.telemetry.gpu_util_source = telemetry.gpu_util_source;
+  if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
   result.deadline_ms = lease.deadline_ms;
@@ -868,6 +870,8 @@ void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms
   if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
   if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
   if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
+  if (!telemetry.gpu_util_source.empty()) lease.telemetry.gpu_util_source = telemetry.gpu_util_source;
+  if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
 }

@@ -52,7 +52,9 @@ struct Telemetry {
   int64_t step = -1;
   int epoch = -1;
   double gpu_util = -1;         // 0..1
+  std::string gpu_util_source;  // "nvml" (the devices' own figure), "busy_time" (share of time in steps), "" unsaid
   double memory_used_gib = -1;  // peak per GPU
+  double device_memory_used_gib = -1;  // NVML: memory in use on the busiest leased device, every process's
   int64_t last_checkpoint_ms = 0;
 };
 

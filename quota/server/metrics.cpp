@@ -236,8 +236,9 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
   }
   auto& lease_gpus = out.gauge("quotad_lease_gpus", "GPUs (or memory share) held by each running lease.");
   auto& lease_runtime = out.gauge("quotad_lease_runtime_seconds", "Time since grant of each running lease.");
-  auto& lease_util =
-      out.gauge("quotad_lease_gpu_utilization", "Latest GPU utilisation (0..1) reported by each running lease.");
+  auto& lease_util = out.gauge("quotad_lease_gpu_utilization",
+                               "Latest GPU utilisation (0..1) reported by each running lease; source: nvml (the "
+                               "devices' own figure), busy_time (share of time in training steps) or unknown.");
   auto& lease_avg_util =
       out.gauge("quotad_lease_avg_gpu_utilization", "Time-weighted mean GPU utilisation of each running lease so far.");
   auto& heartbeat_age = out.gauge("quotad_lease_heartbeat_age_seconds",
@@ -255,7 +256,11 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
     lease_gpus.Add(labels).Set(lease.units(policy));
     lease_runtime.Add(labels).Set(seconds(now_ms - lease.granted_ms));
     heartbeat_age.Add(labels).Set(seconds(now_ms - std::max(lease.last_seen_ms, lease.granted_ms)));
-    if (lease.telemetry.gpu_util >= 0) lease_util.Add(labels).Set(lease.telemetry.gpu_util);
+    if (lease.telemetry.gpu_util >= 0) {
+      prometheus::Labels with_source = labels;
+      with_source["source"] = lease.telemetry.gpu_util_source.empty() ? "unknown" : lease.telemetry.gpu_util_source;
+      lease_util.Add(with_source).Set(lease.telemetry.gpu_util);
+    }
     if (const LeaseUtil* util = tracker.find(id); util != nullptr && util->samples > 0) {
       lease_avg_util.Add(labels).Set(util->avg_util());
     }

@@ -664,6 +664,8 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
           if (telemetry.step >= 0) latest.step = telemetry.step;
           if (telemetry.epoch >= 0) latest.epoch = telemetry.epoch;
           if (telemetry.gpu_util >= 0) latest.gpu_util = telemetry.gpu_util;
+          if (!telemetry.gpu_util_source.empty()) latest.gpu_util_source = telemetry.gpu_util_source;
+          if (telemetry.device_memory_used_gib >= 0) latest.device_memory_used_gib = telemetry.device_memory_used_gib;
           if (telemetry.memory_used_gib >= 0) latest.memory_used_gib = telemetry.memory_used_gib;
           if (telemetry.last_checkpoint_ms > 0) latest.last_checkpoint_ms = telemetry.last_checkpoint_ms;
           if (store_) {

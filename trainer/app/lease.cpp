@@ -8,9 +8,17 @@
 #include <iostream>
 
 #include "quota/core/policy.h"
+#include "trainer/app/utilisation.h"
 #include "trainer/core/stop_signal.h"
 
 namespace yolo8 {
+namespace {
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
   if (settings.lease.quota == "off") return;
@@ -47,12 +55,29 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   });
   std::cout << "Lease " << lease.id << " granted: " << lease.devices.size() << " GPU, " << lease.memory_gib
             << " GiB each, heartbeat every " << lease.heartbeat_interval_s << " s\n";
-  client_->start_heartbeats([this] {
+  // Utilisation from the leased devices (NVML) when the run uses a GPU and the driver's library loads; the busy
+  // share of each heartbeat interval otherwise. Sampled on the heartbeat thread, once per interval.
+  std::unique_ptr<Nvml> nvml;
+  std::vector<std::string> nvml_devices;
+  if (uses_gpu) {
+    std::string why;
+    nvml = Nvml::load(kNvmlLibrary, &why);
+    std::vector<int> cuda_ids = settings.device_ids();
+    if (cuda_ids.empty()) cuda_ids = {0};
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    nvml_devices = nvml_device_names(cuda_ids, visible ? visible : "");
+    if (!nvml) std::cout << "Utilisation: NVML unavailable (" << why << "); reporting the busy share of the time\n";
+  }
+  auto sampler = std::make_shared<UtilisationSampler>(std::move(nvml), std::move(nvml_devices), monotonic_seconds());
+  client_->start_heartbeats([this, sampler] {
     quota::Telemetry telemetry;
     telemetry.step = telemetry_.step.load();
     telemetry.epoch = telemetry_.epoch.load();
     telemetry.memory_used_gib = telemetry_.memory_used_gib.load();
-    telemetry.gpu_util = telemetry_.gpu_util.load();
+    const UtilisationSampler::Reading reading = sampler->sample(telemetry_.busy_seconds.load(), monotonic_seconds());
+    telemetry.gpu_util = reading.util;
+    telemetry.gpu_util_source = reading.source;
+    telemetry.device_memory_used_gib = reading.device_memory_used_gib;
     telemetry.last_checkpoint_ms = telemetry_.last_checkpoint_ms.load();
     return telemetry;
   });

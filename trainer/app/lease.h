@@ -17,7 +17,9 @@ struct LeaseTelemetry {
   std::atomic<int64_t> step{-1};
   std::atomic<int> epoch{-1};
   std::atomic<double> memory_used_gib{-1.0};
-  std::atomic<double> gpu_util{-1.0};  // share of wall time spent in training steps (no NVML here)
+  // Seconds spent inside training steps so far; the heartbeat turns it into the busy share of its own interval
+  // when there is no NVML (a job whose steps stall reports 0 after one interval, not its last figure).
+  std::atomic<double> busy_seconds{0.0};
   std::atomic<int64_t> last_checkpoint_ms{0};
 };
 

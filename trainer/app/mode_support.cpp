@@ -13,6 +13,7 @@
 
 #include "trainer/app/plots.h"
 #include "trainer/app/progress.h"
+#include "trainer/app/threads.h"
 #include "trainer/core/autocast.h"
 #include "trainer/core/stop_signal.h"
 
@@ -67,6 +68,7 @@ torch::Device pick_device(const Settings& settings) {
 
 data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role) {
   data::LoaderConfig config = settings.loader;
+  config.workers = loader_workers(config.workers, current_cpu_share());
   config.batch = batch;
   config.stride = stride;
   config.shuffle = role == LoaderRole::kTrain;
@@ -82,8 +84,17 @@ std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& sp
   data::CheckOptions options;
   options.nc = spec.nc;
   options.workers = std::max(1, settings.loader.workers);
-  auto index = std::make_shared<data::DatasetIndex>(
-      as_input_error([&] { return data::build_split_index(spec, split, options); }));
+  options.cancelled = [] { return stop_requested(); };
+  bool cancelled = false;  // a stop, not a data error: kept out of as_input_error
+  auto index = std::make_shared<data::DatasetIndex>(as_input_error([&] {
+    try {
+      return data::build_split_index(spec, split, options);
+    } catch (const data::CheckCancelled&) {
+      cancelled = true;
+      return data::DatasetIndex{};
+    }
+  }));
+  if (cancelled) throw StoppedBeforeTraining("checking the " + split + " split of " + spec.yaml_path);
   if (verbose) data::print_report(std::cout, split, *index, 10);
   if (index->records.empty()) {
     throw DataError(spec.yaml_path + ": split '" + split + "' has no usable image (see the report above)");

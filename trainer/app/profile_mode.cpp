@@ -11,6 +11,7 @@
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
+#include "trainer/core/stop_signal.h"
 #include "trainer/core/synthetic_step.h"
 
 namespace yolo8 {
@@ -33,12 +34,19 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
   options.nominal_batch = settings.optim.nbs;
   options.max_batch = std::max(1, max_batch);
   options.device = device;
-  options.log = [](const std::string& line) { std::cout << "  " << line << "\n"; };  // lines name auto-batch
+  // Flushed: sizing takes a while and its progress must reach a piped log (kubectl logs) as it happens.
+  options.log = [](const std::string& line) { std::cout << "  " << line << std::endl; };  // lines name auto-batch
+  // Each trial step first checks for a stop: sizing takes several steps, a SIGTERM must not wait for all of them.
   options.validation_step = [&](int batch) {
+    throw_if_stop_requested("sizing the batch");
     return measure_peak_bytes(meter, [&] { runner.validation_step(batch); });
   };
-  return choose_batch([&](int batch) { return measure_peak_bytes(meter, [&] { runner.train_step(batch); }); },
-                      budget_bytes, options);
+  return choose_batch(
+      [&](int batch) {
+        throw_if_stop_requested("sizing the batch");
+        return measure_peak_bytes(meter, [&] { runner.train_step(batch); });
+      },
+      budget_bytes, options);
 }
 
 torch::Device profile_device(const Settings& settings) {

@@ -100,7 +100,7 @@ struct Settings {
 
   // yolo8's own: quota lease, memory and speed.
   LeaseSettings lease;
-  int threads = 0;  // intra-op threads; 0 = all cores
+  int threads = 0;  // intra-op threads; 0 = the cores this process may use (trainer/app/cpu_share.h)
   bool channels_last = true;
   std::string cfg;  // the YAML this came from, if any
 

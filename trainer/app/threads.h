@@ -2,11 +2,29 @@
 // How many CPU threads LibTorch uses, from the `threads` setting, and the deterministic-algorithms switch.
 // Every mode that computes calls it first (train, val, predict, profile).
 
+#include <string>
+
+#include "trainer/app/cpu_share.h"
 #include "trainer/app/settings.h"
 
 namespace yolo8 {
 
-// threads=N uses N; 0 uses every core (LibTorch's own default is one thread on some machines).
-void configure_threads(const Settings& settings);
+// threads=N uses N; 0 uses this process's CPU share (affinity and cgroup quota, not the host's core count).
+// Returns the share and the thread count chosen.
+struct ThreadChoice {
+  CpuShare share;
+  int threads = 1;
+  std::string explain() const;  // "CPU: 2 compute threads (threads=0: 2 of 2 cores; ...)"
+};
+ThreadChoice configure_threads(const Settings& settings);
+
+// `workers` capped to the CPU share: loader threads beyond it only wait for a core.
+int loader_workers(int requested, const CpuShare& share);
+
+// Idle OpenMP threads that spin take the CPU a neighbour (or our own loader) needs on a shared node. libgomp reads
+// OMP_WAIT_POLICY when it is loaded, before main(), so when neither it nor GOMP_SPINCOUNT is set this sets
+// OMP_WAIT_POLICY=PASSIVE and re-executes the program (`argv` as main got it); it returns only when nothing was
+// to be done or the exec failed. Call first thing in main, before any signal handler is installed.
+void reexec_with_passive_openmp_wait(char** argv);
 
 }  // namespace yolo8

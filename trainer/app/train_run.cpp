@@ -40,12 +40,64 @@ int TrainingRun::run() {
 
 // ---------------------------------------------------------------------------------------------------- set-up
 
+// Every phase of the set-up honours the first SIGTERM (Kubernetes preempts a pod exactly then): the dataset check
+// and the batch sizing poll it, the phases between check it, and the lease queue gives up its place.
 std::optional<int> TrainingRun::set_up() {
+  set_up_watchdog_ = std::thread([this] { watch_set_up(); });
+  const auto end_watch = [this] {
+    {
+      std::lock_guard<std::mutex> lock(set_up_mutex_);
+      set_up_done_ = true;
+    }
+    set_up_watchdog_.join();
+  };
+  try {
+    std::optional<int> exit_code = set_up_phases();
+    end_watch();
+    return exit_code;
+  } catch (const StoppedBeforeTraining& stopped) {
+    end_watch();
+    return exit_before_training(stopped.what());
+  } catch (const StoppedWhileWaiting& stopped) {
+    end_watch();
+    return exit_before_training(stopped.what());
+  } catch (...) {
+    end_watch();
+    throw;
+  }
+}
+
+void TrainingRun::watch_set_up() {
+  constexpr double kSetUpStopGrace = 2.0;  // the phases' own checks usually answer well within it
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(set_up_mutex_);
+    if (set_up_done_) return;
+    if (!stop_requested() || seconds_since_stop_request() < kSetUpStopGrace) continue;
+    // The set-up holds no checkpoint and no file it could leave half-written: give the lease back and leave.
+    if (lease_) lease_->release(quota::Outcome::kPreempted);
+    std::fflush(stdout);
+    std::fprintf(stderr, "yolo8: stopped (%s) before training, %.2f s after the stop request\n",
+                 to_string(stop_reason()).c_str(), seconds_since_stop_request());
+    std::_Exit(kExitPreempted);
+  }
+}
+
+int TrainingRun::exit_before_training(const std::string& why) {
+  if (lease_) lease_->release(quota::Outcome::kPreempted);
+  console_->out() << "Stopped (" << to_string(stop_reason()) << ") before training: " << why << ", " << std::fixed
+                  << std::setprecision(2) << seconds_since_stop_request() << " s after the stop request\n";
+  return kExitPreempted;
+}
+
+std::optional<int> TrainingRun::set_up_phases() {
   run_start_ = Clock::now();
   // Rank 0 prints; known before the process group forms, so every line of the set-up follows it.
   console_ = std::make_unique<Console>(distributed_config_from_env().rank);
   install_stop_signal_handlers();
-  configure_threads(requested_);
+  const ThreadChoice threads = configure_threads(requested_);
+  console_->out() << threads.explain() << ", at most " << loader_workers(requested_.loader.workers, threads.share)
+                  << " loader workers\n";
   settings_ = requested_;
   resume_path_ = resolve_resume_checkpoint(requested_);
   if (!resume_path_.empty()) adopt_resumed_settings();
@@ -57,13 +109,18 @@ std::optional<int> TrainingRun::set_up() {
   is_main_ = dist_.is_main();
 
   load_datasets();
+  throw_if_stop_requested("checking the dataset");
   build_models();
-  if (const std::optional<int> exit_code = acquire_lease()) return exit_code;
+  throw_if_stop_requested("building the model");
+  acquire_lease();
+  throw_if_stop_requested("acquiring the lease");
   size_batch();
+  throw_if_stop_requested("sizing the batch");
   open_run_dir();
   create_loaders();
   build_training_core();
   if (const std::optional<int> exit_code = restore_checkpoint()) return exit_code;
+  throw_if_stop_requested("restoring the checkpoint");
   prepare_outputs();
   return std::nullopt;
 }
@@ -127,17 +184,19 @@ void TrainingRun::build_models() {
 }
 
 // The lease comes before the batch: its memory is the budget the batch is sized to.
-std::optional<int> TrainingRun::acquire_lease() {
+void TrainingRun::acquire_lease() {
   const std::string job_name = run_dir_.empty() ? (settings_.name.empty() ? std::string("train") : settings_.name)
                                                 : run_dir_.filename().string();
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
-    lease_ = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(),
-                                             std::max<int>(1, static_cast<int>(settings_.device_ids().size())));
-  } catch (const StoppedWhileWaiting& stopped) {
-    console_->out() << stopped.what() << "\n";
-    return kExitPreempted;
+    // Rank 0 asks for the whole job: WORLD_SIZE GPUs, whether the ranks share this machine (device=0,1) or
+    // are the pods of an indexed Job (device=0 in each).
+    const int gpus =
+        dist_.enabled() ? dist_.world_size() : std::max<int>(1, static_cast<int>(settings_.device_ids().size()));
+    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus);
+    std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
+    lease_ = std::move(lease);
   } catch (const quota::QuotaRefused& refused) {
     std::string message =
         "the quota service refused the lease (" + std::to_string(refused.status()) + "): " + refused.what();
@@ -149,7 +208,6 @@ std::optional<int> TrainingRun::acquire_lease() {
   if (lease_gib_ > 0 || settings_.lease.gpu_mem > 0) {
     cap_memory_bytes(static_cast<int64_t>(memory_budget_bytes(settings_, device_, lease_gib_)), device_);
   }
-  return std::nullopt;
 }
 
 void TrainingRun::size_batch() {
@@ -366,8 +424,16 @@ void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
   LeaseTelemetry& telemetry = lease_->telemetry();
   telemetry.step.store(ni + 1);
   telemetry.epoch.store(static_cast<int>(epoch));
-  telemetry.memory_used_gib.store(static_cast<double>(run_meter_->peak_bytes()) / kBytesPerGib);
-  telemetry.gpu_util.store(busy_seconds_ / std::max(1e-9, seconds_since(train_start_)));
+  // One lease covers every rank and rank 0's heartbeat speaks for them: the mean busy time and the largest peak
+  // over the ranks, combined every few steps (each combination is a round trip between the ranks).
+  constexpr int64_t kTelemetrySyncSteps = 10;
+  if (!dist_.enabled() || ni % kTelemetrySyncSteps == 0) {
+    const double busy =
+        dist_.all_reduce_mean(torch::tensor({busy_seconds_}, torch::kDouble)).to(torch::kCPU).item<double>();
+    const int64_t peak = dist_.all_reduce_max(static_cast<int64_t>(run_meter_->peak_bytes()));
+    telemetry.memory_used_gib.store(static_cast<double>(peak) / kBytesPerGib);
+    telemetry.busy_seconds.store(busy);
+  }
   lease_->check();
   pending_stop_ = agree_on_stop(dist_);  // a no-op for one process
 }

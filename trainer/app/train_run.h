@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/dataset.h"
@@ -57,12 +59,18 @@ class TrainingRun {
     bool stop_training = false;    // patience or time limit: go to the finish
   };
 
-  // Set-up; an exit code when there is nothing to train.
+  // Set-up; an exit code when there is nothing to train or a stop came first.
   std::optional<int> set_up();
+  std::optional<int> set_up_phases();
+  // Releases the lease (if held) as preempted; kExitPreempted.
+  int exit_before_training(const std::string& why);
+  // A stop request the set-up has not honoured within kSetUpStopGrace (a long trial step, a CUDA initialisation)
+  // ends the process from this thread: lease released, exit 75. Runs until the set-up ends.
+  void watch_set_up();
   void adopt_resumed_settings();
   void load_datasets();
   void build_models();
-  std::optional<int> acquire_lease();
+  void acquire_lease();
   void size_batch();
   void open_run_dir();
   void create_loaders();
@@ -92,6 +100,9 @@ class TrainingRun {
 
   // Declared in the order the set-up creates them, so they are destroyed as the single function did.
   TrainingRunOptions options_;
+  std::mutex set_up_mutex_;  // guards lease_ and set_up_done_ between the set-up and its watchdog
+  bool set_up_done_ = false;
+  std::thread set_up_watchdog_;
   app::Clock::time_point run_start_;
   std::unique_ptr<Console> console_;  // quiet on ranks other than 0
   Settings requested_;

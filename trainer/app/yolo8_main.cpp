@@ -7,15 +7,21 @@
 #include "trainer/app/cli.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/settings.h"
+#include "trainer/app/threads.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {
-  // First thing: a SIGTERM during start-up must still end in a clean stop, not a killed process.
+  // Before the handlers: the exec would drop them. Idle compute threads then sleep instead of spinning.
+  yolo8::reexec_with_passive_openmp_wait(argv);
+  // Then: a SIGTERM during start-up must still end in a clean stop, not a killed process.
   yolo8::install_stop_signal_handlers();
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return yolo8::run_command_line(args);
+  } catch (const yolo8::StoppedBeforeTraining& stopped) {
+    std::cerr << "yolo8: " << stopped.what() << "\n";
+    return yolo8::kExitPreempted;
   } catch (const yolo8::SettingsError& error) {
     std::cerr << "yolo8: " << error.what() << "\n";
     return yolo8::kExitBadInput;

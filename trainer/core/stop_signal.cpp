@@ -82,6 +82,10 @@ double seconds_since_stop_request() {
   return requested < 0 ? -1.0 : static_cast<double>(monotonic_ns() - requested) / 1e9;
 }
 
+void throw_if_stop_requested(const std::string& phase) {
+  if (stop_requested()) throw StoppedBeforeTraining(phase);
+}
+
 void reset_stop_state() {
   g_request_ns.store(-1);
   g_reason.store(static_cast<int>(StopReason::kNone));

@@ -83,6 +83,32 @@ TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   second.release(Outcome::kCompleted);
 }
 
+// The trainer's wait callback throws on SIGTERM: the queued request must be cancelled, or the GPU would be granted
+// to a process that is gone and held until the TTL.
+TEST(QuotaClientLocal, GivingUpWhileQueuedCancelsTheRequest) {
+  const std::string db = temp_db("local_give_up");
+  QuotaClient first(local_config(db, 1));
+  QuotaClient quitter(local_config(db, 1));
+  QuotaClient third(local_config(db, 1));
+  LeaseRequest r;
+  r.model = "yolov8n";
+  r.job = "a";
+  first.acquire(r);
+  r.job = "quitter";
+  int waits = 0;
+  EXPECT_THROW(quitter.acquire(r,
+                               [&](const WaitInfo&) {
+                                 if (++waits == 2) throw std::runtime_error("SIGTERM");
+                               }),
+               std::runtime_error);
+  EXPECT_EQ(waits, 2);
+  first.release(Outcome::kCompleted);
+  r.job = "c";
+  // Granted at once: nothing is queued ahead of it any more (1 s is many polls).
+  EXPECT_EQ(third.acquire(r, {}, 1.0).state, LeaseState::kGranted);
+  third.release(Outcome::kCompleted);
+}
+
 TEST(QuotaClientLocal, AdmissionUsesTheMemoryTableAndReportsTheLargestBatch) {
   ClientConfig c = local_config(temp_db("local_admission"), 1);
   c.local_memory_table = std::string(yolo8::test::kSourceDir) + "/configs/memory-table.yaml";

@@ -21,6 +21,30 @@ std::string policy_error_of(Action action) {
   return "";
 }
 
+// The heartbeat says where its utilisation comes from: the devices (NVML) or the time spent in steps.
+TEST(QuotaCodec, TelemetryCarriesItsUtilisationSource) {
+  const Telemetry nvml =
+      telemetry_from_json(json{{"gpu_util", 0.4}, {"gpu_util_source", "nvml"}, {"device_memory_used_gib", 3.5}});
+  EXPECT_EQ(nvml.gpu_util_source, "nvml");
+  EXPECT_DOUBLE_EQ(nvml.device_memory_used_gib, 3.5);
+  const Telemetry again = telemetry_from_json(to_json(nvml));
+  EXPECT_EQ(again.gpu_util_source, "nvml");
+  EXPECT_DOUBLE_EQ(again.device_memory_used_gib, 3.5);
+  EXPECT_EQ(telemetry_from_json(json{{"gpu_util", 0.1}, {"gpu_util_source", "busy_time"}}).gpu_util_source,
+            "busy_time");
+  // An older trainer says nothing: unknown, not an error.
+  const Telemetry old = telemetry_from_json(json{{"gpu_util", 0.1}});
+  EXPECT_EQ(old.gpu_util_source, "");
+  EXPECT_LT(old.device_memory_used_gib, 0);
+  EXPECT_FALSE(to_json(old).contains("gpu_util_source"));
+  try {
+    telemetry_from_json(json{{"gpu_util", 0.1}, {"gpu_util_source", "guess"}});
+    ADD_FAILURE() << "no RequestError";
+  } catch (const RequestError& error) {
+    EXPECT_NE(std::string(error.what()).find("gpu_util_source"), std::string::npos) << error.what();
+  }
+}
+
 TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
   const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
                                                                   {LeaseState::kQueued, "queued"},

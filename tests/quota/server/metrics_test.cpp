@@ -99,6 +99,26 @@ TEST(QuotadMetrics, WasteListNeedsTheFullDuration) {
   EXPECT_EQ(m.count(R"(quotad_waste_gpu_seconds{job_name="idle-sweep",lease="1",team="team-cv",user="alice"})"), 0u);
 }
 
+// quotad_lease_gpu_utilization says whether the figure is the devices' (nvml) or the share of time in steps.
+TEST(QuotadMetrics, LeaseUtilisationIsLabelledWithItsSource) {
+  testing::ScriptedHistory h;
+  h.run();
+  ASSERT_EQ(h.post("/v1/leases/3/heartbeat", "erin-token", R"({"gpu_util":0.65,"gpu_util_source":"nvml"})"), 200);
+  ASSERT_EQ(h.post("/v1/leases/1/heartbeat", "alice-token", R"({"gpu_util":0.3,"gpu_util_source":"busy_time"})"), 200);
+  auto m = parse_samples(h.metrics_text());
+  EXPECT_EQ(
+      m.count(
+          R"(quotad_lease_gpu_utilization{job_name="grasp",lease="3",source="nvml",team="team-robotics",user="erin"})"),
+      1u);
+  EXPECT_DOUBLE_EQ(
+      m[R"(quotad_lease_gpu_utilization{job_name="grasp",lease="3",source="nvml",team="team-robotics",user="erin"})"],
+      0.65);
+  EXPECT_DOUBLE_EQ(
+      m[R"(quotad_lease_gpu_utilization{job_name="idle-sweep",lease="1",source="busy_time",team="team-cv",user="alice"})"],
+      0.3);
+  ASSERT_EQ(h.post("/v1/leases/3/heartbeat", "erin-token", R"({"gpu_util":0.5,"gpu_util_source":"guess"})"), 400);
+}
+
 TEST(QuotadMetrics, QuotaInForceFollowsTheBurstWindow) {
   testing::ScriptedHistory h;
   h.run();

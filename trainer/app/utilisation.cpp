@@ -1,0 +1,146 @@
+#include "trainer/app/utilisation.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+namespace yolo8 {
+
+namespace {
+
+// The few NVML declarations used (nvml.h, stable since CUDA 10): return codes are ints, 0 is success.
+using NvmlDevice = void*;
+struct NvmlUtilization {
+  unsigned int gpu;
+  unsigned int memory;
+};
+struct NvmlMemory {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+struct Nvml::Api {
+  void* library = nullptr;
+  int (*init)() = nullptr;
+  int (*shutdown)() = nullptr;
+  int (*by_index)(unsigned int, NvmlDevice*) = nullptr;
+  int (*by_uuid)(const char*, NvmlDevice*) = nullptr;
+  int (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
+  int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+};
+
+Nvml::Nvml(std::unique_ptr<Api> api) : api_(std::move(api)) {}
+
+Nvml::~Nvml() {
+  api_->shutdown();
+  dlclose(api_->library);
+}
+
+std::unique_ptr<Nvml> Nvml::load(const std::string& library, std::string* why) {
+  const auto fail = [&](const std::string& reason) -> std::unique_ptr<Nvml> {
+    if (why) *why = reason;
+    return nullptr;
+  };
+  auto api = std::make_unique<Api>();
+  api->library = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!api->library) {
+    const char* error = dlerror();
+    return fail(error ? error : "cannot open " + library);
+  }
+  const auto bind = [&](auto& function, const char* name) {
+    function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(api->library, name));
+    return function != nullptr;
+  };
+  for (const auto& [ok, name] :
+       {std::pair{bind(api->init, "nvmlInit_v2"), "nvmlInit_v2"},
+        std::pair{bind(api->shutdown, "nvmlShutdown"), "nvmlShutdown"},
+        std::pair{bind(api->by_index, "nvmlDeviceGetHandleByIndex_v2"), "nvmlDeviceGetHandleByIndex_v2"},
+        std::pair{bind(api->by_uuid, "nvmlDeviceGetHandleByUUID"), "nvmlDeviceGetHandleByUUID"},
+        std::pair{bind(api->utilization, "nvmlDeviceGetUtilizationRates"), "nvmlDeviceGetUtilizationRates"},
+        std::pair{bind(api->memory, "nvmlDeviceGetMemoryInfo"), "nvmlDeviceGetMemoryInfo"}}) {
+    if (!ok) {
+      dlclose(api->library);
+      return fail(library + " has no " + name);
+    }
+  }
+  if (const int status = api->init(); status != 0) {
+    dlclose(api->library);
+    return fail("nvmlInit_v2 failed with code " + std::to_string(status));
+  }
+  return std::unique_ptr<Nvml>(new Nvml(std::move(api)));
+}
+
+std::optional<Nvml::DeviceSample> Nvml::sample(const std::string& device) const {
+  NvmlDevice handle = nullptr;
+  const bool by_index = !device.empty() &&
+                        std::all_of(device.begin(), device.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+  const int found = by_index ? api_->by_index(static_cast<unsigned int>(std::stoul(device)), &handle)
+                             : api_->by_uuid(device.c_str(), &handle);
+  if (found != 0) return std::nullopt;
+  NvmlUtilization utilization{};
+  NvmlMemory memory{};
+  if (api_->utilization(handle, &utilization) != 0 || api_->memory(handle, &memory) != 0) return std::nullopt;
+  DeviceSample sample;
+  sample.util = std::clamp(utilization.gpu / 100.0, 0.0, 1.0);
+  sample.memory_used_gib = static_cast<double>(memory.used) / kGib;
+  sample.memory_total_gib = static_cast<double>(memory.total) / kGib;
+  return sample;
+}
+
+std::vector<std::string> nvml_device_names(const std::vector<int>& cuda_ids, const std::string& visible) {
+  std::vector<std::string> entries;
+  std::stringstream list(visible);
+  for (std::string entry; std::getline(list, entry, ',');) entries.push_back(entry);
+  std::vector<std::string> names;
+  for (const int id : cuda_ids) {
+    if (visible.empty()) {
+      names.push_back(std::to_string(id));
+    } else if (id >= 0 && id < static_cast<int>(entries.size())) {
+      names.push_back(entries[static_cast<size_t>(id)]);  // a physical index or a UUID, as NVML names them
+    }
+  }
+  return names;
+}
+
+UtilisationSampler::UtilisationSampler(std::unique_ptr<Nvml> nvml, std::vector<std::string> devices, double start_s)
+    : nvml_(std::move(nvml)), devices_(std::move(devices)), last_now_s_(start_s) {}
+
+UtilisationSampler::Reading UtilisationSampler::sample(double busy_seconds, double now_s) {
+  Reading reading;
+  const double interval = now_s - last_now_s_;
+  const double busy = busy_seconds - last_busy_s_;
+  last_busy_s_ = busy_seconds;
+  last_now_s_ = now_s;
+  if (nvml_ && !devices_.empty()) {
+    double sum = 0, memory = 0;
+    bool all = true;
+    for (const auto& device : devices_) {
+      const std::optional<Nvml::DeviceSample> sample = nvml_->sample(device);
+      if (!sample) {
+        all = false;
+        break;
+      }
+      sum += sample->util;
+      memory = std::max(memory, sample->memory_used_gib);
+    }
+    if (all) {
+      reading.util = sum / static_cast<double>(devices_.size());
+      reading.source = "nvml";
+      reading.device_memory_used_gib = memory;
+      return reading;
+    }
+  }
+  reading.util = interval > 0 ? std::clamp(busy / interval, 0.0, 1.0) : 0.0;
+  reading.source = "busy_time";
+  return reading;
+}
+
+}  // namespace yolo8
