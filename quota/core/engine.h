@@ -59,7 +59,9 @@ struct Lease {
   LeaseState state = LeaseState::kQueued;
   Outcome outcome = Outcome::kNone;
   int gpus = 1;
-  double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
+  // Per GPU. Shared: the share. Whole: while queued the least GPU memory it needs; once granted the memory of
+  // its (smallest) GPU, which is what the holder may use.
+  double memory_gib = 0;
   bool shared = false;
   std::vector<int> devices;             // indices into Policy::gpus
   std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
@@ -129,6 +131,7 @@ struct AcquireResult {
   int position = 0;   // 1-based queue position
   int max_batch = 0;  // admission refusals: largest total batch that fits (0: none)
   double needed_gib = 0;
+  std::string memory_row;  // the memory table row admission used (file, figures, provenance); "" without one
   std::string reason;
   bool replayed = false;  // answered from the idempotency key
 };

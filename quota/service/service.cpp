@@ -544,6 +544,8 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
     body["lease_id"] = result.lease_id;
     body["replayed"] = result.replayed;
     if (!result.reason.empty()) body["reason"] = result.reason;
+    // which memory table row admission used, so a surprising answer can be traced to its figures
+    if (!result.memory_row.empty()) body["memory_row"] = result.memory_row;
     body["status"] = to_string(result.kind);
     switch (result.kind) {
       case AcquireResult::Kind::kGranted:
