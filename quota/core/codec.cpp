@@ -84,11 +84,17 @@ json to_json(const LeaseRequest& request) {
 }
 
 json to_json(const Telemetry& telemetry) {
-  return json{{"step", telemetry.step},
-              {"epoch", telemetry.epoch},
-              {"gpu_util", telemetry.gpu_util},
-              {"memory_used_gib", telemetry.memory_used_gib},
-              {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
+  json out{{"step", telemetry.step},
+           {"epoch", telemetry.epoch},
+           {"gpu_util", telemetry.gpu_util},
+           {"memory_used_gib", telemetry.memory_used_gib},
+           {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
+  if (!telemetry.model.empty()) out["model"] = telemetry.model;
+  if (telemetry.imgsz > 0) out["imgsz"] = telemetry.imgsz;
+  if (telemetry.batch > 0) out["batch"] = telemetry.batch;
+  if (telemetry.amp >= 0) out["amp"] = telemetry.amp == 1;
+  if (!telemetry.device_name.empty()) out["device_name"] = telemetry.device_name;
+  return out;
 }
 
 json to_json(const Lease& lease, const Policy& policy) {
@@ -182,6 +188,14 @@ Telemetry telemetry_from_json(const json& body) {
   telemetry.memory_used_gib = field<double>(body, "memory_used_gib", -1);
   telemetry.last_checkpoint_ms = field<int64_t>(body, "last_checkpoint_ms", 0);
   if (telemetry.gpu_util > 1.0 + 1e-9) throw RequestError("gpu_util: a fraction within 0..1");
+  telemetry.model = bounded(body, "model", 128);
+  telemetry.imgsz = bounded_int(body, "imgsz", -1);
+  telemetry.batch = bounded_int(body, "batch", -1);
+  if (body.contains("amp") && !body["amp"].is_null()) {
+    if (!body["amp"].is_boolean()) throw RequestError("amp: must be true or false");
+    telemetry.amp = body["amp"].get<bool>() ? 1 : 0;
+  }
+  telemetry.device_name = bounded(body, "device_name", 128);
   return telemetry;
 }
 

@@ -108,6 +108,14 @@ std::string to_string(AcquireResult::Kind kind) {
   return "invalid";
 }
 
+void merge_memory_context(Telemetry& into, const Telemetry& from) {
+  if (!from.model.empty()) into.model = from.model;
+  if (from.imgsz > 0) into.imgsz = from.imgsz;
+  if (from.batch > 0) into.batch = from.batch;
+  if (from.amp >= 0) into.amp = from.amp;
+  if (!from.device_name.empty()) into.device_name = from.device_name;
+}
+
 bool is_terminal(LeaseState state) {
   return state == LeaseState::kReleased || state == LeaseState::kExpired || state == LeaseState::kRejected;
 }
@@ -645,6 +653,7 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
   if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+  merge_memory_context(lease.telemetry, telemetry);
   result.deadline_ms = lease.deadline_ms;
   result.reason = lease.reason;
   return result;
@@ -661,6 +670,7 @@ void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms
   if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+  merge_memory_context(lease.telemetry, telemetry);
 }
 
 void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {

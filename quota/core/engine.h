@@ -51,7 +51,21 @@ struct Telemetry {
   double gpu_util = -1;         // 0..1
   double memory_used_gib = -1;  // peak per GPU
   int64_t last_checkpoint_ms = 0;
+  // What the peak was measured with, so that quotad can learn the memory table from real runs
+  // (`quotad memory-table --observed`); empty / -1 = not reported.
+  std::string model;
+  int imgsz = -1;
+  int batch = -1;  // images per GPU
+  int amp = -1;    // 1 AMP, 0 float32
+  std::string device_name;
+  // A sample quotad can learn from: a peak with everything it depends on.
+  bool is_memory_observation() const {
+    return memory_used_gib > 0 && !model.empty() && imgsz > 0 && batch > 0 && amp >= 0 && !device_name.empty();
+  }
 };
+
+// Copies what a memory sample was measured with (model, imgsz, batch, AMP, device) from a report, where given.
+void merge_memory_context(Telemetry& into, const Telemetry& from);
 
 struct Lease {
   int64_t id = 0;

@@ -658,6 +658,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
           if (telemetry.gpu_util >= 0) latest.gpu_util = telemetry.gpu_util;
           if (telemetry.memory_used_gib >= 0) latest.memory_used_gib = telemetry.memory_used_gib;
           if (telemetry.last_checkpoint_ms > 0) latest.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+          merge_memory_context(latest, telemetry);
           if (store_) {
             if (pending_heartbeats_.size() >= options_.max_pending_heartbeats) {
               pending_heartbeats_.erase(pending_heartbeats_.begin());  // the store is far behind: telemetry only
