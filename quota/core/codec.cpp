@@ -80,6 +80,8 @@ json to_json(const LeaseRequest& request) {
            {"justification", request.justification},
            {"idempotency_key", request.idempotency_key}};
   if (!request.requested_by.empty()) out["requested_by"] = request.requested_by;
+  if (!request.node.empty()) out["node"] = request.node;
+  if (!request.visible_devices.empty()) out["visible_devices"] = request.visible_devices;
   return out;
 }
 
@@ -175,6 +177,17 @@ LeaseRequest lease_request_from_json(const json& body) {
   request.shared = field<bool>(body, "shared", false);
   request.justification = bounded(body, "justification", 2000, "", true);
   request.idempotency_key = bounded(body, "idempotency_key", 128);
+  request.node = bounded(body, "node", 253);  // a Kubernetes node name
+  if (auto devices = body.find("visible_devices"); devices != body.end() && !devices->is_null()) {
+    if (!devices->is_array() || devices->size() > 64) {
+      throw RequestError("visible_devices: must be a list of at most 64 GPU UUIDs");
+    }
+    for (const auto& device : *devices) {
+      if (!device.is_string()) throw RequestError("visible_devices: must be a list of GPU UUIDs (text)");
+      const json one{{"visible_devices", device}};
+      request.visible_devices.push_back(bounded(one, "visible_devices", 128));
+    }
+  }
   return request;
 }
 
@@ -221,6 +234,8 @@ Lease lease_from_json(const json& record) {
   lease.req.justification = request.value("justification", "");
   lease.req.idempotency_key = request.value("idempotency_key", "");
   lease.req.requested_by = request.value("requested_by", "");
+  lease.req.node = request.value("node", "");
+  lease.req.visible_devices = request.value("visible_devices", std::vector<std::string>{});
   lease.state = parse_lease_state(record.at("state").get<std::string>());
   lease.outcome = parse_outcome(record.value("outcome", ""));
   lease.gpus = record.value("gpus", 1);

@@ -282,6 +282,13 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   changes_.leases.insert(lease.id);
   std::string devs;
   for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
+  // what the trainer itself sees, when a device plugin chose its GPUs
+  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
+    std::string seen;
+    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
+    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
+            (seen.empty() ? std::string() : " sees " + seen) + ")";
+  }
   if (critical) {
     log(now_ms, requester(lease.req), "emergency.granted", &lease,
         on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +

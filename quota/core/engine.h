@@ -39,6 +39,10 @@ struct LeaseRequest {
   bool shared = false;  // share a GPU by memory when the policy allows
   std::string justification;
   std::string idempotency_key;
+  // Where the trainer runs when something else chose its GPUs (Kubernetes' device plugin): its node and the GPU
+  // UUIDs it sees (NVIDIA_VISIBLE_DEVICES). Recorded with the lease and in the audit of the grant.
+  std::string node;
+  std::vector<std::string> visible_devices;
   // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
   // never taken from a request body. The audit names both.
   std::string requested_by;
