@@ -60,6 +60,7 @@ std::optional<int> TrainingRun::set_up() {
   build_models();
   if (const std::optional<int> exit_code = acquire_lease()) return exit_code;
   size_batch();
+  lease_->telemetry().batch.store(local_batch_);
   open_run_dir();
   create_loaders();
   build_training_core();
@@ -133,8 +134,12 @@ std::optional<int> TrainingRun::acquire_lease() {
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
+    // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
+    const double gpu_gib =
+        device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
     lease_ = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(),
-                                             std::max<int>(1, static_cast<int>(settings_.device_ids().size())));
+                                             std::max<int>(1, static_cast<int>(settings_.device_ids().size())), gpu_gib,
+                                             device_name(device_));
   } catch (const StoppedWhileWaiting& stopped) {
     console_->out() << stopped.what() << "\n";
     return kExitPreempted;
