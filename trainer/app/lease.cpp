@@ -49,18 +49,18 @@ std::string device_conflict(const std::vector<std::string>& lease_devices, const
     for (int id : device_ids) {
       if (id >= static_cast<int>(lease_devices.size())) {
         return head + "GPU " + std::to_string(id) + " is outside the " + std::to_string(lease_devices.size()) +
-               " GPU(s) made visible; leave device= empty";
+               " GPU(s) made visible";
       }
     }
     return "";
   }
   if (!node.empty() && !nodes.count(node)) {
-    return head + "this trainer runs on " + node + "; run it on the leased node or leave device= empty";
+    return head + "this trainer runs on " + node + "; run it on the leased node";
   }
   if (std::set<int>(device_ids.begin(), device_ids.end()) != indices) {
     std::string use;
     for (int index : indices) use += (use.empty() ? "" : ",") + std::to_string(index);
-    return head + "use device=" + use + " (or leave device= empty)";
+    return head + "use device=" + use;
   }
   return "";
 }

@@ -27,7 +27,8 @@ struct LeaseTelemetry {
 // UUIDs (GPU-..., MIG-...); empty otherwise. Reported to quotad with the lease request.
 std::vector<std::string> visible_gpu_uuids();
 
-// Why device= (`device_ids`) contradicts the lease's GPUs (`lease_devices`, "node:index"); "" when it does not.
+// Why device= (`device_ids`: the GPUs the run uses, given or picked) contradicts the lease's GPUs
+// (`lease_devices`, "node:index"); "" when it does not.
 // `node`: the trainer's node ("local" in local mode, $NODE_NAME, or "" when unknown). With `remapped` (a device
 // plugin chose the GPUs, so the container numbers them 0..n-1) only the count can be checked.
 std::string device_conflict(const std::vector<std::string>& lease_devices, const std::vector<int>& device_ids,

@@ -134,6 +134,10 @@ std::optional<int> TrainingRun::acquire_lease() {
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
+    // device= empty picked a GPU already: it too must be the leased one (DDP ranks map theirs by LOCAL_RANK)
+    if (settings_.device_ids().empty() && device_.is_cuda() && !dist_.enabled()) {
+      lease_settings.device = std::to_string(device_.has_index() ? device_.index() : 0);
+    }
     // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
     const double gpu_gib =
         device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
