@@ -92,8 +92,8 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.shared = settings.lease.shared;
   request.visible_devices = visible_gpu_uuids();
   const char* node_name = std::getenv("NODE_NAME");  // Kubernetes' downward API (spec.nodeName)
-  const std::string node = config.mode == "local" ? std::string("local") : (node_name ? node_name : "");
-  request.node = config.mode == "local" ? std::string() : node;
+  const std::string node = config.mode == "local" ? std::string() : (node_name ? node_name : "");
+  request.node = node;
   request.memory_gib = settings.lease.memory_gib;
   request.priority = quota::parse_priority(settings.lease.priority);
   request.preemptible = settings.lease.preemptible;
@@ -114,9 +114,12 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
             << " GPU (" << devices << "), " << lease.memory_gib << " GiB each, heartbeat every "
             << lease.heartbeat_interval_s << " s\n";
   if (!lease.memory_row.empty()) std::cout << "  admission used the " << lease.memory_row << "\n";
-  // the trainer uses exactly the leased GPUs: a device= that says otherwise is a mistake to fix, not to run with
+  // The trainer uses exactly the leased GPUs: a device= that says otherwise is a mistake to fix, not to run with.
+  // Not in local mode: its inventory is a count of slots sized to the request (local:0..n-1), not the
+  // machine's GPU numbers, so device=1 legitimately holds local:0 there.
+  const bool bound = uses_gpu && config.mode != "local";
   const std::string conflict =
-      uses_gpu ? device_conflict(lease.devices, settings.device_ids(), node, !request.visible_devices.empty()) : "";
+      bound ? device_conflict(lease.devices, settings.device_ids(), node, !request.visible_devices.empty()) : "";
   if (!conflict.empty()) {
     client_->release(quota::Outcome::kCancelled);
     released_ = true;
