@@ -129,7 +129,6 @@ DataLoader::DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderC
     records_.resize(static_cast<size_t>(std::llround(static_cast<double>(records_.size()) * cfg_.fraction)));
   if (records_.empty()) throw std::runtime_error("DataLoader: the dataset has no usable images");
   rect_ = cfg_.rect;
-  letterbox_only_ = !train_ || rect_;
   if (rect_) {
     std::vector<std::pair<int, int>> hw;
     for (const auto& r : records_) hw.emplace_back(r.height, r.width);
@@ -299,7 +298,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
     const Loaded& L = loaded[k];
     double gain_h = static_cast<double>(L.img.rows) / L.h0, gain_w = static_cast<double>(L.img.cols) / L.w0;
     double pad_w = 0, pad_h = 0;
-    if (letterbox_only_) {
+    if (letterbox_only()) {
       LetterboxInfo lb;
       work = letterbox(L.img, out_h, out_w, false, &lb);
       bx = boxes[k];

@@ -72,13 +72,14 @@ class DataLoader {
   std::vector<size_t> epoch_order(int64_t epoch) const;
   void stop_workers();
   void worker_loop();
+  // No augmentation: validation, or rectangular training.
+  bool letterbox_only() const { return !train_ || rect_; }
 
   std::vector<ImageRecord> records_;
   LoaderConfig cfg_;
   AugmentConfig aug_;
   bool train_;
-  bool rect_;            // rectangular batch shapes, images in aspect-ratio order
-  bool letterbox_only_;  // no augmentation: validation, or rectangular training
+  bool rect_;  // rectangular batch shapes, images in aspect-ratio order
   int workers_ = 0;
   std::string cache_note_;
   bool closed_ = false;

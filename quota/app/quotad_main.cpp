@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -17,10 +18,13 @@
 
 #include "quota/core/memory_learning.h"
 #include "quota/core/policy.h"
+#include "quota/core/recommend.h"
 #include "quota/core/sha256.h"
+#include "quota/server/history.h"
 #include "quota/server/http_server.h"
 #include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
+#include "quota/server/statement.h"
 #include "quota/service/service.h"
 #include "quota/store/store.h"
 
@@ -172,10 +176,42 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
 
-  std::string report_month, report_format = "md", report_db = "quotad.db", report_policy, report_out;
+  // the ledger (issue 19)
+  std::string loan_state, ledger_text, ledger_user, ledger_month;
+  double ledger_hours = 0;
+  int64_t loan_id = 0;
+  auto* loans_cmd = app.add_subcommand("loans", "list loan applications (own; leads: the team's; admins: all)");
+  add_admin(loans_cmd);
+  loans_cmd->add_option("--state", loan_state, "pending, approved, rejected, repaid or expired");
+  auto* apply_cmd = app.add_subcommand("apply-loan", "apply for GPU-hours beyond this month's allowance");
+  add_admin(apply_cmd);
+  apply_cmd->add_option("hours", ledger_hours, "GPU-hours")->required();
+  apply_cmd->add_option("--justification", ledger_text, "why (for the lead who decides)")->required();
+  auto* approve_loan_cmd = app.add_subcommand("approve-loan", "approve a loan (a lead of the team or an admin)");
+  add_admin(approve_loan_cmd);
+  approve_loan_cmd->add_option("id", loan_id, "loan id")->required();
+  approve_loan_cmd->add_option("--note", note, "note for the audit log");
+  auto* reject_loan_cmd = app.add_subcommand("reject-loan", "reject a loan (a lead of the team or an admin)");
+  add_admin(reject_loan_cmd);
+  reject_loan_cmd->add_option("id", loan_id, "loan id")->required();
+  reject_loan_cmd->add_option("--note", note, "reason for the audit log");
+  auto* grant_cmd = app.add_subcommand("grant", "grant contribution credits to a member (a lead or an admin)");
+  add_admin(grant_cmd);
+  grant_cmd->add_option("user", ledger_user, "member")->required();
+  grant_cmd->add_option("hours", ledger_hours, "GPU-hours")->required();
+  grant_cmd->add_option("--reason", ledger_text, "the contribution: a shared tool, a dataset, ...")->required();
+  auto* balance_cmd = app.add_subcommand("balance", "a member's allowance, use, loans and grants for a month");
+  add_admin(balance_cmd);
+  balance_cmd->add_option("--user", ledger_user, "member (default: the caller)");
+  balance_cmd->add_option("--month", ledger_month, "YYYY-MM (default: this month)");
+
+  std::string report_month, report_quarter, report_format = "md", report_db = "quotad.db", report_policy, report_out;
   int report_top = 10;
-  auto* report_cmd = app.add_subcommand("report", "monthly usage journal per team, read from the database");
-  report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)")->required();
+  auto* report_cmd = app.add_subcommand(
+      "report", "monthly usage journal per team (--month), or the quarter-end statement per member (--quarter)");
+  report_cmd->add_option("--month", report_month, "YYYY-MM (UTC)");
+  report_cmd->add_option("--quarter", report_quarter,
+                         "YYYY-Qn: balances, loans, grants and a ranking (needs --policy)");
   report_cmd->add_option("--format", report_format, "md, html or csv")
       ->check(CLI::IsMember({"md", "html", "csv"}))
       ->capture_default_str();
@@ -192,6 +228,20 @@ int main(int argc, char** argv) {
   table_cmd->add_option("--db", table_db, "quotad's SQLite database")->capture_default_str();
   table_cmd->add_option("--device", table_device, "the device whose table to write (when several reported)");
   table_cmd->add_option("--out", table_out, "write to this file instead of stdout");
+
+  int recommend_months = 3;
+  std::string recommend_db = "quotad.db", recommend_policy, recommend_diff;
+  auto* recommend_cmd = app.add_subcommand(
+      "recommend", "propose base and burst per team from the recorded history, with the figures and a policy diff");
+  recommend_cmd->add_option("--months", recommend_months, "history to read: the last N x 30 days")
+      ->check(CLI::Range(1, 36))
+      ->capture_default_str();
+  recommend_cmd->add_option("--db", recommend_db, "quotad's SQLite database")->capture_default_str();
+  recommend_cmd->add_option("--policy", recommend_policy, "the policy file the diff applies to")->required();
+  std::string recommend_until;
+  recommend_cmd->add_option("--until", recommend_until,
+                            "YYYY-MM-DD (UTC): the window ends at that midnight (default: now)");
+  recommend_cmd->add_option("--diff", recommend_diff, "also write the diff alone to this file (patch -p0 < FILE)");
 
   std::string render_out;
   double render_memory_per_gpu = 32;
@@ -282,7 +332,60 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (*recommend_cmd) {
+      const Policy policy = load_policy(recommend_policy);
+      std::ifstream policy_in(recommend_policy, std::ios::binary);
+      const std::string policy_text((std::istreambuf_iterator<char>(policy_in)), std::istreambuf_iterator<char>());
+      int64_t now = system_now_ms();
+      if (!recommend_until.empty()) {
+        int64_t month_start = 0, month_end = 0;
+        const bool shape = recommend_until.size() == 10 && recommend_until[7] == '-' &&
+                           std::isdigit(static_cast<unsigned char>(recommend_until[8])) &&
+                           std::isdigit(static_cast<unsigned char>(recommend_until[9]));
+        try {
+          if (!shape) throw std::invalid_argument("shape");
+          month_range_ms(recommend_until.substr(0, 7), month_start, month_end);
+        } catch (const std::invalid_argument&) {
+          throw std::runtime_error("--until: expected YYYY-MM-DD, got '" + recommend_until + "'");
+        }
+        now = month_start + (std::stoll(recommend_until.substr(8, 2)) - 1) * 86400000LL;
+        if (recommend_until.substr(8, 2) == "00" || now >= month_end) {
+          throw std::runtime_error("--until: no such day '" + recommend_until + "'");
+        }
+      }
+      const UsageHistory history =
+          load_history(recommend_db, policy, now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
+      const Recommendation recommendation = recommend(policy, history);
+      const std::string diff = policy_diff(policy_text, recommend_policy, policy, recommendation);
+      std::printf("%s\n", recommendation_text(recommendation).c_str());
+      std::printf("%s", diff.empty() ? "The policy already matches: no change proposed.\n"
+                                     : ("Policy diff (apply with: patch -p0 < FILE):\n\n" + diff).c_str());
+      if (!recommend_diff.empty()) {
+        std::ofstream out(recommend_diff, std::ios::binary);
+        out << diff;
+        if (!out) throw std::runtime_error(recommend_diff + ": cannot write");
+      }
+      return 0;
+    }
+    if (*report_cmd && !report_quarter.empty()) {
+      if (!report_month.empty()) throw std::runtime_error("--quarter: give either --month or --quarter, not both");
+      quarter_months(report_quarter);  // names --quarter before anything else is read
+      if (report_policy.empty()) throw std::runtime_error("--policy: required with --quarter (the credit rules)");
+      const QuarterStatement statement = build_statement(report_db, report_quarter, load_policy(report_policy));
+      const std::string text = report_format == "html"  ? statement_html(statement)
+                               : report_format == "csv" ? statement_csv(statement)
+                                                        : statement_markdown(statement);
+      if (report_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::ofstream out(report_out, std::ios::binary);
+        out << text;
+        if (!out) throw std::runtime_error(report_out + ": cannot write");
+      }
+      return 0;
+    }
     if (*report_cmd) {
+      if (report_month.empty()) throw std::runtime_error("--month: required (or --quarter)");
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
       const MonthlyReport report = build_report(report_db, report_month, policy.get(), report_top);
@@ -367,6 +470,49 @@ int main(int argc, char** argv) {
                     reply["state"].get<std::string>().c_str(), reply["decided_by"].get<std::string>().c_str(),
                     static_cast<long long>(reply["lease_id"].get<int64_t>()),
                     reply["lease"]["state"].get<std::string>().c_str());
+        return 0;
+      }
+    } else if (*loans_cmd) {
+      reply = admin_call(admin, "GET", "/v1/loans" + (loan_state.empty() ? "" : "?state=" + loan_state));
+      if (!admin.raw_json) {
+        std::printf("%-5s %-10s %-14s %-8s %8s %-9s %-10s %8s %s\n", "id", "user", "team", "month", "hours", "state",
+                    "decided_by", "repaid", "justification");
+        for (const auto& loan : reply["loans"]) {
+          std::printf("%-5lld %-10s %-14s %-8s %8.1f %-9s %-10s %8.1f %s\n",
+                      static_cast<long long>(loan["id"].get<int64_t>()), loan["user"].get<std::string>().c_str(),
+                      loan["team"].get<std::string>().c_str(), loan["month"].get<std::string>().c_str(),
+                      loan["amount_gpu_hours"].get<double>(), loan["state"].get<std::string>().c_str(),
+                      loan["decided_by"].get<std::string>().c_str(), loan["repaid_gpu_hours"].get<double>(),
+                      loan["justification"].get<std::string>().c_str());
+        }
+        return 0;
+      }
+    } else if (*apply_cmd) {
+      reply = admin_call(admin, "POST", "/v1/loans",
+                         json{{"amount_gpu_hours", ledger_hours}, {"justification", ledger_text}}.dump());
+    } else if (*approve_loan_cmd || *reject_loan_cmd) {
+      reply = admin_call(admin, "POST",
+                         "/v1/loans/" + std::to_string(loan_id) + (*approve_loan_cmd ? "/approve" : "/reject"),
+                         json{{"note", note}}.dump());
+    } else if (*grant_cmd) {
+      reply =
+          admin_call(admin, "POST", "/v1/credits",
+                     json{{"user", ledger_user}, {"amount_gpu_hours", ledger_hours}, {"reason", ledger_text}}.dump());
+    } else if (*balance_cmd) {
+      std::string query;
+      if (!ledger_user.empty()) query += "user=" + ledger_user;
+      if (!ledger_month.empty()) query += (query.empty() ? "" : "&") + std::string("month=") + ledger_month;
+      reply = admin_call(admin, "GET", "/v1/balance" + (query.empty() ? "" : "?" + query));
+      if (!admin.raw_json) {
+        std::printf(
+            "%s (%s), %s: allowance %.1f GPU-hours = monthly %.1f + automatic loan %.1f + loans %.1f + "
+            "grants %.1f - repaying %.1f; used %.1f; balance %.1f\n",
+            reply["user"].get<std::string>().c_str(), reply["team"].get<std::string>().c_str(),
+            reply["month"].get<std::string>().c_str(), reply["allowance_gpu_hours"].get<double>(),
+            reply["monthly_gpu_hours"].get<double>(), reply["automatic_loan_gpu_hours"].get<double>(),
+            reply["loans_gpu_hours"].get<double>(), reply["grants_gpu_hours"].get<double>(),
+            reply["repaying_gpu_hours"].get<double>(), reply["used_gpu_hours"].get<double>(),
+            reply["balance_gpu_hours"].get<double>());
         return 0;
       }
     } else if (*approvals_cmd) {

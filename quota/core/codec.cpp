@@ -73,6 +73,7 @@ json to_json(const LeaseRequest& request) {
            {"imgsz", request.imgsz},
            {"batch", request.batch},
            {"gpus", request.gpus},
+           {"max_gpus", request.max_gpus},
            {"memory_gib", request.memory_gib},
            {"priority", to_string(request.priority)},
            {"preemptible", request.preemptible},
@@ -115,6 +116,7 @@ json to_json(const Lease& lease, const Policy& policy) {
               {"device_index", lease.devices},
               {"devices", devices},
               {"over_base", lease.over_base},
+              {"extra_gpus", lease.extra_gpus},
               {"emergency", lease.emergency},
               {"review_pending", lease.review_pending},
               {"approval_id", lease.approval_id},
@@ -167,6 +169,7 @@ LeaseRequest lease_request_from_json(const json& body) {
     request.batch = bounded_int(body, "batch", 0);
   }
   request.gpus = bounded_int(body, "gpus", 0);
+  request.max_gpus = bounded_int(body, "max_gpus", 0);
   request.memory_gib = field<double>(body, "memory_gib", 0);
   try {
     request.priority = parse_priority(field<std::string>(body, "priority", "normal"));
@@ -223,6 +226,7 @@ Lease lease_from_json(const json& record) {
   lease.req.imgsz = request.value("imgsz", 640);
   lease.req.batch = request.value("batch", 0);
   lease.req.gpus = request.value("gpus", 0);
+  lease.req.max_gpus = request.value("max_gpus", 0);
   lease.req.memory_gib = request.value("memory_gib", 0.0);
   try {
     lease.req.priority = parse_priority(request.value("priority", "normal"));
@@ -244,6 +248,7 @@ Lease lease_from_json(const json& record) {
   lease.devices = record.value("device_index", std::vector<int>{});
   lease.device_ids = record.value("devices", std::vector<std::string>{});
   lease.over_base = record.value("over_base", false);
+  lease.extra_gpus = record.value("extra_gpus", 0);
   lease.emergency = record.value("emergency", false);
   lease.review_pending = record.value("review_pending", false);
   lease.approval_id = record.value("approval_id", int64_t{0});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -135,6 +136,34 @@ bool Lease::holds_gpus(int64_t now_ms) const {
 Engine::Engine(Policy policy) : policy_(std::move(policy)) { policy_.validate(); }
 
 namespace {
+// Days since 1970-01-01 of a civil date (Howard Hinnant's days_from_civil).
+int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<int64_t>(doe) - 719468;
+}
+// UTC milliseconds at the start of "YYYY-MM"; -1 if it is not one.
+int64_t month_start_ms(const std::string& month) {
+  int year = 0;
+  unsigned number = 0;
+  if (month.size() != 7 || std::sscanf(month.c_str(), "%4d-%2u", &year, &number) != 2 || number < 1 || number > 12) {
+    return -1;
+  }
+  return days_from_civil(year, number, 1) * 86400000;
+}
+std::string next_month_key(const std::string& month) {
+  const int64_t start = month_start_ms(month);
+  return start < 0 ? month : month_key(start + 32 * int64_t{86400000});
+}
+// The owner a GPU is counted against: the team, or the emergency pool for critical leases.
+bool same_owner(const Lease& left, const Lease& right) {
+  const bool left_critical = left.req.priority == Priority::kCritical;
+  const bool right_critical = right.req.priority == Priority::kCritical;
+  return left_critical == right_critical && (left_critical || left.req.team == right.req.team);
+}
 std::string requester(const LeaseRequest& req) { return req.requested_by.empty() ? req.user : req.requested_by; }
 std::string on_behalf(const LeaseRequest& req) {
   return req.requested_by.empty() ? "" : "on behalf of " + req.user + ": ";
@@ -172,12 +201,38 @@ const Approval* Engine::find_approval(int64_t approval_id) const {
 }
 
 double Engine::team_units(const std::string& team, int64_t now_ms) const {
-  double sum = 0;
+  return held_gpus([&](const Lease& lease) { return lease.req.team == team; }, now_ms, {});
+}
+
+double Engine::held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
+                         const std::set<int64_t>& ignore) const {
+  // a GPU carrying any shared lease of the matched leases counts whole: nobody else can use it whole, so
+  // counting the memory share would let a team hold many GPUs while counting as a fraction of one (issue 15)
+  double whole = 0;
+  std::set<int> shared_gpus;
   for (const auto& [id, lease] : leases_) {
     // emergency leases come out of the pool, not the team's quota
-    if (lease.req.team == team && !lease.emergency && lease.holds_gpus(now_ms)) sum += lease.units(policy_);
+    if (lease.emergency || !lease.holds_gpus(now_ms) || ignore.count(id) || !match(lease)) continue;
+    if (lease.shared) {
+      shared_gpus.insert(lease.devices.begin(), lease.devices.end());
+    } else {
+      whole += lease.gpus;
+    }
   }
-  return sum;
+  return whole + static_cast<double>(shared_gpus.size());
+}
+
+double Engine::added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const {
+  if (!lease.shared) return static_cast<double>(devices.size());
+  // shared leases of one team only ever share a GPU with each other (place()), so joining a GPU that already
+  // carries leases costs nothing more
+  for (const auto& [id, holder] : leases_) {
+    if (id == lease.id || !holder.holds_gpus(now_ms)) continue;
+    for (int device : holder.devices) {
+      if (std::find(devices.begin(), devices.end(), device) != devices.end()) return 0;
+    }
+  }
+  return 1;
 }
 
 std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_ms,
@@ -185,11 +240,14 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
   const size_t gpu_count = policy_.gpus.size();
   std::vector<double> used(gpu_count, 0);
   std::vector<int> count(gpu_count, 0);
-  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false);
+  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false), foreign(gpu_count, false);
   for (const auto& [id, holder] : leases_) {
     if (id == lease.id || !holder.holds_gpus(now_ms) || ignore.count(id)) continue;
     for (int device : holder.devices) {
       if (device < 0 || static_cast<size_t>(device) >= gpu_count) continue;
+      // a GPU belongs to one team (or to the emergency pool) at a time: shared leases of different teams never
+      // share it, so that every GPU counts against exactly one team's quota
+      foreign[static_cast<size_t>(device)] = foreign[static_cast<size_t>(device)] || !same_owner(holder, lease);
       used[static_cast<size_t>(device)] +=
           holder.shared ? holder.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
       count[static_cast<size_t>(device)] += 1;
@@ -203,7 +261,10 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
     int best = -1;
     for (size_t device = 0; device < gpu_count; ++device) {
       const double free = policy_.gpus[device].memory_gib - used[device];
-      if (whole[device] || count[device] >= policy_.max_leases_per_gpu || free + kEps < lease.memory_gib) continue;
+      if (whole[device] || foreign[device] || count[device] >= policy_.max_leases_per_gpu ||
+          free + kEps < lease.memory_gib) {
+        continue;
+      }
       // pack: prefer GPUs already shared, then the tightest fit
       auto key = [&](size_t gpu) { return std::make_pair(count[gpu] == 0, policy_.gpus[gpu].memory_gib - used[gpu]); };
       if (best < 0 || key(device) < key(static_cast<size_t>(best))) best = static_cast<int>(device);
@@ -250,15 +311,63 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
   return placement;
 }
 
+std::string Engine::user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const {
+  auto team_it = policy_.teams.find(lease.req.team);
+  if (team_it == policy_.teams.end() || team_it->second.max_gpus_per_user <= 0) return "";
+  const double cap = team_it->second.max_gpus_per_user;
+  auto mine = [&](const Lease& other) { return other.req.user == lease.req.user; };
+  const double held = held_gpus(mine, now_ms, {});
+  double added = lease.shared ? 1.0 : lease.gpus;
+  if (lease.shared && devices != nullptr) {
+    // joining a GPU that already carries one of the user's shared leases adds nothing to the user's count
+    for (const auto& [id, other] : leases_) {
+      if (id != lease.id && other.shared && mine(other) && !other.emergency && other.holds_gpus(now_ms) &&
+          other.devices == *devices) {
+        added = 0;
+      }
+    }
+  }
+  if (held + added <= cap + kEps) return "";
+  return "user " + lease.req.user + " holds " + fixed_text(held) + " of the " + fixed_text(cap) +
+         " GPUs one member of team " + lease.req.team + " may hold (teams." + lease.req.team + ".max_gpus_per_user)";
+}
+
 bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   auto team_it = policy_.teams.find(lease.req.team);
   if (team_it == policy_.teams.end()) return false;  // the team left the policy since the request
   const Team& team = team_it->second;
   const bool critical = lease.req.priority == Priority::kCritical;
   const double before = team_units(lease.req.team, now_ms);
-  if (!critical && before + lease.units(policy_) > team.limit_at(now_ms) + kEps) return false;
+  // a whole lease's cost is known before placing it (placing is the dearer check)
+  if (!critical && !lease.shared && before + lease.gpus > team.limit_at(now_ms) + kEps) return false;
   auto placement = place(lease, now_ms, {});
   if (!placement) return false;
+  const double added = added_gpus(lease, placement->devices, now_ms);
+  if (!critical && before + added > team.limit_at(now_ms) + kEps) return false;
+  if (!critical && !user_cap_reason(lease, &placement->devices, now_ms).empty()) return false;
+  // per-job burst: more GPUs, up to max_gpus, only from idle capacity (nobody else waiting), revoked first
+  int extra = 0;
+  auto others_waiting = [&]() {
+    return std::any_of(queue_.begin(), queue_.end(), [&](int64_t id) {
+      auto it = leases_.find(id);
+      return id != lease.id && it != leases_.end() && it->second.state == LeaseState::kQueued;
+    });
+  };
+  if (!critical && !lease.shared && lease.req.max_gpus > lease.gpus && !others_waiting()) {
+    for (int more = lease.req.max_gpus - lease.gpus; more > 0 && extra == 0; --more) {
+      Lease bigger = lease;
+      bigger.gpus = lease.gpus + more;
+      if (before + bigger.gpus > team.limit_at(now_ms) + kEps) continue;
+      if (!user_cap_reason(bigger, nullptr, now_ms).empty()) continue;
+      if (auto wider = place(bigger, now_ms, {})) {
+        placement = wider;
+        extra = more;
+      }
+    }
+  }
+  lease.gpus += extra;
+  lease.extra_gpus = extra;
+  const double added_all = added + extra;
   lease.devices = placement->devices;
   // A whole-GPU lease may use all the memory of its GPUs (the smallest, when they differ): that, not the
   // admission estimate it was placed by, is the budget the trainer sizes its batch to.
@@ -276,7 +385,7 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   lease.charged_until_ms = now_ms;
   lease.emergency = critical;
   lease.review_pending = critical;
-  lease.over_base = !critical && before + lease.units(policy_) > team.base + kEps;
+  lease.over_base = !critical && before + added_all > team.base + kEps;
   lease.waiting_on.clear();
   lease.reason.clear();
   changes_.leases.insert(lease.id);
@@ -295,7 +404,10 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
             "; review pending");
   } else {
     log(now_ms, requester(lease.req), "lease.granted", &lease,
-        on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : ""));
+        on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : "") +
+            (extra > 0 ? " (+" + std::to_string(extra) + " idle GPU(s) beyond the " +
+                             std::to_string(lease.gpus - extra) + " requested, revoked first)"
+                       : ""));
   }
   return true;
 }
@@ -305,43 +417,53 @@ bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
   if (team_it == policy_.teams.end()) return false;
   const Team& team = team_it->second;
   const bool critical = waiting.req.priority == Priority::kCritical;
-  const double mine = team_units(waiting.req.team, now_ms) + waiting.units(policy_);
+  // a shared request that does not fit needs a GPU of its own: it counts whole
+  const double mine = team_units(waiting.req.team, now_ms) + (waiting.shared ? 1.0 : waiting.gpus);
   // over its own team's limit, a request may only displace lower-priority work of its own team
   const bool over_own = !critical && mine > team.limit_at(now_ms) + kEps;
   const double must_free_own = over_own ? mine - team.limit_at(now_ms) : 0;
   const bool within_base = critical || mine <= team.base + kEps;
-  std::map<std::string, bool> over_limit;
+  // a request held back by its user's own cap waits for the user's leases, never takes anyone else's
+  if (!critical && !user_cap_reason(waiting, nullptr, now_ms).empty()) return false;
+  std::map<std::string, bool> over_limit, over_base;
   for (const auto& [name, other_team] : policy_.teams) {
-    over_limit[name] = team_units(name, now_ms) > other_team.limit_at(now_ms) + kEps;
+    const double used = team_units(name, now_ms);
+    over_limit[name] = used > other_team.limit_at(now_ms) + kEps;
+    over_base[name] = used > other_team.base + kEps;
   }
 
   std::vector<const Lease*> candidates;
   for (const auto& [id, victim] : leases_) {
-    if (victim.state != LeaseState::kGranted || !victim.req.preemptible || victim.req.priority == Priority::kCritical) {
-      continue;
-    }
+    if (victim.state != LeaseState::kGranted || victim.req.priority == Priority::kCritical) continue;
     if (now_ms - victim.granted_ms < static_cast<int64_t>(policy_.min_runtime_s) * 1000) continue;
     const bool lower = victim.req.priority < waiting.req.priority;
+    // the base is a guarantee: a team above its base (by the whole-GPU count) gives GPUs back to a team below it
     const bool reclaim =
-        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_limit[victim.req.team]);
-    if (over_own ? (lower && victim.req.team == waiting.req.team) : (lower || reclaim)) candidates.push_back(&victim);
+        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_base[victim.req.team]);
+    // `preemptible: false` protects work within the team's base, not GPUs taken beyond it
+    // a per-job burst took idle GPUs: any request within its team's limit may have them back
+    const bool idle_burst = victim.extra_gpus > 0 && victim.id != waiting.id;
+    if (!victim.req.preemptible && !idle_burst && !(reclaim && victim.over_base)) continue;
+    if (over_own ? ((lower || idle_burst) && victim.req.team == waiting.req.team) : (lower || reclaim || idle_burst)) {
+      candidates.push_back(&victim);
+    }
   }
   if (candidates.empty()) return false;
   auto rank = [&](const Lease* victim) {
     // teams past their current limit (burst window closed) first, then burst leases, then low priority,
     // then the freshest checkpoint (least work lost), then the youngest
-    return std::make_tuple(!over_limit[victim->req.team], !victim->over_base, static_cast<int>(victim->req.priority),
-                           -victim->telemetry.last_checkpoint_ms, -victim->granted_ms, victim->id);
+    return std::make_tuple(victim->extra_gpus == 0, !over_limit[victim->req.team], !victim->over_base,
+                           static_cast<int>(victim->req.priority), -victim->telemetry.last_checkpoint_ms,
+                           -victim->granted_ms, victim->id);
   };
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const Lease* left, const Lease* right) { return rank(left) < rank(right); });
   std::set<int64_t> ignore;
   std::vector<const Lease*> victims;
+  const double own_now = team_units(waiting.req.team, now_ms);
   auto enough = [&]() {
-    double freed_own = 0;
-    for (const Lease* victim : victims) {
-      if (victim->req.team == waiting.req.team && !victim->emergency) freed_own += victim->units(policy_);
-    }
+    const double freed_own =
+        own_now - held_gpus([&](const Lease& lease) { return lease.req.team == waiting.req.team; }, now_ms, ignore);
     return freed_own + kEps >= must_free_own && place(waiting, now_ms, ignore).has_value();
   };
   bool fits = false;
@@ -382,36 +504,107 @@ bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
   return true;
 }
 
-std::vector<const Lease*> Engine::queue_order() const {
-  std::vector<const Lease*> queue;
+void Engine::order_queue(int64_t now_ms) {
+  using Key = std::tuple<bool, int, double, int64_t, int64_t>;
+  std::vector<std::pair<Key, int64_t>> keyed;
+  std::map<std::pair<std::string, std::string>, double> factors;  // (team, user) -> fair-share factor
   for (const auto& [id, lease] : leases_) {
-    if (lease.state == LeaseState::kQueued) queue.push_back(&lease);
+    if (lease.state != LeaseState::kQueued) continue;
+    double factor = 1;
+    if (policy_.fair_share_half_life_h > 0) {
+      const auto key = std::make_pair(lease.req.team, lease.req.user);
+      auto it = factors.find(key);
+      if (it == factors.end()) it = factors.emplace(key, fair_share(key.first, key.second, now_ms).factor).first;
+      factor = it->second;
+    }
+    // requests already waiting on a preemption go first, so nobody else takes the GPUs they freed; then
+    // priority, the fair-share factor (higher first), arrival
+    keyed.emplace_back(
+        Key{lease.waiting_on.empty(), -static_cast<int>(lease.req.priority), -factor, lease.created_ms, id}, id);
   }
-  // requests already waiting on a preemption go first, so nobody else takes the GPUs they freed
-  std::stable_sort(queue.begin(), queue.end(), [](const Lease* left, const Lease* right) {
-    return std::make_tuple(left->waiting_on.empty(), -static_cast<int>(left->req.priority), left->created_ms,
-                           left->id) < std::make_tuple(right->waiting_on.empty(),
-                                                       -static_cast<int>(right->req.priority), right->created_ms,
-                                                       right->id);
-  });
-  return queue;
+  std::sort(keyed.begin(), keyed.end());
+  queue_.clear();
+  queue_index_.clear();
+  for (const auto& [key, id] : keyed) {
+    queue_index_[id] = static_cast<int>(queue_.size());
+    queue_.push_back(id);
+  }
 }
 
 int Engine::queue_position(int64_t lease_id) const {
-  const auto queue = queue_order();
-  for (size_t i = 0; i < queue.size(); ++i) {
-    if (queue[i]->id == lease_id) return static_cast<int>(i) + 1;
+  auto it = queue_index_.find(lease_id);
+  return it == queue_index_.end() ? 0 : it->second + 1;
+}
+
+double Engine::decayed(const std::string& key, int64_t now_ms) const {
+  auto it = fair_usage_.find(key);
+  if (it == fair_usage_.end() || policy_.fair_share_half_life_h <= 0) return 0;
+  const double age_h = static_cast<double>(std::max<int64_t>(0, now_ms - it->second.as_of_ms)) / 3.6e6;
+  return it->second.value * std::exp2(-age_h / policy_.fair_share_half_life_h);
+}
+
+void Engine::add_fair_usage(const Lease& lease, double gpu_hours, int64_t at_ms) {
+  if (policy_.fair_share_half_life_h <= 0 || !(gpu_hours > 0)) return;
+  for (const std::string& key : {"team:" + lease.req.team, "user:" + lease.req.user}) {
+    Decayed& entry = fair_usage_[key];
+    entry.value = decayed(key, at_ms) + gpu_hours;
+    entry.as_of_ms = std::max(entry.as_of_ms, at_ms);
   }
-  return 0;
+}
+
+FairShare Engine::fair_share(const std::string& team, const std::string& user, int64_t now_ms) const {
+  FairShare out;
+  double all_teams = 0, all_shares = 0;
+  for (const auto& [name, other] : policy_.teams) {
+    all_teams += decayed("team:" + name, now_ms);
+    all_shares += other.share_weight();
+  }
+  auto team_it = policy_.teams.find(team);
+  if (team_it == policy_.teams.end()) return out;
+  out.team_gpu_hours = decayed("team:" + team, now_ms);
+  out.team_usage = all_teams > 0 ? out.team_gpu_hours / all_teams : 0;
+  out.team_share = all_shares > 0 ? team_it->second.share_weight() / all_shares : 0;
+  // within the team, every member (leads included) has an equal share
+  std::set<std::string> people(team_it->second.members.begin(), team_it->second.members.end());
+  people.insert(team_it->second.leads.begin(), team_it->second.leads.end());
+  people.insert(user);  // an admin acting in the team
+  double all_users = 0;
+  for (const auto& name : people) all_users += decayed("user:" + name, now_ms);
+  out.user_gpu_hours = decayed("user:" + user, now_ms);
+  out.user_usage = all_users > 0 ? out.user_gpu_hours / all_users : 0;
+  out.user_share = 1.0 / static_cast<double>(people.size());
+  // Slurm's classic fair-share factor F = 2^(-U/S); a share of 0 with any use ranks last
+  auto factor = [](double usage, double share) {
+    if (usage <= 0) return 1.0;
+    return share > 0 ? std::exp2(-usage / share) : 0.0;
+  };
+  out.factor = factor(out.team_usage, out.team_share) * factor(out.user_usage, out.user_share);
+  return out;
 }
 
 void Engine::schedule(int64_t now_ms) {
-  std::vector<int64_t> ids;
-  for (const Lease* lease : queue_order()) ids.push_back(lease->id);
+  order_queue(now_ms);
+  const std::vector<int64_t> ids = queue_;
+  // requests alike in everything the decision reads get the same answer until something changes: a flood of
+  // identical requests (issue 15: 1,200 from one member) costs one check per pass, not one per request
+  using Signature = std::tuple<std::string, std::string, int, int, bool, double, int, std::string>;
+  std::set<Signature> refused;
   for (int64_t id : ids) {
     Lease& lease = leases_.at(id);
     if (lease.state != LeaseState::kQueued) continue;
-    if (try_grant(lease, now_ms)) continue;
+    const Signature signature{lease.req.team,
+                              lease.req.user,
+                              lease.gpus,
+                              lease.req.max_gpus,
+                              lease.shared,
+                              lease.memory_gib,
+                              static_cast<int>(lease.req.priority),
+                              lease.req.model};
+    if (lease.waiting_on.empty() && refused.count(signature)) continue;
+    if (try_grant(lease, now_ms)) {
+      refused.clear();
+      continue;
+    }
     bool still_waiting = false;
     for (int64_t victim_id : lease.waiting_on) {
       auto it = leases_.find(victim_id);
@@ -422,8 +615,23 @@ void Engine::schedule(int64_t now_ms) {
       lease.waiting_on.clear();  // victims are gone but it still does not fit: choose again
       changes_.leases.insert(lease.id);
     }
-    try_preempt(lease, now_ms);
+    if (try_preempt(lease, now_ms)) {
+      refused.clear();
+    } else {
+      refused.insert(signature);
+    }
   }
+  order_queue(now_ms);
+}
+
+std::string Engine::fair_share_text(const Lease& lease, int64_t now_ms) const {
+  if (policy_.fair_share_half_life_h <= 0) return "";
+  const FairShare share = fair_share(lease.req.team, lease.req.user, now_ms);
+  auto percent = [](double fraction) { return fixed_text(100 * fraction, 0) + "%"; };
+  return "; fair share " + fixed_text(share.factor, 2) + ": team " + lease.req.team + " " + percent(share.team_usage) +
+         " of recent use (" + fixed_text(share.team_gpu_hours) + " GPU-h decayed) for a " + percent(share.team_share) +
+         " share, " + lease.req.user + " " + percent(share.user_usage) + " of the team's for " +
+         percent(share.user_share);
 }
 
 std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
@@ -441,17 +649,25 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
   if (team_it == policy_.teams.end()) return "team " + lease.req.team + " is no longer in the policy";
   const Team& team = team_it->second;
   const double used = team_units(lease.req.team, now_ms);
-  if (lease.req.priority != Priority::kCritical && used + lease.units(policy_) > team.limit_at(now_ms) + kEps) {
+  const auto placement = place(lease, now_ms, {});
+  const double added = placement ? added_gpus(lease, placement->devices, now_ms) : (lease.shared ? 1.0 : lease.gpus);
+  if (lease.req.priority != Priority::kCritical && used + added > team.limit_at(now_ms) + kEps) {
     return "team " + team.name + " uses " + fixed_text(used) + " of the " + fixed_text(team.limit_at(now_ms)) +
            " GPUs allowed now (base " + fixed_text(team.base) + ", burst " + fixed_text(team.burst) +
-           (team.in_burst_window(now_ms) ? ", inside a burst window)" : " only inside burst windows)");
+           (team.in_burst_window(now_ms) ? ", inside a burst window)" : " only inside burst windows)") +
+           fair_share_text(lease, now_ms);
   }
-  std::string reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
-                                                           : std::to_string(lease.gpus) + " whole GPU(s)");
-  if (policy_.emergency_pool_gpus() > 0 && lease.req.priority != Priority::kCritical) {
-    reason += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";
+  std::string reason = lease.req.priority != Priority::kCritical
+                           ? user_cap_reason(lease, placement ? &placement->devices : nullptr, now_ms)
+                           : "";
+  if (reason.empty()) {
+    reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
+                                                 : std::to_string(lease.gpus) + " whole GPU(s)");
+    if (policy_.emergency_pool_gpus() > 0 && lease.req.priority != Priority::kCritical) {
+      reason += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";
+    }
   }
-  return reason;
+  return reason + fair_share_text(lease, now_ms);
 }
 
 AcquireResult Engine::status_of(int64_t lease_id, int64_t now_ms) const {
@@ -524,6 +740,16 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     return refuse(AcquireResult::Kind::kInvalid,
                   "gpus: must be within 0.." + std::to_string(policy_.total_gpus()) + " (0 = default)");
   }
+  if (req.max_gpus < 0 || req.max_gpus > policy_.total_gpus()) {
+    return refuse(AcquireResult::Kind::kInvalid,
+                  "max_gpus: must be within 0.." + std::to_string(policy_.total_gpus()) + " (0 = gpus)");
+  }
+  if (req.max_gpus > 0 && req.max_gpus < std::max(req.gpus, policy_.default_gpus)) {
+    return refuse(AcquireResult::Kind::kInvalid, "max_gpus: must be at least gpus (the guaranteed part)");
+  }
+  if (req.max_gpus > 1 && req.shared) {
+    return refuse(AcquireResult::Kind::kInvalid, "max_gpus: a shared lease holds one GPU and cannot burst");
+  }
   if (!(req.memory_gib >= 0) || req.memory_gib > policy_.max_gpu_memory_gib()) {
     return refuse(AcquireResult::Kind::kInvalid,
                   "memory_gib: must be within 0.." + fixed_text(policy_.max_gpu_memory_gib()) + " GiB per GPU");
@@ -547,6 +773,13 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     lease.memory_gib = req.memory_gib;
   }
   const bool critical = req.priority == Priority::kCritical;
+  if (const Team& team = policy_.teams.at(req.team);
+      !critical && team.max_gpus_per_user > 0 && (lease.shared ? 1 : lease.gpus) > team.max_gpus_per_user) {
+    return refuse(AcquireResult::Kind::kNotAllowed, "gpus: " + std::to_string(lease.gpus) + " is more than the " +
+                                                        std::to_string(team.max_gpus_per_user) +
+                                                        " GPUs one member of team " + req.team + " may hold (teams." +
+                                                        req.team + ".max_gpus_per_user)");
+  }
   // admission: the estimated memory must fit what a GPU (or the share) offers
   double admitted_gib = 0;
   const std::string memory_row = policy_.memory_table.describe_row(req.model);
@@ -704,12 +937,6 @@ std::string Engine::waiting_reason(int64_t lease_id, int64_t now_ms) const {
   return lease != nullptr && lease->state == LeaseState::kQueued ? queue_reason(*lease, now_ms) : "";
 }
 
-std::vector<int64_t> Engine::queue_ids() const {
-  std::vector<int64_t> ids;
-  for (const Lease* lease : queue_order()) ids.push_back(lease->id);
-  return ids;
-}
-
 void Engine::charge(Lease& lease, int64_t until_ms) {
   if (lease.granted_ms == 0) return;
   const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
@@ -719,6 +946,7 @@ void Engine::charge(Lease& lease, int64_t until_ms) {
   usage_[key] += hours;
   lease.gpu_hours += hours;
   lease.charged_until_ms = until_ms;
+  add_fair_usage(lease, hours, until_ms);
   changes_.usage.insert(key);
   changes_.leases.insert(lease.id);
 }
@@ -738,11 +966,7 @@ double Engine::used_gpu_hours(const std::string& user, const std::string& month,
 }
 
 double Engine::credit_allowance(const std::string& user, const std::string& month, int64_t) const {
-  auto it = usage_.find({user, previous_month_key(month)});
-  const double prev = it == usage_.end() ? 0 : it->second;
-  // last month's overrun was a loan against this month
-  const double debt = std::max(0.0, prev - policy_.monthly_gpu_hours);
-  return policy_.monthly_gpu_hours + policy_.loan_gpu_hours - debt;
+  return month_credit_of(user, month).allowance();
 }
 
 void Engine::end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
@@ -869,6 +1093,7 @@ void Engine::tick(int64_t now_ms) {
                 "queued request not polled for " + std::to_string(policy_.ttl_s) + " s", "quotad");
     }
   }
+  settle_loans(now_ms);
   schedule(now_ms);
 }
 
@@ -899,7 +1124,17 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
   std::vector<double> used(gpu_count, 0);
   std::vector<int> count(gpu_count, 0), whole(gpu_count, 0);
   std::vector<bool> non_critical(gpu_count, false);
+  std::vector<const Lease*> owner(gpu_count, nullptr);  // one team (or the emergency pool) per GPU
+  size_t queued = 0;
   for (const auto& [id, lease] : leases_) {
+    if (lease.state == LeaseState::kQueued) {
+      ++queued;
+      if (queue_position(id) == 0) errors.push_back("queued lease " + std::to_string(id) + " is not in the queue");
+    }
+    if (lease.extra_gpus < 0 || (lease.extra_gpus > 0 && lease.gpus > std::max(lease.req.max_gpus, 1))) {
+      errors.push_back("lease " + std::to_string(id) + " holds " + std::to_string(lease.gpus) +
+                       " GPUs, beyond its max_gpus " + std::to_string(lease.req.max_gpus));
+    }
     if (!lease.holds_gpus(now_ms)) continue;
     const size_t want = lease.shared ? 1 : static_cast<size_t>(lease.gpus);
     if (lease.devices.size() != want) {
@@ -913,6 +1148,12 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
         continue;
       }
       if (!seen.insert(device).second) errors.push_back("lease " + std::to_string(id) + " lists a device twice");
+      const Lease*& first = owner[static_cast<size_t>(device)];
+      if (first != nullptr && !same_owner(*first, lease)) {
+        errors.push_back("gpu " + policy_.gpus[static_cast<size_t>(device)].id() + ": leases " +
+                         std::to_string(first->id) + " and " + std::to_string(id) + " of different teams share it");
+      }
+      if (first == nullptr) first = &lease;
       used[static_cast<size_t>(device)] +=
           lease.shared ? lease.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
       count[static_cast<size_t>(device)] += 1;
@@ -929,10 +1170,15 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
     if (whole[device] > 0 && count[device] > 1) errors.push_back("gpu " + gpu.id() + ": a whole-GPU lease shares it");
     if (count[device] > policy_.max_leases_per_gpu) errors.push_back("gpu " + gpu.id() + ": too many shared leases");
   }
+  if (queued != queue_.size()) {
+    errors.push_back("the queue lists " + std::to_string(queue_.size()) + " requests, " + std::to_string(queued) +
+                     " are queued");
+  }
   const long busy = std::count(non_critical.begin(), non_critical.end(), true);
   if (busy > policy_.total_gpus() - policy_.emergency_pool_gpus()) {
     errors.push_back("non-critical leases hold " + std::to_string(busy) + " GPUs, eating into the emergency pool");
   }
+  check_ledger(errors);
   return errors;
 }
 
@@ -980,6 +1226,22 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   usage_ = std::move(usage);
   next_audit_seq_ = std::max<int64_t>(next_audit_seq, audit_.empty() ? 1 : audit_.back().seq + 1);
   changes_ = Changes{};
+  // the decayed usage is not stored: it is derived again from the monthly ledger, each month's GPU-hours placed
+  // in the middle of the time the month has had (an approximation of when they were used)
+  fair_usage_.clear();
+  int64_t latest = restart_now_ms;
+  for (const auto& [id, lease] : leases_) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
+  for (const auto& [key, hours] : usage_) {
+    const auto user_it = policy_.users.find(key.first);
+    const int64_t start = month_start_ms(key.second);
+    if (user_it == policy_.users.end() || start < 0 || !(hours > 0)) continue;
+    const int64_t end = std::max(start, std::min(month_start_ms(next_month_key(key.second)), latest));
+    Lease owner;
+    owner.req.user = key.first;
+    owner.req.team = user_it->second.team;
+    add_fair_usage(owner, hours, start + (end - start) / 2);
+  }
+  order_queue(latest);
 }
 
 void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {
@@ -990,7 +1252,9 @@ void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {
 void Engine::prune(int64_t now_ms, int64_t keep_ms) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     const Lease& lease = it->second;
-    if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms) {
+    // an emergency lease stays until an admin has reviewed it, however long ago it ended
+    if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms &&
+        !lease.review_pending) {
       if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
       it = leases_.erase(it);
     } else {

@@ -1,12 +1,14 @@
 #pragma once
 // The pure lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "quota/core/ledger.h"
 #include "quota/core/policy.h"
 
 namespace yolo8::quota {
@@ -32,7 +34,8 @@ struct LeaseRequest {
   std::string model = "yolov8n";
   int imgsz = 640;
   int batch = 0;          // images per step over all GPUs; 0 = auto (the trainer fits it)
-  int gpus = 0;           // 0 = policy default
+  int gpus = 0;           // 0 = policy default; the guaranteed GPUs
+  int max_gpus = 0;       // per-job burst (issue 19): up to this many GPUs while they are idle; 0 = gpus
   double memory_gib = 0;  // per GPU: the share for shared leases, a minimum GPU size otherwise
   Priority priority = Priority::kNormal;
   bool preemptible = true;
@@ -84,6 +87,7 @@ struct Lease {
   std::vector<int> devices;             // indices into Policy::gpus
   std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
   bool over_base = false;               // granted beyond the team's base (a burst lease)
+  int extra_gpus = 0;                   // per-job burst: GPUs granted beyond req.gpus from idle capacity
   bool emergency = false;
   bool review_pending = false;
   int64_t approval_id = 0;
@@ -164,6 +168,14 @@ struct HeartbeatResult {
   std::string reason;
 };
 
+// A team's and a user's standing in the fair share (issue 19): recent use (GPU-hours decayed with
+// fair_share.half_life_h) as a fraction of all recent use, against the normalised share.
+struct FairShare {
+  double factor = 1;  // 2^(-team usage/team share) x 2^(-user usage/user share); 1 without recent use
+  double team_gpu_hours = 0, team_usage = 0, team_share = 0;
+  double user_gpu_hours = 0, user_usage = 0, user_share = 0;  // user: within the team
+};
+
 struct TeamStatus {
   std::string name;
   double base = 0, burst = 0, limit_now = 0, in_use = 0;
@@ -177,7 +189,11 @@ struct Changes {
   std::set<int64_t> approvals;
   std::vector<AuditEntry> audit;
   std::set<std::pair<std::string, std::string>> usage;  // (user, month)
-  bool empty() const { return leases.empty() && approvals.empty() && audit.empty() && usage.empty(); }
+  std::set<int64_t> loans;
+  std::set<int64_t> grants;
+  bool empty() const {
+    return leases.empty() && approvals.empty() && audit.empty() && usage.empty() && loans.empty() && grants.empty();
+  }
 };
 
 class Engine {
@@ -197,8 +213,9 @@ class Engine {
   // of running and queued leases and the deadlines of revoking ones move by that time, so nobody loses a lease
   // for quotad's own unavailability. Audited as `quotad.outage`.
   void credit_outage(int64_t from_ms, int64_t to_ms);
-  // Queued lease ids in queue order (one sort; positions are index + 1).
-  std::vector<int64_t> queue_ids() const;
+  // Queued lease ids in queue order, kept by every change (positions are index + 1).
+  const std::vector<int64_t>& queue_ids() const { return queue_; }
+  FairShare fair_share(const std::string& team, const std::string& user, int64_t now_ms) const;
   // Why a queued lease waits (the `reason` of status_of without its queue position); "" for others.
   std::string waiting_reason(int64_t lease_id, int64_t now_ms) const;
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
@@ -225,6 +242,29 @@ class Engine {
   double used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const;
   double credit_allowance(const std::string& user, const std::string& month, int64_t now_ms) const;
   const std::map<std::pair<std::string, std::string>, double>& usage() const { return usage_; }
+  // The figures behind credit_allowance().
+  MonthCredit month_credit_of(const std::string& user, const std::string& month) const;
+
+  // Loan applications and contribution credits (issue 19; defined in ledger.cpp). Refusals throw LedgerError.
+  // `user` applies for `gpu_hours` more this month; a lead of the user's team or an admin decides, never the
+  // applicant. Approved loans raise the month's allowance; the overrun is repaid from the next month's credits.
+  // A repeated `idempotency_key` of the same user returns the loan it created, unchanged (`replayed` set).
+  const Loan& apply_loan(const std::string& user, double gpu_hours, const std::string& justification, int64_t now_ms,
+                         const std::string& idempotency_key = "", bool* replayed = nullptr);
+  const Loan& decide_loan(int64_t loan_id, bool approve, const std::string& by, const std::string& note,
+                          int64_t now_ms);
+  // `by` credits `user` with `gpu_hours` this month for a contribution (`reason`), within the quarter's cap.
+  const CreditGrant& grant_credits(const std::string& user, double gpu_hours, const std::string& reason,
+                                   const std::string& by, int64_t now_ms);
+  // Month rollover (called by tick): loans of ended months are settled (repaid or expired), audited.
+  void settle_loans(int64_t now_ms);
+  const Loan* find_loan(int64_t loan_id) const;
+  const std::map<int64_t, Loan>& loans() const { return loans_; }
+  const std::map<int64_t, CreditGrant>& grants() const { return grants_; }
+  double granted_gpu_hours(const std::string& user, const std::string& month) const;
+  // `next_loan_id` / `next_grant_id`: the store's sequences (ids of rows no longer loaded are not reused).
+  void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id = 1,
+                      int64_t next_grant_id = 1);
 
   // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, ...).
   std::vector<std::string> check_invariants(int64_t now_ms) const;
@@ -241,13 +281,20 @@ class Engine {
   void reserve_ids(int64_t next_lease_id, int64_t next_approval_id);
   int64_t next_lease_id() const { return next_lease_; }
   int64_t next_approval_id() const { return next_approval_; }
-  // Drops ended leases older than `keep_ms` from memory (they stay in storage).
+  // Drops ended leases older than `keep_ms` from memory (they stay in storage); an emergency lease whose review
+  // is still pending stays until it is reviewed.
   void prune(int64_t now_ms, int64_t keep_ms);
 
  private:
   struct Placement {
     std::vector<int> devices;
   };
+  // GPUs held by the leases `match` selects (emergency ones and `ignore` left out): whole leases count their
+  // GPUs, and a GPU carrying any of their shared leases counts whole.
+  double held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
+                   const std::set<int64_t>& ignore) const;
+  // GPUs `lease` would add to its team's count on `devices`: 0 for a shared lease joining a GPU its team holds.
+  double added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const;
   std::optional<Placement> place(const Lease& lease, int64_t now_ms, const std::set<int64_t>& ignore) const;
   bool try_grant(Lease& lease, int64_t now_ms);
   bool try_preempt(Lease& lease, int64_t now_ms);
@@ -257,8 +304,19 @@ class Engine {
   void charge(Lease& lease, int64_t until_ms);
   void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
            const std::string& detail);
-  std::vector<const Lease*> queue_order() const;
+  // Recomputes the queue order (and the fair-share factors in it); called once per change, read by the rest.
+  void order_queue(int64_t now_ms);
+  void add_fair_usage(const Lease& lease, double gpu_hours, int64_t at_ms);
+  double decayed(const std::string& key, int64_t now_ms) const;
+  // Why `lease` may not start now for its user's cap; "" when within it.
+  // `devices`: where it would go (a shared lease joining a GPU with the user's shares adds nothing); null: anywhere.
+  std::string user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const;
   std::string queue_reason(const Lease& lease, int64_t now_ms) const;
+  std::string fair_share_text(const Lease& lease, int64_t now_ms) const;
+  // The ledger's invariants (ledger.cpp): loans and grants within the policy's caps, repaid <= borrowed.
+  void check_ledger(std::vector<std::string>& errors) const;
+  void log_team(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& team,
+                const std::string& detail);
 
   Policy policy_;
   std::map<int64_t, Lease> leases_;
@@ -266,10 +324,21 @@ class Engine {
   std::vector<AuditEntry> audit_;
   std::map<std::pair<std::string, std::string>, double> usage_;
   std::map<std::pair<std::string, std::string>, int64_t> idempotency_;  // (user, key) -> lease
+  std::map<int64_t, Loan> loans_;
+  std::map<int64_t, CreditGrant> grants_;
+  int64_t next_loan_ = 1;
+  int64_t next_grant_ = 1;
   int64_t next_lease_ = 1;
   int64_t next_approval_ = 1;
   int64_t next_audit_seq_ = 1;
   Changes changes_;
+  std::vector<int64_t> queue_;          // queued ids in order (order_queue)
+  std::map<int64_t, int> queue_index_;  // id -> position - 1
+  struct Decayed {
+    double value = 0;
+    int64_t as_of_ms = 0;
+  };
+  std::map<std::string, Decayed> fair_usage_;  // "team:<name>" / "user:<name>" -> decayed GPU-hours
 };
 
 }  // namespace yolo8::quota

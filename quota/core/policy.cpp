@@ -277,11 +277,15 @@ void Policy::validate() const {
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
   finite_at_least(monthly_gpu_hours, 0, "credits.monthly_gpu_hours");
   finite_at_least(loan_gpu_hours, 0, "credits.loan_gpu_hours");
+  if (loan_applications_per_month < 0) fail("credits.loan_applications_per_month", "must be >= 0 (0: no applications)");
+  finite_at_least(max_loan_gpu_hours_per_month, 0, "credits.max_loan_gpu_hours_per_month");
+  finite_at_least(max_grant_gpu_hours_per_quarter, 0, "credits.max_grant_gpu_hours_per_quarter");
   if (max_batch < 1) fail("limits.max_batch", "must be >= 1");
   if (max_imgsz < 32) fail("limits.max_imgsz", "must be >= 32");
   if (max_queued_per_user < 1) fail("limits.max_queued_per_user", "must be >= 1");
   if (!(waste_gpu_util_below >= 0 && waste_gpu_util_below <= 1)) fail("waste.gpu_util_below", "must be within [0, 1]");
   if (waste_after_s < 0) fail("waste.after_s", "must be >= 0");
+  finite_at_least(fair_share_half_life_h, 0, "fair_share.half_life_h");
   for (const auto& [model, estimate] : memory_table.models) {
     if (!std::isfinite(estimate.fixed_gib) || !std::isfinite(estimate.per_image_gib) || estimate.fixed_gib < 0 ||
         !(estimate.per_image_gib > 0)) {
@@ -301,6 +305,11 @@ void Policy::validate() const {
     if (!(team.burst >= team.base)) fail(team_key + ".burst", "must be >= base");
     if (team.burst > total_gpus()) {
       fail(team_key + ".burst", "exceeds the inventory of " + std::to_string(total_gpus()) + " GPUs");
+    }
+    if (key_lines.count(team_key + ".share") || team.share != -1) finite_at_least(team.share, 0, team_key + ".share");
+    if (team.max_gpus_per_user < 0) fail(team_key + ".max_gpus_per_user", "must be >= 0 (0: no cap)");
+    if (team.max_gpus_per_user > total_gpus()) {
+      fail(team_key + ".max_gpus_per_user", "exceeds the inventory of " + std::to_string(total_gpus()) + " GPUs");
     }
     base_sum += team.base;
     for (const auto& user : team.leads) {
@@ -554,7 +563,7 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   index_keys(context, root, "", policy.key_lines);
   context.keys(root, "",
                {"inventory", "teams", "users", "emergency_pool", "defaults", "tiers", "leases", "preemption", "sharing",
-                "credits", "memory_table", "limits", "waste"});
+                "credits", "memory_table", "limits", "waste", "fair_share"});
   // inventory
   const YAML::Node inv = root["inventory"];
   if (!inv.IsDefined()) context.fail(root, "inventory", "is required");
@@ -617,9 +626,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     team.name = entry.first.as<std::string>();
     const std::string key_path = "teams." + team.name;
     const YAML::Node node = entry.second;
-    context.keys(node, key_path, {"base", "burst", "burst_windows", "leads", "members"});
+    context.keys(node, key_path, {"base", "burst", "burst_windows", "leads", "members", "share", "max_gpus_per_user"});
     team.base = context.need<double>(node, "base", key_path + ".base");
     team.burst = context.get<double>(node["burst"], key_path + ".burst", team.base);
+    team.share = context.get<double>(node["share"], key_path + ".share", -1);
+    team.max_gpus_per_user = context.get<int>(node["max_gpus_per_user"], key_path + ".max_gpus_per_user", 0);
     team.leads = string_list(context, node["leads"], key_path + ".leads");
     team.members = string_list(context, node["members"], key_path + ".members");
     const YAML::Node wins = node["burst_windows"];
@@ -718,10 +729,22 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
         context.get<int>(section["max_leases_per_gpu"], "sharing.max_leases_per_gpu", policy.max_leases_per_gpu);
   }
   if (const YAML::Node section = root["credits"]; section.IsDefined()) {
-    context.keys(section, "credits", {"monthly_gpu_hours", "loan_gpu_hours"});
+    context.keys(section, "credits",
+                 {"monthly_gpu_hours", "loan_gpu_hours", "automatic_loan", "loan_applications_per_month",
+                  "max_loan_gpu_hours_per_month", "max_grant_gpu_hours_per_quarter"});
     policy.monthly_gpu_hours =
         context.get<double>(section["monthly_gpu_hours"], "credits.monthly_gpu_hours", policy.monthly_gpu_hours);
     policy.loan_gpu_hours = context.get<double>(section["loan_gpu_hours"], "credits.loan_gpu_hours", 0);
+    policy.automatic_loan = context.get<bool>(section["automatic_loan"], "credits.automatic_loan", true);
+    policy.loan_applications_per_month =
+        context.get<int>(section["loan_applications_per_month"], "credits.loan_applications_per_month",
+                         policy.loan_applications_per_month);
+    policy.max_loan_gpu_hours_per_month =
+        context.get<double>(section["max_loan_gpu_hours_per_month"], "credits.max_loan_gpu_hours_per_month",
+                            policy.max_loan_gpu_hours_per_month);
+    policy.max_grant_gpu_hours_per_quarter =
+        context.get<double>(section["max_grant_gpu_hours_per_quarter"], "credits.max_grant_gpu_hours_per_quarter",
+                            policy.max_grant_gpu_hours_per_quarter);
   }
   if (const YAML::Node section = root["waste"]; section.IsDefined()) {
     context.keys(section, "waste", {"gpu_util_below", "after_s"});
@@ -735,6 +758,11 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     policy.max_batch = context.get<int>(section["max_batch"], "limits.max_batch", policy.max_batch);
     policy.max_queued_per_user =
         context.get<int>(section["max_queued_per_user"], "limits.max_queued_per_user", policy.max_queued_per_user);
+  }
+  if (const YAML::Node section = root["fair_share"]; section.IsDefined()) {
+    context.keys(section, "fair_share", {"half_life_h"});
+    policy.fair_share_half_life_h =
+        context.get<double>(section["half_life_h"], "fair_share.half_life_h", policy.fair_share_half_life_h);
   }
   if (const YAML::Node table_node = root["memory_table"]; table_node.IsDefined()) {
     std::string path = context.get<std::string>(table_node, "memory_table", "");

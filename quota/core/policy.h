@@ -43,6 +43,9 @@ struct Team {
   std::vector<BurstWindow> burst_windows;
   std::vector<std::string> leads;
   std::vector<std::string> members;
+  double share = -1;          // fair-share weight (issue 19); < 0: the base
+  int max_gpus_per_user = 0;  // GPUs one member of the team may hold at once; 0: no cap
+  double share_weight() const { return share >= 0 ? share : base; }
   // Limit in force at `now_ms`: burst inside a window, base otherwise.
   double limit_at(int64_t now_ms) const;
   bool in_burst_window(int64_t now_ms) const;
@@ -120,10 +123,21 @@ struct Policy {
   // credits, GPU-hours per member per month; 0 disables credits
   double monthly_gpu_hours = 100;
   double loan_gpu_hours = 0;
+  // issue 19: the loan above is granted without asking when `automatic_loan` is on (the behaviour before);
+  // loan applications (POST /v1/loans) need a lead's approval, at most `loan_applications_per_month` per member
+  // and month (0: none) and `max_loan_gpu_hours_per_month` GPU-hours in all; contribution credits granted to a
+  // member are capped at `max_grant_gpu_hours_per_quarter` per quarter (0: no grants)
+  bool automatic_loan = true;
+  int loan_applications_per_month = 2;
+  double max_loan_gpu_hours_per_month = 50;
+  double max_grant_gpu_hours_per_quarter = 50;
   // request bounds
   int max_imgsz = 4096;
   int max_batch = 4096;
   int max_queued_per_user = 50;  // queued or pending requests one user may have at once (429 past it)
+  // fair share (issue 19): within a priority the queue is ordered by 2^(-usage/share) of the team times that of
+  // the user, the usage decayed with this half-life (hours); 0: arrival order
+  double fair_share_half_life_h = 0;
   // waste: a running lease reporting GPU utilisation below `waste_gpu_util_below` for at least
   // `waste_after_s` seconds is listed as waste (metrics, status page, report)
   double waste_gpu_util_below = 0.20;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 namespace yolo8::quota {
@@ -125,11 +126,16 @@ void MetricsState::observe_leases(const Engine& engine, const UtilTracker& track
 GpuAllocation gpu_allocation(const Policy& policy, const Engine& engine, int64_t now_ms) {
   GpuAllocation allocation;
   allocation.total = policy.total_gpus();
+  // a GPU carrying any lease is held whole (a shared GPU serves no whole lease), counted once; the engine keeps
+  // each GPU to one team or the emergency pool, so the teams' GPUs and the emergency ones add up to this
+  std::set<int> held, emergency;
   for (const auto& [id, lease] : engine.leases()) {
     if (!lease.holds_gpus(now_ms)) continue;
-    allocation.allocated += lease.units(policy);
-    if (lease.emergency) allocation.emergency += lease.units(policy);
+    held.insert(lease.devices.begin(), lease.devices.end());
+    if (lease.emergency) emergency.insert(lease.devices.begin(), lease.devices.end());
   }
+  allocation.allocated = static_cast<double>(held.size());
+  allocation.emergency = static_cast<double>(emergency.size());
   return allocation;
 }
 
@@ -147,7 +153,7 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
   const GpuAllocation allocation = gpu_allocation(policy, engine, now_ms);
   out.gauge("quotad_gpus", "GPUs in the inventory.", allocation.total);
   out.gauge("quotad_gpus_allocated",
-            "GPUs held by leases (a shared lease counts its memory share), emergency leases and expired leases "
+            "GPUs held by leases (a GPU carrying shared leases counts whole), emergency leases and expired leases "
             "whose GPUs have not returned yet included.",
             allocation.allocated);
   out.gauge("quotad_gpus_free", "GPUs not held by any lease: quotad_gpus - quotad_gpus_allocated.", allocation.free());
@@ -165,7 +171,7 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
     for (const auto& team : teams) family.Add({{"team", team.status.name}}).Set(value(team));
   };
   team_gauge("quotad_team_gpus_in_use",
-             "GPUs a team holds (a shared lease counts its memory share), emergency leases not included.",
+             "GPUs a team holds (a GPU carrying its shared leases counts whole), emergency leases not included.",
              [](const TeamView& team) { return team.status.in_use; });
   team_gauge("quotad_team_base_gpus", "Guaranteed GPUs of a team.",
              [](const TeamView& team) { return team.status.base; });
@@ -238,8 +244,8 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
                                   "Time since the last heartbeat (or the grant) of each running lease.");
   auto& review_pending =
       out.gauge("quotad_emergency_review_pending_seconds",
-                "Time since grant of each emergency lease whose after-the-fact review is still open (leases in "
-                "memory: running ones and those ended within a day).");
+                "Time since grant of each emergency lease whose after-the-fact review is still open (kept in "
+                "memory until reviewed, however long ago they ended).");
   for (const auto& [id, lease] : engine.leases()) {
     const auto labels = lease_labels(id, lease.req.team, lease.req.user, lease.req.job);
     if (lease.emergency && lease.review_pending && lease.granted_ms > 0) {

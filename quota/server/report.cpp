@@ -17,6 +17,7 @@
 
 #include "quota/core/codec.h"
 #include "quota/server/metrics.h"
+#include "quota/server/statement.h"
 #include "quota/server/status_page.h"
 
 namespace yolo8::quota {
@@ -318,6 +319,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   for (const auto& [id, lease] : leases) {
     if (members.count(lease.req.user) && members[lease.req.user].empty()) members[lease.req.user] = lease.req.team;
   }
+  const LedgerTotals ledger = read_ledger_totals(db_path);  // loans and grants raise allowances (issue 19)
   for (const auto& [user, team] : members) {
     ReportCredit credit;
     credit.user = user;
@@ -326,8 +328,10 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     credit.used = it == usage.end() ? 0 : it->second;
     if (policy != nullptr && policy->monthly_gpu_hours > 0) {
       auto previous = usage.find({user, report.prev_month});
-      const double debt = std::max(0.0, (previous == usage.end() ? 0 : previous->second) - policy->monthly_gpu_hours);
-      credit.allowance = policy->monthly_gpu_hours + policy->loan_gpu_hours - debt;
+      credit.allowance =
+          month_credit(*policy, previous == usage.end() ? 0 : previous->second, ledger.grant(user, report.prev_month),
+                       ledger.loan(user, month), ledger.grant(user, month))
+              .allowance();
     }
     report.credits.push_back(credit);
   }

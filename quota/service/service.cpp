@@ -91,6 +91,8 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
                       std::move(snapshot.usage), snapshot.next_audit_seq, now);
       engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
+      engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                             snapshot.next_grant_id);
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
@@ -104,6 +106,8 @@ void QuotaService::reload_locked(int64_t now_ms) {
   engine_.restore(std::move(snapshot.leases), std::move(snapshot.approvals), {}, std::move(snapshot.usage),
                   snapshot.next_audit_seq, 0);
   engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
+  engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                         snapshot.next_grant_id);
 }
 
 void QuotaService::count_committed(const Changes& changes) {
@@ -397,8 +401,10 @@ std::string allowed_methods(const std::vector<std::string>& parts) {
   } else if (parts[1] == "approvals") {
     if (count == 2) return "GET";
     if (count == 4 && (parts[3] == "approve" || parts[3] == "reject")) return "POST";
-  } else if (count == 2 && (parts[1] == "teams" || parts[1] == "audit")) {
+  } else if (count == 2 && (parts[1] == "teams" || parts[1] == "audit" || parts[1] == "queue")) {
     return "GET";
+  } else {
+    return ledger_allowed_methods(parts);
   }
   return "";
 }
@@ -517,6 +523,10 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     return teams(caller);
   } else if (part_count == 2 && parts[1] == "audit" && get) {
     return audit(caller, req);
+  } else if (part_count == 2 && parts[1] == "queue" && get) {
+    return queue(caller);
+  } else if (!ledger_allowed_methods(parts).empty()) {
+    return ledger_route(caller, req, parts);
   }
   return error(404, "no such endpoint: " + req.method + " " + req.path);
 }
@@ -789,6 +799,46 @@ ApiResponse QuotaService::teams(const Caller&) {
     ApiResponse response;
     response.body = json{
         {"teams", items}, {"total_gpus", policy_.total_gpus()}, {"emergency_pool_gpus", policy_.emergency_pool_gpus()}};
+    return response;
+  });
+}
+
+// The queue in order with each request's reason and fair-share standing (issue 19); the same names and figures
+// the status page shows, so any authenticated caller may read it (never justifications).
+ApiResponse QuotaService::queue(const Caller&) {
+  return read_locked([&] {
+    const int64_t now = clock_();
+    json items = json::array();
+    int position = 0;
+    for (int64_t id : engine_.queue_ids()) {
+      const Lease* lease = engine_.find(id);
+      ++position;
+      if (lease == nullptr) continue;
+      const FairShare share = engine_.fair_share(lease->req.team, lease->req.user, now);
+      json item{{"position", position},
+                {"lease_id", id},
+                {"team", lease->req.team},
+                {"user", lease->req.user},
+                {"job", lease->req.job},
+                {"gpus", lease->gpus},
+                {"max_gpus", lease->req.max_gpus},
+                {"shared", lease->shared},
+                {"priority", to_string(lease->req.priority)},
+                {"waited_s", std::max<int64_t>(0, now - lease->created_ms) / 1000},
+                {"reason", engine_.waiting_reason(id, now)}};
+      if (policy_.fair_share_half_life_h > 0) {
+        item["fair_share"] = json{{"factor", share.factor},
+                                  {"team_gpu_hours", share.team_gpu_hours},
+                                  {"team_usage", share.team_usage},
+                                  {"team_share", share.team_share},
+                                  {"user_gpu_hours", share.user_gpu_hours},
+                                  {"user_usage", share.user_usage},
+                                  {"user_share", share.user_share}};
+      }
+      items.push_back(item);
+    }
+    ApiResponse response;
+    response.body = json{{"queue", items}, {"fair_share_half_life_h", policy_.fair_share_half_life_h}};
     return response;
   });
 }

@@ -59,6 +59,9 @@ struct ServiceView {
   int64_t now_ms;
 };
 
+// The methods a ledger path answers ("" when the path is not one of the ledger's); ledger_api.cpp.
+std::string ledger_allowed_methods(const std::vector<std::string>& parts);
+
 class QuotaService {
  public:
   QuotaService(Policy policy, ServiceOptions options);
@@ -129,7 +132,10 @@ class QuotaService {
   ApiResponse list_approvals(const Caller& caller);
   ApiResponse review(const Caller& caller, int64_t id, const std::string& body);
   ApiResponse teams(const Caller& caller);
+  ApiResponse queue(const Caller& caller);
   ApiResponse audit(const Caller& caller, const ApiRequest& req);
+  // Loans, contribution credits and balances (issue 19; ledger_api.cpp): /v1/loans, /v1/credits, /v1/balance.
+  ApiResponse ledger_route(const Caller& caller, const ApiRequest& req, const std::vector<std::string>& parts);
 
   Policy policy_;
   ServiceOptions options_;

@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS memory_observations (
 CREATE INDEX IF NOT EXISTS memory_observations_key ON memory_observations(model, device, lease_id);
 CREATE TABLE IF NOT EXISTS quarantine (
   source TEXT NOT NULL, row_id INTEGER NOT NULL, body TEXT, error TEXT NOT NULL, moved_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS loans (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS grants (
+  id INTEGER PRIMARY KEY, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
 )SQL";
 
@@ -171,7 +175,9 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
   {
     // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
     Statement statement(
-        prepare("SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?"));
+        // emergency leases whose review is still open are kept however old (issue 15: the review was lost)
+        prepare("SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ? "
+                "OR (CASE WHEN json_valid(body) THEN json_extract(body, '$.review_pending') END) = 1"));
     sqlite3_bind_int64(statement.get(), 1, now_ms - keep_ended_ms);
     while (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.leases.push_back(decode_row<Lease>(path_, "leases", statement.get(), &lease_from_json));
@@ -199,6 +205,28 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
     Statement statement(prepare("SELECT id, body FROM approvals"));
     while (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.approvals.push_back(decode_row<Approval>(path_, "approvals", statement.get(), &approval_from_json));
+    }
+  }
+  {
+    Statement statement(prepare("SELECT id, body FROM loans ORDER BY id"));
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.loans.push_back(decode_row<Loan>(path_, "loans", statement.get(), &loan_from_json));
+    }
+  }
+  {
+    Statement statement(prepare("SELECT id, body FROM grants ORDER BY id"));
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.grants.push_back(decode_row<CreditGrant>(path_, "grants", statement.get(), &grant_from_json));
+    }
+  }
+  {
+    Statement statement(
+        prepare("SELECT MAX(COALESCE((SELECT MAX(id) FROM loans), 0), COALESCE((SELECT MAX(row_id) FROM quarantine "
+                "WHERE source = 'loans'), 0)) + 1, MAX(COALESCE((SELECT MAX(id) FROM grants), 0), "
+                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'grants'), 0)) + 1"));
+    if (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      snapshot.next_loan_id = sqlite3_column_int64(statement.get(), 0);
+      snapshot.next_grant_id = sqlite3_column_int64(statement.get(), 1);
     }
   }
   {
@@ -305,6 +333,33 @@ void Store::write(const Engine& engine, const Changes& changes) {
         bind_text(statement.get(), 1, key);
         bind_text(statement.get(), 2, std::to_string(value));
         if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write id sequence");
+      }
+    }
+    if (!changes.loans.empty()) {
+      Statement statement(prepare("INSERT OR REPLACE INTO loans(id, state, user, month, body) VALUES (?,?,?,?,?)"));
+      for (int64_t id : changes.loans) {
+        const Loan* loan = engine.find_loan(id);
+        if (loan == nullptr) continue;
+        sqlite3_reset(statement.get());
+        sqlite3_bind_int64(statement.get(), 1, loan->id);
+        bind_text(statement.get(), 2, to_string(loan->state));
+        bind_text(statement.get(), 3, loan->user);
+        bind_text(statement.get(), 4, loan->month);
+        bind_text(statement.get(), 5, to_json(*loan).dump());
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write loan");
+      }
+    }
+    if (!changes.grants.empty()) {
+      Statement statement(prepare("INSERT OR REPLACE INTO grants(id, user, month, body) VALUES (?,?,?,?)"));
+      for (int64_t id : changes.grants) {
+        auto it = engine.grants().find(id);
+        if (it == engine.grants().end()) continue;
+        sqlite3_reset(statement.get());
+        sqlite3_bind_int64(statement.get(), 1, it->second.id);
+        bind_text(statement.get(), 2, it->second.user);
+        bind_text(statement.get(), 3, it->second.month);
+        bind_text(statement.get(), 4, to_json(it->second).dump());
+        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write grant");
       }
     }
     if (!changes.usage.empty()) {
@@ -465,6 +520,8 @@ void Store::repair(int64_t now_ms, RepairReport& report) {
     };
     set_aside("leases", &lease_from_json);
     set_aside("approvals", &approval_from_json);
+    set_aside("loans", &loan_from_json);
+    set_aside("grants", &grant_from_json);
     {
       Statement missing(
           prepare("WITH RECURSIVE n(seq) AS (SELECT 1 WHERE EXISTS (SELECT 1 FROM audit) UNION ALL SELECT seq + 1 FROM "

@@ -35,6 +35,12 @@ struct Snapshot {
   // and the lease ids that audit and heartbeat rows name), loaded or not.
   int64_t next_lease_id = 1;
   int64_t next_approval_id = 1;
+  // issue 19: every loan application and credit grant (few; never deleted)
+  std::vector<Loan> loans;
+  std::vector<CreditGrant> grants;
+  // above every loan and grant id stored, quarantined rows included (ids are never reused)
+  int64_t next_loan_id = 1;
+  int64_t next_grant_id = 1;
 };
 
 struct RepairReport;

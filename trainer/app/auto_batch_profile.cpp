@@ -126,6 +126,7 @@ std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings
   const fs::path run_dir =
       make_run_dir(project_dir(settings.project, settings.task), "profile", settings.name, settings.exist_ok);
   std::vector<AutoBatchProfileRow> rows;
+  rows.reserve(variants.size());
   for (const auto& variant : variants) rows.push_back(profile_variant(variant, settings, device, budget));
   std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"
             << format_auto_batch_profile(rows);

@@ -13,6 +13,8 @@
 
 #include "data/synth.h"
 #include "trainer/app/mode_support.h"
+#include "trainer/app/plots.h"
+#include "trainer/app/predict_onnx.h"
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
 #include "trainer/app/train_run.h"
@@ -54,18 +56,26 @@ int run_val(const Settings& settings) {
   config.single_cls = settings.loader.single_cls;
   config.save_json = settings.save_json;
   DetectionValidator validator(model->nc(), names, config);
+  // Like `yolo val`, every run gets its folder (runs/detect/val, val2, ...): plots, and predictions.json.
+  const fs::path run_dir =
+      make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
   const auto start = Clock::now();
-  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val");
+  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val",
+                      settings.plots ? run_dir : fs::path(), names);
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
             << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS)\n";
+  if (settings.plots) {
+    app::try_plot("validation curves", [&] {
+      plot_validation(run_dir.string(), validator.results().per_class, validator.confusion().matrix(), names);
+    });
+  }
   if (settings.save_json) {
-    const fs::path run_dir =
-        make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
     validator.write_json((run_dir / "predictions.json").string());
     std::cout << "Predictions written to " << (run_dir / "predictions.json").string() << "\n";
   }
+  std::cout << "Results saved to " << run_dir.string() << "\n";
   return kExitCompleted;
 }
 
@@ -96,18 +106,35 @@ std::vector<std::string> list_images(const std::string& source) {
   return files;
 }
 
+// The weights' forward pass, on `device`, under autocast with half=true on CUDA.
+PredictModel open_weights_predict_model(const Settings& settings, const torch::Device& device) {
+  LoadedModel loaded = load_any_model(settings.model);
+  DetectionModel model = loaded.model;
+  model->to(device);
+  model->eval();
+  PredictModel predict;
+  predict.names = loaded.names;
+  predict.stride = static_cast<int>(model->max_stride());
+  predict.description = loaded.source + " on " + device.str();
+  const bool half = settings.half && device.is_cuda();
+  predict.forward = [model, device, half](const torch::Tensor& input) mutable {
+    torch::NoGradGuard no_grad;
+    CudaAutocastGuard autocast(half);
+    return model->predict(input.to(device)).to(torch::kCPU, torch::kFloat);
+  };
+  return predict;
+}
+
 }  // namespace
 
 int run_predict(const Settings& settings) {
   configure_threads(settings);
   if (settings.source.empty()) throw SettingsError("setting 'source' is required for predict (an image or a folder)");
-  const torch::Device device = app::pick_device(settings);
-  LoadedModel loaded = load_any_model(settings.model);
-  DetectionModel model = loaded.model;
-  model->to(device);
-  model->eval();
-  torch::NoGradGuard no_grad;
-  const int stride = static_cast<int>(model->max_stride());
+  const PredictModel model = is_onnx_path(settings.model)
+                                 ? open_onnx_predict_model(settings.model)
+                                 : open_weights_predict_model(settings, app::pick_device(settings));
+  std::cout << "Predicting with " << model.description << "\n";
+  const int stride = model.stride;
   const fs::path run_dir =
       make_run_dir(project_dir(settings.project, settings.task), "predict", settings.name, settings.exist_ok);
   if (settings.save_txt) fs::create_directories(run_dir / "labels");
@@ -126,29 +153,25 @@ int run_predict(const Settings& settings) {
       std::cerr << "predict: skipping unreadable image " << file << "\n";
       continue;
     }
-    // Minimal padding to the stride, as the reference's predictor does; imgsz=h,w bounds height and width apart.
+    // Minimal padding to the stride, as the reference's predictor does for weights; imgsz=h,w bounds height and
+    // width apart. A static ONNX graph takes one size: the image is letterboxed to it (the reference does the same).
     const double gain =
         std::min(static_cast<double>(target_h) / image.rows, static_cast<double>(target_w) / image.cols);
     const int new_h = static_cast<int>(std::lround(image.rows * gain));
     const int new_w = static_cast<int>(std::lround(image.cols * gain));
-    const int out_h = (new_h + stride - 1) / stride * stride;
-    const int out_w = (new_w + stride - 1) / stride * stride;
+    const int out_h = model.fixed_height > 0 ? model.fixed_height : (new_h + stride - 1) / stride * stride;
+    const int out_w = model.fixed_width > 0 ? model.fixed_width : (new_w + stride - 1) / stride * stride;
     data::LetterboxInfo info;
     const cv::Mat boxed = data::letterbox(image, out_h, out_w, true, &info);
     cv::Mat rgb;
     cv::cvtColor(boxed, rgb, cv::COLOR_BGR2RGB);
-    torch::Tensor input = torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8)
-                              .permute({0, 3, 1, 2})
-                              .to(device)
-                              .to(torch::kFloat)
-                              .div_(255.0)
-                              .contiguous();
-    torch::Tensor prediction;
-    {
-      CudaAutocastGuard autocast(settings.half && device.is_cuda());
-      prediction = model->predict(input);
-    }
-    torch::Tensor detections = non_max_suppression(prediction.to(torch::kCPU, torch::kFloat), nms)[0];
+    const torch::Tensor input = torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8)
+                                    .permute({0, 3, 1, 2})
+                                    .to(torch::kFloat)
+                                    .div_(255.0)
+                                    .contiguous();
+    const torch::Tensor prediction = model.forward(input);
+    torch::Tensor detections = non_max_suppression(prediction, nms)[0];
     if (!settings.classes.empty() && detections.size(0) > 0) {
       torch::Tensor keep = torch::zeros({detections.size(0)}, torch::kBool);
       for (int cls : settings.classes) keep |= detections.select(1, 5) == cls;
@@ -172,7 +195,7 @@ int run_predict(const Settings& settings) {
       cv::rectangle(drawn, top_left, bottom_right, class_colour(cls), thickness, cv::LINE_AA);
       if (settings.show_labels) {
         std::ostringstream label;
-        label << (cls < static_cast<int64_t>(loaded.names.size()) ? loaded.names[cls] : std::to_string(cls));
+        label << (cls < static_cast<int64_t>(model.names.size()) ? model.names[cls] : std::to_string(cls));
         if (settings.show_conf) label << " " << std::fixed << std::setprecision(2) << rows[k][4];
         int baseline = 0;
         const double font = std::max(0.4, thickness / 3.0);

@@ -585,6 +585,10 @@ Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>
     throw SettingsError("setting 'model' of " + mode + " must be trained weights (.pt), got '" + settings.model +
                         "': a model YAML has random weights");
   }
+  if (extension == ".onnx" && mode != "predict") {
+    throw SettingsError("setting 'model' is an ONNX file ('" + settings.model + "'), which only predict runs; " + mode +
+                        " needs the .pt weights it was exported from");
+  }
   return settings;
 }
 

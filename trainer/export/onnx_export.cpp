@@ -108,7 +108,7 @@ class ModelWriter {
   }
 
   std::string bottleneck(const std::string& path, BottleneckImpl& m, const std::string& x) {
-    const std::string y = conv(path + ".cv2", *m.cv2, conv(path + ".cv1", *m.cv1, x));
+    std::string y = conv(path + ".cv2", *m.cv2, conv(path + ".cv1", *m.cv1, x));
     if (!m.adds_input()) return y;
     return g_.node("Add", path + "/Add", {x, y}, path + ".add")->output(0);
   }

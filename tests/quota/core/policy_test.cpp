@@ -190,6 +190,28 @@ TEST(PolicyValidation, RangesAreChecked) {
   EXPECT_NE(e.find("test.yaml:13: leases.heartbeat_interval_s"), std::string::npos) << e;
 }
 
+// Issue 19's scheduling keys: fair_share.half_life_h, teams.<t>.share and teams.<t>.max_gpus_per_user.
+TEST(PolicyValidation, SchedulingKeysAreReadAndChecked) {
+  const Policy p = load_policy_from_string(
+      minimal("    share: 3\n    max_gpus_per_user: 2\n") + "fair_share: {half_life_h: 168}\n", "test.yaml");
+  EXPECT_DOUBLE_EQ(p.fair_share_half_life_h, 168);
+  EXPECT_DOUBLE_EQ(p.teams.at("t").share_weight(), 3);
+  EXPECT_EQ(p.teams.at("t").max_gpus_per_user, 2);
+  EXPECT_DOUBLE_EQ(load_policy_from_string(minimal(), "test.yaml").teams.at("t").share_weight(), 2);  // the base
+  std::string e = error_of(minimal() + "fair_share:\n  half_life_h: -1\n");
+  EXPECT_NE(e.find("test.yaml:12: fair_share.half_life_h: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal() + "fair_share:\n  half_life_h: .nan\n");
+  EXPECT_NE(e.find("test.yaml:12: fair_share.half_life_h: must be a finite number"), std::string::npos) << e;
+  e = error_of(minimal() + "fair_share:\n  decay: 3\n");
+  EXPECT_NE(e.find("test.yaml:12: fair_share.decay: unknown key"), std::string::npos) << e;
+  e = error_of(minimal("    share: -2\n"));
+  EXPECT_NE(e.find("test.yaml:11: teams.t.share: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal("    max_gpus_per_user: -1\n"));
+  EXPECT_NE(e.find("test.yaml:11: teams.t.max_gpus_per_user: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal("    max_gpus_per_user: 9\n"));
+  EXPECT_NE(e.find("test.yaml:11: teams.t.max_gpus_per_user: exceeds the inventory"), std::string::npos) << e;
+}
+
 TEST(PolicyValidation, DuplicateKeysNameBothLines) {
   std::string e = error_of(minimal() + "  t:\n    base: 1\n");
   EXPECT_NE(e.find("test.yaml:11: teams.t: duplicate key (lines 7 and 11)"), std::string::npos) << e;

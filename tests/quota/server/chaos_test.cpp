@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 #include <tuple>
 
 #include "quota/server/http_server.h"
+#include "quota/server/status_page.h"
 #include "quota/service/service.h"
 #include "tests/quota/quota_test_util.h"
 
@@ -505,6 +507,81 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
     }
   }
   server.stop();
+}
+
+// Issue 15, failure 7: team-interns (base 2) held all 17 non-pool GPUs through 68 shared leases while counting
+// as 1.33 GPUs; team-cv stayed queued below its base and nothing was preempted.
+TEST(QuotaChaos, SixtyEightSharedLeasesHoldNoMoreThanTheBaseAndEveryTeamReachesItsOwn) {
+  FakeClock clock;
+  clock.now->store(kMonday + 13 * kHour);  // outside every burst window
+  ServiceOptions options;
+  options.clock = clock.fn();
+  QuotaService service(testing::example_policy(), options);
+  int granted = 0;
+  for (int i = 0; i < 68; ++i) {
+    const ApiResponse r = service.handle(api_call(
+        "POST", "/v1/leases", "ivan-token",
+        R"({"model":"yolov8n","shared":true,"memory_gib":1.2,"idempotency_key":"flood-)" + std::to_string(i) + "\"}"));
+    granted += r.status == 201;
+  }
+  EXPECT_EQ(granted, 8);  // 4 per GPU on the 2 GPUs of the base
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(service.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+  }
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(service.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8s"})")).status, 201);
+  }
+  const json teams = service.handle(api_call("GET", "/v1/teams", "admin-token")).body["teams"];
+  for (const json& team : teams) {
+    EXPECT_LE(team["gpus_in_use"].get<double>(), team["base"].get<double>()) << team.dump();
+    EXPECT_DOUBLE_EQ(team["gpus_in_use"].get<double>(), team["base"].get<double>()) << team.dump();
+  }
+  EXPECT_TRUE(service.check_invariants().empty());
+}
+
+// Issue 15, failure 8: one member queued 1,200 requests; heartbeats took 7.9 s and 13.4 s and the status page
+// 1.2 s (the queue position was recomputed by re-sorting for every row).
+TEST(QuotaChaos, AQueueOfTwelveHundredKeepsHeartbeatsTicksAndTheStatusPageFast) {
+  FakeClock clock;
+  ServiceOptions options;
+  options.clock = clock.fn();
+  Policy policy = testing::example_policy();
+  policy.max_queued_per_user = 2000;
+  QuotaService service(policy, options);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(service.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8s"})")).status, 201);
+  }
+  const auto flood_start = Steady::now();
+  for (int i = 0; i < 1200; ++i) {
+    ASSERT_EQ(service.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8s"})")).status, 202);
+  }
+  const double flood_ms = ms_since(flood_start);
+  double worst_heartbeat_ms = 0, worst_tick_ms = 0;
+  for (int round = 0; round < 5; ++round) {
+    *clock.now += 1000;
+    auto start = Steady::now();
+    EXPECT_EQ(service.handle(api_call("POST", "/v1/leases/1/heartbeat", "erin-token", "{}")).status, 200);
+    worst_heartbeat_ms = std::max(worst_heartbeat_ms, ms_since(start));
+    start = Steady::now();
+    service.tick();
+    worst_tick_ms = std::max(worst_tick_ms, ms_since(start));
+  }
+  auto start = Steady::now();
+  const std::string page = render_status_page(service);
+  const double page_ms = ms_since(start);
+  const ApiResponse queue = service.handle(api_call("GET", "/v1/queue", "erin-token"));
+  ASSERT_EQ(queue.body["queue"].size(), 1200u);
+  EXPECT_EQ(queue.body["queue"][1199]["position"], 1200);
+  std::printf(
+      "[ figures  ] 1,200 queued: submitted in %.0f ms; worst heartbeat %.2f ms, worst tick %.1f ms, status "
+      "page %.0f ms\n",
+      flood_ms, worst_heartbeat_ms, worst_tick_ms, page_ms);
+  // generous bounds for a loaded 2-core machine; the failures were seconds
+  EXPECT_LT(worst_heartbeat_ms, 50);
+  EXPECT_LT(worst_tick_ms, 500);
+  EXPECT_LT(page_ms, 1000);
+  EXPECT_NE(page.find("team-robotics uses 6.0 of the 6.0"), std::string::npos);
+  EXPECT_NE(page.find("; fair share "), std::string::npos);  // issue 19: the reason shows the fair-share standing
 }
 
 }  // namespace

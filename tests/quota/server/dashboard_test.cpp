@@ -149,13 +149,14 @@ TEST(QuotadDashboard, ClusterTotalsMatchTheStatusPageAndTheLeases) {
   for (const auto& [key, value] : samples) {
     if (key.rfind("quotad_lease_gpus{", 0) == 0) leases += value;
   }
-  EXPECT_DOUBLE_EQ(stat["allocated"], 4 + 6 + 4.0 / 80 + 3);
-  EXPECT_DOUBLE_EQ(stat["allocated"], leases);
+  // bob's shared lease holds its GPU whole; the lease itself shows (and is billed) its memory share
+  EXPECT_DOUBLE_EQ(stat["allocated"], 4 + 6 + 1 + 3);
+  EXPECT_DOUBLE_EQ(stat["allocated"], leases - 4.0 / 80 + 1);
   EXPECT_DOUBLE_EQ(stat["allocated"] + stat["free"], stat["total"]);
   EXPECT_DOUBLE_EQ(stat["emergency leases"], 3);
   const std::string page = render_status_page(*h.service);
-  EXPECT_NE(page.find("<b>13.05 / 20</b>GPUs in use"), std::string::npos);
-  EXPECT_NE(page.find("<b>6.95</b>GPUs free"), std::string::npos);
+  EXPECT_NE(page.find("<b>14.00 / 20</b>GPUs in use"), std::string::npos);
+  EXPECT_NE(page.find("<b>6.00</b>GPUs free"), std::string::npos);
 }
 
 // Every panel of a kind that has data: its targets, unit and columns.

@@ -57,7 +57,7 @@ TEST(QuotadMetricsLive, PromtoolAcceptsTheExpositionAndTheGpusAddUp) {
   EXPECT_EQ(lint, "") << lint;
 
   const auto m = testing::parse_samples(response->body);
-  const double held = 4 + 6 + 4.0 / 80 + 3;  // alice, erin, bob's shared share, dave's emergency lease
+  const double held = 4 + 6 + 1 + 3;  // alice, erin, the GPU of bob's shared lease (whole), dave's emergency lease
   EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated"), held);
   EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated") + m.at("quotad_gpus_free"), m.at("quotad_gpus"));
   EXPECT_DOUBLE_EQ(m.at("quotad_emergency_gpus_allocated"), 3);
@@ -65,7 +65,8 @@ TEST(QuotadMetricsLive, PromtoolAcceptsTheExpositionAndTheGpusAddUp) {
   for (const auto& [key, value] : m) {
     if (key.rfind("quotad_lease_gpus{", 0) == 0) leases += value;
   }
-  EXPECT_DOUBLE_EQ(leases, held);                         // the allocation is the sum of the running leases
+  // the leases' own figures bill bob's memory share; the allocation counts his GPU whole (nobody else can use it)
+  EXPECT_DOUBLE_EQ(leases, held - 1 + 4.0 / 80);
   EXPECT_EQ(m.at("quotad_queue_wait_seconds_count"), 5);  // 3 + bob + dave, once each over two scrapes
 }
 

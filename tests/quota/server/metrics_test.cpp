@@ -192,9 +192,9 @@ TEST(QuotadMetrics, AllocatedAndFreeAddUpWithEmergencyLeases) {
   h.run();
   ASSERT_TRUE(testing::add_shared_and_emergency(h));
   const auto m = parse_samples(h.metrics_text());
-  const double share = 4.0 / 80;  // bob's yolov8n share on an 80 GiB GPU
+  const double shared_gpu = 1;  // bob's yolov8n share: its GPU counts whole, for the allocation and his team
   EXPECT_DOUBLE_EQ(m.at("quotad_gpus"), 20);
-  EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated"), 4 + 6 + share + 3);
+  EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated"), 4 + 6 + shared_gpu + 3);
   EXPECT_DOUBLE_EQ(m.at("quotad_gpus_allocated") + m.at("quotad_gpus_free"), m.at("quotad_gpus"));
   EXPECT_DOUBLE_EQ(m.at("quotad_emergency_gpus_allocated"), 3);
   // the teams' GPUs in use leave the emergency lease out; the allocation puts it back

@@ -241,6 +241,30 @@ TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
   EXPECT_EQ(s.handle(r).status, 400);
 }
 
+// Issue 19: GET /v1/queue lists the queue in order with each request's reason and fair-share standing.
+TEST(QuotaService, QueueRouteListsTheOrderWithReasons) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  for (int i = 0; i < 6; ++i) ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", R"({"job":"second"})")).status, 202);
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "dave-token", R"({"job":"urgent","priority":"high"})")).status,
+            202);
+  const ApiResponse r = s.handle(api_call("GET", "/v1/queue", "alice-token"));  // any member may read it
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  const nlohmann::json& queue = r.body.at("queue");
+  ASSERT_EQ(queue.size(), 2u);
+  EXPECT_EQ(queue[0].at("job"), "urgent");  // priority first
+  EXPECT_EQ(queue[0].at("position"), 1);
+  EXPECT_EQ(queue[1].at("job"), "second");
+  EXPECT_NE(queue[1].at("reason").get<std::string>().find("team-robotics uses 6.0 of the 6.0"), std::string::npos);
+  EXPECT_NE(queue[1].at("reason").get<std::string>().find("fair share"), std::string::npos);  // the example has it
+  EXPECT_TRUE(queue[1].at("fair_share").contains("factor"));
+  EXPECT_FALSE(queue[1].contains("justification"));
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/queue", "")).status, 401);
+  const ApiResponse post = s.handle(api_call("POST", "/v1/queue", "alice-token", "{}"));
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.headers.at("Allow"), "GET");
+}
+
 TEST(QuotaService, MetricsExposeTeamsAndStates) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
   s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"gpus":2})"));

@@ -98,6 +98,30 @@ TEST(QuotaStore, WritesStatesInTheSameTextFormAsBefore) {
   EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.state') FROM approvals WHERE id = 1"), "cancelled");
 }
 
+TEST(QuotaStore, AnEndedEmergencyLeaseLoadsUntilItsReviewIsClosed) {
+  const std::string path = temp_db("review_kept");
+  Engine engine(testing::example_policy());
+  LeaseRequest request;
+  request.team = "team-interns";
+  request.user = "ivan";
+  request.priority = Priority::kCritical;
+  request.justification = "demo day";
+  const int64_t id = engine.acquire(request, kMonday).lease_id;
+  request.priority = Priority::kNormal;
+  const int64_t normal = engine.acquire(request, kMonday).lease_id;
+  engine.release(id, Outcome::kCompleted, kMonday + kHour);
+  engine.release(normal, Outcome::kCompleted, kMonday + kHour);
+  Store store(path);
+  store.write(engine, engine.take_changes());
+  const Snapshot old = store.load(kMonday + 72 * kHour, 24 * kHour, 0);  // ended two days before
+  ASSERT_EQ(old.leases.size(), 1u);
+  EXPECT_EQ(old.leases[0].id, id);
+  EXPECT_TRUE(old.leases[0].review_pending);
+  engine.review_emergency(id, "admin", kMonday + 72 * kHour, "justified");
+  store.write(engine, engine.take_changes());
+  EXPECT_TRUE(store.load(kMonday + 72 * kHour, 24 * kHour, 0).leases.empty());
+}
+
 // The message of the StoreError loading `path` throws; empty (and a test failure) when it loads.
 std::string load_error(const std::string& path) {
   Store store(path);
@@ -210,6 +234,49 @@ TEST(QuotaStore, AnAuditGapIsFoundAtStartAndRecordedByRepair) {
   Store store(path);
   EXPECT_EQ(store.load(kMonday, 24 * kHour, 0).next_audit_seq, 6);
   std::filesystem::remove(report.backup);
+}
+
+TEST(QuotaStore, LoansAndGrantsRoundTripAndABadLoanRowIsSetAsideWithoutReusingItsId) {
+  const std::string db = temp_db("ledger_store");
+  const int64_t now = kMonday + 9 * kHour;
+  {
+    Engine engine(testing::example_policy());
+    Store store(db);
+    engine.apply_loan("alice", 10, "first", now);
+    engine.apply_loan("bob", 5, "second", now);
+    engine.grant_credits("alice", 3, "tool", "carol", now);
+    store.write(engine, engine.take_changes());
+  }
+  {
+    Store store(db);
+    const Snapshot snapshot = store.load(now, kHour, 10);
+    ASSERT_EQ(snapshot.loans.size(), 2u);
+    EXPECT_EQ(snapshot.loans[1].justification, "second");
+    ASSERT_EQ(snapshot.grants.size(), 1u);
+    EXPECT_EQ(snapshot.grants[0].granted_by, "carol");
+    EXPECT_EQ(snapshot.next_loan_id, 3);
+  }
+  execute(db, "UPDATE loans SET body = '{\"id\": 2, \"state\": \"forgiven\"}' WHERE id = 2");
+  {
+    Store store(db);
+    try {
+      store.load(now, kHour, 10);
+      ADD_FAILURE() << "a bad loan row loaded";
+    } catch (const StoreError& error) {
+      EXPECT_NE(std::string(error.what()).find("table loans, row id 2"), std::string::npos) << error.what();
+    }
+  }
+  const RepairReport report = repair_database(db, now);
+  ASSERT_EQ(report.quarantined.size(), 1u);
+  EXPECT_EQ(report.quarantined[0].rfind("loans row 2", 0), 0u) << report.quarantined[0];
+  Store store(db);
+  Snapshot snapshot = store.load(now, kHour, 10);
+  EXPECT_EQ(snapshot.loans.size(), 1u);
+  EXPECT_EQ(snapshot.next_loan_id, 3);  // 2 stays taken by the quarantined row
+  Engine engine(testing::example_policy());
+  engine.restore_ledger(snapshot.loans, snapshot.grants, snapshot.next_loan_id, snapshot.next_grant_id);
+  EXPECT_EQ(engine.apply_loan("bob", 5, "again", now).id, 3);
+  for (const char* suffix : {"", "-wal"}) std::filesystem::remove(report.backup + suffix);
 }
 
 }  // namespace

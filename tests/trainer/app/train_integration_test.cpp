@@ -211,11 +211,12 @@ TEST_F(TrainIntegration, ValAndPredictFollowTheTrainingRun) {
 
   // What the command line gives wins.
   ASSERT_EQ(run_printing({"val", "model=" + best, "threads=1", "workers=1", "imgsz=96", "single_cls=true",
-                          "data=" + (root_ / "ds" / "data.yaml").string()},
+                          "data=" + (root_ / "ds" / "data.yaml").string(), project},
                          out),
             kExitCompleted);
   EXPECT_EQ(out.find("from the training run"), std::string::npos) << out;
   EXPECT_NE(out.find("at imgsz 96 "), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(root_ / "runs" / "val2" / "confusion_matrix.png"));  // every val run has its folder
 
   // A 282x320 image: 64 from the training run letterboxes it to 64x64; imgsz=64,128 bounds height 64 and width
   // 128, so 64x73 padded to the stride: 64x96.

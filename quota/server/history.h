@@ -1,0 +1,17 @@
+#pragma once
+// The usage history `quotad recommend` reads from quotad's SQLite store (read-only): leases and their
+// utilisation samples within a window.
+#include <cstdint>
+#include <string>
+
+#include "quota/core/policy.h"
+#include "quota/core/recommend.h"
+
+namespace yolo8::quota {
+
+// Leases requested before `to_ms` that were still open at `from_ms`, with the GPU-hours their heartbeat samples
+// cover inside the window and those below the policy's waste threshold. Throws std::runtime_error naming the
+// database when it cannot be read.
+UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms);
+
+}  // namespace yolo8::quota
