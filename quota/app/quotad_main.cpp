@@ -8,11 +8,15 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 
+#include "quota/core/memory_learning.h"
 #include "quota/core/policy.h"
 #include "quota/core/recommend.h"
 #include "quota/core/sha256.h"
@@ -123,8 +127,12 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--sync-full", full_sync, "fsync every commit (survives power loss; slower)");
   serve_cmd->add_option("--threads", threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
 
-  auto* check_cmd = app.add_subcommand("check-policy", "validate a policy file and print a summary");
-  check_cmd->add_option("policy", policy_path, "policy YAML")->required();
+  auto* check_cmd =
+      app.add_subcommand("check-policy", "validate a policy file (and its memory table) and print a summary");
+  std::string check_table;
+  check_cmd->add_option("policy", policy_path, "policy YAML");
+  check_cmd->add_option("--memory-table", check_table,
+                        "validate a memory table on its own (the file `yolo8 profile` or `quotad memory-table` wrote)");
 
   std::string token_text;
   bool salted = false;
@@ -212,6 +220,15 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
 
+  std::string table_db = "quotad.db", table_out, table_device;
+  bool table_observed = false;
+  auto* table_cmd = app.add_subcommand(
+      "memory-table", "write a memory table (the policy's schema) learned from the peaks real runs reported");
+  table_cmd->add_flag("--observed", table_observed, "from the heartbeats' memory observations (required)")->required();
+  table_cmd->add_option("--db", table_db, "quotad's SQLite database")->capture_default_str();
+  table_cmd->add_option("--device", table_device, "the device whose table to write (when several reported)");
+  table_cmd->add_option("--out", table_out, "write to this file instead of stdout");
+
   int recommend_months = 3;
   std::string recommend_db = "quotad.db", recommend_policy, recommend_diff;
   auto* recommend_cmd = app.add_subcommand(
@@ -239,9 +256,66 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
     if (*check_cmd) {
+      const auto describe = [](const MemoryTable& table) {
+        std::string models;
+        for (const auto& [model, estimate] : table.models) models += (models.empty() ? "" : ", ") + model;
+        std::printf("memory table %s: ok: %zu models (%s); source %s%s%s\n", table.file.c_str(), table.models.size(),
+                    models.c_str(), table.source.empty() ? "unknown" : table.source.c_str(),
+                    table.provenance.device.empty() ? "" : ", measured on ",
+                    table.provenance.device.empty()
+                        ? ""
+                        : (table.provenance.device + ", " + table.provenance.precision + ", LibTorch " +
+                           table.provenance.libtorch + ", " + table.provenance.date)
+                              .c_str());
+      };
+      if (policy_path.empty() && check_table.empty()) {
+        std::fprintf(stderr, "quotad check-policy: give a policy file or --memory-table FILE\n");
+        return 2;
+      }
+      if (!check_table.empty()) describe(load_memory_table(check_table));
+      if (policy_path.empty()) return 0;
       const Policy policy = load_policy_with_tokens(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
                   policy.total_gpus(), policy.emergency_pool_gpus(), policy.teams.size(), policy.users.size());
+      if (!policy.memory_table.models.empty()) describe(policy.memory_table);
+      return 0;
+    }
+    if (*table_cmd) {
+      if (!std::filesystem::exists(table_db)) throw std::runtime_error(table_db + ": no such database");
+      Store store(table_db);
+      const std::vector<ObservedRow> all = fit_observed(store.memory_observations());
+      std::map<std::string, std::vector<ObservedRow>> by_table;  // one table per device and precision
+      for (const auto& row : all) {
+        if (table_device.empty() || row.device == table_device) {
+          by_table[row.device + (row.amp ? ", amp" : ", float32")].push_back(row);
+        }
+      }
+      if (by_table.size() != 1) {
+        std::string found;
+        for (const auto& [name, rows] : by_table) found += "\n  " + name;
+        std::fprintf(stderr, "quotad memory-table: %s%s\n",
+                     by_table.empty() ? "no memory observations"
+                                      : "observations from several devices or precisions; "
+                                        "choose one with --device:",
+                     found.c_str());
+        return 2;
+      }
+      const int64_t now = system_now_ms();
+      const std::time_t seconds = static_cast<std::time_t>(now / 1000);
+      char day[16];
+      std::strftime(day, sizeof(day), "%Y-%m-%d", std::gmtime(&seconds));
+      const std::string text = observed_table_yaml(by_table.begin()->second, day);
+      for (const auto& row : by_table.begin()->second) {
+        std::fprintf(stderr, "%s on %s: %.3f GiB + %.4f GiB per image at 640 from %d runs\n", row.model.c_str(),
+                     row.device.c_str(), row.fixed_gib, row.per_image_gib, row.samples);
+      }
+      if (table_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::ofstream out(table_out, std::ios::binary);
+        out << text;
+        if (!out) throw std::runtime_error(table_out + ": cannot write");
+      }
       return 0;
     }
     if (*render_cmd) {

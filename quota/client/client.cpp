@@ -170,6 +170,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   }
   if (response.status == 201) {
     lease_ = lease_info(response.body.at("lease"));
+    lease_.memory_row = response.body.value("memory_row", "");
     last_ok_steady_ms_ = steady_ms();
     return lease_;
   }

@@ -56,7 +56,8 @@ struct LeaseInfo {
   int64_t id = 0;                           // 0 in mode off
   LeaseState state = LeaseState::kGranted;  // granted or revoking once acquire() returns
   std::vector<std::string> devices;         // "node:index"
-  double memory_gib = 0;
+  double memory_gib = 0;                    // per GPU: what the holder may use (its GPU's memory, or its share)
+  std::string memory_row;  // the memory table row quotad's admission used ("" when none, or after a wait)
   bool shared = false;
   int ttl_s = 0;
   int heartbeat_interval_s = 0;

@@ -81,6 +81,8 @@ json to_json(const LeaseRequest& request) {
            {"justification", request.justification},
            {"idempotency_key", request.idempotency_key}};
   if (!request.requested_by.empty()) out["requested_by"] = request.requested_by;
+  if (!request.node.empty()) out["node"] = request.node;
+  if (!request.visible_devices.empty()) out["visible_devices"] = request.visible_devices;
   return out;
 }
 
@@ -92,6 +94,11 @@ json to_json(const Telemetry& telemetry) {
            {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
   if (!telemetry.gpu_util_source.empty()) out["gpu_util_source"] = telemetry.gpu_util_source;
   if (telemetry.device_memory_used_gib >= 0) out["device_memory_used_gib"] = telemetry.device_memory_used_gib;
+  if (!telemetry.model.empty()) out["model"] = telemetry.model;
+  if (telemetry.imgsz > 0) out["imgsz"] = telemetry.imgsz;
+  if (telemetry.batch > 0) out["batch"] = telemetry.batch;
+  if (telemetry.amp >= 0) out["amp"] = telemetry.amp == 1;
+  if (!telemetry.device_name.empty()) out["device_name"] = telemetry.device_name;
   return out;
 }
 
@@ -175,6 +182,17 @@ LeaseRequest lease_request_from_json(const json& body) {
   request.shared = field<bool>(body, "shared", false);
   request.justification = bounded(body, "justification", 2000, "", true);
   request.idempotency_key = bounded(body, "idempotency_key", 128);
+  request.node = bounded(body, "node", 253);  // a Kubernetes node name
+  if (auto devices = body.find("visible_devices"); devices != body.end() && !devices->is_null()) {
+    if (!devices->is_array() || devices->size() > 64) {
+      throw RequestError("visible_devices: must be a list of at most 64 GPU UUIDs");
+    }
+    for (const auto& device : *devices) {
+      if (!device.is_string()) throw RequestError("visible_devices: must be a list of GPU UUIDs (text)");
+      const json one{{"visible_devices", device}};
+      request.visible_devices.push_back(bounded(one, "visible_devices", 128));
+    }
+  }
   return request;
 }
 
@@ -194,6 +212,14 @@ Telemetry telemetry_from_json(const json& body) {
       telemetry.gpu_util_source != "busy_time") {
     throw RequestError("gpu_util_source: expected nvml or busy_time, got '" + telemetry.gpu_util_source + "'");
   }
+  telemetry.model = bounded(body, "model", 128);
+  telemetry.imgsz = bounded_int(body, "imgsz", -1);
+  telemetry.batch = bounded_int(body, "batch", -1);
+  if (body.contains("amp") && !body["amp"].is_null()) {
+    if (!body["amp"].is_boolean()) throw RequestError("amp: must be true or false");
+    telemetry.amp = body["amp"].get<bool>() ? 1 : 0;
+  }
+  telemetry.device_name = bounded(body, "device_name", 128);
   return telemetry;
 }
 
@@ -220,6 +246,8 @@ Lease lease_from_json(const json& record) {
   lease.req.justification = request.value("justification", "");
   lease.req.idempotency_key = request.value("idempotency_key", "");
   lease.req.requested_by = request.value("requested_by", "");
+  lease.req.node = request.value("node", "");
+  lease.req.visible_devices = request.value("visible_devices", std::vector<std::string>{});
   lease.state = parse_lease_state(record.at("state").get<std::string>());
   lease.outcome = parse_outcome(record.value("outcome", ""));
   lease.gpus = record.value("gpus", 1);

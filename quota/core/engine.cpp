@@ -109,6 +109,14 @@ std::string to_string(AcquireResult::Kind kind) {
   return "invalid";
 }
 
+void merge_memory_context(Telemetry& into, const Telemetry& from) {
+  if (!from.model.empty()) into.model = from.model;
+  if (from.imgsz > 0) into.imgsz = from.imgsz;
+  if (from.batch > 0) into.batch = from.batch;
+  if (from.amp >= 0) into.amp = from.amp;
+  if (!from.device_name.empty()) into.device_name = from.device_name;
+}
+
 bool is_terminal(LeaseState state) {
   return state == LeaseState::kReleased || state == LeaseState::kExpired || state == LeaseState::kRejected;
 }
@@ -361,6 +369,16 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   lease.extra_gpus = extra;
   const double added_all = added + extra;
   lease.devices = placement->devices;
+  // A whole-GPU lease may use all the memory of its GPUs (the smallest, when they differ): that, not the
+  // admission estimate it was placed by, is the budget the trainer sizes its batch to.
+  if (!lease.shared) {
+    double smallest = 0;
+    for (int device : lease.devices) {
+      const double gib = policy_.gpus[static_cast<size_t>(device)].memory_gib;
+      smallest = smallest > 0 ? std::min(smallest, gib) : gib;
+    }
+    lease.memory_gib = smallest;
+  }
   lease.state = LeaseState::kGranted;
   lease.granted_ms = now_ms;
   lease.last_seen_ms = now_ms;
@@ -373,6 +391,13 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   changes_.leases.insert(lease.id);
   std::string devs;
   for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
+  // what the trainer itself sees, when a device plugin chose its GPUs
+  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
+    std::string seen;
+    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
+    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
+            (seen.empty() ? std::string() : " sees " + seen) + ")";
+  }
   if (critical) {
     log(now_ms, requester(lease.req), "emergency.granted", &lease,
         on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
@@ -732,7 +757,13 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   Lease lease;
   lease.req = req;
   lease.gpus = req.gpus > 0 ? req.gpus : policy_.default_gpus;
-  lease.shared = req.shared && policy_.sharing_enabled && lease.gpus == 1;
+  // A shared lease the policy does not allow is refused, not silently turned into whole GPUs: the trainer sized
+  // its plans (and its neighbours) to a share.
+  if (req.shared) {
+    const std::string why = policy_.shared_refusal(req.model, lease.gpus);
+    if (!why.empty()) return refuse(AcquireResult::Kind::kNotAllowed, why);
+  }
+  lease.shared = req.shared;
   if (lease.shared) {
     auto it = policy_.default_memory_gib.find(req.model);
     lease.memory_gib = req.memory_gib > 0                       ? req.memory_gib
@@ -750,22 +781,27 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
                                                         req.team + ".max_gpus_per_user)");
   }
   // admission: the estimated memory must fit what a GPU (or the share) offers
+  double admitted_gib = 0;
+  const std::string memory_row = policy_.memory_table.describe_row(req.model);
   if (policy_.memory_table.has(req.model)) {
     const double avail = lease.shared ? lease.memory_gib : policy_.max_gpu_memory_gib();
     const int per_gpu = req.batch > 0 ? (req.batch + lease.gpus - 1) / lease.gpus : 1;
     const double need = policy_.memory_table.estimate_gib(req.model, req.imgsz, per_gpu);
     // whole-GPU leases only go to GPUs big enough for the estimate
     if (!lease.shared) lease.memory_gib = std::max(lease.memory_gib, need);
+    admitted_gib = need;
     if (need > avail + kEps) {
       result.max_batch = policy_.memory_table.max_batch(req.model, req.imgsz, avail) * lease.gpus;
       result.needed_gib = need;
+      result.memory_row = memory_row;
       const std::string what = req.batch > 0 ? "batch " + std::to_string(req.batch) : "one image";
       return refuse(
           AcquireResult::Kind::kAdmissionRefused,
           what + " for " + req.model + " at " + std::to_string(req.imgsz) + " needs ~" + fixed_text(need) +
               " GiB per GPU (estimate), " + fixed_text(avail) + " GiB available; " +
               (result.max_batch > 0 ? "at most batch " + std::to_string(result.max_batch) + " fits, or use batch=auto"
-                                    : "it does not fit even with batch 1: use a smaller imgsz or model"));
+                                    : "it does not fit even with batch 1: use a smaller imgsz or model") +
+              "; from " + memory_row);
     }
   }
   if (critical && req.justification.empty()) {
@@ -829,7 +865,10 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
       log(now_ms, requester(req), "lease.queued", &stored, on_behalf(req) + queue_reason(stored, now_ms));
     }
   }
-  return status_of(lease.id, now_ms);
+  AcquireResult answer = status_of(lease.id, now_ms);
+  answer.memory_row = memory_row;
+  answer.needed_gib = admitted_gib;
+  return answer;
 }
 
 HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms) {
@@ -856,6 +895,7 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
   if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+  merge_memory_context(lease.telemetry, telemetry);
   result.deadline_ms = lease.deadline_ms;
   result.reason = lease.reason;
   return result;
@@ -874,6 +914,7 @@ void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms
   if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
   if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
   if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+  merge_memory_context(lease.telemetry, telemetry);
 }
 
 void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {

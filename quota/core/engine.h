@@ -42,6 +42,10 @@ struct LeaseRequest {
   bool shared = false;  // share a GPU by memory when the policy allows
   std::string justification;
   std::string idempotency_key;
+  // Where the trainer runs when something else chose its GPUs (Kubernetes' device plugin): its node and the GPU
+  // UUIDs it sees (NVIDIA_VISIBLE_DEVICES). Recorded with the lease and in the audit of the grant.
+  std::string node;
+  std::vector<std::string> visible_devices;
   // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
   // never taken from a request body. The audit names both.
   std::string requested_by;
@@ -56,7 +60,21 @@ struct Telemetry {
   double memory_used_gib = -1;  // peak per GPU
   double device_memory_used_gib = -1;  // NVML: memory in use on the busiest leased device, every process's
   int64_t last_checkpoint_ms = 0;
+  // What the peak was measured with, so that quotad can learn the memory table from real runs
+  // (`quotad memory-table --observed`); empty / -1 = not reported.
+  std::string model;
+  int imgsz = -1;
+  int batch = -1;  // images per GPU
+  int amp = -1;    // 1 AMP, 0 float32
+  std::string device_name;
+  // A sample quotad can learn from: a peak with everything it depends on.
+  bool is_memory_observation() const {
+    return memory_used_gib > 0 && !model.empty() && imgsz > 0 && batch > 0 && amp >= 0 && !device_name.empty();
+  }
 };
+
+// Copies what a memory sample was measured with (model, imgsz, batch, AMP, device) from a report, where given.
+void merge_memory_context(Telemetry& into, const Telemetry& from);
 
 struct Lease {
   int64_t id = 0;
@@ -64,7 +82,9 @@ struct Lease {
   LeaseState state = LeaseState::kQueued;
   Outcome outcome = Outcome::kNone;
   int gpus = 1;
-  double memory_gib = 0;  // shared: allocated per GPU; whole: the least GPU memory it needs
+  // Per GPU. Shared: the share. Whole: while queued the least GPU memory it needs; once granted the memory of
+  // its (smallest) GPU, which is what the holder may use.
+  double memory_gib = 0;
   bool shared = false;
   std::vector<int> devices;             // indices into Policy::gpus
   std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
@@ -135,6 +155,7 @@ struct AcquireResult {
   int position = 0;   // 1-based queue position
   int max_batch = 0;  // admission refusals: largest total batch that fits (0: none)
   double needed_gib = 0;
+  std::string memory_row;  // the memory table row admission used (file, figures, provenance); "" without one
   std::string reason;
   bool replayed = false;  // answered from the idempotency key
 };

@@ -133,6 +133,21 @@ double MemoryTable::estimate_gib(const std::string& model, int imgsz, int batch_
   return it->second.fixed_gib + it->second.per_image_gib * scale * batch_per_gpu;
 }
 
+std::string MemoryTable::describe_row(const std::string& model) const {
+  auto it = models.find(model);
+  if (it == models.end()) return "";
+  char figures[96];
+  std::snprintf(figures, sizeof(figures), "%.3f GiB + %.4f GiB per image at 640", it->second.fixed_gib,
+                it->second.per_image_gib);
+  std::string from = source.empty() ? "unknown source" : source;
+  if (!provenance.device.empty()) from += ", " + provenance.device;
+  if (!provenance.precision.empty()) from += ", " + provenance.precision;
+  if (!provenance.libtorch.empty()) from += ", LibTorch " + provenance.libtorch;
+  if (!provenance.date.empty()) from += ", " + provenance.date;
+  return "memory table " + (file.empty() ? std::string("(built in)") : file) + " row " + model + ": " + figures + " (" +
+         from + ")";
+}
+
 int MemoryTable::max_batch(const std::string& model, int imgsz, double memory_gib) const {
   auto it = models.find(model);
   if (it == models.end()) return 0;
@@ -151,6 +166,17 @@ double Policy::max_gpu_memory_gib() const {
   double largest = 0;
   for (const auto& gpu : gpus) largest = std::max(largest, gpu.memory_gib);
   return largest;
+}
+
+std::string Policy::shared_refusal(const std::string& model, int lease_gpus) const {
+  if (!sharing_enabled) return "shared: this policy does not share GPUs (sharing.enabled is false)";
+  if (lease_gpus > 1) return "shared: a shared lease is a part of one GPU; ask for gpus=1 or a whole-GPU lease";
+  if (!shared_models.empty() && std::find(shared_models.begin(), shared_models.end(), model) == shared_models.end()) {
+    std::string allowed;
+    for (const auto& name : shared_models) allowed += (allowed.empty() ? "" : ", ") + name;
+    return "shared: model " + model + " needs whole GPUs; only " + allowed + " may share one (sharing.models)";
+  }
+  return "";
 }
 
 bool Policy::needs_approval(const std::string& model) const {
@@ -416,7 +442,26 @@ std::vector<std::string> string_list(const YamlContext& context, const YAML::Nod
 
 MemoryTable parse_memory_table(const YamlContext& context, const YAML::Node& root) {
   MemoryTable table;
-  context.keys(root, "", {"models", "reference_imgsz", "note", "source"});
+  context.keys(root, "", {"models", "reference_imgsz", "note", "source", "provenance"});
+  table.file = context.source;
+  if (root["source"].IsDefined()) table.source = context.get<std::string>(root["source"], "source", "");
+  if (const YAML::Node from = root["provenance"]; from.IsDefined()) {
+    context.keys(from, "provenance", {"device", "precision", "libtorch", "date"});
+    table.provenance.device = context.get<std::string>(from["device"], "provenance.device", "");
+    table.provenance.precision = context.get<std::string>(from["precision"], "provenance.precision", "");
+    table.provenance.libtorch = context.get<std::string>(from["libtorch"], "provenance.libtorch", "");
+    table.provenance.date = context.get<std::string>(from["date"], "provenance.date", "");
+    if (!table.provenance.precision.empty() && table.provenance.precision != "amp" &&
+        table.provenance.precision != "float32") {
+      context.fail(from["precision"], "provenance.precision", "must be amp or float32");
+    }
+    const std::string& date = table.provenance.date;
+    const bool date_ok = date.empty() || (date.size() == 10 && date[4] == '-' && date[7] == '-' &&
+                                          std::all_of(date.begin(), date.end(), [](char c) {
+                                            return c == '-' || std::isdigit(static_cast<unsigned char>(c));
+                                          }));
+    if (!date_ok) context.fail(from["date"], "provenance.date", "must be a date YYYY-MM-DD");
+  }
   if (root["reference_imgsz"].IsDefined() && context.get<int>(root["reference_imgsz"], "reference_imgsz", 640) != 640) {
     context.fail(root["reference_imgsz"], "reference_imgsz", "only 640 is supported");
   }
@@ -677,7 +722,8 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     policy.preempt_grace_s = context.get<int>(section["grace_s"], "preemption.grace_s", policy.preempt_grace_s);
   }
   if (const YAML::Node section = root["sharing"]; section.IsDefined()) {
-    context.keys(section, "sharing", {"enabled", "max_leases_per_gpu"});
+    context.keys(section, "sharing", {"enabled", "max_leases_per_gpu", "models"});
+    if (section["models"].IsDefined()) policy.shared_models = string_list(context, section["models"], "sharing.models");
     policy.sharing_enabled = context.get<bool>(section["enabled"], "sharing.enabled", false);
     policy.max_leases_per_gpu =
         context.get<int>(section["max_leases_per_gpu"], "sharing.max_leases_per_gpu", policy.max_leases_per_gpu);

@@ -66,9 +66,23 @@ struct MemoryEstimate {
   double per_image_gib = 0;  // activations per image at imgsz 640
 };
 
-// Estimated training memory per GPU; from configs/memory-table.yaml until the VRAM profiler measures it.
+// Where a table's figures come from (`provenance:`; written by `yolo8 profile` and `quotad memory-table`).
+struct MemoryProvenance {
+  std::string device;     // "NVIDIA H200", "cpu"
+  std::string precision;  // "amp" or "float32"
+  std::string libtorch;   // LibTorch version
+  std::string date;       // YYYY-MM-DD
+};
+
+// Training memory per GPU by model: configs/memory-table.yaml (estimates), or the table `yolo8 profile` or
+// `quotad memory-table --observed` wrote (one schema: source, reference_imgsz, provenance, models).
 struct MemoryTable {
+  std::string file;    // where it was loaded from, for the admission answer
+  std::string source;  // "estimate", "yolo8 profile ...", "observed ..."
+  MemoryProvenance provenance;
   std::map<std::string, MemoryEstimate> models;
+  // Names the row used for `model` (file, figures, provenance), for the admission answer; "" when absent.
+  std::string describe_row(const std::string& model) const;
   bool has(const std::string& model) const { return models.count(model) > 0; }
   // GiB for `batch_per_gpu` images at `imgsz` (activations scale with (imgsz/640)^2).
   double estimate_gib(const std::string& model, int imgsz, int batch_per_gpu) const;
@@ -103,6 +117,9 @@ struct Policy {
   // sharing
   bool sharing_enabled = false;
   int max_leases_per_gpu = 4;
+  std::vector<std::string> shared_models;  // models that may ask for a shared lease; empty = any model
+  // Why `model` may not hold a shared lease of `lease_gpus` GPUs under this policy; "" when it may.
+  std::string shared_refusal(const std::string& model, int lease_gpus) const;
   // credits, GPU-hours per member per month; 0 disables credits
   double monthly_gpu_hours = 100;
   double loan_gpu_hours = 0;

@@ -554,6 +554,8 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
     body["lease_id"] = result.lease_id;
     body["replayed"] = result.replayed;
     if (!result.reason.empty()) body["reason"] = result.reason;
+    // which memory table row admission used, so a surprising answer can be traced to its figures
+    if (!result.memory_row.empty()) body["memory_row"] = result.memory_row;
     body["status"] = to_string(result.kind);
     switch (result.kind) {
       case AcquireResult::Kind::kGranted:
@@ -668,6 +670,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
           if (telemetry.device_memory_used_gib >= 0) latest.device_memory_used_gib = telemetry.device_memory_used_gib;
           if (telemetry.memory_used_gib >= 0) latest.memory_used_gib = telemetry.memory_used_gib;
           if (telemetry.last_checkpoint_ms > 0) latest.last_checkpoint_ms = telemetry.last_checkpoint_ms;
+          merge_memory_context(latest, telemetry);
           if (store_) {
             if (pending_heartbeats_.size() >= options_.max_pending_heartbeats) {
               pending_heartbeats_.erase(pending_heartbeats_.begin());  // the store is far behind: telemetry only

@@ -34,6 +34,10 @@ CREATE TABLE IF NOT EXISTS heartbeats (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
   memory_used_gib REAL, last_checkpoint_ms INTEGER);
 CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
+CREATE TABLE IF NOT EXISTS memory_observations (
+  lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT NULL, imgsz INTEGER NOT NULL,
+  batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS memory_observations_key ON memory_observations(model, device, lease_id);
 CREATE TABLE IF NOT EXISTS quarantine (
   source TEXT NOT NULL, row_id INTEGER NOT NULL, body TEXT, error TEXT NOT NULL, moved_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS loans (
@@ -396,6 +400,24 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
       sqlite3_bind_int64(statement.get(), 7, sample.telemetry.last_checkpoint_ms);
       if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write heartbeat");
     }
+    // the peaks quotad learns its memory table from (quotad memory-table --observed)
+    Statement observe(
+        prepare("INSERT INTO memory_observations(lease_id, ts_ms, model, imgsz, batch, amp, device, peak_gib) "
+                "VALUES (?,?,?,?,?,?,?,?)"));
+    for (const auto& sample : samples) {
+      const Telemetry& t = sample.telemetry;
+      if (!t.is_memory_observation()) continue;
+      sqlite3_reset(observe.get());
+      sqlite3_bind_int64(observe.get(), 1, sample.lease_id);
+      sqlite3_bind_int64(observe.get(), 2, sample.ts_ms);
+      bind_text(observe.get(), 3, t.model);
+      sqlite3_bind_int(observe.get(), 4, t.imgsz);
+      sqlite3_bind_int(observe.get(), 5, t.batch);
+      sqlite3_bind_int(observe.get(), 6, t.amp);
+      bind_text(observe.get(), 7, t.device_name);
+      sqlite3_bind_double(observe.get(), 8, t.memory_used_gib);
+      if (sqlite3_step(observe.get()) != SQLITE_DONE) fail("write memory observation");
+    }
   } catch (...) {
     if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
@@ -422,6 +444,25 @@ std::vector<AuditEntry> Store::audit(int64_t after_seq, size_t limit, const std:
     entry.team = text(statement.get(), 5);
     entry.detail = text(statement.get(), 6);
     out.push_back(entry);
+  }
+  return out;
+}
+
+std::vector<MemoryObservation> Store::memory_observations() {
+  // one sample per run and setting: the run's highest peak at that (imgsz, batch, AMP)
+  Statement statement(
+      prepare("SELECT model, device, amp, imgsz, batch, MAX(peak_gib) FROM memory_observations "
+              "GROUP BY lease_id, model, device, amp, imgsz, batch ORDER BY device, model, lease_id"));
+  std::vector<MemoryObservation> out;
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    MemoryObservation observation;
+    observation.model = text(statement.get(), 0);
+    observation.device = text(statement.get(), 1);
+    observation.amp = sqlite3_column_int(statement.get(), 2) == 1;
+    observation.imgsz = sqlite3_column_int(statement.get(), 3);
+    observation.batch = sqlite3_column_int(statement.get(), 4);
+    observation.peak_gib = sqlite3_column_double(statement.get(), 5);
+    out.push_back(observation);
   }
   return out;
 }

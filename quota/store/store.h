@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "quota/core/engine.h"
+#include "quota/core/memory_learning.h"
 #include "quota/core/usage.h"
 
 struct sqlite3;
@@ -71,6 +72,8 @@ class Store {
 
   std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
   int64_t count_heartbeats();
+  // The memory peaks heartbeats reported with model, imgsz, batch, AMP and device: one per run and setting.
+  std::vector<MemoryObservation> memory_observations();
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
   const std::string& path() const { return path_; }

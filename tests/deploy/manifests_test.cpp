@@ -267,6 +267,9 @@ TEST(DeployManifests, TrainingJobsFollowTheExitCodeContract) {
     EXPECT_TRUE(contains(args, "team=" + team));
     EXPECT_EQ(dig(env_var(trainer, "YOLO8_QUOTA_URL"), {"value"}).as<std::string>(""),
               "http://quotad.yolo8-system.svc.cluster.local:8080");
+    // the lease request names the node the device plugin's GPUs are on
+    EXPECT_EQ(dig(env_var(trainer, "NODE_NAME"), {"valueFrom", "fieldRef", "fieldPath"}).as<std::string>(""),
+              "spec.nodeName");
 
     // The token Secret and the run volumes exist in the Job's namespace.
     const YAML::Node token = dig(env_var(trainer, "YOLO8_QUOTA_TOKEN"), {"valueFrom", "secretKeyRef"});

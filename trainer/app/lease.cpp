@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <set>
+#include <sstream>
 
 #include "quota/core/policy.h"
 #include "trainer/app/utilisation.h"
@@ -20,11 +22,66 @@ double monotonic_seconds() {
 
 }  // namespace
 
-TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus) {
+std::vector<std::string> visible_gpu_uuids() {
+  for (const char* name : {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    std::vector<std::string> uuids;
+    std::string item;
+    std::istringstream list(value);
+    while (std::getline(list, item, ',')) {
+      if (item.rfind("GPU-", 0) == 0 || item.rfind("MIG-", 0) == 0) uuids.push_back(item);
+    }
+    if (!uuids.empty()) return uuids;
+  }
+  return {};
+}
+
+std::string device_conflict(const std::vector<std::string>& lease_devices, const std::vector<int>& device_ids,
+                            const std::string& node, bool remapped) {
+  if (device_ids.empty() || lease_devices.empty()) return "";
+  std::string leased;
+  std::set<int> indices;
+  std::set<std::string> nodes;
+  for (const auto& device : lease_devices) {
+    leased += (leased.empty() ? "" : ", ") + device;
+    const auto colon = device.rfind(':');
+    nodes.insert(device.substr(0, colon));
+    if (colon != std::string::npos) indices.insert(std::atoi(device.c_str() + colon + 1));
+  }
+  std::string asked;
+  for (int id : device_ids) asked += (asked.empty() ? "" : ",") + std::to_string(id);
+  const std::string head = "setting 'device' (" + asked + ") contradicts the lease, which holds " + leased + ": ";
+  if (remapped) {
+    // the device plugin numbered the leased GPUs 0..n-1 inside the container
+    for (int id : device_ids) {
+      if (id >= static_cast<int>(lease_devices.size())) {
+        return head + "GPU " + std::to_string(id) + " is outside the " + std::to_string(lease_devices.size()) +
+               " GPU(s) made visible";
+      }
+    }
+    return "";
+  }
+  if (!node.empty() && !nodes.count(node)) {
+    return head + "this trainer runs on " + node + "; run it on the leased node";
+  }
+  if (std::set<int>(device_ids.begin(), device_ids.end()) != indices) {
+    std::string use;
+    for (int index : indices) use += (use.empty() ? "" : ",") + std::to_string(index);
+    return head + "use device=" + use;
+  }
+  return "";
+}
+
+TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
+                             double gpu_memory_gib, const std::string& device_name) {
   if (settings.lease.quota == "off") return;
-  if (settings.lease.quota == "local" && !uses_gpu) return;  // leases are for GPUs; a CPU run has nothing to share
+  // Leases are for GPUs; a CPU run has nothing to share, unless it asks for a share explicitly (its budget is
+  // then the share, enforced by the counting allocator).
+  if (settings.lease.quota == "local" && !uses_gpu && !settings.lease.shared) return;
   // The client's own reading of the setting (mode, $YOLO8_QUOTA_TOKEN); explicit settings win over it.
-  quota::ClientConfig config = quota::client_config_from_setting(settings.lease.quota, std::max(1, gpus));
+  quota::ClientConfig config =
+      quota::client_config_from_setting(settings.lease.quota, std::max(1, gpus), gpu_memory_gib);
   if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
   if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
   if (!settings.lease.user.empty()) config.user = settings.lease.user;
@@ -40,6 +97,12 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.imgsz = settings.loader.imgsz;
   request.batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 0;
   request.gpus = std::max(1, gpus);
+  request.shared = settings.lease.shared;
+  request.visible_devices = visible_gpu_uuids();
+  const char* node_name = std::getenv("NODE_NAME");  // Kubernetes' downward API (spec.nodeName)
+  const std::string node = config.mode == "local" ? std::string() : (node_name ? node_name : "");
+  request.node = node;
+  request.memory_gib = settings.lease.memory_gib;
   request.priority = quota::parse_priority(settings.lease.priority);
   request.preemptible = settings.lease.preemptible;
   request.justification = settings.lease.justification;
@@ -53,8 +116,23 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     if (stop_requested()) throw StoppedWhileWaiting();
     std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason << std::endl;
   });
-  std::cout << "Lease " << lease.id << " granted: " << lease.devices.size() << " GPU, " << lease.memory_gib
-            << " GiB each, heartbeat every " << lease.heartbeat_interval_s << " s\n";
+  std::string devices;
+  for (const auto& device : lease.devices) devices += (devices.empty() ? "" : ",") + device;
+  std::cout << "Lease " << lease.id << " granted: " << (lease.shared ? "a share of " : "") << lease.devices.size()
+            << " GPU (" << devices << "), " << lease.memory_gib << " GiB each, heartbeat every "
+            << lease.heartbeat_interval_s << " s\n";
+  if (!lease.memory_row.empty()) std::cout << "  admission used the " << lease.memory_row << "\n";
+  // The trainer uses exactly the leased GPUs: a device= that says otherwise is a mistake to fix, not to run with.
+  // Not in local mode: its inventory is a count of slots sized to the request (local:0..n-1), not the
+  // machine's GPU numbers, so device=1 legitimately holds local:0 there.
+  const bool bound = uses_gpu && config.mode != "local";
+  const std::string conflict =
+      bound ? device_conflict(lease.devices, settings.device_ids(), node, !request.visible_devices.empty()) : "";
+  if (!conflict.empty()) {
+    client_->release(quota::Outcome::kCancelled);
+    released_ = true;
+    throw SettingsError(conflict);
+  }
   // Utilisation from the leased devices (NVML) when the run uses a GPU and the driver's library loads; the busy
   // share of each heartbeat interval otherwise. Sampled on the heartbeat thread, once per interval.
   std::unique_ptr<Nvml> nvml;
@@ -69,8 +147,15 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     if (!nvml) std::cout << "Utilisation: NVML unavailable (" << why << "); reporting the busy share of the time\n";
   }
   auto sampler = std::make_shared<UtilisationSampler>(std::move(nvml), std::move(nvml_devices), monotonic_seconds());
-  client_->start_heartbeats([this, sampler] {
-    quota::Telemetry telemetry;
+  // what the memory peak was measured with (quotad memory-table --observed learns from it)
+  quota::Telemetry context;
+  context.model = request.model;
+  context.imgsz = request.imgsz;
+  context.amp = settings.amp && uses_gpu ? 1 : 0;  // AMP is CUDA-only here
+  context.device_name = device_name;
+  client_->start_heartbeats([this, sampler, context] {
+    quota::Telemetry telemetry = context;
+    telemetry.batch = telemetry_.batch.load();
     telemetry.step = telemetry_.step.load();
     telemetry.epoch = telemetry_.epoch.load();
     telemetry.memory_used_gib = telemetry_.memory_used_gib.load();

@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "quota/client/client.h"
 #include "trainer/app/settings.h"
@@ -21,7 +22,19 @@ struct LeaseTelemetry {
   // when there is no NVML (a job whose steps stall reports 0 after one interval, not its last figure).
   std::atomic<double> busy_seconds{0.0};
   std::atomic<int64_t> last_checkpoint_ms{0};
+  std::atomic<int> batch{-1};  // images per GPU, once sized: with the peak, what quotad learns memory from
 };
+
+// GPU UUIDs a device plugin made visible: NVIDIA_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) when it lists
+// UUIDs (GPU-..., MIG-...); empty otherwise. Reported to quotad with the lease request.
+std::vector<std::string> visible_gpu_uuids();
+
+// Why device= (`device_ids`: the GPUs the run uses, given or picked) contradicts the lease's GPUs
+// (`lease_devices`, "node:index"); "" when it does not.
+// `node`: the trainer's node ("local" in local mode, $NODE_NAME, or "" when unknown). With `remapped` (a device
+// plugin chose the GPUs, so the container numbers them 0..n-1) only the count can be checked.
+std::string device_conflict(const std::vector<std::string>& lease_devices, const std::vector<int>& device_ids,
+                            const std::string& node, bool remapped);
 
 // A stop was requested while the lease request was still queued.
 class StoppedWhileWaiting : public std::runtime_error {
@@ -32,15 +45,18 @@ class StoppedWhileWaiting : public std::runtime_error {
 class TrainingLease {
  public:
   // Acquires (blocking while queued, printing the position) unless quota=off or the run has no GPU and quota
-  // is local. Throws quota::QuotaRefused when the service says no.
-  TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus);
+  // is local. Throws quota::QuotaRefused when the service says no. `gpu_memory_gib`: the local GPUs' memory,
+  // the inventory of the local quota's policy (0: unknown).
+  // `device_name` ("NVIDIA H200", "cpu") goes with the memory peaks the heartbeats report.
+  TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
+                double gpu_memory_gib = 0, const std::string& device_name = "");
   // Releases as failed unless release() was called: a crash must not hold GPUs until the TTL.
   ~TrainingLease();
   TrainingLease(const TrainingLease&) = delete;
   TrainingLease& operator=(const TrainingLease&) = delete;
 
   bool active() const { return client_ != nullptr; }
-  double memory_gib() const;  // per GPU; 0 without a lease
+  double memory_gib() const;  // per GPU, what the run may use: its GPU's memory, or its share; 0 without a lease
   int64_t id() const;
   LeaseTelemetry& telemetry() { return telemetry_; }
 

@@ -1,5 +1,10 @@
 #include "trainer/app/profile_mode.h"
 
+#include <torch/version.h>
+#ifdef YOLO8_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
@@ -49,6 +54,15 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
       budget_bytes, options);
 }
 
+std::string device_name(const torch::Device& device) {
+#ifdef YOLO8_WITH_CUDA
+  if (device.is_cuda()) {
+    return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device.has_index() ? device.index() : 0))->name;
+  }
+#endif
+  return device.is_cuda() ? "cuda" : "cpu";
+}
+
 torch::Device profile_device(const Settings& settings) {
 #ifdef YOLO8_WITH_CUDA
   if (!settings.device_ids().empty()) return torch::Device(torch::kCUDA, settings.device_ids().front());
@@ -70,8 +84,12 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-  table.source = std::string("yolo8 profile on ") + (device.is_cuda() ? "CUDA" : "CPU (instrumented allocator)") +
-                 ", imgsz " + std::to_string(settings.loader.imgsz) + ", " + date;
+  table.source = "yolo8 profile at imgsz " + std::to_string(settings.loader.imgsz) +
+                 (device.is_cuda() ? "" : " (CPU: the instrumented allocator's count)");
+  table.provenance.device = device_name(device);
+  table.provenance.precision = settings.amp && device.is_cuda() ? "amp" : "float32";  // AMP is CUDA-only here
+  table.provenance.libtorch = TORCH_VERSION;
+  table.provenance.date = date;
   std::string json = "[";
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::string& variant = variants[v];

@@ -12,6 +12,9 @@
 
 namespace yolo8 {
 
+// The device's name as the memory table's provenance gives it: the CUDA device name ("NVIDIA H200"), or "cpu".
+std::string device_name(const torch::Device& device);
+
 // The device a profile runs on: device=N (or the first of a list) on CUDA, else the CPU.
 torch::Device profile_device(const Settings& settings);
 

@@ -129,6 +129,11 @@ const std::vector<Entry>& entries() {
       {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)"},
       {"preemptible", YOLO8_FIELD(lease.preemptible), "allow a higher-priority job to preempt this run"},
       {"justification", YOLO8_FIELD(lease.justification), "why a large model or critical priority is needed"},
+      {"shared", YOLO8_FIELD(lease.shared),
+       "ask for a share of one GPU (small models, where the policy allows it) instead of whole GPUs"},
+      {"memory_gib", YOLO8_FIELD(lease.memory_gib),
+       "GiB per GPU: the share of a shared lease (0 = the policy's default for the model), else the least GPU "
+       "memory to be placed on"},
       {"gpu_mem", YOLO8_FIELD(lease.gpu_mem), "memory budget in GiB per GPU when quota=off; 0 = the whole device",
        kResumable},
       {"threads", YOLO8_FIELD(threads),
@@ -499,6 +504,13 @@ void validate(LeaseSettings& lease) {
   lease.priority = to_lower(lease.priority);
   check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});
   check(std::isfinite(lease.gpu_mem) && lease.gpu_mem >= 0, "gpu_mem", "must be >= 0 GiB");
+  check(std::isfinite(lease.memory_gib) && lease.memory_gib >= 0, "memory_gib", "must be >= 0 GiB");
+  // Whether the model may share is the policy's answer (quotad refuses with the reason); without a quota
+  // service there is nothing to share.
+  check(!lease.shared || lease.quota != "off", "shared",
+        "needs a quota service to share a GPU with (quota=local or a quotad URL), not quota=off");
+  check(lease.memory_gib == 0 || lease.quota != "off", "memory_gib",
+        "is the lease's memory; with quota=off use gpu_mem for the budget");
 }
 
 void validate(Settings& settings) {

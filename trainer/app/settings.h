@@ -29,7 +29,9 @@ struct LeaseSettings {
   std::string priority = "normal";
   bool preemptible = true;
   std::string justification;
-  double gpu_mem = 0.0;  // GiB budget when quota=off; 0 = the whole device
+  bool shared = false;      // a share of one GPU (the policy decides which models may)
+  double memory_gib = 0.0;  // per GPU: the share (0 = the policy's default), else the least GPU memory
+  double gpu_mem = 0.0;     // GiB budget when quota=off; 0 = the whole device
 };
 
 // Normalises quota and priority; throws SettingsError naming the key.

@@ -116,6 +116,7 @@ std::optional<int> TrainingRun::set_up_phases() {
   throw_if_stop_requested("acquiring the lease");
   size_batch();
   throw_if_stop_requested("sizing the batch");
+  lease_->telemetry().batch.store(local_batch_);
   open_run_dir();
   create_loaders();
   build_training_core();
@@ -190,11 +191,19 @@ void TrainingRun::acquire_lease() {
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
+    // device= empty picked a GPU already: it too must be the leased one (DDP ranks map theirs by LOCAL_RANK)
+    if (settings_.device_ids().empty() && device_.is_cuda() && !dist_.enabled()) {
+      lease_settings.device = std::to_string(device_.has_index() ? device_.index() : 0);
+    }
     // Rank 0 asks for the whole job: WORLD_SIZE GPUs, whether the ranks share this machine (device=0,1) or
     // are the pods of an indexed Job (device=0 in each).
     const int gpus =
         dist_.enabled() ? dist_.world_size() : std::max<int>(1, static_cast<int>(settings_.device_ids().size()));
-    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus);
+    // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
+    const double gpu_gib =
+        device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
+    auto lease =
+        std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, gpu_gib, device_name(device_));
     std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
     lease_ = std::move(lease);
   } catch (const quota::QuotaRefused& refused) {

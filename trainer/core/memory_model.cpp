@@ -147,7 +147,16 @@ void write_memory_table(const std::string& path, const MemoryTable& table) {
   out << YAML::BeginMap;
   out << YAML::Key << "reference_imgsz" << YAML::Value << table.reference_imgsz;
   out << YAML::Key << "source" << YAML::Value << YAML::DoubleQuoted << table.source;
-  out << YAML::Key << "variants" << YAML::Value << YAML::BeginMap;
+  const MemoryProvenance& from = table.provenance;
+  if (!from.device.empty() || !from.precision.empty() || !from.libtorch.empty() || !from.date.empty()) {
+    out << YAML::Key << "provenance" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << from.device;
+    out << YAML::Key << "precision" << YAML::Value << from.precision;
+    out << YAML::Key << "libtorch" << YAML::Value << YAML::DoubleQuoted << from.libtorch;
+    out << YAML::Key << "date" << YAML::Value << YAML::DoubleQuoted << from.date;
+    out << YAML::EndMap;
+  }
+  out << YAML::Key << "models" << YAML::Value << YAML::BeginMap;
   for (const MemoryTableRow& row : table.variants) {
     out << YAML::Key << row.variant << YAML::Value << YAML::Flow << YAML::BeginMap;
     out << YAML::Key << "fixed_gib" << YAML::Value << row.fixed_gib;
@@ -179,7 +188,7 @@ std::string where(const std::string& path, const YAML::Node& node) {
 
 double read_gib(const std::string& path, const YAML::Node& entry, const std::string& variant, const char* key) {
   const YAML::Node value = entry[key];
-  const std::string name = "variants." + variant + "." + key;
+  const std::string name = "models." + variant + "." + key;
   if (!value) {
     throw std::runtime_error("memory table " + where(path, entry) + ": missing key '" + name + "'");
   }
@@ -230,19 +239,30 @@ MemoryTable read_memory_table(const std::string& path) {
     }
     table.source = source.Scalar();
   }
-  const YAML::Node variants = root["variants"];
+  if (const YAML::Node provenance = root["provenance"]) {
+    if (!provenance.IsMap()) {
+      throw std::runtime_error("memory table " + where(path, provenance) +
+                               ": key 'provenance' must be a mapping {device, precision, libtorch, date}");
+    }
+    const auto text = [&](const char* key) {
+      const YAML::Node value = provenance[key];
+      return value && value.IsScalar() ? value.Scalar() : std::string();
+    };
+    table.provenance = {text("device"), text("precision"), text("libtorch"), text("date")};
+  }
+  const YAML::Node variants = root["models"];
   if (!variants) {
-    throw std::runtime_error("memory table " + path + ": missing key 'variants'");
+    throw std::runtime_error("memory table " + path + ": missing key 'models'");
   }
   if (!variants.IsMap()) {
     throw std::runtime_error("memory table " + where(path, variants) +
-                             ": key 'variants' must map a variant name to {fixed_gib, per_image_gib}");
+                             ": key 'models' must map a model name to {fixed_gib, per_image_gib}");
   }
   for (const auto& item : variants) {
     const std::string name = item.first.as<std::string>();
     const YAML::Node& entry = item.second;
     if (!entry.IsMap()) {
-      throw std::runtime_error("memory table " + where(path, entry) + ": key 'variants." + name +
+      throw std::runtime_error("memory table " + where(path, entry) + ": key 'models." + name +
                                "' must be a mapping {fixed_gib, per_image_gib}");
     }
     MemoryTableRow row;

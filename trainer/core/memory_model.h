@@ -64,10 +64,22 @@ struct MemoryTableRow {
   double per_image_gib = 0.0;
 };
 
+// Where the figures come from; quotad shows it with every admission answer that used the table.
+struct MemoryProvenance {
+  std::string device;     // "NVIDIA H200", "cpu"
+  std::string precision;  // "amp" or "float32"
+  std::string libtorch;   // LibTorch version, "2.1.2"
+  std::string date;       // YYYY-MM-DD (UTC)
+};
+
+// The one memory-table schema, written by `yolo8 profile` and read by quotad (quota/core/policy.cpp):
+// source, reference_imgsz, provenance {device, precision, libtorch, date}, models {name: {fixed_gib,
+// per_image_gib}}.
 struct MemoryTable {
   int reference_imgsz = 640;
-  std::string source;  // how the figures were measured (device, LibTorch, date)
-  std::vector<MemoryTableRow> variants;
+  std::string source;  // what measured the figures ("yolo8 profile", "observed", "estimate")
+  MemoryProvenance provenance;
+  std::vector<MemoryTableRow> variants;  // the rows of `models:`
 
   // nullptr when absent.
   const MemoryTableRow* find(const std::string& variant) const;
@@ -79,7 +91,7 @@ struct MemoryTable {
 // A fit's training part as a table row at `table_reference_imgsz`.
 MemoryTableRow to_table_row(const std::string& variant, const MemoryFit& fit, int table_reference_imgsz = 640);
 
-// YAML: reference_imgsz, source, variants: {yolov8n: {fixed_gib: X, per_image_gib: Y}, ...}.
+// YAML: reference_imgsz, source, provenance, models: {yolov8n: {fixed_gib: X, per_image_gib: Y}, ...}.
 // Write throws std::runtime_error naming the path when it cannot write; read throws
 // std::runtime_error naming the file, line and key on bad content.
 void write_memory_table(const std::string& path, const MemoryTable& table);

@@ -45,6 +45,30 @@ TEST(QuotaCodec, TelemetryCarriesItsUtilisationSource) {
   }
 }
 
+// What the trainer reports about its devices and its memory peak survives the wire and storage; bad forms are
+// refused naming the field.
+TEST(QuotaCodec, VisibleDevicesAndMemoryContextRoundTrip) {
+  const LeaseRequest request = lease_request_from_json(
+      json{{"model", "yolov8n"}, {"node", "gpu-node"}, {"visible_devices", {"GPU-1", "GPU-2"}}});
+  EXPECT_EQ(request.node, "gpu-node");
+  EXPECT_EQ(request.visible_devices, (std::vector<std::string>{"GPU-1", "GPU-2"}));
+  const json stored = to_json(request);
+  EXPECT_EQ(stored["visible_devices"], json({"GPU-1", "GPU-2"}));
+  EXPECT_THROW(lease_request_from_json(json{{"visible_devices", "GPU-1"}}), RequestError);
+  EXPECT_THROW(lease_request_from_json(json{{"visible_devices", {1}}}), RequestError);
+  const Telemetry beat = telemetry_from_json(json{{"memory_used_gib", 2.5},
+                                                  {"model", "yolov8n"},
+                                                  {"imgsz", 640},
+                                                  {"batch", 16},
+                                                  {"amp", true},
+                                                  {"device_name", "NVIDIA L4"}});
+  EXPECT_TRUE(beat.is_memory_observation());
+  EXPECT_EQ(beat.amp, 1);
+  EXPECT_EQ(telemetry_from_json(to_json(beat)).device_name, "NVIDIA L4");
+  EXPECT_FALSE(telemetry_from_json(json{{"memory_used_gib", 2.5}}).is_memory_observation());
+  EXPECT_THROW(telemetry_from_json(json{{"amp", "yes"}}), RequestError);
+}
+
 TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
   const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
                                                                   {LeaseState::kQueued, "queued"},

@@ -364,6 +364,26 @@ TEST(Engine, AdmissionRefusesWhatCannotFitWithTheLargestBatch) {
   EXPECT_EQ(e.acquire(shared, kOutsideWindow).kind, Kind::kGranted);
 }
 
+// The answer names the memory table row admission used, granted or refused.
+TEST(Engine, AdmissionNamesTheMemoryTableRowItUsed) {
+  Engine e(testing::example_policy());
+  auto r = req("team-cv", "alice", 1, "yolov8m");
+  r.batch = 32;
+  auto granted = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(granted.kind, Kind::kGranted) << granted.reason;
+  EXPECT_NE(granted.memory_row.find("memory-table.yaml row yolov8m: 2.500 GiB + 0.3300 GiB per image at 640 "
+                                    "(estimate)"),
+            std::string::npos)
+      << granted.memory_row;
+  EXPECT_NEAR(granted.needed_gib, 2.5 + 0.33 * 32, 1e-9);
+  r.batch = 512;
+  auto refused = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(refused.kind, Kind::kAdmissionRefused);
+  EXPECT_EQ(refused.memory_row, granted.memory_row);
+  EXPECT_NE(refused.reason.find("; from memory table "), std::string::npos) << refused.reason;
+  EXPECT_EQ(e.acquire(req("team-cv", "alice", 1, "custom-net"), kOutsideWindow).memory_row, "");
+}
+
 TEST(Engine, WholeGpuLeasesLandOnGpusBigEnoughForTheEstimate) {
   Engine e(testing::example_policy());
   auto small = e.acquire(req("team-cv", "alice", 1, "yolov8n"), kOutsideWindow);  // best fit: the 24 GiB node
@@ -376,6 +396,52 @@ TEST(Engine, WholeGpuLeasesLandOnGpusBigEnoughForTheEstimate) {
   auto big = e.acquire(r, kOutsideWindow);
   ASSERT_EQ(big.kind, Kind::kGranted);
   EXPECT_DOUBLE_EQ(e.policy().gpus.at(static_cast<size_t>(e.find(big.lease_id)->devices.at(0))).memory_gib, 80);
+}
+
+// The lease's memory is what its holder may use (the trainer sizes batch=auto to it), not the admission
+// estimate it was placed by: the whole GPU for a whole-GPU lease, the share for a shared one.
+TEST(Engine, WholeGpuLeaseCarriesItsGpusMemory) {
+  Engine e(testing::example_policy());
+  auto small = e.acquire(req("team-cv", "alice", 1, "yolov8n"), kOutsideWindow);  // best fit: node-c, 24 GiB
+  ASSERT_EQ(small.kind, Kind::kGranted) << small.reason;
+  EXPECT_DOUBLE_EQ(e.find(small.lease_id)->memory_gib, 24);
+  auto r = req("team-cv", "alice", 1, "yolov8m");
+  r.batch = 96;  // 34.2 GiB estimated: an 80 GiB GPU
+  auto big = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(big.kind, Kind::kGranted) << big.reason;
+  EXPECT_DOUBLE_EQ(e.find(big.lease_id)->memory_gib, 80);
+  auto shared = req("team-cv", "alice", 1, "yolov8n");
+  shared.shared = true;
+  shared.memory_gib = 6;
+  auto s = e.acquire(shared, kOutsideWindow);
+  ASSERT_EQ(s.kind, Kind::kGranted) << s.reason;
+  EXPECT_DOUBLE_EQ(e.find(s.lease_id)->memory_gib, 6);
+  expect_sound(e, kOutsideWindow);
+}
+
+// A shared request the policy cannot honour is refused with the reason, never granted as whole GPUs.
+TEST(Engine, SharedRequestsThePolicyDoesNotAllowAreRefused) {
+  Policy policy = testing::example_policy();
+  policy.shared_models = {"yolov8n", "yolov8s"};
+  Engine e(policy);
+  auto big = req("team-cv", "alice", 1, "yolov8m");
+  big.shared = true;
+  auto refused = e.acquire(big, kOutsideWindow);
+  EXPECT_EQ(refused.kind, Kind::kNotAllowed);
+  EXPECT_NE(refused.reason.find("model yolov8m needs whole GPUs; only yolov8n, yolov8s may share"), std::string::npos)
+      << refused.reason;
+  auto two = req("team-cv", "alice", 2, "yolov8n");
+  two.shared = true;
+  EXPECT_EQ(e.acquire(two, kOutsideWindow).kind, Kind::kNotAllowed);
+  auto fine = req("team-cv", "alice", 1, "yolov8n");
+  fine.shared = true;
+  EXPECT_EQ(e.acquire(fine, kOutsideWindow).kind, Kind::kGranted);
+  policy.sharing_enabled = false;
+  Engine off(policy);
+  auto no = off.acquire(fine, kOutsideWindow);
+  EXPECT_EQ(no.kind, Kind::kNotAllowed);
+  EXPECT_NE(no.reason.find("sharing.enabled is false"), std::string::npos) << no.reason;
+  EXPECT_TRUE(off.leases().empty());
 }
 
 TEST(Engine, SharedLeasesNeverExceedGpuMemory) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "quota/core/sha256.h"
 #include "tests/quota/quota_test_util.h"
 
@@ -82,6 +84,44 @@ TEST(Policy, MemoryTableEstimate) {
   EXPECT_NEAR(p.memory_table.estimate_gib("yolov8x", 1280, 16), 5 + 0.85 * 16 * 4, 1e-9);
   EXPECT_EQ(p.memory_table.max_batch("yolov8x", 640, 80), 88);
   EXPECT_EQ(p.memory_table.max_batch("yolov8x", 640, 4), 0);
+}
+
+// One schema for measured, observed and estimated tables: provenance is read and checked, file:line: key.
+TEST(Policy, MemoryTableProvenanceIsReadAndChecked) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/provenance-table.yaml";
+  const auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return load_memory_table(path);
+  };
+  const std::string head = "source: yolo8 profile\nreference_imgsz: 640\n";
+  const std::string rows = "models:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: 0.21}\n";
+  const MemoryTable table = load(head +
+                                 "provenance: {device: NVIDIA H200, precision: float32, libtorch: 2.1.2, "
+                                 "date: \"2026-11-30\"}\n" +
+                                 rows);
+  EXPECT_EQ(table.provenance.device, "NVIDIA H200");
+  EXPECT_EQ(table.provenance.precision, "float32");
+  const std::string row = table.describe_row("yolov8n");
+  EXPECT_NE(row.find(path + " row yolov8n: 0.500 GiB + 0.2100 GiB per image"), std::string::npos) << row;
+  EXPECT_NE(row.find("yolo8 profile, NVIDIA H200, float32, LibTorch 2.1.2, 2026-11-30"), std::string::npos) << row;
+  EXPECT_EQ(table.describe_row("yolov8q"), "");
+  const auto error = [&](const std::string& text) {
+    try {
+      load(text);
+    } catch (const PolicyError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::string e = error(head + "provenance: {precision: fp16}\n" + rows);
+  EXPECT_NE(e.find(path + ":3: provenance.precision: must be amp or float32"), std::string::npos) << e;
+  e = error(head + "provenance: {date: 30.11.2026}\n" + rows);
+  EXPECT_NE(e.find(path + ":3: provenance.date"), std::string::npos) << e;
+  e = error(head + "provenance: {gpu: x}\n" + rows);
+  EXPECT_NE(e.find("provenance.gpu: unknown key"), std::string::npos) << e;
+  e = error(head + "variants:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: 0.21}\n");
+  EXPECT_NE(e.find("variants: unknown key"), std::string::npos) << e;
 }
 
 TEST(Policy, ErrorsNameFileLineAndKey) {

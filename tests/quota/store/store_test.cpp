@@ -281,3 +281,39 @@ TEST(QuotaStore, LoansAndGrantsRoundTripAndABadLoanRowIsSetAsideWithoutReusingIt
 
 }  // namespace
 }  // namespace yolo8::quota
+
+namespace yolo8::quota {
+namespace {
+
+// Heartbeats that carry a peak with model, imgsz, batch, AMP and device are kept as memory observations, one per
+// run and setting (its highest peak); telemetry without them is not.
+TEST(QuotaStore, HeartbeatPeaksWithTheirContextAreKeptAsMemoryObservations) {
+  const std::string path = testing::temp_db("memory_observations");
+  Store store(path);
+  Telemetry beat;
+  beat.memory_used_gib = 3.0;
+  beat.model = "yolov8n";
+  beat.imgsz = 640;
+  beat.batch = 16;
+  beat.amp = 1;
+  beat.device_name = "NVIDIA L4";
+  Telemetry higher = beat;
+  higher.memory_used_gib = 3.5;
+  Telemetry bare;
+  bare.memory_used_gib = 9.0;  // no context: nothing to learn from
+  Telemetry other = beat;
+  other.batch = 32;
+  other.memory_used_gib = 6.0;
+  store.write_heartbeats({{1, 1000, beat}, {1, 2000, higher}, {1, 3000, bare}, {2, 1500, other}});
+  const std::vector<MemoryObservation> seen = store.memory_observations();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].batch, 16);
+  EXPECT_DOUBLE_EQ(seen[0].peak_gib, 3.5);
+  EXPECT_TRUE(seen[0].amp);
+  EXPECT_EQ(seen[0].device, "NVIDIA L4");
+  EXPECT_EQ(seen[1].batch, 32);
+  EXPECT_EQ(store.count_heartbeats(), 4);
+}
+
+}  // namespace
+}  // namespace yolo8::quota

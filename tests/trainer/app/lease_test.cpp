@@ -47,6 +47,38 @@ TEST(TrainingLease, OffAndCpuLocalRunsHoldNoLease) {
   EXPECT_FALSE(TrainingLease(cpu, "job", /*uses_gpu=*/false, 1).active());
 }
 
+// The trainer uses exactly the leased GPUs: device= that says otherwise is refused (exit 2) with what to use.
+TEST(TrainingLease, DeviceThatContradictsTheLeaseIsNamed) {
+  const std::vector<std::string> lease{"node-a:2", "node-a:3"};
+  EXPECT_EQ(device_conflict(lease, {}, "node-a", false), "");  // device= empty: the leased GPUs
+  EXPECT_EQ(device_conflict(lease, {3, 2}, "node-a", false), "");
+  EXPECT_EQ(device_conflict(lease, {2, 3}, "", false), "");  // node unknown: the indices still count
+  const std::string wrong = device_conflict(lease, {0, 1}, "node-a", false);
+  EXPECT_NE(wrong.find("setting 'device' (0,1) contradicts the lease, which holds node-a:2, node-a:3: use "
+                       "device=2,3"),
+            std::string::npos)
+      << wrong;
+  EXPECT_NE(device_conflict(lease, {2}, "node-a", false), "");  // fewer GPUs than leased
+  const std::string elsewhere = device_conflict(lease, {2, 3}, "node-b", false);
+  EXPECT_NE(elsewhere.find("runs on node-b"), std::string::npos) << elsewhere;
+  // a device plugin numbered the two leased GPUs 0 and 1 inside the container
+  EXPECT_EQ(device_conflict(lease, {0, 1}, "node-a", true), "");
+  EXPECT_NE(device_conflict(lease, {2}, "node-a", true).find("outside the 2 GPU(s) made visible"), std::string::npos);
+}
+
+TEST(TrainingLease, VisibleGpuUuidsComeFromTheDevicePlugin) {
+  setenv("NVIDIA_VISIBLE_DEVICES", "GPU-1111,GPU-2222", 1);
+  setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  EXPECT_EQ(visible_gpu_uuids(), (std::vector<std::string>{"GPU-1111", "GPU-2222"}));
+  setenv("NVIDIA_VISIBLE_DEVICES", "all", 1);  // the runtime's default: no choice was made for us
+  EXPECT_TRUE(visible_gpu_uuids().empty());
+  setenv("CUDA_VISIBLE_DEVICES", "MIG-abcd", 1);
+  EXPECT_EQ(visible_gpu_uuids(), (std::vector<std::string>{"MIG-abcd"}));
+  unsetenv("NVIDIA_VISIBLE_DEVICES");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_TRUE(visible_gpu_uuids().empty());
+}
+
 TEST(TrainingLease, UnknownModeIsRefusedNamingTheSetting) {
   Settings bad;
   bad.lease.quota = "ftp://somewhere";

@@ -358,6 +358,21 @@ TEST(Settings, ArgsYamlRoundTrips) {
   EXPECT_EQ(reloaded.classes, (std::vector<int>{1, 2}));
 }
 
+// A share needs a quota service to share with; which models may share is the policy's answer, not the trainer's.
+TEST(Settings, SharedLeaseSettingsAreCheckedAgainstTheQuotaMode) {
+  const Settings shared = resolve_settings({{"shared", "true"}, {"memory_gib", "2.5"}}, "train");
+  EXPECT_TRUE(shared.lease.shared);
+  EXPECT_DOUBLE_EQ(shared.lease.memory_gib, 2.5);
+  try {
+    resolve_settings({{"shared", "true"}, {"quota", "off"}}, "train");
+    FAIL() << "shared=true accepted with quota=off";
+  } catch (const SettingsError& error) {
+    EXPECT_NE(std::string(error.what()).find("'shared'"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(resolve_settings({{"memory_gib", "-1"}}, "train"), SettingsError);
+  EXPECT_THROW(resolve_settings({{"memory_gib", "4"}, {"quota", "off"}}, "train"), SettingsError);
+}
+
 // configs/default.yaml is documentation users read: it must list every setting with its real default.
 TEST(Settings, DefaultYamlListsEverySettingWithItsDefault) {
   const std::string path = std::string(test::kSourceDir) + "/configs/default.yaml";

@@ -76,12 +76,17 @@ TEST(MemoryTableTest, RoundTrip) {
   MemoryTable table;
   table.reference_imgsz = 640;
   table.source = "test: CPU, instrumented allocator";
+  table.provenance = {"NVIDIA H200", "amp", "2.1.2", "2026-11-30"};
   table.variants = {{"yolov8n", 0.123456789, 0.0625}, {"yolov8s", 0.5, 0.125}, {"yolov8x", 2.25, 1.0 / 3.0}};
   const std::string path = temp_path("memory_table_roundtrip.yaml");
   write_memory_table(path, table);
   const MemoryTable back = read_memory_table(path);
   EXPECT_EQ(back.reference_imgsz, 640);
   EXPECT_EQ(back.source, table.source);
+  EXPECT_EQ(back.provenance.device, "NVIDIA H200");
+  EXPECT_EQ(back.provenance.precision, "amp");
+  EXPECT_EQ(back.provenance.libtorch, "2.1.2");
+  EXPECT_EQ(back.provenance.date, "2026-11-30");
   ASSERT_EQ(back.variants.size(), 3u);
   for (size_t i = 0; i < table.variants.size(); ++i) {
     EXPECT_EQ(back.variants[i].variant, table.variants[i].variant);
@@ -108,7 +113,7 @@ TEST(MemoryTableTest, BadFilesNameFileLineAndKey) {
   const std::string path = temp_path("memory_table_bad.yaml");
   {
     std::ofstream f(path);
-    f << "reference_imgsz: 640\nsource: x\nvariants:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: abc}\n";
+    f << "reference_imgsz: 640\nsource: x\nmodels:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: abc}\n";
   }
   try {
     read_memory_table(path);
@@ -116,21 +121,21 @@ TEST(MemoryTableTest, BadFilesNameFileLineAndKey) {
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find(path + ":4"), std::string::npos) << what;
-    EXPECT_NE(what.find("variants.yolov8n.per_image_gib"), std::string::npos) << what;
+    EXPECT_NE(what.find("models.yolov8n.per_image_gib"), std::string::npos) << what;
   }
   {
     std::ofstream f(path);
-    f << "reference_imgsz: 640\nvariants:\n  yolov8n: {fixed_gib: 0.5}\n";
-  }
-  EXPECT_THROW(read_memory_table(path), std::runtime_error);
-  {
-    std::ofstream f(path);
-    f << "reference_imgsz: -3\nvariants: {}\n";
+    f << "reference_imgsz: 640\nmodels:\n  yolov8n: {fixed_gib: 0.5}\n";
   }
   EXPECT_THROW(read_memory_table(path), std::runtime_error);
   {
     std::ofstream f(path);
-    f << "variants: [1, 2\n";
+    f << "reference_imgsz: -3\nmodels: {}\n";
+  }
+  EXPECT_THROW(read_memory_table(path), std::runtime_error);
+  {
+    std::ofstream f(path);
+    f << "models: [1, 2\n";
   }
   EXPECT_THROW(read_memory_table(path), std::runtime_error);
   std::remove(path.c_str());

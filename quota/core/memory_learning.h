@@ -1,0 +1,37 @@
+#pragma once
+// The memory table learned from real runs: the peaks trainers report in their heartbeats (with model, imgsz,
+// batch, AMP and device), fitted per model and device to fixed + per-image (least squares), written in the
+// one memory-table schema the policy reads. Pure: no I/O.
+#include <string>
+#include <vector>
+
+namespace yolo8::quota {
+
+struct MemoryObservation {
+  std::string model;
+  std::string device;  // device name as the trainer reports it ("NVIDIA H200", "cpu")
+  bool amp = false;
+  int imgsz = 0;
+  int batch = 0;  // images per GPU
+  double peak_gib = 0;
+};
+
+struct ObservedRow {
+  std::string model;
+  std::string device;
+  bool amp = false;
+  double fixed_gib = 0;
+  double per_image_gib = 0;  // at imgsz 640
+  int samples = 0;
+};
+
+// Least squares of peak = fixed + per_image * batch * (imgsz/640)^2 per (model, device, AMP), with
+// per_image > 0 and fixed >= 0: a flat or falling fit, or samples at one size, puts everything into
+// per-image (over-predicting larger batches rather than under-predicting). Rows ordered by device, model.
+std::vector<ObservedRow> fit_observed(const std::vector<MemoryObservation>& observations);
+
+// The memory-table YAML (source, reference_imgsz, provenance, models) of the rows for one device and precision;
+// `date` is YYYY-MM-DD. Throws std::invalid_argument when `rows` mix devices or precisions.
+std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date);
+
+}  // namespace yolo8::quota

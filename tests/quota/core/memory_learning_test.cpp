@@ -1,0 +1,66 @@
+#include "quota/core/memory_learning.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "quota/core/policy.h"
+
+namespace yolo8::quota {
+namespace {
+
+MemoryObservation seen(const std::string& model, const std::string& device, int imgsz, int batch, double peak) {
+  return MemoryObservation{model, device, false, imgsz, batch, peak};
+}
+
+// Peaks from runs at several batches and sizes recover fixed + per-image per model and device.
+TEST(MemoryLearning, LeastSquaresPerModelAndDevice) {
+  std::vector<MemoryObservation> observations;
+  for (const int batch : {8, 16, 32, 64}) {
+    observations.push_back(seen("yolov8n", "NVIDIA H200", 640, batch, 0.6 + 0.21 * batch));
+    observations.push_back(seen("yolov8n", "NVIDIA H200", 320, batch, 0.6 + 0.21 * batch / 4.0));
+    observations.push_back(seen("yolov8s", "NVIDIA H200", 640, batch, 1.1 + 0.40 * batch + (batch == 16 ? 0.05 : 0)));
+    observations.push_back(seen("yolov8n", "NVIDIA L4", 640, batch, 0.7 + 0.22 * batch));
+  }
+  const std::vector<ObservedRow> rows = fit_observed(observations);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].device, "NVIDIA H200");
+  EXPECT_EQ(rows[0].model, "yolov8n");
+  EXPECT_EQ(rows[0].samples, 8);
+  EXPECT_NEAR(rows[0].fixed_gib, 0.6, 1e-9);
+  EXPECT_NEAR(rows[0].per_image_gib, 0.21, 1e-9);
+  EXPECT_EQ(rows[1].model, "yolov8s");
+  EXPECT_NEAR(rows[1].fixed_gib, 1.1, 0.05);  // a noisy sample moves the fit a little
+  EXPECT_NEAR(rows[1].per_image_gib, 0.40, 0.005);
+  EXPECT_EQ(rows[2].device, "NVIDIA L4");
+  EXPECT_NEAR(rows[2].per_image_gib, 0.22, 1e-9);
+}
+
+// One size only: no slope to fit, so all of it counts per image (an upper bound for larger batches).
+TEST(MemoryLearning, OneSizeIsAllPerImage) {
+  const auto rows = fit_observed({seen("yolov8n", "cpu", 64, 16, 0.5), seen("yolov8n", "cpu", 64, 16, 0.4)});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(rows[0].fixed_gib, 0);
+  EXPECT_NEAR(rows[0].per_image_gib, 0.5 / (16 * 0.01), 1e-9);
+}
+
+// The learned table is written in the policy's schema and loads as a policy's memory table.
+TEST(MemoryLearning, TableLoadsAsThePolicysMemoryTable) {
+  std::vector<MemoryObservation> observations;
+  for (const int batch : {8, 32})
+    observations.push_back(seen("yolov8n", "NVIDIA H200", 640, batch, 0.6 + 0.21 * batch));
+  const std::string text = observed_table_yaml(fit_observed(observations), "2026-11-30");
+  const std::string path = ::testing::TempDir() + "/learned-table.yaml";
+  std::ofstream(path) << text;
+  const MemoryTable table = load_memory_table(path);
+  EXPECT_EQ(table.provenance.device, "NVIDIA H200");
+  EXPECT_EQ(table.provenance.precision, "float32");
+  EXPECT_EQ(table.provenance.date, "2026-11-30");
+  EXPECT_NEAR(table.estimate_gib("yolov8n", 640, 16), 0.6 + 0.21 * 16, 1e-5);
+  EXPECT_NE(table.source.find("observed"), std::string::npos) << text;
+  auto mixed = fit_observed({seen("yolov8n", "a", 640, 8, 1), seen("yolov8n", "b", 640, 8, 1)});
+  EXPECT_THROW(observed_table_yaml(mixed, "2026-11-30"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace yolo8::quota

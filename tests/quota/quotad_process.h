@@ -1,0 +1,70 @@
+#pragma once
+// Runs the built quotad binary as a child process on an ephemeral loopback port, as a deployment would.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+#include "test_paths.h"
+
+namespace yolo8::test {
+
+class QuotadProcess {
+ public:
+  // Starts `quotad serve`; returns false (see the log) when it did not print its port within 10 s.
+  bool start(const std::string& policy, const std::string& db, const std::string& log) {
+    const std::string bin = std::string(kBinaryDir) + "/quota/quotad";
+    std::filesystem::remove(log);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execl(bin.c_str(), bin.c_str(), "serve", "--policy", policy.c_str(), "--db", db.c_str(), "--listen",
+            "127.0.0.1:0", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      std::ifstream in(log);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto at = text.find("on http://127.0.0.1:");
+      if (at != std::string::npos && text.find(',', at) != std::string::npos) {
+        port_ = std::stoi(text.substr(at + 20));
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // SIGTERM and wait; true when quotad exited 0.
+  bool stop() {
+    if (pid_ <= 0) return true;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  ~QuotadProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace yolo8::test
