@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS usage (
   user TEXT NOT NULL, month TEXT NOT NULL, gpu_hours REAL NOT NULL, PRIMARY KEY (user, month));
 CREATE TABLE IF NOT EXISTS heartbeats (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
-  memory_used_gib REAL, last_checkpoint_ms INTEGER);
+  memory_used_gib REAL, last_checkpoint_ms INTEGER, gpu_util_source TEXT, device_memory_used_gib REAL);
 CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
 CREATE TABLE IF NOT EXISTS memory_observations (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT NULL, imgsz INTEGER NOT NULL,
@@ -77,6 +77,21 @@ Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* s
 
 }  // namespace
 
+// Databases written before heartbeats said where their utilisation came from gain the two columns (NULL in old rows).
+void Store::add_heartbeat_source_columns() {
+  bool has_source = false;
+  {
+    Statement statement(prepare("SELECT name FROM pragma_table_info('heartbeats')"));
+    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+      const unsigned char* name = sqlite3_column_text(statement.get(), 0);
+      if (name != nullptr && std::string(reinterpret_cast<const char*>(name)) == "gpu_util_source") has_source = true;
+    }
+  }
+  if (has_source) return;
+  exec("ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT");
+  exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
+}
+
 Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr) !=
       SQLITE_OK) {
@@ -95,6 +110,7 @@ Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : pat
       exec("PRAGMA foreign_keys=ON");
       exec("BEGIN IMMEDIATE");
       exec(kSchema);
+      add_heartbeat_source_columns();
       exec("COMMIT");
       check_integrity();
       break;
@@ -185,8 +201,8 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
   }
   {
     Statement statement(
-        prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms FROM heartbeats "
-                "WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
+        prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms, gpu_util_source, "
+                "COALESCE(device_memory_used_gib, -1) FROM heartbeats WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
     for (auto& lease : snapshot.leases) {
       if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
       sqlite3_reset(statement.get());
@@ -198,6 +214,10 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
         lease.telemetry.memory_used_gib = sqlite3_column_double(statement.get(), 3);
         lease.telemetry.last_checkpoint_ms = sqlite3_column_int64(statement.get(), 4);
         lease.last_seen_ms = std::max<int64_t>(lease.last_seen_ms, sqlite3_column_int64(statement.get(), 5));
+        if (const unsigned char* source = sqlite3_column_text(statement.get(), 6)) {
+          lease.telemetry.gpu_util_source = reinterpret_cast<const char*>(source);
+        }
+        lease.telemetry.device_memory_used_gib = sqlite3_column_double(statement.get(), 7);
       }
     }
   }
@@ -388,7 +408,7 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
   try {
     Statement statement(
         prepare("INSERT INTO heartbeats(lease_id, ts_ms, step, epoch, gpu_util, memory_used_gib, "
-                "last_checkpoint_ms) VALUES (?,?,?,?,?,?,?)"));
+                "last_checkpoint_ms, gpu_util_source, device_memory_used_gib) VALUES (?,?,?,?,?,?,?,?,?)"));
     for (const auto& sample : samples) {
       sqlite3_reset(statement.get());
       sqlite3_bind_int64(statement.get(), 1, sample.lease_id);
@@ -398,6 +418,13 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
       sqlite3_bind_double(statement.get(), 5, sample.telemetry.gpu_util);
       sqlite3_bind_double(statement.get(), 6, sample.telemetry.memory_used_gib);
       sqlite3_bind_int64(statement.get(), 7, sample.telemetry.last_checkpoint_ms);
+      const std::string& source = sample.telemetry.gpu_util_source;
+      if (source.empty()) {
+        sqlite3_bind_null(statement.get(), 8);
+      } else {
+        sqlite3_bind_text(statement.get(), 8, source.c_str(), static_cast<int>(source.size()), SQLITE_TRANSIENT);
+      }
+      sqlite3_bind_double(statement.get(), 9, sample.telemetry.device_memory_used_gib);
       if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write heartbeat");
     }
     // the peaks quotad learns its memory table from (quotad memory-table --observed)

@@ -83,6 +83,7 @@ class Store {
   sqlite3_stmt* prepare(const char* sql);
   [[noreturn]] void fail(const std::string& what);
   void check_integrity();
+  void add_heartbeat_source_columns();
 
   std::string path_;
   sqlite3* db_ = nullptr;

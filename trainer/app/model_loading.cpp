@@ -109,7 +109,7 @@ std::string resolve_resume_checkpoint(const Settings& settings) {
       std::cout << "resume=auto: " << candidate.string() << " is not resumable (" << error << "); starting fresh\n";
     return "";
   }
-  const std::string path = resume == "true" ? latest_last_checkpoint(project).string() : resume;
+  std::string path = resume == "true" ? latest_last_checkpoint(project).string() : resume;
   if (path.empty()) {
     throw SettingsError("resume=true found no */weights/last.pt in " + project.string() +
                         " (set project= to the folder holding the run, or resume=PATH/last.pt)");

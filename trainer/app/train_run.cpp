@@ -202,8 +202,8 @@ void TrainingRun::acquire_lease() {
     // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
     const double gpu_gib =
         device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
-    auto lease =
-        std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, gpu_gib, device_name(device_));
+    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, gpu_gib,
+                                                 device_name(device_));
     std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
     lease_ = std::move(lease);
   } catch (const quota::QuotaRefused& refused) {

@@ -9,7 +9,8 @@ namespace yolo8 {
 class CudaAutocastGuard {
  public:
   explicit CudaAutocastGuard(bool enabled);
-  ~CudaAutocastGuard();
+  // Not defaulted: it restores autocast state in CUDA builds (empty only where CUDA is compiled out).
+  ~CudaAutocastGuard();  // NOLINT(performance-trivially-destructible)
   CudaAutocastGuard(const CudaAutocastGuard&) = delete;
   CudaAutocastGuard& operator=(const CudaAutocastGuard&) = delete;
 

@@ -138,8 +138,8 @@ void free_counted(void* data) {
 // copy_data(); declaring both forms overrides whichever the installed version has.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const { return allocate_counted(n); }
-  c10::DataPtr allocate(size_t n) { return allocate_counted(n); }
+  c10::DataPtr allocate(size_t n) const { return allocate_counted(n); }  // NOLINT(modernize-use-override): above
+  c10::DataPtr allocate(size_t n) { return allocate_counted(n); }        // NOLINT(modernize-use-override): above
   c10::DeleterFnPtr raw_deleter() const { return &free_counted; }
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::copy_n(static_cast<const char*>(src), count, static_cast<char*>(dest));

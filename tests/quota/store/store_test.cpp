@@ -315,5 +315,39 @@ TEST(QuotaStore, HeartbeatPeaksWithTheirContextAreKeptAsMemoryObservations) {
   EXPECT_EQ(store.count_heartbeats(), 4);
 }
 
+// A restarted quotad still says where a running lease's utilisation came from (the metric's `source` label),
+// also on a database whose heartbeats table predates the two columns.
+TEST(QuotaStore, TheUtilisationSourceOfTheLastHeartbeatSurvivesARestart) {
+  for (const bool old_schema : {false, true}) {
+    const std::string path = temp_db(old_schema ? "source_old_schema" : "source");
+    if (old_schema) {
+      execute(path,
+              "CREATE TABLE heartbeats (lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch "
+              "INTEGER, gpu_util REAL, memory_used_gib REAL, last_checkpoint_ms INTEGER);"
+              "INSERT INTO heartbeats VALUES (7, 1, 1, 0, 0.5, 1.0, 0);");
+    }
+    Engine engine(testing::example_policy());
+    LeaseRequest request;
+    request.team = "team-cv";
+    request.user = "alice";
+    const int64_t id = engine.acquire(request, kMonday).lease_id;
+    Telemetry beat;
+    beat.gpu_util = 0.75;
+    beat.gpu_util_source = "nvml";
+    beat.device_memory_used_gib = 12.5;
+    {
+      Store store(path);
+      store.write(engine, engine.take_changes());
+      store.write_heartbeats({{id, kMonday + 1000, beat}});
+    }
+    Store reopened(path);
+    const Snapshot snapshot = reopened.load(kMonday + 2000, 24 * kHour, 0);
+    ASSERT_EQ(snapshot.leases.size(), 1u) << (old_schema ? "old schema" : "new schema");
+    EXPECT_EQ(snapshot.leases[0].telemetry.gpu_util_source, "nvml");
+    EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.device_memory_used_gib, 12.5);
+    EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.gpu_util, 0.75);
+  }
+}
+
 }  // namespace
 }  // namespace yolo8::quota
