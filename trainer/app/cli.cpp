@@ -173,7 +173,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       if (!is_bool_setting(key)) throw SettingsError("setting '" + key + "' needs a value: --" + key + " VALUE");
       command.pairs.emplace_back(key, "true");
     } else if (is_bool_setting(key)) {
-      const std::string next = args[index + 1];
+      const std::string& next = args[index + 1];
       const bool next_is_bool =
           next == "true" || next == "false" || next == "True" || next == "False" || next == "0" || next == "1";
       command.pairs.emplace_back(key, next_is_bool ? next : "true");

@@ -92,6 +92,7 @@ int launch_local_workers(const std::vector<int>& device_ids, const std::vector<s
   argv_strings.push_back(executable);
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(argv_strings.size() + 1);
   for (auto& item : argv_strings) argv.push_back(item.data());
   argv.push_back(nullptr);
   std::vector<std::vector<char*>> envp(static_cast<size_t>(world));

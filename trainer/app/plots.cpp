@@ -380,7 +380,7 @@ Csv read_results_csv(const std::string& path) {
 // Gaussian filter, sigma in samples, mirrored edges (as scipy's 'reflect'), truncated at 4 sigma.
 std::vector<double> gaussian_smooth(const std::vector<double>& y, double sigma) {
   const int n = static_cast<int>(y.size());
-  const int r = static_cast<int>(4 * sigma + 0.5);
+  const int r = static_cast<int>(std::lround(4 * sigma));  // scipy's int(4 * sigma + 0.5) for sigma >= 0
   std::vector<double> k(2 * r + 1);
   double ks = 0;
   for (int i = -r; i <= r; ++i) ks += k[i + r] = std::exp(-0.5 * i * i / (sigma * sigma));

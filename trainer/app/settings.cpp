@@ -20,10 +20,13 @@ template <typename T>
 using Accessor = T& (*)(Settings&);
 using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Accessor<uint64_t>, Accessor<double>,
                             Accessor<std::string>, Accessor<std::vector<int>>, Accessor<data::CacheMode>>;
+// `path` is a member path (loader.imgsz), which cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define YOLO8_FIELD(path)      \
   +[](Settings & s) -> auto& { \
     return s.path;             \
   }
+// NOLINTEND(bugprone-macro-parentheses)
 
 // May change when a run resumes: where and how fast it runs, what it prints. Everything else (the recipe, the
 // data, the model) comes from the checkpoint.

@@ -374,7 +374,7 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   if (epoch_first_batch == 0) core_->optimizer().zero_grad();
   core_->model()->train();
   char prefix[64];
-  std::snprintf(prefix, sizeof(prefix), "%lld/%d", static_cast<long long>(epoch + 1), settings_.epochs);
+  std::snprintf(prefix, sizeof(prefix), "%lld/%d", static_cast<long long>(epoch) + 1, settings_.epochs);
   ProgressBar bar(prefix, batches_per_epoch_, *console_);
   int64_t done = epoch_first_batch;
   double wait_s = 0.0, step_s = 0.0;

@@ -138,7 +138,7 @@ void load_tensors(const GenericDict& stored, const torch::nn::Module& module, co
     const auto v = stored.at(name);
     if (!v.isTensor())
       throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' is not a tensor");
-    const auto s = v.toTensor();
+    const auto& s = v.toTensor();
     if (!s.sizes().equals(t.sizes()) || s.scalar_type() != t.scalar_type()) {
       throw std::runtime_error("checkpoint " + origin + ": " + section + " '" + name + "' has shape " +
                                c10::str(s.sizes()) + " " + std::string(c10::toString(s.scalar_type())) +
