@@ -10,26 +10,14 @@
 #include <stdexcept>
 
 #include "quota/core/codec.h"
+#include "quota/server/read_db.h"
 
 namespace yolo8::quota {
 
 namespace {
 
-struct DbCloser {
-  void operator()(sqlite3* db) const { sqlite3_close(db); }
-};
-struct StatementCloser {
-  void operator()(sqlite3_stmt* statement) const { sqlite3_finalize(statement); }
-};
-using Query = std::unique_ptr<sqlite3_stmt, StatementCloser>;
-
-Query prepare(sqlite3* db, const std::string& path, const char* sql) {
-  sqlite3_stmt* statement = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &statement, nullptr) != SQLITE_OK) {
-    throw std::runtime_error(path + ": not a quotad database (" + sqlite3_errmsg(db) + ")");
-  }
-  return Query(statement);
-}
+using read_db::prepare;
+using read_db::Query;
 
 }  // namespace
 
@@ -37,14 +25,7 @@ UsageHistory load_history(const std::string& db_path, const Policy& policy, int6
   UsageHistory history;
   history.from_ms = from_ms;
   history.to_ms = to_ms;
-  sqlite3* raw = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
-    sqlite3_close(raw);
-    throw std::runtime_error(db_path + ": cannot open the quota database: " + msg);
-  }
-  std::unique_ptr<sqlite3, DbCloser> db(raw);
-  sqlite3_busy_timeout(db.get(), 10000);
+  const read_db::Db db = read_db::open(db_path);
   std::map<int64_t, size_t> index;  // lease id -> position in history.leases
   {
     Query query = prepare(db.get(), db_path,

@@ -17,6 +17,7 @@
 
 #include "quota/core/codec.h"
 #include "quota/server/metrics.h"
+#include "quota/server/read_db.h"
 #include "quota/server/statement.h"
 #include "quota/server/status_page.h"
 
@@ -36,27 +37,9 @@ int64_t days_from_civil(int year, unsigned month, unsigned day) {
   return era * 146097 + static_cast<int64_t>(doe) - 719468;
 }
 
-struct DbCloser {
-  void operator()(sqlite3* db) const { sqlite3_close(db); }
-};
-struct StatementCloser {
-  void operator()(sqlite3_stmt* statement) const { sqlite3_finalize(statement); }
-};
-using Db = std::unique_ptr<sqlite3, DbCloser>;
-using Statement = std::unique_ptr<sqlite3_stmt, StatementCloser>;
-
-Statement prepare(sqlite3* db, const std::string& path, const char* sql) {
-  sqlite3_stmt* statement = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &statement, nullptr) != SQLITE_OK) {
-    throw std::runtime_error(path + ": not a quotad database (" + sqlite3_errmsg(db) + ")");
-  }
-  return Statement(statement);
-}
-
-std::string column_text(sqlite3_stmt* statement, int col) {
-  const unsigned char* value = sqlite3_column_text(statement, col);
-  return value == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(value));
-}
+using read_db::column_text;
+using read_db::prepare;
+using read_db::Query;
 
 int64_t lease_end_ms(const Lease& lease) {
   if (is_terminal(lease.state)) return lease.ended_ms;
@@ -85,9 +68,9 @@ struct MonthData {
 MonthData read_samples(sqlite3* db, const std::string& path, int64_t from, int64_t to,
                        const std::map<int64_t, Lease>& leases, double below, int64_t after_ms) {
   UtilTracker tracker(below, after_ms);
-  Statement statement = prepare(db, path,
-                                "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? "
-                                "AND gpu_util IS NOT NULL AND gpu_util >= 0 ORDER BY lease_id, ts_ms");
+  Query statement = prepare(db, path,
+                            "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? "
+                            "AND gpu_util IS NOT NULL AND gpu_util >= 0 ORDER BY lease_id, ts_ms");
   sqlite3_bind_int64(statement.get(), 1, from);
   sqlite3_bind_int64(statement.get(), 2, to);
   while (sqlite3_step(statement.get()) == SQLITE_ROW) {
@@ -187,19 +170,12 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     report.waste_util_below = policy->waste_gpu_util_below;
     report.waste_after_s = policy->waste_after_s;
   }
-  sqlite3* raw = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
-    sqlite3_close(raw);
-    throw std::runtime_error(db_path + ": cannot open the quota database: " + msg);
-  }
-  Db db(raw);
-  sqlite3_busy_timeout(db.get(), 10000);
+  const read_db::Db db = read_db::open(db_path);
 
   // leases that may overlap the two months
   std::map<int64_t, Lease> leases;
   {
-    Statement statement =
+    Query statement =
         prepare(db.get(), db_path,
                 "SELECT body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?");
     sqlite3_bind_int64(statement.get(), 1, pfrom);
@@ -298,7 +274,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   // credits: quotad's own usage ledger (charged to the month the time was billed in)
   std::map<std::pair<std::string, std::string>, double> usage;
   {
-    Statement statement = prepare(db.get(), db_path, "SELECT user, month, gpu_hours FROM usage WHERE month IN (?, ?)");
+    Query statement = prepare(db.get(), db_path, "SELECT user, month, gpu_hours FROM usage WHERE month IN (?, ?)");
     sqlite3_bind_text(statement.get(), 1, month.c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(statement.get(), 2, report.prev_month.c_str(), -1, SQLITE_TRANSIENT);
     while (sqlite3_step(statement.get()) == SQLITE_ROW) {
@@ -343,7 +319,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   // emergency uses, with the admin's review when there is one
   std::map<int64_t, std::string> reviews;
   {
-    Statement statement =
+    Query statement =
         prepare(db.get(), db_path, "SELECT lease_id, actor, detail FROM audit WHERE action = 'emergency.reviewed'");
     while (sqlite3_step(statement.get()) == SQLITE_ROW) {
       reviews[sqlite3_column_int64(statement.get(), 0)] =

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "quota/server/read_db.h"
 #include "quota/server/report.h"
 #include "quota/server/status_page.h"
 
@@ -21,27 +22,9 @@ namespace yolo8::quota {
 
 namespace {
 
-struct DbCloser {
-  void operator()(sqlite3* db) const { sqlite3_close(db); }
-};
-struct StatementCloser {
-  void operator()(sqlite3_stmt* statement) const { sqlite3_finalize(statement); }
-};
-using Db = std::unique_ptr<sqlite3, DbCloser>;
-using Query = std::unique_ptr<sqlite3_stmt, StatementCloser>;
-
-Query prepare(sqlite3* db, const std::string& path, const char* sql) {
-  sqlite3_stmt* statement = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &statement, nullptr) != SQLITE_OK) {
-    throw std::runtime_error(path + ": not a quotad database (" + sqlite3_errmsg(db) + ")");
-  }
-  return Query(statement);
-}
-
-std::string column_text(sqlite3_stmt* statement, int column) {
-  const unsigned char* value = sqlite3_column_text(statement, column);
-  return value == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(value));
-}
+using read_db::column_text;
+using read_db::prepare;
+using read_db::Query;
 
 std::string fixed(double value, int digits) {
   std::ostringstream stream;
@@ -81,14 +64,7 @@ QuarterStatement build_statement(const std::string& db_path, const std::string& 
   }
   const std::string before = previous_month_key(months.front());
 
-  sqlite3* raw = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
-    sqlite3_close(raw);
-    throw std::runtime_error(db_path + ": cannot open the quota database: " + msg);
-  }
-  Db db(raw);
-  sqlite3_busy_timeout(db.get(), 10000);
+  const read_db::Db db = read_db::open(db_path);
 
   std::set<std::string> wanted(statement.months.begin(), statement.months.end());
   wanted.insert(before);
@@ -202,14 +178,7 @@ double LedgerTotals::grant(const std::string& user, const std::string& month) co
 LedgerTotals read_ledger_totals(const std::string& db_path) {
   // the tables are small (a few records per member and month): read them whole
   LedgerTotals totals;
-  sqlite3* raw = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
-    sqlite3_close(raw);
-    throw std::runtime_error(db_path + ": cannot open the quota database: " + msg);
-  }
-  Db db(raw);
-  sqlite3_busy_timeout(db.get(), 10000);
+  const read_db::Db db = read_db::open(db_path);
   for (const char* table : {"loans", "grants"}) {
     Query exists = prepare(db.get(), db_path, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
     sqlite3_bind_text(exists.get(), 1, table, -1, SQLITE_STATIC);
