@@ -9,4 +9,11 @@ int64_t system_now_ms() {
       .count();
 }
 
+ApiResponse error_response(int status, const std::string& reason) {
+  ApiResponse response;
+  response.status = status;
+  response.body = nlohmann::json{{"error", status}, {"reason", reason}};
+  return response;
+}
+
 }  // namespace yolo8::quota

@@ -29,6 +29,9 @@ struct ApiResponse {
   std::string serialized() const { return text.empty() ? body.dump() : text; }
 };
 
+// The error answer every route gives: {"error": status, "reason": reason}.
+ApiResponse error_response(int status, const std::string& reason);
+
 // UTC milliseconds from the system clock.
 int64_t system_now_ms();
 

@@ -18,13 +18,6 @@ using nlohmann::json;
 
 namespace {
 
-ApiResponse error(int status, const std::string& reason) {
-  ApiResponse response;
-  response.status = status;
-  response.body = json{{"error", status}, {"reason", reason}};
-  return response;
-}
-
 int status_of(LedgerError::Kind kind) {
   switch (kind) {
     case LedgerError::Kind::kInvalid: return 400;
@@ -109,7 +102,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
   auto can_see = [&](const std::string& user, const std::string& team) {
     return caller.role == Role::kAdmin || user == caller.name || (caller.role == Role::kLead && team == caller.team);
   };
-  auto refusal = [](const LedgerError& refused) { return error(status_of(refused.kind()), refused.what()); };
+  auto refusal = [](const LedgerError& refused) { return error_response(status_of(refused.kind()), refused.what()); };
 
   if (parts[1] == "loans" && parts.size() == 2 && get) {
     const auto state = req.query.find("state");
@@ -132,8 +125,8 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     const std::string justification = string_field(body, "justification");
     const std::string user = string_field(body, "user");
     if (!user.empty() && user != caller.name) {
-      return error(403,
-                   "user: " + caller.name + " cannot apply for a loan for " + user + " (members apply for themselves)");
+      return error_response(
+          403, "user: " + caller.name + " cannot apply for a loan for " + user + " (members apply for themselves)");
     }
     if (req.idempotency_key.size() > 128) throw RequestError("Idempotency-Key: longer than 128 characters");
     check_text("Idempotency-Key", req.idempotency_key, false);
@@ -153,13 +146,14 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
   }
   if (parts[1] == "loans") {
     int64_t id = 0;
-    if (!parse_positive_id(parts[2], id)) return error(404, "unknown loan '" + parts[2] + "'");
+    if (!parse_positive_id(parts[2], id)) return error_response(404, "unknown loan '" + parts[2] + "'");
     if (parts.size() == 3) {
       return read_locked([&] {
         const Loan* loan = engine_.find_loan(id);
-        if (loan == nullptr) return error(404, "unknown loan " + std::to_string(id));
+        if (loan == nullptr) return error_response(404, "unknown loan " + std::to_string(id));
         if (!can_see(loan->user, loan->team)) {
-          return error(403, "loan " + std::to_string(id) + " belongs to " + loan->user + " of team " + loan->team);
+          return error_response(403,
+                                "loan " + std::to_string(id) + " belongs to " + loan->user + " of team " + loan->team);
         }
         ApiResponse response;
         response.body = to_json(*loan);
@@ -191,7 +185,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     });
   }
   if (parts[1] == "credits") {
-    if (caller.role == Role::kMember) return error(403, "role: credits are granted by team leads and admins");
+    if (caller.role == Role::kMember) return error_response(403, "role: credits are granted by team leads and admins");
     const json body = object_body(req.body);
     const std::string user = string_field(body, "user");
     if (user.empty()) throw RequestError("user: required (the member who contributed)");
@@ -216,9 +210,9 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     throw RequestError("month: expected YYYY-MM, got '" + month_it->second + "'");
   }
   const auto member = policy_.users.find(user);
-  if (member == policy_.users.end()) return error(404, "user: unknown user '" + user + "'");
+  if (member == policy_.users.end()) return error_response(404, "user: unknown user '" + user + "'");
   if (!can_see(user, member->second.team)) {
-    return error(403, "user: " + caller.name + " may not see the balance of " + user);
+    return error_response(403, "user: " + caller.name + " may not see the balance of " + user);
   }
   return read_locked([&] {
     const int64_t now = clock_();

@@ -13,13 +13,6 @@ using nlohmann::json;
 
 namespace {
 
-ApiResponse error(int status, const std::string& reason) {
-  ApiResponse response;
-  response.status = status;
-  response.body = json{{"error", status}, {"reason", reason}};
-  return response;
-}
-
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> parts;
   std::string current;
@@ -367,19 +360,19 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
     }
     response = route(req);
   } catch (const RequestError& exception) {
-    response = error(400, exception.what());
+    response = error_response(400, exception.what());
   } catch (const PolicyError& exception) {
-    response = error(400, exception.what());
+    response = error_response(400, exception.what());
   } catch (const json::exception& exception) {
-    response = error(400, std::string("body: ") + exception.what());
+    response = error_response(400, std::string("body: ") + exception.what());
   } catch (const StoreError& exception) {
-    response = error(503, std::string("storage: ") + exception.what());
+    response = error_response(503, std::string("storage: ") + exception.what());
     response.headers["Retry-After"] = std::to_string(kRetryAfterS);
   } catch (const Unavailable& exception) {
-    response = error(503, exception.what());
+    response = error_response(503, exception.what());
     response.headers["Retry-After"] = std::to_string(kRetryAfterS);
   } catch (const std::exception& exception) {
-    response = error(500, exception.what());
+    response = error_response(500, exception.what());
   }
   if (response.status >= 0 && response.status < static_cast<int>(responses_by_status_.size())) {
     ++responses_by_status_[static_cast<size_t>(response.status)];
@@ -455,12 +448,12 @@ void QuotaService::auth_succeeded(const std::string& address) {
 ApiResponse QuotaService::route(const ApiRequest& req) {
   const auto parts = split_path(req.path);
   const std::string allowed = allowed_methods(parts);
-  if (allowed.empty()) return error(404, "no such endpoint: " + req.method + " " + req.path);
+  if (allowed.empty()) return error_response(404, "no such endpoint: " + req.method + " " + req.path);
   if (!(allowed == req.method || allowed.rfind(req.method + ",", 0) == 0 ||
         (allowed.size() > req.method.size() + 2 &&
          allowed.compare(allowed.size() - req.method.size() - 2, std::string::npos, ", " + req.method) == 0))) {
     ApiResponse response =
-        error(405, "method " + req.method + " not allowed on " + req.path + " (allowed: " + allowed + ")");
+        error_response(405, "method " + req.method + " not allowed on " + req.path + " (allowed: " + allowed + ")");
     response.headers["Allow"] = allowed;
     return response;
   }
@@ -486,16 +479,17 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     const int64_t now = clock_();
     int64_t retry_after_ms = 0;
     if (auth_blocked(req.client_address, now, retry_after_ms)) {
-      ApiResponse response = error(429, "authorization: too many failed attempts from this address; retry in " +
-                                            std::to_string((retry_after_ms + 999) / 1000) + " s");
+      ApiResponse response =
+          error_response(429, "authorization: too many failed attempts from this address; retry in " +
+                                  std::to_string((retry_after_ms + 999) / 1000) + " s");
       response.headers["Retry-After"] = std::to_string((retry_after_ms + 999) / 1000);
       return response;
     }
-    if (req.token.empty()) return error(401, "authorization: a bearer token is required");
+    if (req.token.empty()) return error_response(401, "authorization: a bearer token is required");
     const User* user = policy_.find_user_by_token(req.token);
     if (user == nullptr) {
       auth_failed(req.client_address, now);
-      return error(401, "authorization: unknown token");
+      return error_response(401, "authorization: unknown token");
     }
     auth_succeeded(req.client_address);
     caller.name = user->name;
@@ -508,14 +502,14 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
   if (part_count >= 2 && parts[1] == "leases") {
     if (part_count == 2 && post) return acquire(caller, req);
     if (part_count == 2 && get) return list_leases(caller, req);
-    if (part_count >= 3 && !parse_id(parts[2], id)) return error(404, "unknown lease '" + parts[2] + "'");
+    if (part_count >= 3 && !parse_id(parts[2], id)) return error_response(404, "unknown lease '" + parts[2] + "'");
     if (part_count == 3 && get) return get_lease(caller, id);
     if (part_count == 4 && post && parts[3] == "heartbeat") return heartbeat(caller, id, req.body);
     if (part_count == 4 && post && parts[3] == "release") return release(caller, id, req.body);
     if (part_count == 4 && post && parts[3] == "review") return review(caller, id, req.body);
   } else if (part_count >= 2 && parts[1] == "approvals") {
     if (part_count == 2 && get) return list_approvals(caller);
-    if (part_count >= 3 && !parse_id(parts[2], id)) return error(404, "unknown approval '" + parts[2] + "'");
+    if (part_count >= 3 && !parse_id(parts[2], id)) return error_response(404, "unknown approval '" + parts[2] + "'");
     if (part_count == 4 && post && (parts[3] == "approve" || parts[3] == "reject")) {
       return decide(caller, id, parts[3] == "approve", req.body);
     }
@@ -528,7 +522,7 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
   } else if (!ledger_allowed_methods(parts).empty()) {
     return ledger_route(caller, req, parts);
   }
-  return error(404, "no such endpoint: " + req.method + " " + req.path);
+  return error_response(404, "no such endpoint: " + req.method + " " + req.path);
 }
 
 ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
@@ -541,9 +535,10 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
   }
   request.requested_by = request.user == caller.name ? "" : caller.name;  // never from the body
   if (caller.role != Role::kAdmin) {
-    if (request.team != caller.team) return error(403, "team: " + caller.name + " acts only for team " + caller.team);
+    if (request.team != caller.team)
+      return error_response(403, "team: " + caller.name + " acts only for team " + caller.team);
     if (request.user != caller.name) {
-      return error(403, "user: " + caller.name + " cannot request a lease for " + request.user);
+      return error_response(403, "user: " + caller.name + " cannot request a lease for " + request.user);
     }
   }
   return locked([&] {
@@ -591,9 +586,9 @@ ApiResponse QuotaService::get_lease(const Caller& caller, int64_t id) {
   return read_locked([&] {
     const int64_t now = clock_();
     const Lease* lease = engine_.find(id);
-    if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
+    if (lease == nullptr) return error_response(404, "unknown lease " + std::to_string(id));
     if (!can_read(caller, *lease)) {
-      return error(403, "lease " + std::to_string(id) + " belongs to team " + lease->req.team);
+      return error_response(403, "lease " + std::to_string(id) + " belongs to team " + lease->req.team);
     }
     // polling keeps a queued request alive
     if (can_act(caller, *lease) &&
@@ -646,11 +641,11 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
     {
       std::lock_guard<std::mutex> beat_lock(beat_mutex_);
       auto it = board_.find(id);
-      if (it == board_.end()) return error(404, "unknown lease " + std::to_string(id));
+      if (it == board_.end()) return error_response(404, "unknown lease " + std::to_string(id));
       Beat& beat = it->second;
       if (!(caller.role == Role::kAdmin || beat.user == caller.name ||
             (caller.role == Role::kLead && beat.team == caller.team))) {
-        return error(403, caller.name + " may not heartbeat lease " + std::to_string(id));
+        return error_response(403, caller.name + " may not heartbeat lease " + std::to_string(id));
       }
       const int64_t now = clock_();
       ++heartbeats_total_;
@@ -690,8 +685,9 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
   }
   return locked([&] {
     const Lease* lease = engine_.find(id);
-    if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
-    if (!can_act(caller, *lease)) return error(403, caller.name + " may not heartbeat lease " + std::to_string(id));
+    if (lease == nullptr) return error_response(404, "unknown lease " + std::to_string(id));
+    if (!can_act(caller, *lease))
+      return error_response(403, caller.name + " may not heartbeat lease " + std::to_string(id));
     const int64_t now = clock_();
     const HeartbeatResult beat = engine_.heartbeat(id, telemetry, now);
     ++heartbeats_total_;
@@ -715,8 +711,9 @@ ApiResponse QuotaService::release(const Caller& caller, int64_t id, const std::s
   }
   return locked([&] {
     const Lease* lease = engine_.find(id);
-    if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
-    if (!can_act(caller, *lease)) return error(403, caller.name + " may not release lease " + std::to_string(id));
+    if (lease == nullptr) return error_response(404, "unknown lease " + std::to_string(id));
+    if (!can_act(caller, *lease))
+      return error_response(403, caller.name + " may not release lease " + std::to_string(id));
     const int64_t now = clock_();
     const bool changed = engine_.release(id, outcome, now, caller.name);
     ApiResponse response;
@@ -730,18 +727,19 @@ ApiResponse QuotaService::decide(const Caller& caller, int64_t approval_id, bool
   const std::string note = optional_note(body);
   return locked([&] {
     const Approval* approval = engine_.find_approval(approval_id);
-    if (approval == nullptr) return error(404, "unknown approval " + std::to_string(approval_id));
+    if (approval == nullptr) return error_response(404, "unknown approval " + std::to_string(approval_id));
     if (!(caller.role == Role::kAdmin || (caller.role == Role::kLead && caller.team == approval->team))) {
-      return error(403, "role: only a lead of team " + approval->team + " (or an admin) decides approval " +
-                            std::to_string(approval_id));
+      return error_response(403, "role: only a lead of team " + approval->team + " (or an admin) decides approval " +
+                                     std::to_string(approval_id));
     }
     if (approval->user == caller.name) {
-      return error(403, "role: " + caller.name + " cannot decide their own request (approval " +
-                            std::to_string(approval_id) + "); another lead of team " + approval->team +
-                            " or an admin does");
+      return error_response(403, "role: " + caller.name + " cannot decide their own request (approval " +
+                                     std::to_string(approval_id) + "); another lead of team " + approval->team +
+                                     " or an admin does");
     }
     if (approval->state != ApprovalState::kPending) {
-      return error(409, "approval " + std::to_string(approval_id) + " is already " + to_string(approval->state));
+      return error_response(409,
+                            "approval " + std::to_string(approval_id) + " is already " + to_string(approval->state));
     }
     const int64_t now = clock_();
     if (approve) {
@@ -757,12 +755,13 @@ ApiResponse QuotaService::decide(const Caller& caller, int64_t approval_id, bool
 }
 
 ApiResponse QuotaService::review(const Caller& caller, int64_t id, const std::string& body) {
-  if (caller.role != Role::kAdmin) return error(403, "role: emergency reviews are for admins");
+  if (caller.role != Role::kAdmin) return error_response(403, "role: emergency reviews are for admins");
   const std::string note = optional_note(body);
   return locked([&] {
     const Lease* lease = engine_.find(id);
-    if (lease == nullptr) return error(404, "unknown lease " + std::to_string(id));
-    if (!lease->review_pending) return error(409, "lease " + std::to_string(id) + " has no emergency review pending");
+    if (lease == nullptr) return error_response(404, "unknown lease " + std::to_string(id));
+    if (!lease->review_pending)
+      return error_response(409, "lease " + std::to_string(id) + " has no emergency review pending");
     engine_.review_emergency(id, caller.name, clock_(), note);
     ApiResponse response;
     response.body = lease_view(*engine_.find(id), clock_());
@@ -771,7 +770,7 @@ ApiResponse QuotaService::review(const Caller& caller, int64_t id, const std::st
 }
 
 ApiResponse QuotaService::list_approvals(const Caller& caller) {
-  if (caller.role == Role::kMember) return error(403, "role: approvals are for team leads and admins");
+  if (caller.role == Role::kMember) return error_response(403, "role: approvals are for team leads and admins");
   return read_locked([&] {
     json items = json::array();
     for (const auto& [id, approval] : engine_.approvals()) {
@@ -846,7 +845,7 @@ ApiResponse QuotaService::queue(const Caller&) {
 }
 
 ApiResponse QuotaService::audit(const Caller& caller, const ApiRequest& req) {
-  if (caller.role == Role::kMember) return error(403, "role: the audit log is for team leads and admins");
+  if (caller.role == Role::kMember) return error_response(403, "role: the audit log is for team leads and admins");
   int64_t after = 0;
   size_t limit = 200;
   if (auto it = req.query.find("after"); it != req.query.end() && !parse_id(it->second, after) && it->second != "0") {
