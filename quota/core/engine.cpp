@@ -202,6 +202,28 @@ std::string Engine::pin_refusal(const LeaseRequest& req) const {
   return "";
 }
 
+std::string Engine::describe_devices(const Lease& lease) const {
+  std::string devs;
+  for (int device : lease.devices) {
+    if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size()) {
+      devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
+    }
+  }
+  // what the trainer itself sees, when a device plugin chose its GPUs, and how the lease was matched to it
+  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
+    std::string seen;
+    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
+    const Pin pin = pin_of(lease.req);
+    const std::string match = pin.devices.empty() ? std::string()
+                              : pin.by_uuid       ? "; matched by UUID"
+                                                  : "; pinned to node " + pin.text;
+    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
+            (seen.empty() ? std::string() : " sees " + seen) + match +
+            (pin_spills(pin, guaranteed_gpus(lease)) ? ", the rest of the job's GPUs elsewhere" : "") + ")";
+  }
+  return devs;
+}
+
 int Engine::guaranteed_gpus(const Lease& lease) const {
   return lease.req.gpus > 0 ? lease.req.gpus : policy_.default_gpus;
 }
@@ -480,20 +502,7 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   lease.waiting_on.clear();
   lease.reason.clear();
   changes_.leases.insert(lease.id);
-  std::string devs;
-  for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
-  // what the trainer itself sees, when a device plugin chose its GPUs, and how the lease was matched to it
-  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
-    std::string seen;
-    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
-    const Pin pin = pin_of(lease.req);
-    const std::string match = pin.devices.empty() ? std::string()
-                              : pin.by_uuid       ? "; matched by UUID"
-                                                  : "; pinned to node " + pin.text;
-    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
-            (seen.empty() ? std::string() : " sees " + seen) + match +
-            (pin_spills(pin, guaranteed_gpus(lease)) ? ", the rest of the job's GPUs elsewhere" : "") + ")";
-  }
+  const std::string devs = describe_devices(lease);
   if (critical) {
     log(now_ms, requester(lease.req), "emergency.granted", &lease,
         on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
