@@ -214,12 +214,10 @@ std::string Engine::describe_devices(const Lease& lease) const {
     std::string seen;
     for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
     const Pin pin = pin_of(lease.req);
-    const std::string match = pin.devices.empty() ? std::string()
-                              : pin.by_uuid       ? "; matched by UUID"
-                                                  : "; pinned to node " + pin.text;
     devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
-            (seen.empty() ? std::string() : " sees " + seen) + match +
-            (pin_spills(pin, guaranteed_gpus(lease)) ? ", the rest of the job's GPUs elsewhere" : "") + ")";
+            (seen.empty() ? std::string() : " sees " + seen) + ")";
+    if (!pin.devices.empty()) devs += pin.by_uuid ? ", matched by UUID" : ", pinned to node " + pin.text;
+    if (pin_spills(pin, guaranteed_gpus(lease))) devs += ", with the rest of the job's GPUs elsewhere";
   }
   return devs;
 }

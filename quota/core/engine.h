@@ -282,7 +282,7 @@ class Engine {
   };
   Pin pin_of(const LeaseRequest& req) const;
   // The lease's GPUs ("node-c:2") and, where the trainer reported them, its node, the GPUs it sees and how the
-  // lease was matched to them: "node-c:2 (trainer on node-c sees GPU-...; matched by UUID)". Audit and status page.
+  // lease was matched to them: "node-c:2 (trainer on node-c sees GPU-...), matched by UUID". Audit and status page.
   std::string describe_devices(const Lease& lease) const;
   // Whether a lease of `lease_gpus` guaranteed GPUs pinned to `pin` holds all the pinned GPUs plus GPUs elsewhere:
   // a multi-pod job (an indexed DDP Job) whose requester sees fewer GPUs than the job runs on.

@@ -928,7 +928,8 @@ TEST(EnginePinning, ARequestWithANodeGoesOnThatNodesGpus) {
     return a.action == "lease.granted" && a.lease_id == on_a.lease_id;
   });
   ASSERT_NE(entry, e.audit().rend());
-  EXPECT_NE(entry->detail.find("trainer on node-a; pinned to node node-a"), std::string::npos) << entry->detail;
+  EXPECT_NE(entry->detail.find("node-a:0,node-a:1 (trainer on node-a), pinned to node node-a"), std::string::npos)
+      << entry->detail;
   expect_sound(e, t);
 }
 
@@ -1014,7 +1015,7 @@ TEST(EnginePinning, VisibleUuidsChooseTheGpus) {
     return a.action == "lease.granted" && a.lease_id == one.lease_id;
   });
   ASSERT_NE(entry, e.audit().rend());
-  EXPECT_NE(entry->detail.find("n2:1 (trainer on n2 sees " + uuid('b', 1) + "; matched by UUID)"), std::string::npos)
+  EXPECT_NE(entry->detail.find("n2:1 (trainer on n2 sees " + uuid('b', 1) + "), matched by UUID"), std::string::npos)
       << entry->detail;
   // without a node, in either case of the hex digits; the lease takes `gpus` of them
   r = req("t", "u");
@@ -1095,7 +1096,7 @@ TEST(EnginePinning, AMultiPodLeaseHoldsTheRequestersGpusAndTheRestElsewhere) {
     return a.action == "lease.granted" && a.lease_id == answer.lease_id;
   });
   ASSERT_NE(entry, e.audit().rend());
-  EXPECT_NE(entry->detail.find("matched by UUID, the rest of the job's GPUs elsewhere"), std::string::npos)
+  EXPECT_NE(entry->detail.find("), matched by UUID, with the rest of the job's GPUs elsewhere"), std::string::npos)
       << entry->detail;
   expect_sound(e, t);
   // a second job whose rank 0 sees that same GPU waits for it
