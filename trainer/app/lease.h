@@ -30,7 +30,8 @@ struct LeaseTelemetry {
 std::vector<std::string> visible_gpu_uuids();
 
 // The CUDA ordinals a run must use for its lease's GPUs (`lease_devices`, "node:index"), and the line that
-// says so ("Using GPU 2 (leased node-a:2)"). `ordinals` is empty when the lease names no device (no lease).
+// says so ("Using GPU 2 (leased node-a:2)"). `ordinals`: device= as given when it agrees with the lease, else
+// (device= empty) the first leased GPU, one process using one GPU; empty when the lease names no device.
 struct DeviceBinding {
   std::vector<int> ordinals;
   std::string summary;
