@@ -3,7 +3,11 @@
 #include "trainer/app/train_run.h"
 
 #include <nlohmann/json.hpp>
+#ifdef YOLO8_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -191,18 +195,22 @@ void TrainingRun::acquire_lease() {
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
-    // device= empty picked a GPU already: it too must be the leased one (DDP ranks map theirs by LOCAL_RANK)
-    if (settings_.device_ids().empty() && device_.is_cuda() && !dist_.enabled()) {
-      lease_settings.device = std::to_string(device_.has_index() ? device_.index() : 0);
-    }
     // Rank 0 asks for the whole job: WORLD_SIZE GPUs, whether the ranks share this machine (device=0,1) or
     // are the pods of an indexed Job (device=0 in each).
     const int gpus =
         dist_.enabled() ? dist_.world_size() : std::max<int>(1, static_cast<int>(settings_.device_ids().size()));
-    // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
-    const double gpu_gib =
-        device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
-    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, gpu_gib,
+    // The local quota's inventory is this machine's GPUs (local:i is CUDA ordinal i): a whole-GPU lease then
+    // carries their memory. Reading a GPU's properties creates no context on it.
+    LocalGpus local_gpus;
+    if (device_.is_cuda()) {
+      local_gpus.count = static_cast<int>(torch::cuda::device_count());
+      for (int i = 0; i < local_gpus.count; ++i) {
+        const double gib =
+            static_cast<double>(default_memory_budget_bytes(torch::Device(torch::kCUDA, i))) / kBytesPerGib;
+        local_gpus.memory_gib = i == 0 ? gib : std::min(local_gpus.memory_gib, gib);
+      }
+    }
+    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, local_gpus,
                                                  device_name(device_));
     std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
     lease_ = std::move(lease);
@@ -211,6 +219,17 @@ void TrainingRun::acquire_lease() {
         "the quota service refused the lease (" + std::to_string(refused.status()) + "): " + refused.what();
     if (refused.max_batch() > 0) message += "; at most batch=" + std::to_string(refused.max_batch()) + " fits";
     throw DataError(message);
+  }
+  // device= empty picked GPU 0 before the grant: a single process moves to the leased GPU before anything is
+  // placed on a device (the batch sizing, the memory cap, the model). DDP ranks keep LOCAL_RANK's GPU of
+  // device=, which the lease checked.
+  const std::vector<int>& leased = lease_->devices().ordinals;
+  if (device_.is_cuda() && !dist_.enabled() && !leased.empty()) {
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(leased.front()));
+#ifdef YOLO8_WITH_CUDA
+    c10::cuda::set_device(device_.index());
+#endif
+    console_->out() << lease_->devices().summary << "\n";
   }
   lease_gib_ = lease_->memory_gib();
   // An explicit budget is enforced: on CUDA as the allocator's fraction, on CPU by the counting allocator.
