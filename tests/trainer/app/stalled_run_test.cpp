@@ -120,6 +120,7 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
   httplib::Client client("127.0.0.1", quotad.port());
   int64_t lease_id = 0;
   View running;
+  auto running_seen = Clock::now();
   for (const auto until = Clock::now() + std::chrono::seconds(180); Clock::now() < until;) {
     ASSERT_TRUE(still_running()) << read_text(log);
     if (lease_id == 0) {
@@ -132,6 +133,7 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
       }
     } else {
       running = look(client, lease_id);
+      running_seen = Clock::now();
       if (step_of(running) >= 2 && running.busy_time_util.value_or(0) > 0) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -150,8 +152,8 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
   const auto stalled_from = Clock::now();
 
   // quotad's view every 100 ms: the step stops advancing; the utilisation drops to 0 and stays there.
-  int64_t last_step = -1;
-  auto last_step_seen = Clock::now();
+  int64_t last_step = step_of(running);
+  auto last_step_seen = running_seen;
   bool at_zero = false;
   Clock::time_point zero_at;
   View view;
@@ -177,8 +179,8 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
   // The heartbeat that first carried the last step may still count part of that step (busy time is added when a
   // step ends); the next one, an interval later, must say 0.
   const double to_zero = seconds_between(last_step_seen, zero_at);
-  std::cout << "stalled at step " << last_step << " (" << seconds_between(stalled_from, last_step_seen)
-            << " s after the swap); quotad showed utilisation 0 " << to_zero
+  std::cout << "stalled at step " << last_step << " (first shown " << seconds_between(stalled_from, last_step_seen)
+            << " s from the swap); quotad showed utilisation 0 " << to_zero
             << " s after it first showed that step (heartbeat every " << kHeartbeatS << " s)\n";
   EXPECT_LE(to_zero, 2.0 * kHeartbeatS + 1.0);
 
