@@ -397,8 +397,20 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   ProgressBar bar(prefix, batches_per_epoch_, *console_);
   int64_t done = epoch_first_batch;
   double wait_s = 0.0, step_s = 0.0;
+  // A stop usually waits for the batch under way; one that has not come within the grace may never come. A
+  // data-parallel rank waits longer (within Kubernetes' 30 s): leaving alone, it costs the others their checkpoint.
+  const double stalled_stop_grace = dist_.enabled() ? 20.0 : 2.0;
+  const auto next_batch = [&]() -> std::optional<data::Batch> {
+    try {
+      return loader.next(
+          [stalled_stop_grace] { return stop_requested() && seconds_since_stop_request() >= stalled_stop_grace; });
+    } catch (const data::WaitAbandoned&) {
+      bar.finish("");
+      exit_while_stalled(epoch, done - 1);
+    }
+  };
   auto wait_start = Clock::now();
-  while (auto batch = loader.next()) {
+  while (auto batch = next_batch()) {
     wait_s += seconds_since(wait_start);
     if (settings_.plots && is_main_ && epoch == 0 && batch->index < 3) {
       app::try_plot("training batch", [&] {
@@ -475,6 +487,23 @@ int TrainingRun::stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni) {
                   << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
                   << " s after the stop request. Resume with resume=" << last_pt_.string() << "\n";
   return exit_after_stop();
+}
+
+// The worker stuck in the read cannot be joined, so the process leaves from here without the destructors. The
+// state after the last step is whole: one process checkpoints it as any stop inside the epoch would (none: the
+// previous checkpoint is that state); data-parallel ranks stand in a collective the stalled rank never joins, so
+// they leave without one and the last checkpoint stays valid.
+void TrainingRun::exit_while_stalled(int64_t epoch, int64_t last_i) {
+  pending_stop_ = stop_reason();
+  console_->out() << "No batch from the data loader " << std::fixed << std::setprecision(2)
+                  << seconds_since_stop_request() << " s after the stop request: a read does not return\n";
+  const bool checkpoint = !dist_.enabled() && last_i >= 0;
+  const int exit_code =
+      checkpoint ? stop_inside_epoch(epoch, last_i, last_i + batches_per_epoch_ * epoch) : exit_after_stop();
+  if (!checkpoint) console_->out() << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << "\n";
+  std::cout.flush();
+  std::fflush(stdout);
+  std::_Exit(exit_code);
 }
 
 // ---------------------------------------------------------------------------------------------------- epoch end
