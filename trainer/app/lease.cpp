@@ -134,6 +134,17 @@ DeviceBinding bind_leased_devices(const std::vector<std::string>& lease_devices,
   return binding;
 }
 
+std::vector<int> node_gpu_indices(const std::vector<int>& device_ids, const std::string& cuda_visible_devices) {
+  if (cuda_visible_devices.empty()) return device_ids;
+  const std::vector<int> visible = visible_indices(cuda_visible_devices);
+  std::vector<int> indices;
+  for (int id : device_ids) {
+    if (id < 0 || static_cast<size_t>(id) >= visible.size()) return {};
+    indices.push_back(visible[static_cast<size_t>(id)]);
+  }
+  return indices;
+}
+
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
                              LocalGpus local_gpus, const std::string& device_name) {
   if (settings.lease.quota == "off") return;
@@ -163,8 +174,15 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.shared = settings.lease.shared;
   request.visible_devices = visible_gpu_uuids();
   const char* node_name = std::getenv("NODE_NAME");  // Kubernetes' downward API (spec.nodeName)
-  const std::string node = config.mode == "local" ? std::string() : (node_name ? node_name : "");
+  const bool local = config.mode == "local";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string node = local ? std::string("local") : (node_name ? node_name : "");
   request.node = node;
+  // device= names GPUs: ask for exactly those (they wait when taken) rather than take any and then refuse it.
+  // The local quota numbers its inventory by CUDA ordinal already.
+  if (uses_gpu && !node.empty() && request.visible_devices.empty()) {
+    request.node_gpus = node_gpu_indices(settings.device_ids(), local || visible == nullptr ? "" : visible);
+  }
   request.memory_gib = settings.lease.memory_gib;
   request.priority = quota::parse_priority(settings.lease.priority);
   request.preemptible = settings.lease.preemptible;
@@ -188,12 +206,10 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   // The trainer uses exactly the leased GPUs: a device= that says otherwise is a mistake to fix, not to run with.
   // The local quota's inventory is numbered by CUDA ordinal, quotad's by the node's physical index.
   if (uses_gpu) {
-    const bool local = config.mode == "local";
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     try {
       devices_ =
-          bind_leased_devices(lease.devices, local ? "local" : node, settings.device_ids(),
-                              local || visible == nullptr ? "" : visible, !local && !request.visible_devices.empty());
+          bind_leased_devices(lease.devices, node, settings.device_ids(), local || visible == nullptr ? "" : visible,
+                              !local && !request.visible_devices.empty());
     } catch (const SettingsError&) {
       client_->release(quota::Outcome::kCancelled);
       released_ = true;

@@ -49,6 +49,11 @@ DeviceBinding bind_leased_devices(const std::vector<std::string>& lease_devices,
                                   const std::vector<int>& device_ids, const std::string& cuda_visible_devices,
                                   bool remapped);
 
+// The node's GPU numbers of device= (CUDA ordinals), which the request asks for by number: CUDA_VISIBLE_DEVICES
+// as indices renumbers them (ordinal 1 of "4,6" is GPU 6). Empty when it lists UUIDs (a device plugin chose the
+// GPUs, matched by UUID) or an ordinal is past its end (bind_leased_devices then says so).
+std::vector<int> node_gpu_indices(const std::vector<int>& device_ids, const std::string& cuda_visible_devices);
+
 // This machine's GPUs, the local quota's inventory: local:i is CUDA ordinal i. `memory_gib`: the smallest one's
 // memory (0: unknown).
 struct LocalGpus {

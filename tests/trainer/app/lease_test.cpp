@@ -8,6 +8,8 @@
 
 #include <filesystem>
 
+#include "trainer/core/stop_signal.h"
+
 namespace yolo8 {
 namespace {
 namespace fs = std::filesystem;
@@ -136,20 +138,30 @@ TEST(TrainingLease, LocalTrainersGetDifferentGpusOfTheMachine) {
   EXPECT_EQ(second.devices().ordinals, std::vector<int>{1});
   EXPECT_EQ(second.devices().summary, "Using GPU 1 (leased local:1)");
   EXPECT_DOUBLE_EQ(second.memory_gib(), 24.0);  // a whole GPU of the inventory
+  Settings asked = local_settings(db);
+  asked.device = "3";  // a GPU named by device= is the one asked for, not the lowest free one
+  TrainingLease third(asked, "third", true, 1, machine);
+  EXPECT_EQ(third.devices().ordinals, std::vector<int>{3});
+  EXPECT_EQ(third.devices().summary, "Using GPU 3 (leased local:3)");
   Settings taken = local_settings(db);
-  taken.device = "0";  // held by `first`: this run would get local:2
-  try {
-    TrainingLease third(taken, "third", true, 1, machine);
-    FAIL() << "device=0 was accepted for a lease on local:2";
-  } catch (const SettingsError& error) {
-    EXPECT_NE(std::string(error.what()).find("holds local:2: use device=2"), std::string::npos) << error.what();
-  }
+  taken.device = "0";  // held by `first`: this run waits for it (a stop while waiting gives its place up)
+  request_stop(StopReason::kSignal);
+  EXPECT_THROW(TrainingLease(taken, "waiting", true, 1, machine), StoppedWhileWaiting);
+  reset_stop_state();
   Settings free = local_settings(db);
-  free.device = "2";  // the refused run gave local:2 back
+  free.device = "2";  // the run that gave up holds nothing: local:2 is still free
   TrainingLease fourth(free, "fourth", true, 1, machine);
   EXPECT_EQ(fourth.devices().ordinals, std::vector<int>{2});
-  for (TrainingLease* lease : {&first, &second, &fourth}) lease->release(quota::Outcome::kCompleted);
+  for (TrainingLease* lease : {&first, &second, &third, &fourth}) lease->release(quota::Outcome::kCompleted);
   fs::remove_all(root);
+}
+
+TEST(TrainingLease, DeviceAsksTheNodesGpusByNumber) {
+  EXPECT_EQ(node_gpu_indices({0, 1}, ""), (std::vector<int>{0, 1}));
+  EXPECT_EQ(node_gpu_indices({1}, "4,6"), std::vector<int>{6});  // CUDA numbers the visible GPUs 0..n-1
+  EXPECT_TRUE(node_gpu_indices({2}, "4,6").empty());             // not visible: bind_leased_devices says so
+  EXPECT_TRUE(node_gpu_indices({0}, "GPU-1111").empty());        // a device plugin's choice goes by UUID
+  EXPECT_TRUE(node_gpu_indices({}, "4,6").empty());
 }
 
 TEST(TrainingLease, VisibleGpuUuidsComeFromTheDevicePlugin) {
