@@ -228,7 +228,8 @@ int main(int argc, char** argv) {
   table_cmd->add_option("--db", table_db, "quotad's SQLite database")->capture_default_str();
   table_cmd->add_option("--device", table_device, "the device whose table to write (when several reported)");
   table_cmd->add_option("--libtorch", table_libtorch,
-                        "the LibTorch version whose table to write (when runs reported several)");
+                        "the LibTorch version whose table to write (when runs reported several; "
+                        "'unknown': the runs that did not say)");
   table_cmd->add_option("--out", table_out, "write to this file instead of stdout");
 
   int recommend_months = 3;
@@ -291,7 +292,8 @@ int main(int argc, char** argv) {
       std::map<std::string, std::vector<ObservedRow>> by_table;
       for (const auto& row : all) {
         if ((table_device.empty() || row.device == table_device) &&
-            (table_libtorch.empty() || row.libtorch == table_libtorch)) {
+            (table_libtorch.empty() || row.libtorch == table_libtorch ||
+             (table_libtorch == "unknown" && row.libtorch.empty()))) {
           by_table[row.device + (row.amp ? ", amp" : ", float32") + ", LibTorch " +
                    (row.libtorch.empty() ? "unknown" : row.libtorch)]
               .push_back(row);
