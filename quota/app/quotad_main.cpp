@@ -281,6 +281,14 @@ int main(int argc, char** argv) {
       const Policy policy = load_policy_with_tokens(policy_path);
       std::printf("%s: ok: %d GPUs (%d reserved for critical leases), %zu teams, %zu users\n", policy_path.c_str(),
                   policy.total_gpus(), policy.emergency_pool_gpus(), policy.teams.size(), policy.users.size());
+      // what a trainer's $NODE_NAME and visible GPU UUIDs are matched against
+      for (const auto& node : policy.nodes) {
+        std::string uuids;
+        for (const auto& uuid : node.uuids) uuids += (uuids.empty() ? "" : ", ") + uuid;
+        std::printf("  node %s: %d GPUs of %g GiB; %s\n", node.name.c_str(), node.gpus, node.memory_gib,
+                    uuids.empty() ? "no GPU UUIDs (a trainer's visible GPUs are recorded, not matched)"
+                                  : ("UUIDs " + uuids).c_str());
+      }
       if (!policy.memory_table.models.empty()) describe(policy.memory_table);
       return 0;
     }

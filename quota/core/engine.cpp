@@ -134,7 +134,98 @@ bool Lease::holds_gpus(int64_t now_ms) const {
   return state == LeaseState::kExpired && !devices.empty() && now_ms < free_at_ms;
 }
 
-Engine::Engine(Policy policy) : policy_(std::move(policy)) { policy_.validate(); }
+Engine::Engine(Policy policy) : policy_(std::move(policy)) {
+  policy_.validate();
+  for (size_t device = 0; device < policy_.gpus.size(); ++device) {
+    const Gpu& gpu = policy_.gpus[device];
+    node_devices_[gpu.node].push_back(static_cast<int>(device));
+    if (!gpu.uuid.empty()) uuid_index_[lower_case(gpu.uuid)] = static_cast<int>(device);
+  }
+}
+
+Engine::Pin Engine::pin_of(const LeaseRequest& req) const {
+  Pin pin;
+  std::set<int> matched;
+  for (const auto& uuid : req.visible_devices) {
+    if (auto it = uuid_index_.find(lower_case(uuid)); it != uuid_index_.end()) matched.insert(it->second);
+  }
+  if (!matched.empty()) {
+    pin.devices.assign(matched.begin(), matched.end());
+    pin.by_uuid = true;
+    for (int device : pin.devices) {
+      pin.text += (pin.text.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].uuid;
+    }
+    pin.text += " on " + policy_.gpus[static_cast<size_t>(pin.devices.front())].node;
+    return pin;
+  }
+  // an inventory without UUIDs (or a node listing none) only records them: the node still pins
+  if (auto it = node_devices_.find(req.node); !req.node.empty() && it != node_devices_.end()) {
+    pin.devices = it->second;
+    pin.text = req.node;
+  }
+  return pin;
+}
+
+std::string Engine::pin_refusal(const LeaseRequest& req) const {
+  if (!req.node.empty() && !node_devices_.count(req.node)) {
+    // the trainer reports the Kubernetes node it runs on: an inventory named otherwise is the usual cause
+    const std::vector<std::string> names = policy_.node_names();
+    std::string known;
+    for (size_t i = 0; i < names.size() && i < 20; ++i) known += (i == 0 ? "" : ", ") + names[i];
+    if (names.size() > 20) known += " and " + std::to_string(names.size() - 20) + " more";
+    return "node: '" + req.node + "' (where the trainer runs, $NODE_NAME) is not a node of the inventory of " +
+           policy_.source + " (" + known +
+           "); inventory.nodes[].name must be the Kubernetes node names (kubectl get nodes)";
+  }
+  if (req.visible_devices.empty()) return "";
+  // UUIDs are matched where the inventory lists them: on the request's node, or anywhere without a node
+  bool listed = false;
+  if (req.node.empty()) {
+    listed = policy_.has_gpu_uuids();
+  } else {
+    for (int device : node_devices_.at(req.node))
+      listed = listed || !policy_.gpus[static_cast<size_t>(device)].uuid.empty();
+  }
+  if (!listed) return "";
+  for (const auto& uuid : req.visible_devices) {
+    auto it = uuid_index_.find(lower_case(uuid));
+    if (it == uuid_index_.end()) {
+      return "visible_devices: " + uuid + " (a GPU the trainer sees) is not a GPU of the inventory of " +
+             policy_.source + (req.node.empty() ? std::string() : " (node " + req.node + ")") +
+             "; list it in inventory.nodes[].uuids (nvidia-smi -L on the node)";
+    }
+    const Gpu& gpu = policy_.gpus[static_cast<size_t>(it->second)];
+    if (!req.node.empty() && gpu.node != req.node) {
+      return "visible_devices: " + uuid + " is GPU " + gpu.id() + " in the inventory, not a GPU of node " + req.node +
+             " where the trainer runs (node)";
+    }
+  }
+  return "";
+}
+
+std::string Engine::describe_devices(const Lease& lease) const {
+  std::string devs;
+  for (int device : lease.devices) {
+    if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size()) {
+      devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
+    }
+  }
+  // what the trainer itself sees, when a device plugin chose its GPUs, and how the lease was matched to it
+  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
+    std::string seen;
+    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
+    const Pin pin = pin_of(lease.req);
+    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
+            (seen.empty() ? std::string() : " sees " + seen) + ")";
+    if (!pin.devices.empty()) devs += pin.by_uuid ? ", matched by UUID" : ", pinned to node " + pin.text;
+    if (pin_spills(pin, guaranteed_gpus(lease))) devs += ", with the rest of the job's GPUs elsewhere";
+  }
+  return devs;
+}
+
+int Engine::guaranteed_gpus(const Lease& lease) const {
+  return lease.req.gpus > 0 ? lease.req.gpus : policy_.default_gpus;
+}
 
 namespace {
 // Days since 1970-01-01 of a civil date (Howard Hinnant's days_from_civil).
@@ -258,11 +349,15 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
     }
   }
   Placement placement;
+  // where the trainer already runs: only its GPUs, or all of them and the rest elsewhere (a multi-pod job)
+  const Pin pin = pin_of(lease.req);
+  std::vector<bool> allowed(gpu_count, pin.devices.empty());
+  for (int device : pin.devices) allowed[static_cast<size_t>(device)] = true;
   if (lease.shared) {
     int best = -1;
     for (size_t device = 0; device < gpu_count; ++device) {
       const double free = policy_.gpus[device].memory_gib - used[device];
-      if (whole[device] || foreign[device] || count[device] >= policy_.max_leases_per_gpu ||
+      if (!allowed[device] || whole[device] || foreign[device] || count[device] >= policy_.max_leases_per_gpu ||
           free + kEps < lease.memory_gib) {
         continue;
       }
@@ -273,17 +368,29 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
     if (best < 0) return std::nullopt;
     placement.devices = {best};
   } else {
+    auto free_whole = [&](size_t device) {
+      return count[device] == 0 && policy_.gpus[device].memory_gib + kEps >= lease.memory_gib;
+    };
+    if (pin_spills(pin, guaranteed_gpus(lease))) {
+      for (int device : pin.devices) {
+        if (!free_whole(static_cast<size_t>(device))) return std::nullopt;
+        placement.devices.push_back(device);
+      }
+      for (size_t device = 0; device < gpu_count; ++device) {
+        allowed[device] =
+            std::find(pin.devices.begin(), pin.devices.end(), static_cast<int>(device)) == pin.devices.end();
+      }
+    }
     std::map<std::string, std::vector<int>> free_by_node;
     std::vector<std::string> node_order;
     for (size_t device = 0; device < gpu_count; ++device) {
       const auto& gpu = policy_.gpus[device];
       if (!free_by_node.count(gpu.node)) node_order.push_back(gpu.node);
       auto& free_devices = free_by_node[gpu.node];
-      if (count[device] == 0 && gpu.memory_gib + kEps >= lease.memory_gib) {
-        free_devices.push_back(static_cast<int>(device));
-      }
+      if (allowed[device] && free_whole(device)) free_devices.push_back(static_cast<int>(device));
     }
-    const size_t need = static_cast<size_t>(lease.gpus);
+    const size_t need =
+        static_cast<size_t>(lease.gpus) - std::min(placement.devices.size(), static_cast<size_t>(lease.gpus));
     // best fit: the node with the fewest free GPUs that still holds the whole lease
     const std::vector<int>* fit = nullptr;
     for (const auto& node : node_order) {
@@ -291,17 +398,21 @@ std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_m
       if (free_devices.size() >= need && (fit == nullptr || free_devices.size() < fit->size())) fit = &free_devices;
     }
     if (fit != nullptr) {
-      placement.devices.assign(fit->begin(), fit->begin() + static_cast<long>(need));
+      placement.devices.insert(placement.devices.end(), fit->begin(), fit->begin() + static_cast<long>(need));
     } else {
       std::stable_sort(node_order.begin(), node_order.end(), [&](const std::string& left, const std::string& right) {
         return free_by_node[left].size() > free_by_node[right].size();
       });
+      size_t taken = 0;
       for (const auto& node : node_order) {
         for (int device : free_by_node[node]) {
-          if (placement.devices.size() < need) placement.devices.push_back(device);
+          if (taken < need) {
+            placement.devices.push_back(device);
+            ++taken;
+          }
         }
       }
-      if (placement.devices.size() < need) return std::nullopt;
+      if (taken < need) return std::nullopt;
     }
   }
   if (lease.req.priority != Priority::kCritical) {
@@ -390,15 +501,7 @@ bool Engine::try_grant(Lease& lease, int64_t now_ms) {
   lease.waiting_on.clear();
   lease.reason.clear();
   changes_.leases.insert(lease.id);
-  std::string devs;
-  for (int device : lease.devices) devs += (devs.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].id();
-  // what the trainer itself sees, when a device plugin chose its GPUs
-  if (!lease.req.visible_devices.empty() || !lease.req.node.empty()) {
-    std::string seen;
-    for (const auto& uuid : lease.req.visible_devices) seen += (seen.empty() ? "" : ",") + uuid;
-    devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
-            (seen.empty() ? std::string() : " sees " + seen) + ")";
-  }
+  const std::string devs = describe_devices(lease);
   if (critical) {
     log(now_ms, requester(lease.req), "emergency.granted", &lease,
         on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
@@ -588,7 +691,7 @@ void Engine::schedule(int64_t now_ms) {
   const std::vector<int64_t> ids = queue_;
   // requests alike in everything the decision reads get the same answer until something changes: a flood of
   // identical requests (issue 15: 1,200 from one member) costs one check per pass, not one per request
-  using Signature = std::tuple<std::string, std::string, int, int, bool, double, int, std::string>;
+  using Signature = std::tuple<std::string, std::string, int, int, bool, double, int, std::string, std::string>;
   std::set<Signature> refused;
   for (int64_t id : ids) {
     Lease& lease = leases_.at(id);
@@ -600,7 +703,8 @@ void Engine::schedule(int64_t now_ms) {
                               lease.shared,
                               lease.memory_gib,
                               static_cast<int>(lease.req.priority),
-                              lease.req.model};
+                              lease.req.model,
+                              pin_of(lease.req).text};  // pinned requests differ by where they may go
     if (lease.waiting_on.empty() && refused.count(signature)) continue;
     if (try_grant(lease, now_ms)) {
       refused.clear();
@@ -664,6 +768,10 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
   if (reason.empty()) {
     reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
                                                  : std::to_string(lease.gpus) + " whole GPU(s)");
+    if (const Pin pin = pin_of(lease.req); !pin.devices.empty()) {
+      reason += pin_spills(pin, lease.gpus) ? " with all of " : " on ";
+      reason += pin.text + (pin.by_uuid ? " (the GPUs the trainer sees)" : " (the node the trainer runs on)");
+    }
     if (policy_.emergency_pool_gpus() > 0 && lease.req.priority != Priority::kCritical) {
       reason += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";
     }
@@ -755,6 +863,9 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     return refuse(AcquireResult::Kind::kInvalid,
                   "memory_gib: must be within 0.." + fixed_text(policy_.max_gpu_memory_gib()) + " GiB per GPU");
   }
+  // in Kubernetes the pod already runs on its node with its GPUs: a request the inventory contradicts is a
+  // configuration error to fix, not one to queue forever
+  if (const std::string why = pin_refusal(req); !why.empty()) return refuse(AcquireResult::Kind::kInvalid, why);
   Lease lease;
   lease.req = req;
   lease.gpus = req.gpus > 0 ? req.gpus : policy_.default_gpus;
@@ -784,8 +895,17 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   // admission: the estimated memory must fit what a GPU (or the share) offers
   double admitted_gib = 0;
   const std::string memory_row = policy_.memory_table.describe_row(req.model);
+  const Pin pin = pin_of(req);
+  // the memory a pinned whole-GPU lease can get: the largest pinned GPU, or the smallest when it takes them all
+  double pinned_gib = pin.devices.empty() ? policy_.max_gpu_memory_gib() : 0;
+  for (int device : pin.devices) {
+    const double gib = policy_.gpus[static_cast<size_t>(device)].memory_gib;
+    pinned_gib = pinned_gib == 0               ? gib
+                 : pin_spills(pin, lease.gpus) ? std::min(pinned_gib, gib)
+                                               : std::max(pinned_gib, gib);
+  }
   if (policy_.memory_table.has(req.model)) {
-    const double avail = lease.shared ? lease.memory_gib : policy_.max_gpu_memory_gib();
+    const double avail = lease.shared ? lease.memory_gib : pinned_gib;
     const int per_gpu = req.batch > 0 ? (req.batch + lease.gpus - 1) / lease.gpus : 1;
     const double need = policy_.memory_table.estimate_gib(req.model, req.imgsz, per_gpu);
     // whole-GPU leases only go to GPUs big enough for the estimate
@@ -804,6 +924,11 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
                                     : "it does not fit even with batch 1: use a smaller imgsz or model") +
               "; from " + memory_row);
     }
+  }
+  if (!pin.devices.empty() && lease.memory_gib > pinned_gib + kEps) {
+    return refuse(AcquireResult::Kind::kAdmissionRefused,
+                  "memory_gib: " + fixed_text(lease.memory_gib) + " GiB per GPU, but the GPUs of " + pin.text +
+                      " (where the trainer runs) have " + fixed_text(pinned_gib) + " GiB");
   }
   if (critical && req.justification.empty()) {
     return refuse(AcquireResult::Kind::kNotAllowed,
@@ -1145,6 +1270,18 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
     if (lease.devices.size() != want) {
       errors.push_back("lease " + std::to_string(id) + " holds " + std::to_string(lease.devices.size()) +
                        " devices, wants " + std::to_string(want));
+    }
+    // a pinned lease sits where its trainer runs: on the pinned GPUs, or (a multi-pod job) on all of them
+    if (const Pin pin = pin_of(lease.req); !pin.devices.empty()) {
+      const std::set<int> pinned(pin.devices.begin(), pin.devices.end());
+      const std::set<int> held(lease.devices.begin(), lease.devices.end());
+      const bool spills = pin_spills(pin, guaranteed_gpus(lease));
+      const bool sits = spills ? std::includes(held.begin(), held.end(), pinned.begin(), pinned.end())
+                               : std::includes(pinned.begin(), pinned.end(), held.begin(), held.end());
+      if (!sits) {
+        errors.push_back("lease " + std::to_string(id) + " is pinned to " + pin.text + " but holds GPUs " +
+                         (spills ? "without all of them" : "elsewhere"));
+      }
     }
     std::set<int> seen;
     for (int device : lease.devices) {

@@ -43,7 +43,8 @@ struct LeaseRequest {
   std::string justification;
   std::string idempotency_key;
   // Where the trainer runs when something else chose its GPUs (Kubernetes' device plugin): its node and the GPU
-  // UUIDs it sees (NVIDIA_VISIBLE_DEVICES). Recorded with the lease and in the audit of the grant.
+  // UUIDs it sees (NVIDIA_VISIBLE_DEVICES). They pin the lease (Engine::pin_of): to the GPUs with those UUIDs
+  // where the inventory lists UUIDs, else to the node's GPUs. Recorded with the lease and in the audit.
   std::string node;
   std::vector<std::string> visible_devices;
   // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
@@ -270,8 +271,26 @@ class Engine {
   void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id = 1,
                       int64_t next_grant_id = 1);
 
-  // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, ...).
+  // Every broken invariant, empty when sound (never more memory than a GPU has, pool kept, a pinned lease on its
+  // GPUs, ...).
   std::vector<std::string> check_invariants(int64_t now_ms) const;
+
+  // The GPUs a request is pinned to, where the trainer already runs: those with its visible UUIDs (where the
+  // inventory lists them), else its node's; none when the request names neither (or the inventory knows neither).
+  struct Pin {
+    std::vector<int> devices;  // indices into Policy::gpus, ascending
+    bool by_uuid = false;
+    std::string text;  // for messages: "node-a" or "GPU-...,GPU-... on node-a"
+  };
+  Pin pin_of(const LeaseRequest& req) const;
+  // The lease's GPUs ("node-c:2") and, where the trainer reported them, its node, the GPUs it sees and how the
+  // lease was matched to them: "node-c:2 (trainer on node-c sees GPU-...), matched by UUID". Audit and status page.
+  std::string describe_devices(const Lease& lease) const;
+  // Whether a lease of `lease_gpus` guaranteed GPUs pinned to `pin` holds all the pinned GPUs plus GPUs elsewhere:
+  // a multi-pod job (an indexed DDP Job) whose requester sees fewer GPUs than the job runs on.
+  static bool pin_spills(const Pin& pin, int lease_gpus) {
+    return !pin.devices.empty() && static_cast<size_t>(lease_gpus) > pin.devices.size();
+  }
 
   Changes take_changes();
   // Rebuilds state from storage.
@@ -322,7 +341,14 @@ class Engine {
   void log_team(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& team,
                 const std::string& detail);
 
+  // Why `req` names a node or GPU UUIDs the inventory contradicts; "" when it does not.
+  std::string pin_refusal(const LeaseRequest& req) const;
+  // GPUs the lease guarantees (the request's, before any per-job burst).
+  int guaranteed_gpus(const Lease& lease) const;
+
   Policy policy_;
+  std::map<std::string, int> uuid_index_;                 // lower-case GPU UUID -> index into Policy::gpus
+  std::map<std::string, std::vector<int>> node_devices_;  // node -> its GPUs' indices
   std::map<int64_t, Lease> leases_;
   std::map<int64_t, Approval> approvals_;
   std::vector<AuditEntry> audit_;

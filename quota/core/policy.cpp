@@ -162,6 +162,18 @@ int Policy::emergency_pool_gpus() const {
   return static_cast<int>(std::ceil(emergency_pool_fraction * total_gpus() - 1e-9));
 }
 
+std::vector<std::string> Policy::node_names() const {
+  std::vector<std::string> names;
+  for (const auto& gpu : gpus) {
+    if (std::find(names.begin(), names.end(), gpu.node) == names.end()) names.push_back(gpu.node);
+  }
+  return names;
+}
+
+bool Policy::has_gpu_uuids() const {
+  return std::any_of(gpus.begin(), gpus.end(), [](const Gpu& gpu) { return !gpu.uuid.empty(); });
+}
+
 double Policy::max_gpu_memory_gib() const {
   double largest = 0;
   for (const auto& gpu : gpus) largest = std::max(largest, gpu.memory_gib);
@@ -203,6 +215,47 @@ const User* Policy::find_user_by_token(const std::string& token) const {
     if (diff == 0 && found == nullptr) found = &user;
   }
   return found;
+}
+
+std::string lower_case(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return text;
+}
+
+namespace {
+// 8-4-4-4-12 hex digits from `at`; the position after it, or npos.
+size_t skip_uuid(const std::string& text, size_t at) {
+  for (const int group : {8, 4, 4, 4, 12}) {
+    for (int i = 0; i < group; ++i, ++at) {
+      if (at >= text.size() || !std::isxdigit(static_cast<unsigned char>(text[at]))) return std::string::npos;
+    }
+    if (group != 12) {
+      if (at >= text.size() || text[at] != '-') return std::string::npos;
+      ++at;
+    }
+  }
+  return at;
+}
+// "/<digits>" from `at`; the position after it, or npos.
+size_t skip_slash_number(const std::string& text, size_t at) {
+  if (at >= text.size() || text[at] != '/') return std::string::npos;
+  const size_t first = ++at;
+  while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
+  return at == first ? std::string::npos : at;
+}
+}  // namespace
+
+bool is_gpu_uuid(const std::string& text) {
+  if (text.rfind("GPU-", 0) == 0) return skip_uuid(text, 4) == text.size();
+  if (text.rfind("MIG-GPU-", 0) == 0) {
+    size_t at = skip_uuid(text, 8);
+    if (at != std::string::npos) at = skip_slash_number(text, at);
+    if (at != std::string::npos) at = skip_slash_number(text, at);
+    return at == text.size();
+  }
+  if (text.rfind("MIG-", 0) == 0) return skip_uuid(text, 4) == text.size();
+  return false;
 }
 
 bool is_dns1123_label(const std::string& name) {
@@ -252,6 +305,35 @@ void Policy::validate() const {
     if (!(value >= low)) fail(key, "must be >= " + std::to_string(static_cast<long long>(low)));
   };
   if (gpus.empty()) fail("inventory", "no GPUs listed");
+  // GPU UUIDs: one per GPU, each a UUID, none twice (quotad matches the trainer's visible GPUs against them)
+  std::map<std::string, std::string> uuid_keys;  // lower-case UUID -> key that listed it
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const InventoryNode& node = nodes[i];
+    const std::string key = "inventory.nodes[" + std::to_string(i) + "].uuids";
+    if (node.uuids.empty()) continue;
+    if (node.uuids.size() != static_cast<size_t>(node.gpus)) {
+      fail(key, "lists " + std::to_string(node.uuids.size()) + " UUIDs for the " + std::to_string(node.gpus) +
+                    " GPUs of node " + node.name + ": one per GPU, in index order (nvidia-smi -L)");
+    }
+    for (size_t j = 0; j < node.uuids.size(); ++j) {
+      const std::string uuid_key = key + "[" + std::to_string(j) + "]";
+      if (!is_gpu_uuid(node.uuids[j])) {
+        fail(uuid_key, "'" + node.uuids[j] +
+                           "' is not a GPU UUID: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-..., as nvidia-smi -L "
+                           "prints it");
+      }
+      const auto [it, fresh] = uuid_keys.emplace(lower_case(node.uuids[j]), uuid_key);
+      if (!fresh) fail(uuid_key, "'" + node.uuids[j] + "' is listed twice (also " + it->second + ")");
+    }
+  }
+  for (const auto& gpu : gpus) {
+    if (gpu.uuid.empty()) continue;
+    // a policy built in code has no `nodes`: its GPUs' UUIDs are checked here
+    if (!is_gpu_uuid(gpu.uuid)) fail("inventory." + gpu.node + ".uuids", "'" + gpu.uuid + "' is not a GPU UUID");
+    if (nodes.empty() && !uuid_keys.emplace(lower_case(gpu.uuid), gpu.id()).second) {
+      fail("inventory." + gpu.node + ".uuids", "'" + gpu.uuid + "' is listed twice");
+    }
+  }
   for (const auto& gpu : gpus) {
     if (!std::isfinite(gpu.memory_gib) || !(gpu.memory_gib > 0)) {
       fail("inventory." + gpu.node + ".memory_gib", "must be a finite number > 0");
@@ -573,14 +655,20 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   std::set<std::string> node_names;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string key_path = "inventory.nodes[" + std::to_string(i) + "]";
-    context.keys(nodes[i], key_path, {"name", "gpus", "memory_gib"});
+    context.keys(nodes[i], key_path, {"name", "gpus", "memory_gib", "uuids"});
     const std::string name = context.need<std::string>(nodes[i], "name", key_path + ".name");
     if (!node_names.insert(name).second) context.fail(nodes[i], key_path + ".name", "duplicate node '" + name + "'");
     const int count = context.need<int>(nodes[i], "gpus", key_path + ".gpus");
     const double mem = context.need<double>(nodes[i], "memory_gib", key_path + ".memory_gib");
     if (count < 1 || count > 64) context.fail(nodes[i]["gpus"], key_path + ".gpus", "must be within 1..64");
     if (!(mem > 0)) context.fail(nodes[i]["memory_gib"], key_path + ".memory_gib", "must be > 0");
-    for (int gpu_index = 0; gpu_index < count; ++gpu_index) policy.gpus.push_back(Gpu{name, gpu_index, mem});
+    InventoryNode listed{name, count, mem, string_list(context, nodes[i]["uuids"], key_path + ".uuids")};
+    for (int gpu_index = 0; gpu_index < count; ++gpu_index) {
+      // a count that does not match is named by validate()
+      const bool matched = listed.uuids.size() == static_cast<size_t>(count);
+      policy.gpus.push_back(Gpu{name, gpu_index, mem, matched ? listed.uuids[static_cast<size_t>(gpu_index)] : ""});
+    }
+    policy.nodes.push_back(std::move(listed));
   }
   policy.emergency_pool_fraction = context.get<double>(root["emergency_pool"], "emergency_pool", 0.15);
   // users
@@ -786,7 +874,7 @@ Policy local_policy(int gpu_count, double memory_gib, const std::string& user) {
   Policy policy;
   policy.source = "local";
   for (int i = 0; i < std::max(1, gpu_count); ++i) {
-    policy.gpus.push_back(Gpu{"local", i, memory_gib > 0 ? memory_gib : 16});
+    policy.gpus.push_back(Gpu{"local", i, memory_gib > 0 ? memory_gib : 16, ""});
   }
   policy.emergency_pool_fraction = 0;
   Team team;

@@ -22,8 +22,23 @@ struct Gpu {
   std::string node;
   int index = 0;  // index within the node
   double memory_gib = 0;
+  std::string uuid;  // "GPU-..." / "MIG-..." from inventory.nodes[].uuids; "" when the node lists none
   std::string id() const { return node + ":" + std::to_string(index); }
 };
+
+// A node as the inventory lists it (Policy::gpus expands it); kept so that validate() can name its keys.
+struct InventoryNode {
+  std::string name;
+  int gpus = 0;
+  double memory_gib = 0;
+  std::vector<std::string> uuids;  // one per GPU in index order, or none
+};
+
+// "GPU-" or "MIG-" and a UUID as NVML prints it (8-4-4-4-12 hex digits), or the older MIG form
+// "MIG-GPU-<uuid>/<gi>/<ci>".
+bool is_gpu_uuid(const std::string& text);
+// ASCII lower case (GPU UUIDs compare without regard to the case of their hex digits).
+std::string lower_case(std::string text);
 
 // Weekday + local-time range; `utc_offset_min` comes from a time zone of the form "UTC" or "+HH:MM".
 // Named IANA zones are not supported (no tz database dependency); DST must be handled by editing the offset.
@@ -95,6 +110,7 @@ struct Policy {
   // Line (1-based) of every key path the file defined ("teams.t.base", "inventory.nodes[0]"), so that
   // validate() can name the line of a semantic error.
   std::map<std::string, int> key_lines;
+  std::vector<InventoryNode> nodes;  // as listed (empty for a policy built in code)
   std::vector<Gpu> gpus;
   std::map<std::string, Team> teams;
   std::map<std::string, User> users;
@@ -145,6 +161,9 @@ struct Policy {
   MemoryTable memory_table;
 
   int total_gpus() const { return static_cast<int>(gpus.size()); }
+  // Node names in inventory order.
+  std::vector<std::string> node_names() const;
+  bool has_gpu_uuids() const;
   // Whole GPUs kept for critical leases.
   int emergency_pool_gpus() const;
   double max_gpu_memory_gib() const;

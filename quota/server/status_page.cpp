@@ -152,7 +152,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
       const LeaseUtil* util = tracker.find(lease->id);
       html << "<tr><td class=\"n\">" << lease->id << "</td><td>" << html_escape(lease->req.team) << "</td><td>"
            << html_escape(lease->req.user) << "</td><td>" << html_escape(lease->req.job) << "</td><td>"
-           << html_escape(lease->req.model) << "</td><td class=\"n\">"
+           << html_escape(lease->req.model) << "</td><td class=\"n\" title=\""
+           << html_escape(engine.describe_devices(*lease)) << "\">"  // which GPUs, and how they were matched
            << fixed(lease->units(policy), lease->shared ? 2 : 0) << "</td><td>" << to_string(lease->state)
            << (lease->emergency ? " (critical)" : "") << "</td><td class=\"n\">"
            << format_duration_ms(now_ms - lease->granted_ms) << "</td><td class=\"n\">"

@@ -321,6 +321,15 @@ bool QuotaService::can_act(const Caller& caller, const Lease& lease) const {
 
 json QuotaService::lease_view(const Lease& lease, int64_t now_ms) const {
   json view = to_json(lease, policy_);
+  // the held GPUs' UUIDs where the inventory lists them: what the trainer can find its devices by
+  json uuids = json::array();
+  for (const int device : lease.devices) {
+    if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size() &&
+        !policy_.gpus[static_cast<size_t>(device)].uuid.empty()) {
+      uuids.push_back(policy_.gpus[static_cast<size_t>(device)].uuid);
+    }
+  }
+  if (!uuids.empty() && uuids.size() == lease.devices.size()) view["device_uuids"] = uuids;
   view["ttl_s"] = policy_.ttl_s;
   view["heartbeat_interval_s"] = policy_.heartbeat_interval_s;
   view["preempt_grace_s"] = policy_.preempt_grace_s;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -867,6 +868,275 @@ TEST(Engine, InvalidRequestsAreRefusedWithTheKey) {
   r.imgsz = 100000;
   EXPECT_EQ(e.acquire(r, kMonday).kind, Kind::kInvalid);
   EXPECT_TRUE(e.leases().empty());
+}
+
+// ---- issue 16: a lease goes where the trainer already runs (its node, the GPUs it sees) ----
+
+std::string device_of(const Engine& e, int64_t lease_id, size_t at = 0) {
+  const Lease* lease = e.find(lease_id);
+  if (lease == nullptr || lease->devices.size() <= at) return "";
+  return e.policy().gpus.at(static_cast<size_t>(lease->devices[at])).id();
+}
+
+LeaseRequest pinned(const std::string& team, const std::string& user, const std::string& node, int gpus = 1) {
+  LeaseRequest r = req(team, user, gpus);
+  r.node = node;
+  return r;
+}
+
+std::string uuid(char node, int index) {
+  return std::string("GPU-") + node + "0000000-0000-4000-8000-00000000000" + std::to_string(index);
+}
+
+// Three nodes of two GPUs: n1 and n2 list their UUIDs, n3 none.
+Policy three_node_policy() {
+  return load_policy_from_string(
+      "inventory:\n  nodes:\n"
+      "    - {name: n1, gpus: 2, memory_gib: 80, uuids: [" +
+          uuid('a', 0) + ", " + uuid('a', 1) +
+          "]}\n"
+          "    - {name: n2, gpus: 2, memory_gib: 80, uuids: [" +
+          uuid('b', 0) + ", " + uuid('b', 1) +
+          "]}\n"
+          "    - {name: n3, gpus: 2, memory_gib: 24}\n"
+          "emergency_pool: 0\n"
+          "users:\n  u: {token_sha256: " +
+          std::string(64, 'a') +
+          "}\n"
+          "teams:\n  t: {base: 6, members: [u]}\n"
+          "credits: {monthly_gpu_hours: 0}\n"
+          "sharing: {enabled: true}\n",
+      "three.yaml");
+}
+
+TEST(EnginePinning, ARequestWithANodeGoesOnThatNodesGpus) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  // unpinned, best fit puts one GPU on the 4-GPU node
+  EXPECT_EQ(device_of(e, e.acquire(req("team-cv", "alice"), t).lease_id).substr(0, 6), "node-c");
+  const auto on_a = e.acquire(pinned("team-cv", "alice", "node-a", 2), t);
+  ASSERT_EQ(on_a.kind, Kind::kGranted) << on_a.reason;
+  EXPECT_EQ(device_of(e, on_a.lease_id, 0).substr(0, 6), "node-a");
+  EXPECT_EQ(device_of(e, on_a.lease_id, 1).substr(0, 6), "node-a");
+  // a shared lease too
+  LeaseRequest share = pinned("team-robotics", "erin", "node-b");
+  share.shared = true;
+  const auto shared = e.acquire(share, t);
+  ASSERT_EQ(shared.kind, Kind::kGranted) << shared.reason;
+  EXPECT_EQ(device_of(e, shared.lease_id).substr(0, 6), "node-b");
+  const auto entry = std::find_if(e.audit().rbegin(), e.audit().rend(), [&](const AuditEntry& a) {
+    return a.action == "lease.granted" && a.lease_id == on_a.lease_id;
+  });
+  ASSERT_NE(entry, e.audit().rend());
+  EXPECT_NE(entry->detail.find("node-a:0,node-a:1 (trainer on node-a), pinned to node node-a"), std::string::npos)
+      << entry->detail;
+  expect_sound(e, t);
+}
+
+TEST(EnginePinning, AnUnknownNodeIsRefusedNamingTheInventory) {
+  Engine e(testing::example_policy());
+  const auto r = e.acquire(pinned("team-cv", "alice", "gpu-node-7"), kOutsideWindow);
+  ASSERT_EQ(r.kind, Kind::kInvalid);
+  EXPECT_NE(r.reason.find("node: 'gpu-node-7' (where the trainer runs, $NODE_NAME) is not a node of the inventory"),
+            std::string::npos)
+      << r.reason;
+  EXPECT_NE(r.reason.find("(node-a, node-b, node-c)"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("kubectl get nodes"), std::string::npos) << r.reason;
+  EXPECT_EQ(r.lease_id, 0);
+}
+
+TEST(EnginePinning, APinnedRequestWaitsForItsNodeWhileOthersGoElsewhere) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  std::vector<int64_t> on_c;
+  for (int i = 0; i < 4; ++i) on_c.push_back(e.acquire(pinned("team-cv", "alice", "node-c"), t).lease_id);
+  for (int64_t id : on_c) ASSERT_EQ(e.find(id)->state, LeaseState::kGranted);
+  const auto waiting = e.acquire(pinned("team-cv", "bob", "node-c"), t);
+  ASSERT_EQ(waiting.kind, Kind::kQueued) << "node-a and node-b are free, but the trainer runs on node-c";
+  EXPECT_NE(waiting.reason.find("no free GPU fits 1 whole GPU(s) on node-c (the node the trainer runs on)"),
+            std::string::npos)
+      << waiting.reason;
+  // the same request without a node is not held back by the pinned one ahead of it
+  const auto free_request = e.acquire(req("team-cv", "bob"), t);
+  ASSERT_EQ(free_request.kind, Kind::kGranted) << free_request.reason;
+  EXPECT_NE(device_of(e, free_request.lease_id).substr(0, 6), "node-c");
+  expect_sound(e, t);
+  ASSERT_TRUE(e.release(on_c[2], Outcome::kCompleted, t + kMinute));
+  ASSERT_EQ(e.find(waiting.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(device_of(e, waiting.lease_id), device_of(e, on_c[2])) << "the GPU just released";
+  expect_sound(e, t + kMinute);
+}
+
+TEST(EnginePinning, PreemptionFreesAGpuOnThePinnedNode) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  LeaseRequest low = pinned("team-cv", "alice", "node-c");
+  low.priority = Priority::kLow;
+  std::vector<int64_t> on_c;
+  for (int i = 0; i < 4; ++i) on_c.push_back(e.acquire(low, t0 + i * kMinute).lease_id);
+  // younger low-priority leases on node-a: the preferred victims if the place did not matter
+  low.node = "node-a";
+  std::vector<int64_t> on_a;
+  for (int i = 0; i < 2; ++i) on_a.push_back(e.acquire(low, t0 + (5 + i) * kMinute).lease_id);
+  for (int64_t id : on_a) ASSERT_EQ(e.find(id)->state, LeaseState::kGranted);
+  const int64_t t = t0 + 20 * kMinute;  // past min_runtime_s
+  LeaseRequest high = pinned("team-cv", "bob", "node-c");
+  high.priority = Priority::kHigh;
+  const auto waiting = e.acquire(high, t);
+  ASSERT_EQ(waiting.kind, Kind::kQueued) << "GPUs are free elsewhere, none on node-c";
+  int revoking = 0;
+  int64_t victim = 0;
+  for (const auto& [id, lease] : e.leases()) {
+    if (lease.state == LeaseState::kRevoking) {
+      ++revoking;
+      victim = id;
+    }
+  }
+  ASSERT_EQ(revoking, 1);
+  EXPECT_EQ(device_of(e, victim).substr(0, 6), "node-c");
+  EXPECT_EQ(victim, on_c[3]) << "the youngest on node-c";
+  expect_sound(e, t);
+  ASSERT_TRUE(e.release(victim, Outcome::kPreempted, t + kMinute));
+  ASSERT_EQ(e.find(waiting.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(device_of(e, waiting.lease_id), "node-c:3");
+  expect_sound(e, t + kMinute);
+}
+
+TEST(EnginePinning, VisibleUuidsChooseTheGpus) {
+  Engine e(three_node_policy());
+  const int64_t t = kOutsideWindow;
+  LeaseRequest r = req("t", "u");
+  r.node = "n2";
+  r.visible_devices = {uuid('b', 1)};
+  const auto one = e.acquire(r, t);
+  ASSERT_EQ(one.kind, Kind::kGranted) << one.reason;
+  EXPECT_EQ(device_of(e, one.lease_id), "n2:1") << "n2:0 is free too, but the trainer sees n2:1";
+  const auto entry = std::find_if(e.audit().rbegin(), e.audit().rend(), [&](const AuditEntry& a) {
+    return a.action == "lease.granted" && a.lease_id == one.lease_id;
+  });
+  ASSERT_NE(entry, e.audit().rend());
+  EXPECT_NE(entry->detail.find("n2:1 (trainer on n2 sees " + uuid('b', 1) + "), matched by UUID"), std::string::npos)
+      << entry->detail;
+  // without a node, in either case of the hex digits; the lease takes `gpus` of them
+  r = req("t", "u");
+  std::string upper = uuid('a', 1);
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  r.visible_devices = {upper};
+  const auto two = e.acquire(r, t);
+  ASSERT_EQ(two.kind, Kind::kGranted) << two.reason;
+  EXPECT_EQ(device_of(e, two.lease_id), "n1:1");
+  // a second trainer seeing the same GPU waits for it, though n1:0 is free
+  const auto same = e.acquire(r, t);
+  ASSERT_EQ(same.kind, Kind::kQueued);
+  EXPECT_NE(same.reason.find("(the GPUs the trainer sees)"), std::string::npos) << same.reason;
+  expect_sound(e, t);
+  ASSERT_TRUE(e.release(two.lease_id, Outcome::kCompleted, t + kMinute));
+  EXPECT_EQ(device_of(e, same.lease_id), "n1:1");
+  expect_sound(e, t + kMinute);
+}
+
+TEST(EnginePinning, UuidsTheInventoryContradictsAreRefused) {
+  Engine e(three_node_policy());
+  const int64_t t = kOutsideWindow;
+  LeaseRequest r = req("t", "u");
+  r.visible_devices = {uuid('a', 0), "GPU-deadbeef-0000-4000-8000-000000000000"};
+  auto answer = e.acquire(r, t);
+  ASSERT_EQ(answer.kind, Kind::kInvalid);
+  EXPECT_NE(answer.reason.find("visible_devices: GPU-deadbeef-0000-4000-8000-000000000000 (a GPU the trainer sees) "
+                               "is not a GPU of the inventory of three.yaml"),
+            std::string::npos)
+      << answer.reason;
+  r.visible_devices = {uuid('b', 0)};
+  r.node = "n1";
+  answer = e.acquire(r, t);
+  ASSERT_EQ(answer.kind, Kind::kInvalid);
+  EXPECT_NE(answer.reason.find("visible_devices: " + uuid('b', 0) +
+                               " is GPU n2:0 in the inventory, not a GPU of node n1 where the trainer runs (node)"),
+            std::string::npos)
+      << answer.reason;
+  // a node that lists no UUIDs only records them (today's behaviour): the node still pins
+  r.node = "n3";
+  r.visible_devices = {"GPU-deadbeef-0000-4000-8000-000000000000"};
+  answer = e.acquire(r, t);
+  ASSERT_EQ(answer.kind, Kind::kGranted) << answer.reason;
+  EXPECT_EQ(device_of(e, answer.lease_id).substr(0, 2), "n3");
+  // the pinned node's GPUs must be big enough
+  r.memory_gib = 40;
+  answer = e.acquire(r, t);
+  ASSERT_EQ(answer.kind, Kind::kAdmissionRefused);
+  EXPECT_NE(answer.reason.find("the GPUs of n3 (where the trainer runs) have 24.0 GiB"), std::string::npos)
+      << answer.reason;
+  expect_sound(e, t);
+}
+
+TEST(EnginePinning, InventoryWithoutUuidsRecordsThem) {
+  Engine e(testing::example_policy());
+  LeaseRequest r = pinned("team-cv", "alice", "node-b");
+  r.visible_devices = {"GPU-deadbeef-0000-4000-8000-000000000000"};
+  const auto answer = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(answer.kind, Kind::kGranted) << answer.reason;
+  EXPECT_EQ(device_of(e, answer.lease_id).substr(0, 6), "node-b");
+  EXPECT_EQ(e.find(answer.lease_id)->req.visible_devices, r.visible_devices);
+}
+
+// An indexed DDP Job: rank 0 asks for the job's GPUs but sees only its own; the lease holds them and the rest
+// elsewhere.
+TEST(EnginePinning, AMultiPodLeaseHoldsTheRequestersGpusAndTheRestElsewhere) {
+  Engine e(three_node_policy());
+  const int64_t t = kOutsideWindow;
+  LeaseRequest r = req("t", "u", 3);
+  r.node = "n2";
+  r.visible_devices = {uuid('b', 1)};
+  const auto answer = e.acquire(r, t);
+  ASSERT_EQ(answer.kind, Kind::kGranted) << answer.reason;
+  const Lease* lease = e.find(answer.lease_id);
+  ASSERT_EQ(lease->devices.size(), 3u);
+  EXPECT_EQ(device_of(e, answer.lease_id, 0), "n2:1");
+  const auto entry = std::find_if(e.audit().rbegin(), e.audit().rend(), [&](const AuditEntry& a) {
+    return a.action == "lease.granted" && a.lease_id == answer.lease_id;
+  });
+  ASSERT_NE(entry, e.audit().rend());
+  EXPECT_NE(entry->detail.find("), matched by UUID, with the rest of the job's GPUs elsewhere"), std::string::npos)
+      << entry->detail;
+  expect_sound(e, t);
+  // a second job whose rank 0 sees that same GPU waits for it
+  const auto second = e.acquire(r, t);
+  ASSERT_EQ(second.kind, Kind::kQueued);
+  EXPECT_NE(second.reason.find("with all of " + uuid('b', 1) + " on n2"), std::string::npos) << second.reason;
+  expect_sound(e, t);
+}
+
+// Random pinned and unpinned requests, releases and time: the invariants (a pinned lease on its GPUs among them)
+// hold after every step.
+TEST(EnginePinning, RandomPinnedRequestsKeepTheInvariants) {
+  Engine e(three_node_policy());
+  std::mt19937 random(16);
+  const std::vector<std::string> nodes = {"", "n1", "n2", "n3"};
+  int64_t now = kOutsideWindow;
+  int granted_pinned = 0;
+  for (int step = 0; step < 600; ++step) {
+    now += static_cast<int64_t>(random() % 30) * 1000;
+    if (random() % 3 == 0 && !e.leases().empty()) {
+      auto it = std::next(e.leases().begin(), static_cast<long>(random() % e.leases().size()));
+      e.release(it->first, Outcome::kCompleted, now);
+    } else {
+      LeaseRequest r = req("t", "u", 1 + static_cast<int>(random() % 3));
+      r.node = nodes[random() % nodes.size()];
+      if (r.node == "n1" || r.node == "n2") {
+        const char node = r.node == "n1" ? 'a' : 'b';
+        if (random() % 2) r.visible_devices.push_back(uuid(node, static_cast<int>(random() % 2)));
+      }
+      r.shared = r.gpus == 1 && random() % 3 == 0;
+      r.priority = random() % 4 == 0 ? Priority::kHigh : Priority::kNormal;
+      const auto answer = e.acquire(r, now);
+      ASSERT_TRUE(answer.kind == Kind::kGranted || answer.kind == Kind::kQueued) << answer.reason;
+      if (answer.kind == Kind::kGranted && !r.node.empty()) ++granted_pinned;
+    }
+    e.tick(now);
+    const auto errors = e.check_invariants(now);
+    ASSERT_TRUE(errors.empty()) << "step " << step << ": " << errors.front();
+  }
+  EXPECT_GT(granted_pinned, 20);
 }
 
 }  // namespace

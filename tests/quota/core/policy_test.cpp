@@ -305,5 +305,68 @@ TEST(PolicyValidation, TokenHashesComeFromTheTokensFile) {
             std::string::npos);
 }
 
+// Inventory nodes may list their GPUs' UUIDs (nvidia-smi -L), one per GPU in index order; quotad matches the
+// GPUs a trainer sees against them.
+TEST(PolicyValidation, GpuUuidsAreOnePerGpuUniqueAndWellFormed) {
+  const std::string uuid_a = "GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a60";
+  const std::string uuid_b = "GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a61";
+  const std::string mig = "MIG-4f1c2a3b-5d6e-5f70-8a9b-0c1d2e3f4a5b";
+  const std::string old_mig = "MIG-GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a62/1/0";
+  auto policy = [&](const std::string& second_node) {
+    return "inventory:\n  nodes:\n    - {name: n1, gpus: 2, memory_gib: 24, uuids: [" + uuid_a + ", " + uuid_b +
+           "]}\n" + second_node + "users:\n  u: {token_sha256: " + std::string(64, 'a') +
+           "}\nteams:\n  t:\n    base: 2\n    members: [u]\n";
+  };
+  const Policy p =
+      load_policy_from_string(policy("    - {name: n2, gpus: 2, memory_gib: 80, uuids: [" + mig + ", " + old_mig +
+                                     "]}\n"
+                                     "    - {name: n3, gpus: 1, memory_gib: 80}\n"),
+                              "test.yaml");
+  ASSERT_EQ(p.total_gpus(), 5);
+  EXPECT_EQ(p.gpus[0].uuid, uuid_a);
+  EXPECT_EQ(p.gpus[1].uuid, uuid_b);
+  EXPECT_EQ(p.gpus[2].uuid, mig);
+  EXPECT_EQ(p.gpus[3].uuid, old_mig);
+  EXPECT_EQ(p.gpus[4].uuid, "") << "a node may list none";
+  EXPECT_TRUE(p.has_gpu_uuids());
+  EXPECT_EQ(p.node_names(), (std::vector<std::string>{"n1", "n2", "n3"}));
+  EXPECT_FALSE(load_policy_from_string(minimal(), "test.yaml").has_gpu_uuids());
+
+  std::string e = error_of(policy("    - {name: n2, gpus: 2, memory_gib: 80, uuids: [" + mig + "]}\n"));
+  EXPECT_NE(e.find("test.yaml:4: inventory.nodes[1].uuids: lists 1 UUIDs for the 2 GPUs of node n2"), std::string::npos)
+      << e;
+  e = error_of(policy("    - name: n2\n      gpus: 2\n      memory_gib: 80\n      uuids:\n        - " + mig +
+                      "\n        - GPU-1234\n"));
+  EXPECT_NE(e.find("test.yaml:9: inventory.nodes[1].uuids[1]: 'GPU-1234' is not a GPU UUID"), std::string::npos) << e;
+  e = error_of(policy("    - {name: n2, gpus: 2, memory_gib: 80, uuids: [" + mig + ", " + uuid_a + "]}\n"));
+  EXPECT_NE(e.find("inventory.nodes[1].uuids[1]: '" + uuid_a + "' is listed twice (also inventory.nodes[0].uuids[0])"),
+            std::string::npos)
+      << e;
+  // the same UUID in another case is the same GPU
+  std::string upper = uuid_b;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  e = error_of(policy("    - {name: n2, gpus: 1, memory_gib: 80, uuids: [" + upper + "]}\n"));
+  EXPECT_NE(e.find("is listed twice"), std::string::npos) << e;
+  e = error_of(policy("    - {name: n2, gpus: 1, memory_gib: 80, uuids: 3}\n"));
+  EXPECT_NE(e.find("inventory.nodes[1].uuids: must be a list"), std::string::npos) << e;
+
+  EXPECT_TRUE(is_gpu_uuid(uuid_a));
+  EXPECT_TRUE(is_gpu_uuid(mig));
+  EXPECT_TRUE(is_gpu_uuid(old_mig));
+  EXPECT_FALSE(is_gpu_uuid("0"));
+  EXPECT_FALSE(is_gpu_uuid("GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a6"));
+  EXPECT_FALSE(is_gpu_uuid("GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a60x"));
+  EXPECT_FALSE(is_gpu_uuid("MIG-GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a62/1"));
+}
+
+// The example policy limits shared leases to the small models (issue 16).
+TEST(Policy, ExampleSharesGpusOnlyForSmallModels) {
+  const Policy p = testing::example_policy();
+  EXPECT_EQ(p.shared_models, (std::vector<std::string>{"yolov8n", "yolov8s"}));
+  EXPECT_EQ(p.shared_refusal("yolov8n", 1), "");
+  EXPECT_NE(p.shared_refusal("yolov8m", 1).find("sharing.models"), std::string::npos);
+  for (const auto& model : p.shared_models) EXPECT_TRUE(p.memory_table.has(model)) << model;
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -135,6 +135,7 @@ TEST(QuotaLoopback, TwoHundredConcurrentAcquiresNeverOverAllocate) {
           body["gpus"] = 1 + i % 3;
         }
         if (i % 7 == 0) body["priority"] = "high";
+        if (i % 4 == 1) body["node"] = i % 8 == 1 ? "n1" : "n2";  // pinned where the trainer runs (issue 16)
         const int st = post(c, "/v1/leases", i % 2 ? "alice-token" : "bob-token", body.dump());
         (st == 201 ? granted : st == 202 ? queued : other)++;
       });

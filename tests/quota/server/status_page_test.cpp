@@ -91,6 +91,23 @@ TEST(QuotadStatusPage, EmptyServiceAndEscaping) {
   EXPECT_EQ(format_duration_ms(3 * 3600000 + 5 * 60000), "3 h 05 min");
 }
 
+// Hovering a running lease's GPUs shows where it runs and how it was matched to what the trainer sees (issue 16).
+TEST(QuotadStatusPage, RunningLeaseNamesItsGpusAndTheirMatch) {
+  ServiceOptions o;
+  o.clock = [] { return testing::kMonday; };
+  QuotaService s(testing::example_policy(), o);
+  ASSERT_EQ(
+      s.handle(testing::api_call("POST", "/v1/leases", "alice-token",
+                                 R"({"node":"node-c","visible_devices":["GPU-c0000000-0000-4000-8000-000000000001"]})"))
+          .status,
+      201);
+  const std::string leases = section(render_status_page(s), "leases");
+  EXPECT_NE(leases.find("<td class=\"n\" title=\"node-c:1 (trainer on node-c sees "
+                        "GPU-c0000000-0000-4000-8000-000000000001), matched by UUID\">1</td>"),
+            std::string::npos)
+      << leases;
+}
+
 TEST(QuotadStatusPage, ServedOverHttpWithoutToken) {
   testing::ScriptedHistory h;
   h.run();

@@ -276,5 +276,46 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   EXPECT_NE(m.find("quotad_member_gpu_seconds{month="), std::string::npos) << m;
 }
 
+// Issue 16: through the API, a node or GPU UUID the inventory contradicts is a 400 naming it; a matched lease
+// shows its GPUs' UUIDs, and keeps them across a restart.
+TEST(QuotaService, PinnedRequestsAreMatchedOrRefusedWithTheReason) {
+  const std::string db = temp_db("pinned");
+  Clock clock;
+  ServiceOptions o;
+  o.db_path = db;
+  o.clock = clock.fn();
+  const std::string seen = "GPU-c0000000-0000-4000-8000-000000000002";  // node-c:2 in configs/quota-policy.yaml
+  {
+    QuotaService s(testing::example_policy(), o);
+    ApiResponse r = s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"node":"gpu-node-7"})"));
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(r.body["reason"].get<std::string>().find("node: 'gpu-node-7'"), std::string::npos) << r.body.dump();
+    EXPECT_NE(r.body["reason"].get<std::string>().find("(node-a, node-b, node-c)"), std::string::npos) << r.body.dump();
+    r = s.handle(api_call("POST", "/v1/leases", "alice-token",
+                          R"({"node":"node-c","visible_devices":["GPU-c0000000-0000-4000-8000-000000000009"]})"));
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(r.body["reason"].get<std::string>().find(
+                  "visible_devices: GPU-c0000000-0000-4000-8000-000000000009 (a GPU the trainer sees) is not a GPU"),
+              std::string::npos)
+        << r.body.dump();
+    r = s.handle(api_call("POST", "/v1/leases", "alice-token", json{{"visible_devices", {seen}}}.dump()));
+    ASSERT_EQ(r.status, 201) << r.body.dump();
+    EXPECT_EQ(r.body["lease"]["devices"], json({"node-c:2"}));
+    EXPECT_EQ(r.body["lease"]["device_uuids"], json({seen}));
+    r = s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"node":"node-b","gpus":2})"));
+    ASSERT_EQ(r.status, 201) << r.body.dump();
+    EXPECT_EQ(r.body["lease"]["devices"][0].get<std::string>().substr(0, 6), "node-b");
+    EXPECT_FALSE(r.body["lease"].contains("device_uuids")) << "node-b lists no UUIDs";
+    EXPECT_TRUE(s.check_invariants().empty());
+  }
+  QuotaService again(testing::example_policy(), o);
+  const ApiResponse r = again.handle(api_call("GET", "/v1/leases/1", "alice-token"));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["devices"], json({"node-c:2"}));
+  EXPECT_EQ(r.body["request"]["visible_devices"], json({seen}));
+  const auto errors = again.check_invariants();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+}
+
 }  // namespace
 }  // namespace yolo8::quota
