@@ -37,10 +37,11 @@ function(yolo8_use_torch target)
   target_precompile_headers(${target} REUSE_FROM yolo8_torch_pch)
 endfunction()
 
-# yolo8_test(NAME LABEL SOURCES ... LIBS ...)
-#   One GoogleTest executable; each TEST becomes a CTest test carrying LABEL (unit, golden, integration).
+# yolo8_test(NAME LABEL LABEL... SOURCES ... LIBS ...)
+#   One GoogleTest executable; each TEST becomes a CTest test carrying LABEL (unit, golden, integration) and any
+#   further labels (a scenario's name, e.g. lease_scenario, for `ctest -L`).
 function(yolo8_test name)
-  cmake_parse_arguments(ARG "NO_TORCH" "LABEL" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_TORCH" "" "LABEL;SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${YOLO8_WARNINGS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/tests)
@@ -48,10 +49,20 @@ function(yolo8_test name)
   if(NOT ARG_NO_TORCH)
     yolo8_use_torch(${name})
   endif()
+  list(GET ARG_LABEL 0 first_label)
   # Dataset indexes and other derived files go to the build folder, not the user's ~/.cache.
   gtest_discover_tests(${name}
-    PROPERTIES LABELS ${ARG_LABEL} ENVIRONMENT "YOLO8_CACHE_DIR=${PROJECT_BINARY_DIR}/test-cache"
+    PROPERTIES LABELS ${first_label} ENVIRONMENT "YOLO8_CACHE_DIR=${PROJECT_BINARY_DIR}/test-cache"
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
     DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 60)
+  # gtest_discover_tests splits a list-valued property into words, so every label is set after the discovery,
+  # on the list of tests it leaves in ${name}_TESTS (CTest reads the include files in order).
+  list(LENGTH ARG_LABEL label_count)
+  if(label_count GREATER 1)
+    set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+    file(WRITE ${labels_file}
+         "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABEL}\")\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
+  endif()
 endfunction()

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -394,7 +395,7 @@ void DataLoader::worker_loop() {
   }
 }
 
-std::optional<Batch> DataLoader::next() {
+std::optional<Batch> DataLoader::next(const std::function<bool()>& give_up) {
   int64_t b;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -411,7 +412,14 @@ std::optional<Batch> DataLoader::next() {
   Slot slot;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return ready_.count(b) > 0; });
+    const auto ready = [&] { return ready_.count(b) > 0; };
+    if (!give_up) {
+      cv_.wait(lock, ready);
+    } else {
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
+        if (give_up()) throw WaitAbandoned(b);
+      }
+    }
     slot = std::move(ready_[b]);
     ready_.erase(b);
     ++consume_next_;

@@ -6,10 +6,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,6 +31,14 @@ struct Batch {
   std::vector<std::string> paths;
   int64_t epoch = 0;
   int64_t index = 0;  // batch index within the epoch
+};
+
+// next(give_up) stopped waiting for a batch that did not come: a worker may be stuck in a read that never returns
+// (an image on a hung network filesystem), so the loader cannot be joined and only leaving the process ends it.
+class WaitAbandoned : public std::runtime_error {
+ public:
+  explicit WaitAbandoned(int64_t batch)
+      : std::runtime_error("gave up waiting for batch " + std::to_string(batch) + " of the data loader") {}
 };
 
 class DataLoader {
@@ -55,8 +65,9 @@ class DataLoader {
 
   // Starts producing epoch `epoch` from batch `first_batch` (resuming mid-epoch continues there).
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
-  // Next batch of the current epoch, or nullopt at its end. Rethrows loading errors with the file name.
-  std::optional<Batch> next();
+  // Next batch of the current epoch, or nullopt at its end. Rethrows loading errors with the file name. While the
+  // workers have not delivered it, `give_up` (when set) is asked every 100 ms; when it says so, throws WaitAbandoned.
+  std::optional<Batch> next(const std::function<bool()>& give_up = {});
   // (epoch, next batch index) to store in a checkpoint.
   std::pair<int64_t, int64_t> position() const;
 

@@ -26,7 +26,7 @@ struct ClientConfig {
   std::string local_db;             // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
   std::string local_policy;         // local mode policy YAML; default: local_policy(local_gpus, ...)
   std::string local_memory_table;   // local mode without a policy file: admission check from this table (optional)
-  int local_gpus = 1;               // detected GPU count (the trainer passes torch's device count)
+  int local_gpus = 1;               // this machine's GPUs, local:i = CUDA device i (the trainer passes their count)
   double local_gpu_memory_gib = 0;  // 0: unknown (16 GiB assumed)
   std::string user;                 // local mode user; default $USER
   double poll_interval_s = 1.0;

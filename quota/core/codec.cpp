@@ -83,6 +83,7 @@ json to_json(const LeaseRequest& request) {
   if (!request.requested_by.empty()) out["requested_by"] = request.requested_by;
   if (!request.node.empty()) out["node"] = request.node;
   if (!request.visible_devices.empty()) out["visible_devices"] = request.visible_devices;
+  if (!request.node_gpus.empty()) out["node_gpus"] = request.node_gpus;
   return out;
 }
 
@@ -194,6 +195,16 @@ LeaseRequest lease_request_from_json(const json& body) {
       request.visible_devices.push_back(bounded(one, "visible_devices", 128));
     }
   }
+  if (auto gpus = body.find("node_gpus"); gpus != body.end() && !gpus->is_null()) {
+    if (!gpus->is_array() || gpus->size() > 64)
+      throw RequestError("node_gpus: must be a list of at most 64 GPU indices");
+    for (const auto& index : *gpus) {
+      if (!index.is_number_integer() || index.get<int64_t>() < 0 || index.get<int64_t>() > 1023) {
+        throw RequestError("node_gpus: must be GPU indices of the node (0..1023)");
+      }
+      request.node_gpus.push_back(index.get<int>());
+    }
+  }
   return request;
 }
 
@@ -250,6 +261,7 @@ Lease lease_from_json(const json& record) {
   lease.req.requested_by = request.value("requested_by", "");
   lease.req.node = request.value("node", "");
   lease.req.visible_devices = request.value("visible_devices", std::vector<std::string>{});
+  lease.req.node_gpus = request.value("node_gpus", std::vector<int>{});
   lease.state = parse_lease_state(record.at("state").get<std::string>());
   lease.outcome = parse_outcome(record.value("outcome", ""));
   lease.gpus = record.value("gpus", 1);

@@ -162,6 +162,20 @@ Engine::Pin Engine::pin_of(const LeaseRequest& req) const {
   if (auto it = node_devices_.find(req.node); !req.node.empty() && it != node_devices_.end()) {
     pin.devices = it->second;
     pin.text = req.node;
+    if (!req.node_gpus.empty()) {
+      // device= named the GPUs: exactly those of the node (pin_refusal turned away indices it does not have)
+      std::vector<int> asked;
+      std::string indices;
+      for (int device : pin.devices) {
+        const int index = policy_.gpus[static_cast<size_t>(device)].index;
+        if (std::find(req.node_gpus.begin(), req.node_gpus.end(), index) == req.node_gpus.end()) continue;
+        asked.push_back(device);
+        indices += (indices.empty() ? "" : ",") + std::to_string(index);
+      }
+      pin.devices = asked;
+      pin.by_index = true;
+      pin.text = "GPU " + indices + " of " + req.node;
+    }
   }
   return pin;
 }
@@ -176,6 +190,19 @@ std::string Engine::pin_refusal(const LeaseRequest& req) const {
     return "node: '" + req.node + "' (where the trainer runs, $NODE_NAME) is not a node of the inventory of " +
            policy_.source + " (" + known +
            "); inventory.nodes[].name must be the Kubernetes node names (kubectl get nodes)";
+  }
+  if (!req.node.empty()) {
+    const std::vector<int>& on_node = node_devices_.at(req.node);
+    for (int index : req.node_gpus) {
+      const bool known = std::any_of(on_node.begin(), on_node.end(), [&](int device) {
+        return policy_.gpus[static_cast<size_t>(device)].index == index;
+      });
+      if (!known) {
+        return "node_gpus: GPU " + std::to_string(index) + " (device= of the trainer) is not a GPU of node " +
+               req.node + " in the inventory of " + policy_.source + ", which lists " + std::to_string(on_node.size()) +
+               " GPU(s) there";
+      }
+    }
   }
   if (req.visible_devices.empty()) return "";
   // UUIDs are matched where the inventory lists them: on the request's node, or anywhere without a node
@@ -217,7 +244,11 @@ std::string Engine::describe_devices(const Lease& lease) const {
     const Pin pin = pin_of(lease.req);
     devs += " (trainer" + (lease.req.node.empty() ? std::string() : " on " + lease.req.node) +
             (seen.empty() ? std::string() : " sees " + seen) + ")";
-    if (!pin.devices.empty()) devs += pin.by_uuid ? ", matched by UUID" : ", pinned to node " + pin.text;
+    if (!pin.devices.empty()) {
+      devs += pin.by_uuid    ? ", matched by UUID"
+              : pin.by_index ? ", as asked (" + pin.text + ")"
+                             : ", pinned to node " + pin.text;
+    }
     if (pin_spills(pin, guaranteed_gpus(lease))) devs += ", with the rest of the job's GPUs elsewhere";
   }
   return devs;
@@ -770,7 +801,9 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
                                                  : std::to_string(lease.gpus) + " whole GPU(s)");
     if (const Pin pin = pin_of(lease.req); !pin.devices.empty()) {
       reason += pin_spills(pin, lease.gpus) ? " with all of " : " on ";
-      reason += pin.text + (pin.by_uuid ? " (the GPUs the trainer sees)" : " (the node the trainer runs on)");
+      reason += pin.text + (pin.by_uuid    ? " (the GPUs the trainer sees)"
+                            : pin.by_index ? " (device= of the trainer)"
+                                           : " (the node the trainer runs on)");
     }
     if (policy_.emergency_pool_gpus() > 0 && lease.req.priority != Priority::kCritical) {
       reason += "; " + std::to_string(policy_.emergency_pool_gpus()) + " GPU(s) stay reserved for critical leases";

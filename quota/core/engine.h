@@ -47,6 +47,9 @@ struct LeaseRequest {
   // where the inventory lists UUIDs, else to the node's GPUs. Recorded with the lease and in the audit.
   std::string node;
   std::vector<std::string> visible_devices;
+  // The GPUs of `node` the trainer was told to use (device=, as the node numbers them): the lease goes on exactly
+  // those, or waits for them. Ignored without a node, and where the UUIDs matched.
+  std::vector<int> node_gpus;
   // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
   // never taken from a request body. The audit names both.
   std::string requested_by;
@@ -280,7 +283,8 @@ class Engine {
   struct Pin {
     std::vector<int> devices;  // indices into Policy::gpus, ascending
     bool by_uuid = false;
-    std::string text;  // for messages: "node-a" or "GPU-...,GPU-... on node-a"
+    bool by_index = false;  // the GPUs the trainer asked for (LeaseRequest::node_gpus)
+    std::string text;       // for messages: "node-a", "GPU 2 of node-a" or "GPU-...,GPU-... on node-a"
   };
   Pin pin_of(const LeaseRequest& req) const;
   // The lease's GPUs ("node-c:2") and, where the trainer reported them, its node, the GPUs it sees and how the

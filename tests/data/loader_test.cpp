@@ -2,14 +2,20 @@
 // augmentation consistency (draw colour boxes, augment, re-detect), synthetic data.
 #include "data/loader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "data/synth.h"
 #include "test_util.h"
@@ -409,6 +415,35 @@ TEST(DataLoader, BadInputs) {
   cfg.workers = 1;
   DataLoader dl(idx, cfg, AugmentConfig{}, true);
   EXPECT_THROW(dl.next(), std::logic_error);
+}
+
+// A worker stuck in a read that does not return (an image on a hung network filesystem: here a FIFO nobody
+// writes) never delivers its batch: next() without give_up would wait forever; with it, next() throws once
+// give_up says so.
+TEST(DataLoader, NextGivesUpOnABatchAStuckWorkerNeverDelivers) {
+  const std::string dir = scratch_dir("loader_stuck");
+  const auto idx = index_of(synthesize_dataset(dir, 8, 2, 64, 3).yaml_path, "train");
+  const std::string stuck = idx->records.front().image;
+  fs::remove(stuck);
+  ASSERT_EQ(mkfifo(stuck.c_str(), 0644), 0);
+  LoaderConfig cfg;
+  cfg.imgsz = 64;
+  cfg.batch = 8;  // the whole split: the first batch needs the FIFO's image
+  cfg.workers = 1;
+  DataLoader dl(idx, cfg, AugmentConfig{}, true);
+  dl.start_epoch(0);
+  int asked = 0;
+  EXPECT_THROW(dl.next([&] { return ++asked == 3; }), WaitAbandoned);
+  EXPECT_EQ(asked, 3);
+  // Let the worker's open() return (an empty read, a load error) so the loader can be destroyed.
+  int writer = -1;
+  for (int tries = 0; writer < 0 && tries < 500; ++tries) {
+    writer = ::open(stuck.c_str(), O_WRONLY | O_NONBLOCK);  // fails until a reader waits in the FIFO
+    if (writer < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(writer, 0) << "the worker never opened the FIFO";
+  ::close(writer);
+  EXPECT_THROW(dl.next(), std::runtime_error);
 }
 
 TEST(DataLoader, ShardOrderDealsAnEpochEvenlyAcrossRanks) {

@@ -55,12 +55,15 @@ class QuotadProcess {
     pid_ = -1;
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  ~QuotadProcess() {
+  // SIGKILL and wait: a crash, nothing flushed.
+  void kill_hard() {
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
+      pid_ = -1;
     }
   }
+  ~QuotadProcess() { kill_hard(); }
 
  private:
   pid_t pid_ = -1;

@@ -33,51 +33,124 @@ std::vector<std::string> visible_gpu_uuids() {
   return {};
 }
 
-std::string device_conflict(const std::vector<std::string>& lease_devices, const std::vector<int>& device_ids,
-                            const std::string& node, bool remapped) {
-  if (device_ids.empty() || lease_devices.empty()) return "";
-  std::string leased;
-  std::set<int> indices;
-  std::set<std::string> nodes;
-  for (const auto& device : lease_devices) {
-    leased += (leased.empty() ? "" : ", ") + device;
-    const auto colon = device.rfind(':');
-    nodes.insert(device.substr(0, colon));
-    if (colon != std::string::npos) indices.insert(std::atoi(device.c_str() + colon + 1));
+namespace {
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string text;
+  for (const auto& item : items) text += (text.empty() ? "" : separator) + item;
+  return text;
+}
+
+std::string join(const std::vector<int>& items) {
+  std::vector<std::string> texts;
+  for (int item : items) texts.push_back(std::to_string(item));
+  return join(texts, ",");
+}
+
+// CUDA's reading of CUDA_VISIBLE_DEVICES as indices: the devices listed before the first entry that is not one.
+std::vector<int> visible_indices(const std::string& list) {
+  std::vector<int> indices;
+  std::string item;
+  std::istringstream stream(list);
+  while (std::getline(stream, item, ',')) {
+    const auto first = item.find_first_not_of(" \t");
+    const auto last = item.find_last_not_of(" \t");
+    if (first == std::string::npos) break;
+    item = item.substr(first, last - first + 1);
+    if (item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos) break;
+    indices.push_back(std::stoi(item));
   }
-  std::string asked;
-  for (int id : device_ids) asked += (asked.empty() ? "" : ",") + std::to_string(id);
-  const std::string head = "setting 'device' (" + asked + ") contradicts the lease, which holds " + leased + ": ";
+  return indices;
+}
+
+}  // namespace
+
+DeviceBinding bind_leased_devices(const std::vector<std::string>& lease_devices, const std::string& node,
+                                  const std::vector<int>& device_ids, const std::string& cuda_visible_devices,
+                                  bool remapped) {
+  if (lease_devices.empty()) return {};
+  const std::string leased = join(lease_devices, ", ");
+  const std::string head = "setting 'device' (" + (device_ids.empty() ? std::string("empty") : join(device_ids)) + ") ";
+  remapped = remapped || cuda_visible_devices.rfind("GPU-", 0) == 0 || cuda_visible_devices.rfind("MIG-", 0) == 0;
+  DeviceBinding binding;
   if (remapped) {
-    // the device plugin numbered the leased GPUs 0..n-1 inside the container
+    // the device plugin numbered the leased GPUs 0..n-1 inside the container: only the count can be checked
+    const int count = static_cast<int>(lease_devices.size());
     for (int id : device_ids) {
-      if (id >= static_cast<int>(lease_devices.size())) {
-        return head + "GPU " + std::to_string(id) + " is outside the " + std::to_string(lease_devices.size()) +
-               " GPU(s) made visible";
+      if (id >= count) {
+        throw SettingsError(head + "contradicts the lease, which holds " + leased + ": GPU " + std::to_string(id) +
+                            " is outside the " + std::to_string(count) + " GPU(s) made visible");
       }
     }
-    return "";
+    binding.ordinals = device_ids.empty() ? std::vector<int>{0} : device_ids;  // one process: the first one
+  } else {
+    // the leased GPUs on this node, by physical index, in the lease's order
+    std::vector<int> physical;
+    std::vector<std::string> here;
+    for (const auto& device : lease_devices) {
+      const auto colon = device.rfind(':');
+      if (colon == std::string::npos) continue;
+      if (!node.empty() && device.substr(0, colon) != node) continue;
+      const int index = std::atoi(device.c_str() + colon + 1);
+      if (std::find(physical.begin(), physical.end(), index) == physical.end()) physical.push_back(index);
+      here.push_back(device);
+    }
+    if (physical.empty()) {
+      throw SettingsError(head + "cannot use the lease, which holds " + leased + ": this trainer runs on " + node +
+                          "; run it on the leased node");
+    }
+    // CUDA_VISIBLE_DEVICES=1,2 makes physical GPU 2 CUDA device 1
+    const std::vector<int> visible = visible_indices(cuda_visible_devices);
+    std::vector<int> expected;
+    for (size_t i = 0; i < physical.size(); ++i) {
+      if (cuda_visible_devices.empty()) {
+        expected.push_back(physical[i]);
+        continue;
+      }
+      const auto at = std::find(visible.begin(), visible.end(), physical[i]);
+      if (at == visible.end()) {
+        throw SettingsError(head + "cannot use the lease, which holds " + leased + ": GPU " + here[i] +
+                            " is not visible to this process (CUDA_VISIBLE_DEVICES=" + cuda_visible_devices +
+                            "); add " + std::to_string(physical[i]) + " to CUDA_VISIBLE_DEVICES or unset it");
+      }
+      expected.push_back(static_cast<int>(at - visible.begin()));
+    }
+    if (!device_ids.empty() &&
+        std::set<int>(device_ids.begin(), device_ids.end()) != std::set<int>(expected.begin(), expected.end())) {
+      std::string use = "use device=" + join(expected);
+      if (!cuda_visible_devices.empty()) use += " (as CUDA_VISIBLE_DEVICES=" + cuda_visible_devices + " numbers them)";
+      throw SettingsError(head + "contradicts the lease, which holds " + leased + ": " + use +
+                          ", or leave device= empty");
+    }
+    binding.ordinals = device_ids.empty() ? std::vector<int>{expected.front()} : device_ids;  // one process: the first
   }
-  if (!node.empty() && !nodes.count(node)) {
-    return head + "this trainer runs on " + node + "; run it on the leased node";
+  binding.summary = std::string(binding.ordinals.size() == 1 ? "Using GPU " : "Using GPUs ") + join(binding.ordinals) +
+                    " (leased " + leased + ")";
+  return binding;
+}
+
+std::vector<int> node_gpu_indices(const std::vector<int>& device_ids, const std::string& cuda_visible_devices) {
+  if (cuda_visible_devices.empty()) return device_ids;
+  const std::vector<int> visible = visible_indices(cuda_visible_devices);
+  std::vector<int> indices;
+  for (int id : device_ids) {
+    if (id < 0 || static_cast<size_t>(id) >= visible.size()) return {};
+    indices.push_back(visible[static_cast<size_t>(id)]);
   }
-  if (std::set<int>(device_ids.begin(), device_ids.end()) != indices) {
-    std::string use;
-    for (int index : indices) use += (use.empty() ? "" : ",") + std::to_string(index);
-    return head + "use device=" + use;
-  }
-  return "";
+  return indices;
 }
 
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
-                             double gpu_memory_gib, const std::string& device_name) {
+                             LocalGpus local_gpus, const std::string& device_name) {
   if (settings.lease.quota == "off") return;
   // Leases are for GPUs; a CPU run has nothing to share, unless it asks for a share explicitly (its budget is
   // then the share, enforced by the counting allocator).
   if (settings.lease.quota == "local" && !uses_gpu && !settings.lease.shared) return;
   // The client's own reading of the setting (mode, $YOLO8_QUOTA_TOKEN); explicit settings win over it.
-  quota::ClientConfig config =
-      quota::client_config_from_setting(settings.lease.quota, std::max(1, gpus), gpu_memory_gib);
+  // The local quota's inventory is this machine's GPUs (local:i is CUDA ordinal i), so two local trainers get
+  // different ones; a CPU run's share holds the one slot there is.
+  quota::ClientConfig config = quota::client_config_from_setting(
+      settings.lease.quota, uses_gpu ? std::max(1, local_gpus.count) : 1, uses_gpu ? local_gpus.memory_gib : 0.0);
   if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
   if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
   if (!settings.lease.user.empty()) config.user = settings.lease.user;
@@ -96,8 +169,15 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   request.shared = settings.lease.shared;
   request.visible_devices = visible_gpu_uuids();
   const char* node_name = std::getenv("NODE_NAME");  // Kubernetes' downward API (spec.nodeName)
-  const std::string node = config.mode == "local" ? std::string() : (node_name ? node_name : "");
+  const bool local = config.mode == "local";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string node = local ? std::string("local") : (node_name ? node_name : "");
   request.node = node;
+  // device= names GPUs: ask for exactly those (they wait when taken) rather than take any and then refuse it.
+  // The local quota numbers its inventory by CUDA ordinal already.
+  if (uses_gpu && !node.empty() && request.visible_devices.empty()) {
+    request.node_gpus = node_gpu_indices(settings.device_ids(), local || visible == nullptr ? "" : visible);
+  }
   request.memory_gib = settings.lease.memory_gib;
   request.priority = quota::parse_priority(settings.lease.priority);
   request.preemptible = settings.lease.preemptible;
@@ -119,15 +199,17 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
             << lease.heartbeat_interval_s << " s\n";
   if (!lease.memory_row.empty()) std::cout << "  admission used the " << lease.memory_row << "\n";
   // The trainer uses exactly the leased GPUs: a device= that says otherwise is a mistake to fix, not to run with.
-  // Not in local mode: its inventory is a count of slots sized to the request (local:0..n-1), not the
-  // machine's GPU numbers, so device=1 legitimately holds local:0 there.
-  const bool bound = uses_gpu && config.mode != "local";
-  const std::string conflict =
-      bound ? device_conflict(lease.devices, settings.device_ids(), node, !request.visible_devices.empty()) : "";
-  if (!conflict.empty()) {
-    client_->release(quota::Outcome::kCancelled);
-    released_ = true;
-    throw SettingsError(conflict);
+  // The local quota's inventory is numbered by CUDA ordinal, quotad's by the node's physical index.
+  if (uses_gpu) {
+    try {
+      devices_ =
+          bind_leased_devices(lease.devices, node, settings.device_ids(), local || visible == nullptr ? "" : visible,
+                              !local && !request.visible_devices.empty());
+    } catch (const SettingsError&) {
+      client_->release(quota::Outcome::kCancelled);
+      released_ = true;
+      throw;
+    }
   }
   // Utilisation from the leased devices (NVML) when the run uses a GPU and the driver's library loads; the busy
   // share of each heartbeat interval otherwise. Sampled on the heartbeat thread, once per interval.
@@ -136,7 +218,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   if (uses_gpu) {
     std::string why;
     nvml = Nvml::load(kNvmlLibrary, &why);
-    std::vector<int> cuda_ids = settings.device_ids();
+    std::vector<int> cuda_ids = devices_.ordinals.empty() ? settings.device_ids() : devices_.ordinals;
     if (cuda_ids.empty()) cuda_ids = {0};
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     nvml_devices = nvml_device_names(cuda_ids, visible ? visible : "");

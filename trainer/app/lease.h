@@ -45,12 +45,37 @@ struct LeaseTelemetry {
 // UUIDs (GPU-..., MIG-...); empty otherwise. Reported to quotad with the lease request.
 std::vector<std::string> visible_gpu_uuids();
 
-// Why device= (`device_ids`: the GPUs the run uses, given or picked) contradicts the lease's GPUs
-// (`lease_devices`, "node:index"); "" when it does not.
-// `node`: the trainer's node ("local" in local mode, $NODE_NAME, or "" when unknown). With `remapped` (a device
-// plugin chose the GPUs, so the container numbers them 0..n-1) only the count can be checked.
-std::string device_conflict(const std::vector<std::string>& lease_devices, const std::vector<int>& device_ids,
-                            const std::string& node, bool remapped);
+// The CUDA ordinals a run must use for its lease's GPUs (`lease_devices`, "node:index"), and the line that
+// says so ("Using GPU 2 (leased node-a:2)"). `ordinals`: device= as given when it agrees with the lease, else
+// (device= empty) the first leased GPU, one process using one GPU; empty when the lease names no device.
+struct DeviceBinding {
+  std::vector<int> ordinals;
+  std::string summary;
+};
+
+// Turns the lease's GPUs into this process's CUDA ordinals. `node`: the trainer's node ($NODE_NAME, "local" in
+// local mode, "" when unknown: every leased GPU counts); only the GPUs leased on it are this process's.
+// `device_ids`: device= as given (empty: use the leased GPUs). `cuda_visible_devices`: $CUDA_VISIBLE_DEVICES
+// ("" when unset); a list of indices renumbers the GPUs, so leased GPU p is the ordinal of p's position in it.
+// `remapped`: a device plugin chose the GPUs (UUIDs visible), so the container numbers them 0..n-1. The local
+// quota numbers its inventory by CUDA ordinal already: pass "" and false there.
+// Throws SettingsError naming `device` (exit 2) with the fix when device= contradicts the lease, the lease is
+// on another node, or a leased GPU is not visible.
+DeviceBinding bind_leased_devices(const std::vector<std::string>& lease_devices, const std::string& node,
+                                  const std::vector<int>& device_ids, const std::string& cuda_visible_devices,
+                                  bool remapped);
+
+// The node's GPU numbers of device= (CUDA ordinals), which the request asks for by number: CUDA_VISIBLE_DEVICES
+// as indices renumbers them (ordinal 1 of "4,6" is GPU 6). Empty when it lists UUIDs (a device plugin chose the
+// GPUs, matched by UUID) or an ordinal is past its end (bind_leased_devices then says so).
+std::vector<int> node_gpu_indices(const std::vector<int>& device_ids, const std::string& cuda_visible_devices);
+
+// This machine's GPUs, the local quota's inventory: local:i is CUDA ordinal i. `memory_gib`: the smallest one's
+// memory (0: unknown).
+struct LocalGpus {
+  int count = 0;
+  double memory_gib = 0;
+};
 
 // A stop was requested while the lease request was still queued.
 class StoppedWhileWaiting : public std::runtime_error {
@@ -61,11 +86,12 @@ class StoppedWhileWaiting : public std::runtime_error {
 class TrainingLease {
  public:
   // Acquires (blocking while queued, printing the position) unless quota=off or the run has no GPU and quota
-  // is local. Throws quota::QuotaRefused when the service says no. `gpu_memory_gib`: the local GPUs' memory,
-  // the inventory of the local quota's policy (0: unknown).
+  // is local. Throws quota::QuotaRefused when the service says no, SettingsError when device= contradicts the
+  // granted GPUs (bind_leased_devices). `local_gpus`: the local quota's inventory (a GPU run; a CPU run that
+  // asks for a share holds one slot).
   // `device_name` ("NVIDIA H200", "cpu") goes with the memory peaks the heartbeats report.
   TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
-                double gpu_memory_gib = 0, const std::string& device_name = "");
+                LocalGpus local_gpus = {}, const std::string& device_name = "");
   // Releases as failed unless release() was called: a crash must not hold GPUs until the TTL.
   ~TrainingLease();
   TrainingLease(const TrainingLease&) = delete;
@@ -74,6 +100,9 @@ class TrainingLease {
   bool active() const { return client_ != nullptr; }
   double memory_gib() const;  // per GPU, what the run may use: its GPU's memory, or its share; 0 without a lease
   int64_t id() const;
+  // The leased GPUs as this process's CUDA ordinals (empty without a GPU lease): where a run with device= empty
+  // goes.
+  const DeviceBinding& devices() const { return devices_; }
   LeaseTelemetry& telemetry() { return telemetry_; }
 
   // Requests a stop (StopReason) when the lease was revoked, lost, or the service is unreachable too long.
@@ -83,6 +112,7 @@ class TrainingLease {
  private:
   std::unique_ptr<quota::QuotaClient> client_;
   LeaseTelemetry telemetry_;
+  DeviceBinding devices_;
   bool released_ = false;
 };
 

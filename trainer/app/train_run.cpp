@@ -3,7 +3,11 @@
 #include "trainer/app/train_run.h"
 
 #include <nlohmann/json.hpp>
+#ifdef YOLO8_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -192,18 +196,22 @@ void TrainingRun::acquire_lease() {
   try {
     Settings lease_settings = settings_;
     if (!is_main_) lease_settings.lease.quota = "off";
-    // device= empty picked a GPU already: it too must be the leased one (DDP ranks map theirs by LOCAL_RANK)
-    if (settings_.device_ids().empty() && device_.is_cuda() && !dist_.enabled()) {
-      lease_settings.device = std::to_string(device_.has_index() ? device_.index() : 0);
-    }
     // Rank 0 asks for the whole job: WORLD_SIZE GPUs, whether the ranks share this machine (device=0,1) or
     // are the pods of an indexed Job (device=0 in each).
     const int gpus =
         dist_.enabled() ? dist_.world_size() : std::max<int>(1, static_cast<int>(settings_.device_ids().size()));
-    // The local quota's inventory is this machine's GPUs: a whole-GPU lease then carries their memory.
-    const double gpu_gib =
-        device_.is_cuda() ? static_cast<double>(default_memory_budget_bytes(device_)) / kBytesPerGib : 0.0;
-    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, gpu_gib,
+    // The local quota's inventory is this machine's GPUs (local:i is CUDA ordinal i): a whole-GPU lease then
+    // carries their memory. Reading a GPU's properties creates no context on it.
+    LocalGpus local_gpus;
+    if (device_.is_cuda()) {
+      local_gpus.count = static_cast<int>(torch::cuda::device_count());
+      for (int i = 0; i < local_gpus.count; ++i) {
+        const double gib =
+            static_cast<double>(default_memory_budget_bytes(torch::Device(torch::kCUDA, i))) / kBytesPerGib;
+        local_gpus.memory_gib = i == 0 ? gib : std::min(local_gpus.memory_gib, gib);
+      }
+    }
+    auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, local_gpus,
                                                  device_name(device_));
     std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
     lease_ = std::move(lease);
@@ -212,6 +220,17 @@ void TrainingRun::acquire_lease() {
         "the quota service refused the lease (" + std::to_string(refused.status()) + "): " + refused.what();
     if (refused.max_batch() > 0) message += "; at most batch=" + std::to_string(refused.max_batch()) + " fits";
     throw DataError(message);
+  }
+  // device= empty picked GPU 0 before the grant: a single process moves to the leased GPU before anything is
+  // placed on a device (the batch sizing, the memory cap, the model). DDP ranks keep LOCAL_RANK's GPU of
+  // device=, which the lease checked.
+  const std::vector<int>& leased = lease_->devices().ordinals;
+  if (device_.is_cuda() && !dist_.enabled() && !leased.empty()) {
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(leased.front()));
+#ifdef YOLO8_WITH_CUDA
+    c10::cuda::set_device(device_.index());
+#endif
+    console_->out() << lease_->devices().summary << "\n";
   }
   lease_gib_ = lease_->memory_gib();
   // An explicit budget is enforced: on CUDA as the allocator's fraction, on CPU by the counting allocator.
@@ -391,8 +410,20 @@ std::optional<int> TrainingRun::train_epoch(int64_t epoch, EpochTotals& totals) 
   ProgressBar bar(prefix, batches_per_epoch_, *console_);
   int64_t done = epoch_first_batch;
   double wait_s = 0.0, step_s = 0.0;
+  // A stop usually waits for the batch under way; one that has not come within the grace may never come. A
+  // data-parallel rank waits longer (within Kubernetes' 30 s): leaving alone, it costs the others their checkpoint.
+  const double stalled_stop_grace = dist_.enabled() ? 20.0 : 2.0;
+  const auto next_batch = [&]() -> std::optional<data::Batch> {
+    try {
+      return loader.next(
+          [stalled_stop_grace] { return stop_requested() && seconds_since_stop_request() >= stalled_stop_grace; });
+    } catch (const data::WaitAbandoned&) {
+      bar.finish("");
+      exit_while_stalled(epoch, done - 1);
+    }
+  };
   auto wait_start = Clock::now();
-  while (auto batch = loader.next()) {
+  while (auto batch = next_batch()) {
     wait_s += seconds_since(wait_start);
     if (settings_.plots && is_main_ && epoch == 0 && batch->index < 3) {
       app::try_plot("training batch", [&] {
@@ -483,6 +514,23 @@ int TrainingRun::stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni) {
                   << seconds_since(stop_start) << " s, " << seconds_since_stop_request()
                   << " s after the stop request. Resume with resume=" << last_pt_.string() << "\n";
   return exit_after_stop();
+}
+
+// The worker stuck in the read cannot be joined, so the process leaves from here without the destructors. The
+// state after the last step is whole: one process checkpoints it as any stop inside the epoch would (none: the
+// previous checkpoint is that state); data-parallel ranks stand in a collective the stalled rank never joins, so
+// they leave without one and the last checkpoint stays valid.
+void TrainingRun::exit_while_stalled(int64_t epoch, int64_t last_i) {
+  pending_stop_ = stop_reason();
+  console_->out() << "No batch from the data loader " << std::fixed << std::setprecision(2)
+                  << seconds_since_stop_request() << " s after the stop request: a read does not return\n";
+  const bool checkpoint = !dist_.enabled() && last_i >= 0;
+  const int exit_code =
+      checkpoint ? stop_inside_epoch(epoch, last_i, last_i + batches_per_epoch_ * epoch) : exit_after_stop();
+  if (!checkpoint) console_->out() << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << "\n";
+  std::cout.flush();
+  std::fflush(stdout);
+  std::_Exit(exit_code);
 }
 
 // ---------------------------------------------------------------------------------------------------- epoch end

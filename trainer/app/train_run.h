@@ -82,6 +82,9 @@ class TrainingRun {
   std::optional<int> train_epoch(int64_t epoch, EpochTotals& totals);
   void record_step_and_agree_on_stop(int64_t epoch, int64_t ni);
   int stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni);
+  // A stop request while the loader delivers nothing (a read stuck on a hung filesystem): after step `last_i` of
+  // `epoch` (-1: none in this epoch), checkpointed as a stop inside the epoch; the process then leaves.
+  [[noreturn]] void exit_while_stalled(int64_t epoch, int64_t last_i);
 
   // The end of an epoch.
   EpochEnd end_epoch(int64_t epoch, const EpochTotals& totals);

@@ -83,6 +83,28 @@ TEST(QuotaClientLocal, TwoTrainingsOnOneWorkstationTakeTurns) {
   second.release(Outcome::kCompleted);
 }
 
+// The trainer passes this machine's GPUs as the local inventory (local:i is CUDA ordinal i): two trainings
+// sharing the database hold different GPUs at once, each with the GPU's memory.
+TEST(QuotaClientLocal, TheMachinesGpusAreTheInventory) {
+  const std::string db = temp_db("local_inventory");
+  QuotaClient first(local_config(db, 4));
+  QuotaClient second(local_config(db, 4));
+  LeaseRequest r;
+  r.model = "yolov8n";
+  r.job = "a";
+  const LeaseInfo a = first.acquire(r, {}, 1.0);
+  r.job = "b";
+  const LeaseInfo b = second.acquire(r, {}, 1.0);
+  EXPECT_EQ(a.devices, std::vector<std::string>{"local:0"});
+  EXPECT_EQ(b.devices, std::vector<std::string>{"local:1"});
+  EXPECT_DOUBLE_EQ(b.memory_gib, 24);
+  r.job = "pair";
+  r.gpus = 2;
+  QuotaClient third(local_config(db, 4));
+  EXPECT_EQ(third.acquire(r, {}, 1.0).devices, (std::vector<std::string>{"local:2", "local:3"}));
+  for (QuotaClient* client : {&first, &second, &third}) client->release(Outcome::kCompleted);
+}
+
 // The trainer's wait callback throws on SIGTERM: the queued request must be cancelled, or the GPU would be granted
 // to a process that is gone and held until the TTL.
 TEST(QuotaClientLocal, GivingUpWhileQueuedCancelsTheRequest) {

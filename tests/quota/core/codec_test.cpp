@@ -56,6 +56,11 @@ TEST(QuotaCodec, VisibleDevicesAndMemoryContextRoundTrip) {
   EXPECT_EQ(stored["visible_devices"], json({"GPU-1", "GPU-2"}));
   EXPECT_THROW(lease_request_from_json(json{{"visible_devices", "GPU-1"}}), RequestError);
   EXPECT_THROW(lease_request_from_json(json{{"visible_devices", {1}}}), RequestError);
+  const LeaseRequest asked = lease_request_from_json(json{{"node", "gpu-node"}, {"node_gpus", {2, 3}}});
+  EXPECT_EQ(asked.node_gpus, (std::vector<int>{2, 3}));
+  EXPECT_EQ(to_json(asked)["node_gpus"], json({2, 3}));
+  EXPECT_THROW(lease_request_from_json(json{{"node_gpus", {-1}}}), RequestError);
+  EXPECT_THROW(lease_request_from_json(json{{"node_gpus", {"2"}}}), RequestError);
   const Telemetry beat = telemetry_from_json(json{{"memory_used_gib", 2.5},
                                                   {"model", "yolov8n"},
                                                   {"imgsz", 640},

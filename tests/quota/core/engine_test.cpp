@@ -933,6 +933,47 @@ TEST(EnginePinning, ARequestWithANodeGoesOnThatNodesGpus) {
   expect_sound(e, t);
 }
 
+// device=2 on a node: the trainer asks for that GPU and gets it or waits for it, never another one
+TEST(EnginePinning, TheGpusNamedByDeviceAreTheOnesLeased) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  LeaseRequest two = pinned("team-cv", "alice", "node-c");
+  two.node_gpus = {2};
+  const auto first = e.acquire(two, t);
+  ASSERT_EQ(first.kind, Kind::kGranted) << first.reason;
+  EXPECT_EQ(device_of(e, first.lease_id), "node-c:2") << "best fit alone would take node-c:0";
+  const auto entry = std::find_if(e.audit().rbegin(), e.audit().rend(), [&](const AuditEntry& a) {
+    return a.action == "lease.granted" && a.lease_id == first.lease_id;
+  });
+  ASSERT_NE(entry, e.audit().rend());
+  EXPECT_NE(entry->detail.find("node-c:2 (trainer on node-c), as asked (GPU 2 of node-c)"), std::string::npos)
+      << entry->detail;
+  // the same GPU again: waits for it while node-c's other GPUs are free
+  two.user = "bob";
+  const auto second = e.acquire(two, t);
+  ASSERT_EQ(second.kind, Kind::kQueued) << second.reason;
+  EXPECT_NE(second.reason.find("on GPU 2 of node-c (device= of the trainer)"), std::string::npos) << second.reason;
+  LeaseRequest pair = pinned("team-cv", "carol", "node-c", 2);
+  pair.node_gpus = {0, 3};
+  const auto both = e.acquire(pair, t);
+  ASSERT_EQ(both.kind, Kind::kGranted) << both.reason;
+  EXPECT_EQ(device_of(e, both.lease_id, 0), "node-c:0");
+  EXPECT_EQ(device_of(e, both.lease_id, 1), "node-c:3");
+  expect_sound(e, t);
+  ASSERT_TRUE(e.release(first.lease_id, Outcome::kCompleted, t + kMinute));
+  ASSERT_EQ(e.find(second.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(device_of(e, second.lease_id), "node-c:2");
+  // a GPU the node does not have is a mistake in device=, not something to wait for
+  LeaseRequest missing = pinned("team-cv", "alice", "node-c");
+  missing.node_gpus = {7};
+  const auto refused = e.acquire(missing, t + kMinute);
+  ASSERT_EQ(refused.kind, Kind::kInvalid);
+  EXPECT_NE(refused.reason.find("node_gpus: GPU 7 (device= of the trainer) is not a GPU of node node-c"),
+            std::string::npos)
+      << refused.reason;
+  expect_sound(e, t + kMinute);
+}
+
 TEST(EnginePinning, AnUnknownNodeIsRefusedNamingTheInventory) {
   Engine e(testing::example_policy());
   const auto r = e.acquire(pinned("team-cv", "alice", "gpu-node-7"), kOutsideWindow);
@@ -1125,6 +1166,9 @@ TEST(EnginePinning, RandomPinnedRequestsKeepTheInvariants) {
       if (r.node == "n1" || r.node == "n2") {
         const char node = r.node == "n1" ? 'a' : 'b';
         if (random() % 2) r.visible_devices.push_back(uuid(node, static_cast<int>(random() % 2)));
+      }
+      if (!r.node.empty() && r.visible_devices.empty() && random() % 3 == 0) {
+        for (int index = 0; index < r.gpus && index < 2; ++index) r.node_gpus.push_back((index + step) % 2);
       }
       r.shared = r.gpus == 1 && random() % 3 == 0;
       r.priority = random() % 4 == 0 ? Priority::kHigh : Priority::kNormal;

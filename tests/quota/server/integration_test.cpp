@@ -24,6 +24,7 @@
 #include "quota/core/codec.h"
 #include "quota/server/http_server.h"
 #include "test_paths.h"
+#include "tests/quota/quotad_process.h"
 
 namespace yolo8::quota {
 namespace {
@@ -171,62 +172,13 @@ TEST(QuotaLoopback, TwoHundredConcurrentAcquiresNeverOverAllocate) {
   server.stop();
 }
 
-struct Quotad {
-  pid_t pid = -1;
-  int port = 0;
-  // Starts the built quotad binary on an ephemeral loopback port.
-  void start(const std::string& policy, const std::string& db, const std::string& log) {
-    const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
-    std::filesystem::remove(log);
-    pid = fork();
-    if (pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execl(bin.c_str(), bin.c_str(), "serve", "--policy", policy.c_str(), "--db", db.c_str(), "--listen",
-            "127.0.0.1:0", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < until) {
-      std::ifstream in(log);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const auto at = text.find("on http://127.0.0.1:");
-      if (at != std::string::npos && text.find(',', at) != std::string::npos) {
-        port = std::stoi(text.substr(at + 20));
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    FAIL() << "quotad did not start; see " << log;
-  }
-  void kill_hard() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  void stop() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      int status = 0;
-      waitpid(pid, &status, 0);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      pid = -1;
-    }
-  }
-  ~Quotad() { kill_hard(); }
-};
-
 TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   const std::string dir = temp_dir();
   const std::string policy = write_file(dir + "/sixteen.yaml", sixteen_gpu_policy());
   const std::string db = dir + "/kill9.db";
   for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(db + s);
-  Quotad q;
-  q.start(policy, db, dir + "/quotad1.log");
-  ASSERT_GT(q.port, 0);
+  yolo8::test::QuotadProcess q;
+  ASSERT_TRUE(q.start(policy, db, dir + "/quotad1.log")) << "quotad did not start; see " << dir << "/quotad1.log";
   std::mutex mu;
   std::map<int64_t, std::string> acknowledged;  // lease id -> the last state the server confirmed
   std::atomic<bool> stop{false};
@@ -234,7 +186,7 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   std::vector<std::thread> load;
   for (int t = 0; t < 6; ++t) {
     load.emplace_back([&, t] {
-      httplib::Client c("127.0.0.1", q.port);
+      httplib::Client c("127.0.0.1", q.port());
       c.set_connection_timeout(1, 0);
       c.set_read_timeout(2, 0);
       c.set_keep_alive(true);
@@ -273,8 +225,8 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   ASSERT_GT(acknowledged.size(), 20u) << "too little load reached quotad";
   EXPECT_GT(heartbeats, 0);
 
-  q.start(policy, db, dir + "/quotad2.log");
-  httplib::Client c("127.0.0.1", q.port);
+  ASSERT_TRUE(q.start(policy, db, dir + "/quotad2.log")) << "quotad did not restart; see " << dir << "/quotad2.log";
+  httplib::Client c("127.0.0.1", q.port());
   int granted = 0;
   for (const auto& [id, state] : acknowledged) {
     json l;
@@ -294,7 +246,7 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   expect_no_overcommit(all["leases"]);
   // the admin verbs talk to the restarted server
   const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
-  const std::string server_url = "http://127.0.0.1:" + std::to_string(q.port);
+  const std::string server_url = q.url();
   auto run = [](const std::string& cmd, int& status) {
     std::string out;
     FILE* p = popen(cmd.c_str(), "r");
@@ -311,7 +263,7 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   const std::string denied = run(bin + " teams --server " + server_url + " --token nope 2>&1", status);
   EXPECT_NE(status, 0);
   EXPECT_NE(denied.find("HTTP 401"), std::string::npos) << denied;
-  q.stop();
+  EXPECT_TRUE(q.stop());
   // the database alone satisfies every invariant
   ServiceOptions so;
   so.db_path = db;

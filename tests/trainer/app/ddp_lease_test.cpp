@@ -1,7 +1,6 @@
 // One lease for a data-parallel job, against a real quotad: two `yolo8 train` ranks over Gloo (CPU, as an indexed
 // Job's pods would run), rank 0 holding a 2-GPU lease whose heartbeats report progress and utilisation; a
 // higher-priority request revokes it and both ranks stop at the same step with exit 75.
-#include <fcntl.h>
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "data/synth.h"
+#include "tests/quota/quotad_process.h"
 #include "tests/trainer/process_util.h"
 #include "trainer/app/launcher.h"
 #include "trainer/core/checkpoint.h"
@@ -52,42 +52,6 @@ preemption: {min_runtime_s: 0, grace_s: 60}
 tiers: {self_service: [yolov8n, yolov8s], approval: [yolov8x]}
 )";
 
-struct Quotad {
-  pid_t pid = -1;
-  int port = 0;
-  void start(const fs::path& dir) {
-    std::ofstream(dir / "policy.yaml") << kPolicy;
-    const std::string bin = std::string(test::kBinaryDir) + "/quota/quotad";
-    const std::string log = (dir / "quotad.log").string();
-    pid = fork();
-    if (pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execl(bin.c_str(), bin.c_str(), "serve", "--policy", (dir / "policy.yaml").c_str(), "--db",
-            (dir / "quota.db").c_str(), "--listen", "127.0.0.1:0", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < until) {
-      const std::string text = read_text(log);
-      const auto at = text.find("on http://127.0.0.1:");
-      if (at != std::string::npos && text.find(',', at) != std::string::npos) {
-        port = std::stoi(text.substr(at + 20));
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    FAIL() << "quotad did not start: " << read_text(log);
-  }
-  ~Quotad() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
 httplib::Headers bearer(const std::string& token) { return {{"Authorization", "Bearer " + token}}; }
 
 TEST(DdpLease, TwoRanksHoldOneTwoGpuLeaseAndBothExit75WhenItIsRevoked) {
@@ -95,10 +59,12 @@ TEST(DdpLease, TwoRanksHoldOneTwoGpuLeaseAndBothExit75WhenItIsRevoked) {
   fs::remove_all(root);
   fs::create_directories(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 11);
-  Quotad quotad;
-  quotad.start(root);
-  ASSERT_GT(quotad.port, 0);
-  const std::string url = "http://127.0.0.1:" + std::to_string(quotad.port);
+  std::ofstream(root / "policy.yaml") << kPolicy;
+  test::QuotadProcess quotad;
+  ASSERT_TRUE(
+      quotad.start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string()))
+      << read_text(root / "quotad.log");
+  const std::string url = quotad.url();
   const int master_port = find_free_port();
   const std::vector<std::string> args{"train",
                                       "data=" + (root / "ds" / "data.yaml").string(),
@@ -131,7 +97,7 @@ TEST(DdpLease, TwoRanksHoldOneTwoGpuLeaseAndBothExit75WhenItIsRevoked) {
   }
 
   // One lease, for both ranks, reporting utilisation from steps that advance.
-  httplib::Client client("127.0.0.1", quotad.port);
+  httplib::Client client("127.0.0.1", quotad.port());
   json lease;
   const auto deadline = Clock::now() + std::chrono::seconds(240);
   while (Clock::now() < deadline) {

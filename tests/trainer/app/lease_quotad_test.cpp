@@ -18,6 +18,7 @@
 #include "data/synth.h"
 #include "tests/quota/quotad_process.h"
 #include "tests/trainer/process_util.h"
+#include "trainer/app/lease.h"
 #include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
@@ -33,15 +34,18 @@ std::string read_text(const fs::path& path) {
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 
-// One node of `memory_gib` GPUs; alice (token "alice-token") of team-cv; the memory table's estimate for one
-// yolov8n image is far below the GPU, so the lease's memory shows which of the two it carries.
-std::string one_node_policy(int memory_gib) {
-  return "inventory:\n  nodes:\n    - {name: gpu-node, gpus: 1, memory_gib: " + std::to_string(memory_gib) +
+// One node of `gpus` GPUs of `memory_gib` each; alice (token "alice-token") of team-cv; the memory table's estimate for
+// one yolov8n image is far below the GPU, so the lease's memory shows which of the two it carries.
+std::string one_node_policy(int memory_gib, int gpus = 1) {
+  return "inventory:\n  nodes:\n    - {name: gpu-node, gpus: " + std::to_string(gpus) +
+         ", memory_gib: " + std::to_string(memory_gib) +
          "}\n"
          "emergency_pool: 0\n"
          "users:\n  alice: {token_sha256: 9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}\n"
          "  admin: {role: admin, token_sha256: 10a4c7c9fc5206d6f36dc6944a81bb6f4a3cb0e25014ae3b12e6c3e52712292a}\n"
-         "teams:\n  team-cv: {base: 1, burst: 1, members: [alice]}\n"
+         "teams:\n  team-cv: {base: " +
+         std::to_string(gpus) + ", burst: " + std::to_string(gpus) +
+         ", members: [alice]}\n"
          "tiers: {self_service: [yolov8n]}\n"
          "credits: {monthly_gpu_hours: 0}\n"
          "leases: {ttl_s: 30, heartbeat_interval_s: 1}\n"
@@ -158,6 +162,46 @@ TEST(LeaseQuotad, ProfileTableIsAcceptedByQuotadCheckPolicy) {
   EXPECT_NE(check.find("measured on cpu, float32, LibTorch "), std::string::npos) << check;
   // the policy's own table (memory_table: memory-table.yaml next to it) is the profiler's file too
   EXPECT_NE(check.find("policy.yaml: ok: 1 GPUs"), std::string::npos) << check;
+  fs::remove_all(root);
+}
+
+// Through quotad the trainer uses the GPU it was leased on its node, numbered as CUDA_VISIBLE_DEVICES numbers
+// it; a leased GPU the list hides is refused naming `device`, and the lease is given back.
+TEST(LeaseQuotad, TheTrainerUsesTheLeasedGpuAsCudaNumbersIt) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_lease_bind_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  write_text(root / "memory-table.yaml", "models:\n  yolov8n: {fixed_gib: 1.0, per_image_gib: 0.08}\n");
+  write_text(root / "policy.yaml", one_node_policy(24, 4));
+  test::QuotadProcess quotad;
+  ASSERT_TRUE(quotad.start((root / "policy.yaml").string(), (root / "q.db").string(), (root / "quotad.log").string()));
+  Settings settings;
+  settings.model = "yolov8n.yaml";
+  settings.lease.quota = quotad.url();
+  settings.lease.team = "team-cv";
+  settings.lease.user = "alice";
+  settings.lease.quota_token = "alice-token";
+  setenv("NODE_NAME", "gpu-node", 1);
+  setenv("CUDA_VISIBLE_DEVICES", "1,0", 1);
+  {
+    TrainingLease first(settings, "first", /*uses_gpu=*/true, 1);
+    TrainingLease second(settings, "second", true, 1);
+    EXPECT_EQ(first.devices().summary, "Using GPU 1 (leased gpu-node:0)");
+    EXPECT_EQ(second.devices().summary, "Using GPU 0 (leased gpu-node:1)");
+    try {
+      TrainingLease hidden(settings, "hidden", true, 1);  // gpu-node:2, which CUDA_VISIBLE_DEVICES=1,0 hides
+      FAIL() << "a lease on a hidden GPU was used: " << hidden.devices().summary;
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("GPU gpu-node:2 is not visible to this process"), std::string::npos)
+          << error.what();
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    TrainingLease third(settings, "third", true, 1);  // the refused one gave gpu-node:2 back
+    EXPECT_EQ(third.devices().summary, "Using GPU 2 (leased gpu-node:2)");
+    for (TrainingLease* lease : {&first, &second, &third}) lease->release(quota::Outcome::kCompleted);
+  }
+  unsetenv("NODE_NAME");
+  EXPECT_TRUE(quotad.stop());
   fs::remove_all(root);
 }
 

@@ -8,6 +8,8 @@
 
 #include <filesystem>
 
+#include "trainer/core/stop_signal.h"
+
 namespace yolo8 {
 namespace {
 namespace fs = std::filesystem;
@@ -47,23 +49,119 @@ TEST(TrainingLease, OffAndCpuLocalRunsHoldNoLease) {
   EXPECT_FALSE(TrainingLease(cpu, "job", /*uses_gpu=*/false, 1).active());
 }
 
-// The trainer uses exactly the leased GPUs: device= that says otherwise is refused (exit 2) with what to use.
+// bind_leased_devices' refusal text, or "accepted".
+std::string refusal(const std::vector<std::string>& lease, const std::string& node, const std::vector<int>& device,
+                    const std::string& visible = "", bool remapped = false) {
+  try {
+    bind_leased_devices(lease, node, device, visible, remapped);
+  } catch (const SettingsError& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+std::vector<int> ordinals(const std::vector<std::string>& lease, const std::string& node,
+                          const std::vector<int>& device, const std::string& visible = "", bool remapped = false) {
+  return bind_leased_devices(lease, node, device, visible, remapped).ordinals;
+}
+
+// The trainer uses exactly the leased GPUs: device= empty goes to them, device= that says otherwise is refused
+// (exit 2) with what to use.
+TEST(TrainingLease, DeviceEmptyUsesTheLeasedGpu) {
+  const DeviceBinding binding = bind_leased_devices({"node-a:2"}, "node-a", {}, "", false);
+  EXPECT_EQ(binding.ordinals, std::vector<int>{2});
+  EXPECT_EQ(binding.summary, "Using GPU 2 (leased node-a:2)");
+  EXPECT_EQ(ordinals({"node-a:2"}, "", {}), std::vector<int>{2});  // node unknown: the lease's GPU still
+  EXPECT_TRUE(ordinals({}, "node-a", {0}).empty());                // no lease, nothing to bind
+}
+
 TEST(TrainingLease, DeviceThatContradictsTheLeaseIsNamed) {
   const std::vector<std::string> lease{"node-a:2", "node-a:3"};
-  EXPECT_EQ(device_conflict(lease, {}, "node-a", false), "");  // device= empty: the leased GPUs
-  EXPECT_EQ(device_conflict(lease, {3, 2}, "node-a", false), "");
-  EXPECT_EQ(device_conflict(lease, {2, 3}, "", false), "");  // node unknown: the indices still count
-  const std::string wrong = device_conflict(lease, {0, 1}, "node-a", false);
-  EXPECT_NE(wrong.find("setting 'device' (0,1) contradicts the lease, which holds node-a:2, node-a:3: use "
-                       "device=2,3"),
+  EXPECT_EQ(ordinals(lease, "node-a", {3, 2}), (std::vector<int>{3, 2}));  // as given, when it is the lease's
+  EXPECT_EQ(ordinals(lease, "", {2, 3}), (std::vector<int>{2, 3}));        // node unknown: the indices still count
+  EXPECT_NE(refusal(lease, "node-a", {0, 1})
+                .find("setting 'device' (0,1) contradicts the lease, which holds node-a:2, node-a:3: use "
+                      "device=2,3, or leave device= empty"),
             std::string::npos)
-      << wrong;
-  EXPECT_NE(device_conflict(lease, {2}, "node-a", false), "");  // fewer GPUs than leased
-  const std::string elsewhere = device_conflict(lease, {2, 3}, "node-b", false);
-  EXPECT_NE(elsewhere.find("runs on node-b"), std::string::npos) << elsewhere;
-  // a device plugin numbered the two leased GPUs 0 and 1 inside the container
-  EXPECT_EQ(device_conflict(lease, {0, 1}, "node-a", true), "");
-  EXPECT_NE(device_conflict(lease, {2}, "node-a", true).find("outside the 2 GPU(s) made visible"), std::string::npos);
+      << refusal(lease, "node-a", {0, 1});
+  EXPECT_NE(refusal(lease, "node-a", {2}).find("use device=2,3"), std::string::npos);  // fewer GPUs than leased
+  EXPECT_NE(refusal(lease, "node-b", {2, 3}).find("runs on node-b"), std::string::npos);
+  EXPECT_NE(refusal(lease, "node-b", {}).find("setting 'device' (empty) cannot use the lease"), std::string::npos);
+}
+
+// An indexed Job's lease spans nodes: this trainer's GPUs are the ones leased on its node.
+TEST(TrainingLease, OnlyTheGpusLeasedOnThisNodeAreThisProcesss) {
+  const std::vector<std::string> lease{"node-a:1", "node-b:0"};
+  EXPECT_EQ(ordinals(lease, "node-a", {1}), std::vector<int>{1});
+  EXPECT_EQ(ordinals(lease, "node-b", {}), std::vector<int>{0});
+  EXPECT_NE(refusal(lease, "node-a", {0}).find("use device=1,"), std::string::npos) << refusal(lease, "node-a", {0});
+}
+
+// CUDA_VISIBLE_DEVICES=1,2 numbers physical GPU 2 as CUDA device 1.
+TEST(TrainingLease, CudaVisibleDevicesRenumbersTheLeasedGpus) {
+  const DeviceBinding binding = bind_leased_devices({"node-a:2"}, "node-a", {}, "1,2", false);
+  EXPECT_EQ(binding.ordinals, std::vector<int>{1});
+  EXPECT_EQ(binding.summary, "Using GPU 1 (leased node-a:2)");
+  EXPECT_EQ(ordinals({"node-a:2"}, "node-a", {1}, "1,2"), std::vector<int>{1});
+  EXPECT_EQ(ordinals({"node-a:3", "node-a:1"}, "node-a", {}, " 3 , 1"), std::vector<int>{0});
+  const std::string wrong = refusal({"node-a:2"}, "node-a", {2}, "1,2");
+  EXPECT_NE(wrong.find("use device=1 (as CUDA_VISIBLE_DEVICES=1,2 numbers them)"), std::string::npos) << wrong;
+  const std::string hidden = refusal({"node-a:0"}, "node-a", {}, "1,2");
+  EXPECT_NE(hidden.find("setting 'device' (empty) cannot use the lease, which holds node-a:0: GPU node-a:0 is not "
+                        "visible to this process (CUDA_VISIBLE_DEVICES=1,2); add 0 to CUDA_VISIBLE_DEVICES"),
+            std::string::npos)
+      << hidden;
+  // CUDA ignores the entries from the first one that is no index on
+  EXPECT_NE(refusal({"node-a:0"}, "node-a", {}, "2,x,0").find("not visible"), std::string::npos);
+  EXPECT_NE(refusal({"node-a:0"}, "node-a", {}, "-1").find("not visible"), std::string::npos);
+}
+
+// A device plugin chose the GPUs (UUIDs visible): the container numbers them 0..n-1.
+TEST(TrainingLease, DevicePluginGpusAreNumberedFromZero) {
+  const std::vector<std::string> lease{"node-a:2", "node-a:3"};
+  EXPECT_EQ(ordinals(lease, "node-a", {0, 1}, "", true), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ordinals(lease, "node-a", {}, "", true), std::vector<int>{0});
+  EXPECT_EQ(ordinals({"node-a:5"}, "", {}, "GPU-1111", false), std::vector<int>{0});  // UUIDs in CUDA_VISIBLE_DEVICES
+  EXPECT_NE(refusal(lease, "node-a", {2}, "", true).find("outside the 2 GPU(s) made visible"), std::string::npos);
+}
+
+// The local quota's inventory is this machine's GPUs, numbered by CUDA ordinal: two trainers sharing the quota
+// db get different GPUs and use them; a device= naming another trainer's GPU is refused, and gives its lease back.
+TEST(TrainingLease, LocalTrainersGetDifferentGpusOfTheMachine) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_lease_bind_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const fs::path db = root / "quota.db";
+  const LocalGpus machine{4, 24.0};
+  TrainingLease first(local_settings(db), "first", /*uses_gpu=*/true, 1, machine);
+  TrainingLease second(local_settings(db), "second", true, 1, machine);
+  EXPECT_EQ(first.devices().ordinals, std::vector<int>{0});
+  EXPECT_EQ(second.devices().ordinals, std::vector<int>{1});
+  EXPECT_EQ(second.devices().summary, "Using GPU 1 (leased local:1)");
+  EXPECT_DOUBLE_EQ(second.memory_gib(), 24.0);  // a whole GPU of the inventory
+  Settings asked = local_settings(db);
+  asked.device = "3";  // a GPU named by device= is the one asked for, not the lowest free one
+  TrainingLease third(asked, "third", true, 1, machine);
+  EXPECT_EQ(third.devices().ordinals, std::vector<int>{3});
+  EXPECT_EQ(third.devices().summary, "Using GPU 3 (leased local:3)");
+  Settings taken = local_settings(db);
+  taken.device = "0";  // held by `first`: this run waits for it (a stop while waiting gives its place up)
+  request_stop(StopReason::kSignal);
+  EXPECT_THROW(TrainingLease(taken, "waiting", true, 1, machine), StoppedWhileWaiting);
+  reset_stop_state();
+  Settings free = local_settings(db);
+  free.device = "2";  // the run that gave up holds nothing: local:2 is still free
+  TrainingLease fourth(free, "fourth", true, 1, machine);
+  EXPECT_EQ(fourth.devices().ordinals, std::vector<int>{2});
+  for (TrainingLease* lease : {&first, &second, &third, &fourth}) lease->release(quota::Outcome::kCompleted);
+  fs::remove_all(root);
+}
+
+TEST(TrainingLease, DeviceAsksTheNodesGpusByNumber) {
+  EXPECT_EQ(node_gpu_indices({0, 1}, ""), (std::vector<int>{0, 1}));
+  EXPECT_EQ(node_gpu_indices({1}, "4,6"), std::vector<int>{6});  // CUDA numbers the visible GPUs 0..n-1
+  EXPECT_TRUE(node_gpu_indices({2}, "4,6").empty());             // not visible: bind_leased_devices says so
+  EXPECT_TRUE(node_gpu_indices({0}, "GPU-1111").empty());        // a device plugin's choice goes by UUID
+  EXPECT_TRUE(node_gpu_indices({}, "4,6").empty());
 }
 
 TEST(TrainingLease, VisibleGpuUuidsComeFromTheDevicePlugin) {
