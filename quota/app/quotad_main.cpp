@@ -220,13 +220,16 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
 
-  std::string table_db = "quotad.db", table_out, table_device;
+  std::string table_db = "quotad.db", table_out, table_device, table_libtorch;
   bool table_observed = false;
   auto* table_cmd = app.add_subcommand(
       "memory-table", "write a memory table (the policy's schema) learned from the peaks real runs reported");
   table_cmd->add_flag("--observed", table_observed, "from the heartbeats' memory observations (required)")->required();
   table_cmd->add_option("--db", table_db, "quotad's SQLite database")->capture_default_str();
   table_cmd->add_option("--device", table_device, "the device whose table to write (when several reported)");
+  table_cmd->add_option("--libtorch", table_libtorch,
+                        "the LibTorch version whose table to write (when runs reported several; "
+                        "'unknown': the runs that did not say)");
   table_cmd->add_option("--out", table_out, "write to this file instead of stdout");
 
   int recommend_months = 3;
@@ -265,7 +268,8 @@ int main(int argc, char** argv) {
                     table.provenance.device.empty()
                         ? ""
                         : (table.provenance.device + ", " + table.provenance.precision + ", LibTorch " +
-                           table.provenance.libtorch + ", " + table.provenance.date)
+                           (table.provenance.libtorch.empty() ? "unknown" : table.provenance.libtorch) + ", " +
+                           table.provenance.date)
                               .c_str());
       };
       if (policy_path.empty() && check_table.empty()) {
@@ -292,10 +296,15 @@ int main(int argc, char** argv) {
       if (!std::filesystem::exists(table_db)) throw std::runtime_error(table_db + ": no such database");
       Store store(table_db);
       const std::vector<ObservedRow> all = fit_observed(store.memory_observations());
-      std::map<std::string, std::vector<ObservedRow>> by_table;  // one table per device and precision
+      // one table per device, precision and LibTorch version (an upgrade can change what a batch needs)
+      std::map<std::string, std::vector<ObservedRow>> by_table;
       for (const auto& row : all) {
-        if (table_device.empty() || row.device == table_device) {
-          by_table[row.device + (row.amp ? ", amp" : ", float32")].push_back(row);
+        if ((table_device.empty() || row.device == table_device) &&
+            (table_libtorch.empty() || row.libtorch == table_libtorch ||
+             (table_libtorch == "unknown" && row.libtorch.empty()))) {
+          by_table[row.device + (row.amp ? ", amp" : ", float32") + ", LibTorch " +
+                   (row.libtorch.empty() ? "unknown" : row.libtorch)]
+              .push_back(row);
         }
       }
       if (by_table.size() != 1) {
@@ -303,8 +312,8 @@ int main(int argc, char** argv) {
         for (const auto& [name, rows] : by_table) found += "\n  " + name;
         std::fprintf(stderr, "quotad memory-table: %s%s\n",
                      by_table.empty() ? "no memory observations"
-                                      : "observations from several devices or precisions; "
-                                        "choose one with --device:",
+                                      : "observations from several devices, precisions or LibTorch versions; "
+                                        "choose one with --device and --libtorch:",
                      found.c_str());
         return 2;
       }
@@ -313,6 +322,11 @@ int main(int argc, char** argv) {
       char day[16];
       std::strftime(day, sizeof(day), "%Y-%m-%d", std::gmtime(&seconds));
       const std::string text = observed_table_yaml(by_table.begin()->second, day);
+      if (by_table.begin()->second.front().libtorch.empty()) {
+        std::fprintf(stderr,
+                     "quotad memory-table: these runs did not report their LibTorch version (trainers before it "
+                     "was sent); the table's provenance leaves it out\n");
+      }
       for (const auto& row : by_table.begin()->second) {
         std::fprintf(stderr, "%s on %s: %.3f GiB + %.4f GiB per image at 640 from %d runs\n", row.model.c_str(),
                      row.device.c_str(), row.fixed_gib, row.per_image_gib, row.samples);

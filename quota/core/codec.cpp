@@ -100,6 +100,7 @@ json to_json(const Telemetry& telemetry) {
   if (telemetry.batch > 0) out["batch"] = telemetry.batch;
   if (telemetry.amp >= 0) out["amp"] = telemetry.amp == 1;
   if (!telemetry.device_name.empty()) out["device_name"] = telemetry.device_name;
+  if (!telemetry.libtorch.empty()) out["libtorch"] = telemetry.libtorch;
   return out;
 }
 
@@ -231,6 +232,7 @@ Telemetry telemetry_from_json(const json& body) {
     telemetry.amp = body["amp"].get<bool>() ? 1 : 0;
   }
   telemetry.device_name = bounded(body, "device_name", 128);
+  telemetry.libtorch = bounded(body, "libtorch", 64);
   return telemetry;
 }
 

@@ -115,6 +115,7 @@ void merge_memory_context(Telemetry& into, const Telemetry& from) {
   if (from.batch > 0) into.batch = from.batch;
   if (from.amp >= 0) into.amp = from.amp;
   if (!from.device_name.empty()) into.device_name = from.device_name;
+  if (!from.libtorch.empty()) into.libtorch = from.libtorch;
 }
 
 bool is_terminal(LeaseState state) {

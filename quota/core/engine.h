@@ -71,13 +71,15 @@ struct Telemetry {
   int batch = -1;  // images per GPU
   int amp = -1;    // 1 AMP, 0 float32
   std::string device_name;
+  std::string libtorch;  // LibTorch version of the trainer ("2.1.2"); "" when an older trainer did not say
   // A sample quotad can learn from: a peak with everything it depends on.
   bool is_memory_observation() const {
     return memory_used_gib > 0 && !model.empty() && imgsz > 0 && batch > 0 && amp >= 0 && !device_name.empty();
   }
 };
 
-// Copies what a memory sample was measured with (model, imgsz, batch, AMP, device) from a report, where given.
+// Copies what a memory sample was measured with (model, imgsz, batch, AMP, device, LibTorch) from a report,
+// where given.
 void merge_memory_context(Telemetry& into, const Telemetry& from);
 
 struct Lease {

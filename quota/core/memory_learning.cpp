@@ -10,15 +10,15 @@
 namespace yolo8::quota {
 
 std::vector<ObservedRow> fit_observed(const std::vector<MemoryObservation>& observations) {
-  std::map<std::tuple<std::string, std::string, bool>, std::vector<const MemoryObservation*>> groups;
+  std::map<std::tuple<std::string, std::string, bool, std::string>, std::vector<const MemoryObservation*>> groups;
   for (const auto& observation : observations) {
     if (observation.batch < 1 || observation.imgsz < 1 || !(observation.peak_gib > 0)) continue;
-    groups[{observation.device, observation.model, observation.amp}].push_back(&observation);
+    groups[{observation.device, observation.model, observation.amp, observation.libtorch}].push_back(&observation);
   }
   std::vector<ObservedRow> rows;
   for (const auto& [key, samples] : groups) {
     ObservedRow row;
-    std::tie(row.device, row.model, row.amp) = key;
+    std::tie(row.device, row.model, row.amp, row.libtorch) = key;
     row.samples = static_cast<int>(samples.size());
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
     double max_per = 0;
@@ -50,9 +50,13 @@ std::vector<ObservedRow> fit_observed(const std::vector<MemoryObservation>& obse
 std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date) {
   int samples = 0;
   for (const auto& row : rows) {
-    if (row.device != rows.front().device || row.amp != rows.front().amp) {
-      throw std::invalid_argument("memory table: rows of one device and precision only (got " + rows.front().device +
-                                  " and " + row.device + ")");
+    if (row.device != rows.front().device || row.amp != rows.front().amp || row.libtorch != rows.front().libtorch) {
+      const auto name = [](const ObservedRow& of) {
+        return of.device + (of.amp ? ", amp" : ", float32") + ", LibTorch " +
+               (of.libtorch.empty() ? std::string("unknown") : of.libtorch);
+      };
+      throw std::invalid_argument("memory table: rows of one device, precision and LibTorch version only (got " +
+                                  name(rows.front()) + " and " + name(row) + ")");
     }
     samples += row.samples;
   }
@@ -66,6 +70,9 @@ std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std:
     out << YAML::Key << "provenance" << YAML::Value << YAML::Flow << YAML::BeginMap;
     out << YAML::Key << "device" << YAML::Value << YAML::DoubleQuoted << rows.front().device;
     out << YAML::Key << "precision" << YAML::Value << (rows.front().amp ? "amp" : "float32");
+    if (!rows.front().libtorch.empty()) {
+      out << YAML::Key << "libtorch" << YAML::Value << YAML::DoubleQuoted << rows.front().libtorch;
+    }
     out << YAML::Key << "date" << YAML::Value << YAML::DoubleQuoted << date;
     out << YAML::EndMap;
   }

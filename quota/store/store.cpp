@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS heartbeats (
 CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
 CREATE TABLE IF NOT EXISTS memory_observations (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT NULL, imgsz INTEGER NOT NULL,
-  batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib REAL NOT NULL);
+  batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib REAL NOT NULL, libtorch TEXT);
 CREATE INDEX IF NOT EXISTS memory_observations_key ON memory_observations(model, device, lease_id);
 CREATE TABLE IF NOT EXISTS quarantine (
   source TEXT NOT NULL, row_id INTEGER NOT NULL, body TEXT, error TEXT NOT NULL, moved_ms INTEGER NOT NULL);
@@ -77,19 +77,23 @@ Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* s
 
 }  // namespace
 
-// Databases written before heartbeats said where their utilisation came from gain the two columns (NULL in old rows).
-void Store::add_heartbeat_source_columns() {
-  bool has_source = false;
-  {
-    Statement statement(prepare("SELECT name FROM pragma_table_info('heartbeats')"));
-    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-      const unsigned char* name = sqlite3_column_text(statement.get(), 0);
-      if (name != nullptr && std::string(reinterpret_cast<const char*>(name)) == "gpu_util_source") has_source = true;
-    }
+bool Store::has_column(const std::string& table, const std::string& column) {
+  Statement statement(prepare("SELECT name FROM pragma_table_info(?)"));
+  bind_text(statement.get(), 1, table);
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    if (text(statement.get(), 0) == column) return true;
   }
-  if (has_source) return;
-  exec("ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT");
-  exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
+  return false;
+}
+
+// Databases written before heartbeats said where their utilisation came from gain the two columns, and those
+// written before memory observations named their LibTorch version gain that one (NULL in old rows).
+void Store::add_newer_columns() {
+  if (!has_column("heartbeats", "gpu_util_source")) {
+    exec("ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT");
+    exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
+  }
+  if (!has_column("memory_observations", "libtorch")) exec("ALTER TABLE memory_observations ADD COLUMN libtorch TEXT");
 }
 
 Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : path_(path) {
@@ -110,7 +114,7 @@ Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : pat
       exec("PRAGMA foreign_keys=ON");
       exec("BEGIN IMMEDIATE");
       exec(kSchema);
-      add_heartbeat_source_columns();
+      add_newer_columns();
       exec("COMMIT");
       check_integrity();
       break;
@@ -427,23 +431,52 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
       sqlite3_bind_double(statement.get(), 9, sample.telemetry.device_memory_used_gib);
       if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write heartbeat");
     }
-    // the peaks quotad learns its memory table from (quotad memory-table --observed)
+    // The peaks quotad learns its memory table from (quotad memory-table --observed). A run keeps one row per
+    // setting, its highest peak (a heartbeat raises it); a run's first row prunes its key (model, device, AMP,
+    // LibTorch) to the latest kMemoryObservationRunsKept runs, so the table stays bounded and follows the
+    // recent runs. The three statements number their parameters alike: ?1 lease, ?2 time, ?3..?8 the setting,
+    // ?9 the peak, ?10 the runs kept.
+    constexpr const char* kSameKey =
+        "model = ?3 AND imgsz = ?4 AND batch = ?5 AND amp = ?6 AND device = ?7 AND COALESCE(libtorch, '') = "
+        "COALESCE(?8, '')";
+    Statement raise(prepare((std::string("UPDATE memory_observations SET peak_gib = MAX(peak_gib, ?9), ts_ms = "
+                                         "MAX(ts_ms, ?2) WHERE lease_id = ?1 AND ") +
+                             kSameKey)
+                                .c_str()));
     Statement observe(
-        prepare("INSERT INTO memory_observations(lease_id, ts_ms, model, imgsz, batch, amp, device, peak_gib) "
-                "VALUES (?,?,?,?,?,?,?,?)"));
-    for (const auto& sample : samples) {
+        prepare("INSERT INTO memory_observations(lease_id, ts_ms, model, imgsz, batch, amp, device, libtorch, "
+                "peak_gib) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)"));
+    Statement prune(
+        prepare("DELETE FROM memory_observations WHERE model = ?3 AND amp = ?6 AND device = ?7 AND "
+                "COALESCE(libtorch, '') = COALESCE(?8, '') AND lease_id NOT IN (SELECT lease_id FROM "
+                "memory_observations WHERE model = ?3 AND amp = ?6 AND device = ?7 AND COALESCE(libtorch, '') = "
+                "COALESCE(?8, '') GROUP BY lease_id ORDER BY MAX(ts_ms) DESC, lease_id DESC LIMIT ?10)"));
+    const auto bind = [&](sqlite3_stmt* into, const HeartbeatSample& sample) {
       const Telemetry& t = sample.telemetry;
-      if (!t.is_memory_observation()) continue;
-      sqlite3_reset(observe.get());
-      sqlite3_bind_int64(observe.get(), 1, sample.lease_id);
-      sqlite3_bind_int64(observe.get(), 2, sample.ts_ms);
-      bind_text(observe.get(), 3, t.model);
-      sqlite3_bind_int(observe.get(), 4, t.imgsz);
-      sqlite3_bind_int(observe.get(), 5, t.batch);
-      sqlite3_bind_int(observe.get(), 6, t.amp);
-      bind_text(observe.get(), 7, t.device_name);
-      sqlite3_bind_double(observe.get(), 8, t.memory_used_gib);
+      sqlite3_reset(into);
+      sqlite3_clear_bindings(into);
+      const auto named = [&](const char* name) { return sqlite3_bind_parameter_index(into, name); };
+      // each statement uses a subset of the parameters: bind the ones it has
+      if (const int i = named("?1")) sqlite3_bind_int64(into, i, sample.lease_id);
+      if (const int i = named("?2")) sqlite3_bind_int64(into, i, sample.ts_ms);
+      if (const int i = named("?3")) bind_text(into, i, t.model);
+      if (const int i = named("?4")) sqlite3_bind_int(into, i, t.imgsz);
+      if (const int i = named("?5")) sqlite3_bind_int(into, i, t.batch);
+      if (const int i = named("?6")) sqlite3_bind_int(into, i, t.amp);
+      if (const int i = named("?7")) bind_text(into, i, t.device_name);
+      if (const int i = named("?8"); i && !t.libtorch.empty()) bind_text(into, i, t.libtorch);
+      if (const int i = named("?9")) sqlite3_bind_double(into, i, t.memory_used_gib);
+      if (const int i = named("?10")) sqlite3_bind_int(into, i, kMemoryObservationRunsKept);
+    };
+    for (const auto& sample : samples) {
+      if (!sample.telemetry.is_memory_observation()) continue;
+      bind(raise.get(), sample);
+      if (sqlite3_step(raise.get()) != SQLITE_DONE) fail("raise memory observation");
+      if (sqlite3_changes(db_) > 0) continue;
+      bind(observe.get(), sample);
       if (sqlite3_step(observe.get()) != SQLITE_DONE) fail("write memory observation");
+      bind(prune.get(), sample);
+      if (sqlite3_step(prune.get()) != SQLITE_DONE) fail("prune memory observations");
     }
   } catch (...) {
     if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -478,8 +511,9 @@ std::vector<AuditEntry> Store::audit(int64_t after_seq, size_t limit, const std:
 std::vector<MemoryObservation> Store::memory_observations() {
   // one sample per run and setting: the run's highest peak at that (imgsz, batch, AMP)
   Statement statement(
-      prepare("SELECT model, device, amp, imgsz, batch, MAX(peak_gib) FROM memory_observations "
-              "GROUP BY lease_id, model, device, amp, imgsz, batch ORDER BY device, model, lease_id"));
+      prepare("SELECT model, device, amp, imgsz, batch, MAX(peak_gib), COALESCE(libtorch, '') FROM "
+              "memory_observations GROUP BY lease_id, model, device, amp, imgsz, batch, COALESCE(libtorch, '') "
+              "ORDER BY device, model, lease_id"));
   std::vector<MemoryObservation> out;
   while (sqlite3_step(statement.get()) == SQLITE_ROW) {
     MemoryObservation observation;
@@ -489,6 +523,7 @@ std::vector<MemoryObservation> Store::memory_observations() {
     observation.imgsz = sqlite3_column_int(statement.get(), 3);
     observation.batch = sqlite3_column_int(statement.get(), 4);
     observation.peak_gib = sqlite3_column_double(statement.get(), 5);
+    observation.libtorch = text(statement.get(), 6);
     out.push_back(observation);
   }
   return out;

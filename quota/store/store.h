@@ -19,6 +19,10 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
+// keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
+inline constexpr int kMemoryObservationRunsKept = 100;
+
 struct HeartbeatSample {
   int64_t lease_id = 0;
   int64_t ts_ms = 0;
@@ -72,7 +76,8 @@ class Store {
 
   std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
   int64_t count_heartbeats();
-  // The memory peaks heartbeats reported with model, imgsz, batch, AMP and device: one per run and setting.
+  // The memory peaks heartbeats reported with model, imgsz, batch, AMP, device and LibTorch version: one per run
+  // and setting, of the latest kMemoryObservationRunsKept runs per model, device, AMP and LibTorch version.
   std::vector<MemoryObservation> memory_observations();
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
@@ -83,7 +88,8 @@ class Store {
   sqlite3_stmt* prepare(const char* sql);
   [[noreturn]] void fail(const std::string& what);
   void check_integrity();
-  void add_heartbeat_source_columns();
+  bool has_column(const std::string& table, const std::string& column);
+  void add_newer_columns();
 
   std::string path_;
   sqlite3* db_ = nullptr;

@@ -3,11 +3,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 namespace yolo8 {
@@ -66,7 +69,10 @@ std::string CpuShare::explain() const {
     std::snprintf(quota, sizeof(quota), "%.2f", quota_cores);
     out << "; cgroup quota " << quota << " cores (" << quota_source << ")";
   }
-  if (!shared()) out << "; no affinity or quota limit";
+  if (affinity_cores >= host_cores && quota_cores <= 0) out << "; no affinity or quota limit";
+  if (local_ranks > 1) {
+    out << "; split among the " << local_ranks << " ranks on this node (LOCAL_WORLD_SIZE): " << cores << " each";
+  }
   return out.str();
 }
 
@@ -100,9 +106,27 @@ CpuShare cpu_share_from(const std::string& cgroup_root, const std::string& cgrou
   return share;
 }
 
+CpuShare divide_among_local_ranks(CpuShare share, int local_ranks) {
+  share.local_ranks = std::max(1, local_ranks);
+  share.cores = std::max(1, share.cores / share.local_ranks);
+  return share;
+}
+
+int local_ranks_from(const char* value) {
+  if (value == nullptr || *value == '\0') return 1;
+  const std::string text(value);
+  if (text.size() > 7 || !std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); }) ||
+      std::stoi(text) < 1) {
+    throw std::invalid_argument("environment variable LOCAL_WORLD_SIZE must be a whole number from 1 up, got '" + text +
+                                "'");
+  }
+  return std::stoi(text);
+}
+
 CpuShare current_cpu_share() {
   const int host = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return cpu_share_from("/sys/fs/cgroup", own_cgroup_path(), host, affinity_core_count(host));
+  return divide_among_local_ranks(cpu_share_from("/sys/fs/cgroup", own_cgroup_path(), host, affinity_core_count(host)),
+                                  local_ranks_from(std::getenv("LOCAL_WORLD_SIZE")));
 }
 
 }  // namespace yolo8

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -15,13 +17,6 @@
 #include "trainer/core/stop_signal.h"
 
 namespace yolo8 {
-namespace {
-
-double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 std::vector<std::string> visible_gpu_uuids() {
   for (const char* name : {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}) {
@@ -236,13 +231,18 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   context.imgsz = request.imgsz;
   context.amp = settings.amp && uses_gpu ? 1 : 0;  // AMP is CUDA-only here
   context.device_name = device_name;
-  client_->start_heartbeats([this, sampler, context] {
+  context.libtorch = TORCH_VERSION;  // learned tables are per LibTorch version (its kernels and allocator)
+  const double interval_s = std::max(1, lease.heartbeat_interval_s);  // as the client paces them
+  client_->start_heartbeats([this, sampler, context, interval_s] {
     quota::Telemetry telemetry = context;
     telemetry.batch = telemetry_.batch.load();
     telemetry.step = telemetry_.step.load();
     telemetry.epoch = telemetry_.epoch.load();
     telemetry.memory_used_gib = telemetry_.memory_used_gib.load();
-    const UtilisationSampler::Reading reading = sampler->sample(telemetry_.busy_seconds.load(), monotonic_seconds());
+    // one process, or rank 0 of a data-parallel job speaking for every rank's device (with_other_ranks)
+    const double now = monotonic_seconds();
+    const UtilisationSampler::Reading reading =
+        with_other_ranks(sampler->sample(telemetry_.busy_seconds.load(), now), telemetry_.ranks(), now, interval_s);
     telemetry.gpu_util = reading.util;
     telemetry.gpu_util_source = reading.source;
     telemetry.device_memory_used_gib = reading.device_memory_used_gib;

@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "quota/client/client.h"
 #include "trainer/app/settings.h"
+#include "trainer/app/utilisation.h"
 
 namespace yolo8 {
 
@@ -23,6 +25,20 @@ struct LeaseTelemetry {
   std::atomic<double> busy_seconds{0.0};
   std::atomic<int64_t> last_checkpoint_ms{0};
   std::atomic<int> batch{-1};  // images per GPU, once sized: with the peak, what quotad learns memory from
+
+  // Data parallel: every rank's device, as the ranks last combined them (rank 0's heartbeat reports them).
+  void set_ranks(const RanksUtilisation& ranks) {
+    std::lock_guard<std::mutex> lock(ranks_mutex_);
+    ranks_ = ranks;
+  }
+  RanksUtilisation ranks() const {
+    std::lock_guard<std::mutex> lock(ranks_mutex_);
+    return ranks_;
+  }
+
+ private:
+  mutable std::mutex ranks_mutex_;
+  RanksUtilisation ranks_;
 };
 
 // GPU UUIDs a device plugin made visible: NVIDIA_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) when it lists

@@ -140,7 +140,9 @@ const std::vector<Entry>& entries() {
       {"gpu_mem", YOLO8_FIELD(lease.gpu_mem), "memory budget in GiB per GPU when quota=off; 0 = the whole device",
        kResumable},
       {"threads", YOLO8_FIELD(threads),
-       "CPU threads for tensor math; 0 = the cores this process may use (affinity, cgroup quota)", kResumable},
+       "CPU threads for tensor math; 0 = the cores this process may use (affinity, cgroup quota, split among the ranks "
+       "on this node)",
+       kResumable},
       {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)"},
       {"cfg", YOLO8_FIELD(cfg), "YAML file of settings applied before the command line"},
   };

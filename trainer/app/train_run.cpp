@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
@@ -376,6 +377,18 @@ void TrainingRun::prepare_outputs() {
   time_limit_s_ = settings_.time * 3600.0;
   train_start_ = Clock::now();
   run_meter_ = std::make_unique<MemoryMeter>(device_);
+  if (dist_.enabled() && device_.is_cuda()) {
+    std::string why;
+    rank_nvml_ = Nvml::load(kNvmlLibrary, &why);
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const std::vector<std::string> names =
+        nvml_device_names({device_.has_index() ? device_.index() : 0}, visible ? visible : "");
+    if (!names.empty()) rank_nvml_device_ = names.front();
+    if (!rank_nvml_) {
+      std::cerr << "yolo8: rank " << dist_.rank() << ": NVML unavailable (" << why
+                << "); the job reports the busy share of the time\n";
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------- epochs
@@ -464,8 +477,10 @@ void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
   LeaseTelemetry& telemetry = lease_->telemetry();
   telemetry.step.store(ni + 1);
   telemetry.epoch.store(static_cast<int>(epoch));
-  // One lease covers every rank and rank 0's heartbeat speaks for them: the mean busy time and the largest peak
-  // over the ranks, combined every few steps (each combination is a round trip between the ranks).
+  // One lease covers every rank and rank 0's heartbeat speaks for them: the mean busy time, the largest peak and
+  // each rank's own device (NVML) over the ranks, combined every few steps (each combination is a round trip
+  // between the ranks). A stall combines nothing: rank 0's heartbeat then stops trusting the ranks' figures after
+  // one interval (with_other_ranks).
   constexpr int64_t kTelemetrySyncSteps = 10;
   if (!dist_.enabled() || ni % kTelemetrySyncSteps == 0) {
     const double busy =
@@ -473,6 +488,18 @@ void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
     const int64_t peak = dist_.all_reduce_max(static_cast<int64_t>(run_meter_->peak_bytes()));
     telemetry.memory_used_gib.store(static_cast<double>(peak) / kBytesPerGib);
     telemetry.busy_seconds.store(busy);
+    if (dist_.enabled() && device_.is_cuda()) {  // on CPU the busy time above is the figure
+      const std::optional<Nvml::DeviceSample> device =
+          rank_nvml_ && !rank_nvml_device_.empty() ? rank_nvml_->sample(rank_nvml_device_) : std::nullopt;
+      // summed: the ranks' utilisation and the ranks without a reading; the busiest device's memory in MiB
+      const torch::Tensor sums =
+          dist_.all_reduce_sum(torch::tensor({device ? device->util : 0.0, device ? 0.0 : 1.0}, torch::kDouble))
+              .to(torch::kCPU);
+      const int64_t busiest_mib = dist_.all_reduce_max(device ? std::llround(device->memory_used_gib * 1024) : 0);
+      telemetry.set_ranks(RanksUtilisation::from_sums(dist_.world_size(), sums[0].item<double>(),
+                                                      sums[1].item<double>(), busiest_mib / 1024.0,
+                                                      monotonic_seconds()));
+    }
   }
   lease_->check();
   pending_stop_ = agree_on_stop(dist_);  // a no-op for one process

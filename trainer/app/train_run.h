@@ -150,6 +150,10 @@ class TrainingRun {
   double busy_seconds_ = 0;  // inside training steps
   app::Clock::time_point train_start_;
   std::unique_ptr<MemoryMeter> run_meter_;  // peak tensor memory of the run (CUDA allocator or the CPU counter)
+  // Data parallel on GPUs: this rank's own device in NVML, read at each combination of the ranks' telemetry so
+  // that rank 0's heartbeat reports every rank's device; null on CPU, in one process, or without NVML.
+  std::unique_ptr<Nvml> rank_nvml_;
+  std::string rank_nvml_device_;
 };
 
 }  // namespace yolo8

@@ -119,6 +119,7 @@ UtilisationSampler::Reading UtilisationSampler::sample(double busy_seconds, doub
   const double busy = busy_seconds - last_busy_s_;
   last_busy_s_ = busy_seconds;
   last_now_s_ = now_s;
+  reading.busy_share = interval > 0 ? std::clamp(busy / interval, 0.0, 1.0) : 0.0;
   if (nvml_ && !devices_.empty()) {
     double sum = 0, memory = 0;
     bool all = true;
@@ -138,9 +139,38 @@ UtilisationSampler::Reading UtilisationSampler::sample(double busy_seconds, doub
       return reading;
     }
   }
-  reading.util = interval > 0 ? std::clamp(busy / interval, 0.0, 1.0) : 0.0;
+  reading.util = reading.busy_share;
   reading.source = "busy_time";
   return reading;
+}
+
+RanksUtilisation RanksUtilisation::from_sums(int ranks, double util_sum, double ranks_without_nvml, double busiest_gib,
+                                             double now_s) {
+  RanksUtilisation combined;
+  combined.ranks = ranks;
+  combined.all_nvml = ranks_without_nvml < 0.5;
+  combined.util = ranks > 0 ? std::clamp(util_sum / ranks, 0.0, 1.0) : 0.0;
+  combined.device_memory_used_gib = combined.all_nvml ? busiest_gib : -1;
+  combined.combined_at_s = now_s;
+  return combined;
+}
+
+UtilisationSampler::Reading with_other_ranks(const UtilisationSampler::Reading& own, const RanksUtilisation& ranks,
+                                             double now_s, double interval_s) {
+  if (ranks.ranks <= 1) return own;
+  if (!ranks.all_nvml) {
+    UtilisationSampler::Reading busy = own;
+    busy.util = own.busy_share;
+    busy.source = "busy_time";
+    busy.device_memory_used_gib = -1;
+    return busy;
+  }
+  if (ranks.combined_at_s < 0 || now_s - ranks.combined_at_s > interval_s) return own;
+  UtilisationSampler::Reading combined = own;
+  combined.util = ranks.util;
+  combined.source = "nvml";
+  combined.device_memory_used_gib = std::max(own.device_memory_used_gib, ranks.device_memory_used_gib);
+  return combined;
 }
 
 }  // namespace yolo8

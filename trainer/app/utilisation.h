@@ -2,8 +2,10 @@
 // What the heartbeat reports as the lease's utilisation. With a GPU: NVML's own figure for the leased devices,
 // loaded at run time with dlopen (no build dependency; a machine without the driver simply has none). Without:
 // the share of the last heartbeat interval spent in training steps, marked as such, so a job whose steps stall
-// reports 0 after one interval instead of its last figure.
+// reports 0 after one interval instead of its last figure. A data-parallel job's ranks each sample their own
+// device; rank 0's heartbeat reports them combined (RanksUtilisation).
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +49,7 @@ class UtilisationSampler {
     double util = 0;                     // 0..1
     std::string source;                  // "nvml" or "busy_time"
     double device_memory_used_gib = -1;  // NVML: the busiest device's used memory; -1 without NVML
+    double busy_share = 0;               // 0..1: the busy share of the interval, whatever the source
   };
 
   // `nvml` null or no `devices`: busy time. `start_s`: the clock at which the first interval begins.
@@ -62,5 +65,36 @@ class UtilisationSampler {
   double last_busy_s_ = 0;
   double last_now_s_ = 0;
 };
+
+// The clock the sampler and the ranks' combination share.
+inline double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A data-parallel job's devices, one per rank, as sampled at the last combination of the ranks' telemetry
+// (every few steps, on every rank: TrainingRun::record_step_and_agree_on_stop).
+struct RanksUtilisation {
+  int ranks = 0;                       // 0: no combination yet
+  bool all_nvml = false;               // every rank read its device with NVML
+  double util = 0;                     // 0..1, the mean over the ranks' devices
+  double device_memory_used_gib = -1;  // the busiest of them; -1 when one had no NVML
+  double combined_at_s = -1;           // monotonic_seconds() of the combination
+
+  // From the sums over the ranks of each rank's NVML utilisation (0 without a reading) and of the ranks without
+  // one, and the largest used memory (GiB).
+  static RanksUtilisation from_sums(int ranks, double util_sum, double ranks_without_nvml, double busiest_gib,
+                                    double now_s);
+};
+
+// What rank 0's heartbeat reports for a job of several ranks. `own`: rank 0's sampler, read now.
+// - A rank without NVML (known from any combination; it will not gain it): the busy share of the interval,
+//   which is already the ranks' mean, so every heartbeat of the job has one source.
+// - A combination within the last `interval_s`: the ranks' mean (source nvml).
+// - None within one interval: `own` alone. The other ranks' figures are older than an interval, and ranks
+//   that finish no step combine nothing, so a stalled job's stale figures must not keep the number up; rank
+//   0's devices, read now, speak for it (its idle GPU reads 0), and a job whose 10 steps take longer than an
+//   interval still reports a live figure.
+UtilisationSampler::Reading with_other_ranks(const UtilisationSampler::Reading& own, const RanksUtilisation& ranks,
+                                             double now_s, double interval_s);
 
 }  // namespace yolo8

@@ -74,6 +74,24 @@ TEST(QuotaCodec, VisibleDevicesAndMemoryContextRoundTrip) {
   EXPECT_THROW(telemetry_from_json(json{{"amp", "yes"}}), RequestError);
 }
 
+// The LibTorch version a peak was measured with (the learned table's provenance) is optional: an older trainer
+// sends none, and the field is then left out.
+TEST(QuotaCodec, TelemetryCarriesTheLibtorchVersionWhenGiven) {
+  const Telemetry beat = telemetry_from_json(json{{"memory_used_gib", 2.5}, {"libtorch", "2.1.2"}});
+  EXPECT_EQ(beat.libtorch, "2.1.2");
+  EXPECT_EQ(to_json(beat)["libtorch"], "2.1.2");
+  EXPECT_EQ(telemetry_from_json(to_json(beat)).libtorch, "2.1.2");
+  const Telemetry old = telemetry_from_json(json{{"memory_used_gib", 2.5}});
+  EXPECT_EQ(old.libtorch, "");
+  EXPECT_FALSE(to_json(old).contains("libtorch"));
+  EXPECT_THROW(telemetry_from_json(json{{"libtorch", std::string(100, '9')}}), RequestError);
+  Telemetry merged;
+  merge_memory_context(merged, beat);
+  EXPECT_EQ(merged.libtorch, "2.1.2");
+  merge_memory_context(merged, old);  // a report without it keeps what the lease said before
+  EXPECT_EQ(merged.libtorch, "2.1.2");
+}
+
 TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
   const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
                                                                   {LeaseState::kQueued, "queued"},

@@ -10,7 +10,7 @@ namespace yolo8::quota {
 namespace {
 
 MemoryObservation seen(const std::string& model, const std::string& device, int imgsz, int batch, double peak) {
-  return MemoryObservation{model, device, false, imgsz, batch, peak};
+  return MemoryObservation{model, device, false, imgsz, batch, peak, ""};
 }
 
 // Peaks from runs at several batches and sizes recover fixed + per-image per model and device.
@@ -34,6 +34,34 @@ TEST(MemoryLearning, LeastSquaresPerModelAndDevice) {
   EXPECT_NEAR(rows[1].per_image_gib, 0.40, 0.005);
   EXPECT_EQ(rows[2].device, "NVIDIA L4");
   EXPECT_NEAR(rows[2].per_image_gib, 0.22, 1e-9);
+}
+
+// Peaks measured under different LibTorch versions are fitted apart (an upgrade can change the allocator's and
+// the kernels' memory); the table's provenance names the version.
+TEST(MemoryLearning, LibtorchVersionsAreFittedApartAndNamedInTheProvenance) {
+  std::vector<MemoryObservation> observations;
+  for (const int batch : {8, 32}) {
+    MemoryObservation old_version = seen("yolov8n", "NVIDIA H200", 640, batch, 0.6 + 0.21 * batch);
+    old_version.libtorch = "2.1.2";
+    MemoryObservation new_version = seen("yolov8n", "NVIDIA H200", 640, batch, 0.5 + 0.18 * batch);
+    new_version.libtorch = "2.5.1";
+    observations.push_back(old_version);
+    observations.push_back(new_version);
+  }
+  const std::vector<ObservedRow> rows = fit_observed(observations);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].libtorch, "2.1.2");
+  EXPECT_NEAR(rows[0].per_image_gib, 0.21, 1e-9);
+  EXPECT_EQ(rows[1].libtorch, "2.5.1");
+  EXPECT_NEAR(rows[1].per_image_gib, 0.18, 1e-9);
+  EXPECT_THROW(observed_table_yaml(rows, "2026-12-01"), std::invalid_argument);  // one version per table
+  const std::string text = observed_table_yaml({rows[1]}, "2026-12-01");
+  const std::string path = ::testing::TempDir() + "/learned-table-libtorch.yaml";
+  std::ofstream(path) << text;
+  EXPECT_EQ(load_memory_table(path).provenance.libtorch, "2.5.1") << text;
+  // observations from trainers that did not say their version: no version in the provenance
+  const std::string unknown = observed_table_yaml(fit_observed({seen("yolov8n", "cpu", 640, 8, 1.0)}), "2026-12-01");
+  EXPECT_EQ(unknown.find("libtorch"), std::string::npos) << unknown;
 }
 
 // One size only: no slope to fit, so all of it counts per image (an upper bound for larger batches).

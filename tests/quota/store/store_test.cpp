@@ -315,6 +315,70 @@ TEST(QuotaStore, HeartbeatPeaksWithTheirContextAreKeptAsMemoryObservations) {
   EXPECT_EQ(store.count_heartbeats(), 4);
 }
 
+// The LibTorch version goes with each observation; a database written before the column existed gains it at
+// open, its older rows reading as "no version".
+TEST(QuotaStore, MemoryObservationsKeepTheLibtorchVersionAlsoOnAnOlderDatabase) {
+  const std::string path = temp_db("memory_observations_libtorch");
+  execute(path,
+          "CREATE TABLE memory_observations (lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT "
+          "NULL, imgsz INTEGER NOT NULL, batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, "
+          "peak_gib REAL NOT NULL);"
+          "INSERT INTO memory_observations VALUES (1, 1000, 'yolov8n', 640, 8, 0, 'cpu', 2.0);");
+  Store store(path);
+  Telemetry beat;
+  beat.memory_used_gib = 4.0;
+  beat.model = "yolov8n";
+  beat.imgsz = 640;
+  beat.batch = 16;
+  beat.amp = 0;
+  beat.device_name = "cpu";
+  beat.libtorch = "2.1.2";
+  store.write_heartbeats({{2, 2000, beat}});
+  const std::vector<MemoryObservation> seen = store.memory_observations();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].libtorch, "");
+  EXPECT_EQ(seen[0].batch, 8);
+  EXPECT_EQ(seen[1].libtorch, "2.1.2");
+  EXPECT_EQ(seen[1].batch, 16);
+}
+
+// Observations stay bounded: a run keeps one row per setting however many heartbeats it sends (its highest
+// peak), and only the latest kMemoryObservationRunsKept runs per model, device, precision and LibTorch version
+// are kept; other keys are untouched.
+TEST(QuotaStore, MemoryObservationsArePrunedToTheLatestRunsPerKey) {
+  const std::string path = temp_db("memory_observations_pruned");
+  Store store(path);
+  Telemetry beat;
+  beat.model = "yolov8n";
+  beat.imgsz = 640;
+  beat.batch = 16;
+  beat.amp = 1;
+  beat.device_name = "NVIDIA L4";
+  beat.libtorch = "2.1.2";
+  Telemetry other = beat;
+  other.model = "yolov8s";
+  other.memory_used_gib = 5.0;
+  store.write_heartbeats({{1, 500, other}});
+  const int runs = kMemoryObservationRunsKept + 3;
+  for (int run = 1; run <= runs; ++run) {
+    std::vector<HeartbeatSample> beats;
+    for (int second = 0; second < 5; ++second) {  // five heartbeats, the peak growing
+      beat.memory_used_gib = 1.0 + run * 0.01 + second * 0.001;
+      beats.push_back({100 + run, 1000LL * run + second, beat});
+    }
+    store.write_heartbeats(beats);
+  }
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM memory_observations WHERE model = 'yolov8n'"),
+            std::to_string(kMemoryObservationRunsKept));
+  EXPECT_EQ(query_text(path, "SELECT MIN(lease_id) FROM memory_observations WHERE model = 'yolov8n'"),
+            std::to_string(100 + 4));  // the three oldest runs went
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM memory_observations WHERE model = 'yolov8s'"), "1");
+  const std::vector<MemoryObservation> seen = store.memory_observations();
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kMemoryObservationRunsKept) + 1);
+  EXPECT_NEAR(seen.front().peak_gib, 1.0 + 4 * 0.01 + 0.004, 1e-9);  // the run's highest peak
+  EXPECT_EQ(store.count_heartbeats(), 5 * runs + 1);                 // the heartbeats themselves are not pruned here
+}
+
 // A restarted quotad still says where a running lease's utilisation came from (the metric's `source` label),
 // also on a database whose heartbeats table predates the two columns.
 TEST(QuotaStore, TheUtilisationSourceOfTheLastHeartbeatSurvivesARestart) {

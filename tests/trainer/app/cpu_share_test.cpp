@@ -90,6 +90,40 @@ TEST_F(CpuShareTest, GarbledFilesLimitNothing) {
   EXPECT_EQ(cpu_share_from(root_.string(), "/", 8, 8).cores, 8);
 }
 
+// Four ranks of one job in a pod limited to 8 CPUs share them: 2 compute threads and at most 2 loader workers
+// each, said in the run log; a share smaller than the ranks still runs one thread per rank.
+TEST_F(CpuShareTest, LocalRanksSplitTheShare) {
+  write("cpu.max", "800000 100000\n");
+  const CpuShare share = divide_among_local_ranks(cpu_share_from(root_.string(), "/", 128, 128), 4);
+  EXPECT_EQ(share.cores, 2);
+  EXPECT_EQ(share.local_ranks, 4);
+  EXPECT_EQ(loader_workers(8, share), 2);
+  EXPECT_NE(share.explain().find("2 of 128 cores"), std::string::npos) << share.explain();
+  EXPECT_NE(share.explain().find("cgroup quota 8.00 cores"), std::string::npos) << share.explain();
+  EXPECT_NE(share.explain().find("split among the 4 ranks on this node (LOCAL_WORLD_SIZE): 2 each"), std::string::npos)
+      << share.explain();
+  EXPECT_EQ(divide_among_local_ranks(cpu_share_from(root_.string(), "/", 128, 128), 3).cores, 2);  // rounds down
+  EXPECT_EQ(divide_among_local_ranks(cpu_share_from(root_.string(), "/", 128, 128), 16).cores, 1);
+  // one rank per node (an indexed Job's pods): nothing split, nothing said
+  const CpuShare alone = divide_among_local_ranks(cpu_share_from(root_.string(), "/", 128, 128), 1);
+  EXPECT_EQ(alone.cores, 8);
+  EXPECT_EQ(alone.explain().find("split"), std::string::npos) << alone.explain();
+}
+
+TEST(LocalRanks, FromLocalWorldSize) {
+  EXPECT_EQ(local_ranks_from(nullptr), 1);
+  EXPECT_EQ(local_ranks_from(""), 1);
+  EXPECT_EQ(local_ranks_from("4"), 4);
+  for (const char* bad : {"0", "-2", "four", "2.5", "99999999999"}) {
+    try {
+      local_ranks_from(bad);
+      ADD_FAILURE() << "accepted LOCAL_WORLD_SIZE=" << bad;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("LOCAL_WORLD_SIZE"), std::string::npos) << error.what();
+    }
+  }
+}
+
 TEST(LoaderWorkers, CappedToTheShare) {
   CpuShare share;
   share.host_cores = 128;

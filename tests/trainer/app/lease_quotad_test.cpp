@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -125,6 +126,7 @@ TEST(LeaseQuotad, AutoBatchIsSizedToTheLeasedGpusMemory) {
     const std::string table = read_text(learned);
     EXPECT_NE(table.find("device: \"cpu\""), std::string::npos) << table;
     EXPECT_NE(table.find("precision: float32"), std::string::npos) << table;
+    EXPECT_NE(table.find(std::string("libtorch: \"") + TORCH_VERSION + "\""), std::string::npos) << table;
     EXPECT_NE(table.find("yolov8n: {fixed_gib: "), std::string::npos) << table;
   }
   fs::remove_all(root);

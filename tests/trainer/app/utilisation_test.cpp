@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace yolo8 {
@@ -77,6 +78,63 @@ TEST(BusyTimeUtilisation, AStalledJobReportsZeroAfterOneInterval) {
   // Steps stop finishing: the busy total stays at 18 s.
   EXPECT_DOUBLE_EQ(sampler.sample(18.0, 130.0).util, 0.0);
   EXPECT_DOUBLE_EQ(sampler.sample(23.0, 140.0).util, 0.5);
+}
+
+// Two ranks, each reading its own device through NVML (rank 0: device 0 at 80 %, rank 1: device 1 at 40 %), combined
+// every few steps; rank 0's heartbeat reports the ranks' mean while combinations keep coming, and when they stop
+// (the job stalls) rank 0's device alone, read now, after one interval: the other rank's last 40 % no longer
+// holds the figure up.
+TEST_F(FakeNvml, RanksCombineTheirOwnDevicesAndAStallDropsTheirStaleFigures) {
+  const std::unique_ptr<Nvml> rank0 = Nvml::load(YOLO8_FAKE_NVML_PATH);
+  const std::unique_ptr<Nvml> rank1 = Nvml::load(YOLO8_FAKE_NVML_PATH);
+  ASSERT_NE(rank0, nullptr);
+  ASSERT_NE(rank1, nullptr);
+  constexpr double kInterval = 10.0;
+  UtilisationSampler heartbeat(Nvml::load(YOLO8_FAKE_NVML_PATH), {"0"}, 0.0);  // rank 0's own device
+  const auto combine = [&](double now_s) {
+    const auto a = rank0->sample("0");
+    const auto b = rank1->sample("GPU-fake-1");
+    return RanksUtilisation::from_sums(2, (a ? a->util : 0) + (b ? b->util : 0), (a ? 0 : 1) + (b ? 0 : 1),
+                                       std::max(a ? a->memory_used_gib : 0, b ? b->memory_used_gib : 0), now_s);
+  };
+  const RanksUtilisation ranks = combine(8.0);
+  EXPECT_TRUE(ranks.all_nvml);
+  const UtilisationSampler::Reading live = with_other_ranks(heartbeat.sample(9.0, 10.0), ranks, 10.0, kInterval);
+  EXPECT_EQ(live.source, "nvml");
+  EXPECT_DOUBLE_EQ(live.util, 0.60);
+  EXPECT_DOUBLE_EQ(live.device_memory_used_gib, 3.0);  // rank 1's device is the busiest
+  // The job stalls: no step, no combination; both GPUs go idle. One interval later only rank 0's device counts.
+  setenv("FAKE_NVML_UTIL_0", "0", 1);
+  setenv("FAKE_NVML_UTIL_1", "0", 1);
+  const UtilisationSampler::Reading stalled = with_other_ranks(heartbeat.sample(9.0, 20.0), ranks, 20.0, kInterval);
+  EXPECT_EQ(stalled.source, "nvml");
+  EXPECT_DOUBLE_EQ(stalled.util, 0.0);
+  EXPECT_DOUBLE_EQ(with_other_ranks(heartbeat.sample(9.0, 30.0), ranks, 30.0, kInterval).util, 0.0);
+  // Steps resume: the next combination counts again.
+  setenv("FAKE_NVML_UTIL_0", "90", 1);
+  setenv("FAKE_NVML_UTIL_1", "70", 1);
+  EXPECT_DOUBLE_EQ(with_other_ranks(heartbeat.sample(12.0, 40.0), combine(39.0), 40.0, kInterval).util, 0.80);
+}
+
+// A rank without NVML (no driver library in its pod): the job reports the busy share, the ranks' mean already,
+// never a mix of sources; one process, or no combination yet, is the sampler's own reading.
+TEST(RanksUtilisation, ARankWithoutNvmlMeansBusyTimeForTheJob) {
+  UtilisationSampler::Reading own;
+  own.util = 0.9;
+  own.source = "nvml";
+  own.device_memory_used_gib = 5;
+  own.busy_share = 0.7;
+  const RanksUtilisation partial = RanksUtilisation::from_sums(4, 2.4, 1, 6.0, 100.0);
+  EXPECT_FALSE(partial.all_nvml);
+  for (const double now : {101.0, 500.0}) {  // fresh or stale: a rank will not gain NVML
+    const UtilisationSampler::Reading reading = with_other_ranks(own, partial, now, 10.0);
+    EXPECT_EQ(reading.source, "busy_time");
+    EXPECT_DOUBLE_EQ(reading.util, 0.7);
+    EXPECT_LT(reading.device_memory_used_gib, 0);
+  }
+  EXPECT_DOUBLE_EQ(with_other_ranks(own, RanksUtilisation{}, 100.0, 10.0).util, 0.9);  // none yet
+  EXPECT_DOUBLE_EQ(with_other_ranks(own, RanksUtilisation::from_sums(1, 0.1, 0, 1, 100.0), 100.0, 10.0).util, 0.9);
+  EXPECT_DOUBLE_EQ(RanksUtilisation::from_sums(4, 2.4, 0, 6.0, 100.0).util, 0.6);
 }
 
 TEST(NvmlDeviceNames, FollowCudaVisibleDevices) {

@@ -1,0 +1,94 @@
+// `quotad memory-table --observed` on a database of real heartbeats: one table per device, precision and LibTorch
+// version, the version named in the provenance.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "quota/core/policy.h"
+#include "quota/store/store.h"
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs quotad with `args`, stdout to `out` and stderr to `err`; the exit status.
+int quotad(const std::string& args, const std::string& out, const std::string& err) {
+  const std::string command =
+      std::string(yolo8::test::kBinaryDir) + "/quota/quotad " + args + " > " + out + " 2> " + err;
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs of LibTorch 2.1.2 and 2.5.1 on one device: the command will not mix them, names both, and writes the one
+// asked for with its version in the provenance; runs that did not say their version make a table without one.
+TEST(QuotadMemoryTable, OneTablePerLibtorchVersionNamedInItsProvenance) {
+  const std::string db = testing::temp_db("memory_table_cli");
+  {
+    Store store(db);
+    Telemetry beat;
+    beat.model = "yolov8n";
+    beat.imgsz = 640;
+    beat.amp = 0;
+    beat.device_name = "NVIDIA L4";
+    int64_t lease = 1;
+    for (const char* version : {"2.1.2", "2.5.1"}) {
+      beat.libtorch = version;
+      for (const int batch : {8, 32}) {
+        beat.batch = batch;
+        beat.memory_used_gib = (beat.libtorch == "2.1.2" ? 0.21 : 0.18) * batch + 0.5;
+        store.write_heartbeats({{lease, 1000 * lease, beat}});
+        ++lease;
+      }
+    }
+  }
+  const std::string out = db + ".yaml", err = db + ".err";
+  EXPECT_EQ(quotad("memory-table --observed --db " + db, out, err), 2);
+  const std::string refusal = read_text(err);
+  EXPECT_NE(refusal.find("choose one with --device and --libtorch"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("NVIDIA L4, float32, LibTorch 2.1.2"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("NVIDIA L4, float32, LibTorch 2.5.1"), std::string::npos) << refusal;
+
+  ASSERT_EQ(quotad("memory-table --observed --db " + db + " --libtorch 2.5.1 --out " + out, "/dev/null", err), 0)
+      << read_text(err);
+  const MemoryTable table = load_memory_table(out);
+  EXPECT_EQ(table.provenance.libtorch, "2.5.1");
+  EXPECT_EQ(table.provenance.device, "NVIDIA L4");
+  EXPECT_NEAR(table.estimate_gib("yolov8n", 640, 16), 0.5 + 0.18 * 16, 1e-4);
+  const std::string check = db + ".check";
+  ASSERT_EQ(quotad("check-policy --memory-table " + out + " " + testing::example_policy_path(), check, err), 0)
+      << read_text(err);
+  EXPECT_NE(read_text(check).find("measured on NVIDIA L4, float32, LibTorch 2.5.1"), std::string::npos)
+      << read_text(check);
+
+  // an older trainer's runs: no version to name, and the command says so
+  {
+    Store store(db);
+    Telemetry beat;
+    beat.model = "yolov8s";
+    beat.imgsz = 640;
+    beat.batch = 8;
+    beat.amp = 1;
+    beat.device_name = "NVIDIA L4";
+    beat.memory_used_gib = 3.0;
+    store.write_heartbeats({{9, 9000, beat}});
+  }
+  ASSERT_EQ(quotad("memory-table --observed --db " + db + " --libtorch unknown --out " + out, "/dev/null", err), 0)
+      << read_text(err);
+  EXPECT_EQ(load_memory_table(out).provenance.libtorch, "");
+  EXPECT_NE(read_text(err).find("did not report their LibTorch version"), std::string::npos) << read_text(err);
+}
+
+}  // namespace
+}  // namespace yolo8::quota
