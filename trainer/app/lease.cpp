@@ -220,7 +220,6 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     nvml = Nvml::load(kNvmlLibrary, &why);
     std::vector<int> cuda_ids = devices_.ordinals.empty() ? settings.device_ids() : devices_.ordinals;
     if (cuda_ids.empty()) cuda_ids = {0};
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     nvml_devices = nvml_device_names(cuda_ids, visible ? visible : "");
     if (!nvml) std::cout << "Utilisation: NVML unavailable (" << why << "); reporting the busy share of the time\n";
   }
