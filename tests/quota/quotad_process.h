@@ -44,6 +44,11 @@ class QuotadProcess {
     }
     return false;
   }
+  // Writes `policy_text` to root/policy.yaml and starts on it, with root/quota.db and root/quotad.log.
+  bool start_in(const std::filesystem::path& root, const std::string& policy_text) {
+    std::ofstream(root / "policy.yaml") << policy_text;
+    return start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string());
+  }
   int port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // SIGTERM and wait; true when quotad exited 0.

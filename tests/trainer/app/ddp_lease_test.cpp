@@ -59,11 +59,8 @@ TEST(DdpLease, TwoRanksHoldOneTwoGpuLeaseAndBothExit75WhenItIsRevoked) {
   fs::remove_all(root);
   fs::create_directories(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 11);
-  std::ofstream(root / "policy.yaml") << kPolicy;
   test::QuotadProcess quotad;
-  ASSERT_TRUE(
-      quotad.start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string()))
-      << read_text(root / "quotad.log");
+  ASSERT_TRUE(quotad.start_in(root, kPolicy)) << read_text(root / "quotad.log");
   const std::string url = quotad.url();
   const int master_port = find_free_port();
   const std::vector<std::string> args{"train",

@@ -99,11 +99,8 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
   fs::remove_all(root);
   fs::create_directories(root);
   data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 13);
-  std::ofstream(root / "policy.yaml") << kPolicy;
   test::QuotadProcess quotad;
-  ASSERT_TRUE(
-      quotad.start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string()))
-      << read_text(root / "quotad.log");
+  ASSERT_TRUE(quotad.start_in(root, kPolicy)) << read_text(root / "quotad.log");
   const fs::path log = root / "train.log";
   // Many short epochs: every epoch reads every image again, so the stall comes within one epoch of the swap.
   const pid_t child = test::spawn_yolo8(

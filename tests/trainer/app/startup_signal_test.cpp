@@ -157,11 +157,8 @@ TEST(StartupSignal, SigtermWhileTheLeaseIsQueuedExits75AndCancelsTheRequest) {
   fs::remove_all(root);
   fs::create_directories(root);
   data::synthesize_dataset((root / "ds").string(), 8, 2, 64, 7);
-  std::ofstream(root / "policy.yaml") << kOneGpuPolicy;
   test::QuotadProcess quotad;
-  ASSERT_TRUE(
-      quotad.start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string()))
-      << read_text(root / "quotad.log");
+  ASSERT_TRUE(quotad.start_in(root, kOneGpuPolicy)) << read_text(root / "quotad.log");
   httplib::Client client("127.0.0.1", quotad.port());
   auto held =
       client.Post("/v1/leases", bearer("bob-token"),
@@ -223,11 +220,8 @@ TEST(StartupSignal, SigtermWhileTheDatasetCheckIsStuckExits75) {
   std::string yaml = read_text(root / "ds" / "data.yaml");
   yaml.replace(yaml.find("train: images/train"), 19, "train: train.txt");
   std::ofstream(root / "ds" / "data.yaml") << yaml;
-  std::ofstream(root / "policy.yaml") << kOneGpuPolicy;
   test::QuotadProcess quotad;
-  ASSERT_TRUE(
-      quotad.start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string()))
-      << read_text(root / "quotad.log");
+  ASSERT_TRUE(quotad.start_in(root, kOneGpuPolicy)) << read_text(root / "quotad.log");
 
   const fs::path log = root / "stdout.txt";
   const pid_t child =
