@@ -32,6 +32,9 @@ struct ApiResponse {
 // The error answer every route gives: {"error": status, "reason": reason}.
 ApiResponse error_response(int status, const std::string& reason);
 
+// `value` with `digits` decimals ("12.5"), as every message, page and report prints figures; never "-0.0".
+std::string fixed_text(double value, int digits = 1);
+
 // UTC milliseconds from the system clock.
 int64_t system_now_ms();
 

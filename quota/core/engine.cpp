@@ -7,19 +7,13 @@
 #include <tuple>
 #include <utility>
 
+#include "quota/core/api.h"
+
 namespace yolo8::quota {
 
 namespace {
 constexpr double kEps = 1e-6;
 constexpr int64_t kAccrueEveryMs = 60000;
-
-std::string fixed_text(double value, int digits = 1) {
-  std::ostringstream stream;
-  stream.setf(std::ios::fixed);
-  stream.precision(digits);
-  stream << value;
-  return stream.str();
-}
 }  // namespace
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "quota/core/api.h"
 #include "quota/core/codec.h"
 #include "quota/core/engine.h"
 
@@ -16,14 +17,6 @@ constexpr LoanState kLoanStates[] = {LoanState::kPending, LoanState::kApproved, 
 constexpr size_t kMaxFreeText = 2000;
 constexpr int kMaxGrantsPerQuarter = 100;  // per member
 constexpr double kEps = 1e-9;
-
-std::string fixed_text(double value, int digits = 1) {
-  std::ostringstream stream;
-  stream.setf(std::ios::fixed);
-  stream.precision(digits);
-  stream << value;
-  return stream.str();
-}
 
 std::string next_month_key(const std::string& month) {
   int year = std::stoi(month.substr(0, 4));

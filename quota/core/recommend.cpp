@@ -6,28 +6,22 @@
 #include <regex>
 #include <sstream>
 
+#include "quota/core/api.h"
+
 namespace yolo8::quota {
 
 namespace {
 
 constexpr double kEps = 1e-9;
 
-std::string fixed(double value, int digits = 1) {
-  std::ostringstream stream;
-  stream.setf(std::ios::fixed);
-  stream.precision(digits);
-  stream << value;
-  return stream.str();
-}
-
 std::string number(double value) {
-  return value == std::floor(value) ? std::to_string(static_cast<long long>(value)) : fixed(value, 2);
+  return value == std::floor(value) ? std::to_string(static_cast<long long>(value)) : fixed_text(value, 2);
 }
 
 std::string duration(double seconds) {
-  if (seconds < 120) return fixed(seconds, 0) + " s";
-  if (seconds < 7200) return fixed(seconds / 60, 0) + " min";
-  return fixed(seconds / 3600, 1) + " h";
+  if (seconds < 120) return fixed_text(seconds, 0) + " s";
+  if (seconds < 7200) return fixed_text(seconds / 60, 0) + " min";
+  return fixed_text(seconds / 3600, 1) + " h";
 }
 
 // Time-weighted percentile: the smallest value held for at least `share` of the total time (nearest rank).
@@ -149,10 +143,11 @@ Recommendation recommend(const Policy& policy, const UsageHistory& history) {
     rec.p95_wait_s = percentile(waits, 0.95);
     const double busy = 1 - rec.idle_share;
     rec.base = std::min(capacity, std::ceil(rec.p50_in_use * busy - kEps));
-    rec.why.push_back("base = ceil(p50 in use " + fixed(rec.p50_in_use) + " x busy share " + fixed(busy, 3) + ") = " +
-                      number(rec.base) + (rec.idle_share > 0 ? " (idle GPUs are no case for a larger guarantee)" : ""));
+    rec.why.push_back("base = ceil(p50 in use " + fixed_text(rec.p50_in_use) + " x busy share " + fixed_text(busy, 3) +
+                      ") = " + number(rec.base) +
+                      (rec.idle_share > 0 ? " (idle GPUs are no case for a larger guarantee)" : ""));
     rec.burst = std::min(capacity, std::max(rec.base, std::ceil(rec.p95_demand - kEps)));
-    rec.why.push_back("burst = max(base, ceil(p95 in use + waiting " + fixed(rec.p95_demand) +
+    rec.why.push_back("burst = max(base, ceil(p95 in use + waiting " + fixed_text(rec.p95_demand) +
                       ")) = " + number(rec.burst) +
                       (rec.p95_demand > rec.p95_in_use + kEps
                            ? " (requests waited in the queue: p95 wait " + duration(rec.p95_wait_s) + ")"
@@ -170,7 +165,7 @@ Recommendation recommend(const Policy& policy, const UsageHistory& history) {
       const double floor = std::floor(exact + kEps);
       remainders.emplace_back(exact - floor, i);
       out.teams[i].why.push_back("bases sum to " + number(sum) + " > " + number(capacity) +
-                                 " GPUs outside the emergency pool: scaled to " + fixed(exact, 2));
+                                 " GPUs outside the emergency pool: scaled to " + fixed_text(exact, 2));
       out.teams[i].base = floor;
       given += floor;
     }
@@ -188,7 +183,7 @@ Recommendation recommend(const Policy& policy, const UsageHistory& history) {
 std::string recommendation_text(const Recommendation& recommendation) {
   std::ostringstream out;
   const double days = static_cast<double>(recommendation.to_ms - recommendation.from_ms) / 86400000.0;
-  out << "Quota recommendation from " << fixed(days, 1) << " days of history; " << recommendation.capacity
+  out << "Quota recommendation from " << fixed_text(days, 1) << " days of history; " << recommendation.capacity
       << " GPUs outside the emergency pool.\n";
   for (const auto& note : recommendation.notes) out << "Note: " << note << ".\n";
   for (const auto& rec : recommendation.teams) {
@@ -196,15 +191,16 @@ std::string recommendation_text(const Recommendation& recommendation) {
         << rec.team << ": base " << number(rec.current_base) << " -> " << number(rec.base) << ", burst "
         << number(rec.current_burst) << " -> " << number(rec.burst) << "\n";
     if (rec.has_history) {
-      out << "  active (GPUs held or requested) " << fixed(100 * rec.active_share) << " % of the window; "
-          << fixed(rec.gpu_hours) << " GPU-hours held\n"
-          << "  GPUs in use while active: p50 " << fixed(rec.p50_in_use) << ", p95 " << fixed(rec.p95_in_use)
-          << ", peak " << fixed(rec.peak_in_use) << "\n"
-          << "  GPUs in use + waiting: p95 " << fixed(rec.p95_demand) << ", peak " << fixed(rec.peak_demand) << "\n"
+      out << "  active (GPUs held or requested) " << fixed_text(100 * rec.active_share) << " % of the window; "
+          << fixed_text(rec.gpu_hours) << " GPU-hours held\n"
+          << "  GPUs in use while active: p50 " << fixed_text(rec.p50_in_use) << ", p95 " << fixed_text(rec.p95_in_use)
+          << ", peak " << fixed_text(rec.peak_in_use) << "\n"
+          << "  GPUs in use + waiting: p95 " << fixed_text(rec.p95_demand) << ", peak " << fixed_text(rec.peak_demand)
+          << "\n"
           << "  queue wait (request to grant) over " << rec.granted_leases << " lease(s): p50 "
           << duration(rec.p50_wait_s) << ", p95 " << duration(rec.p95_wait_s) << "\n"
-          << "  idle: " << fixed(rec.idle_gpu_hours) << " of " << fixed(rec.sampled_gpu_hours)
-          << " GPU-hours with utilisation samples were below the waste threshold (" << fixed(100 * rec.idle_share)
+          << "  idle: " << fixed_text(rec.idle_gpu_hours) << " of " << fixed_text(rec.sampled_gpu_hours)
+          << " GPU-hours with utilisation samples were below the waste threshold (" << fixed_text(100 * rec.idle_share)
           << " %)\n";
     }
     for (const auto& line : rec.why) out << "  " << line << "\n";

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "quota/core/api.h"
 #include "quota/core/codec.h"
 #include "quota/server/metrics.h"
 #include "quota/server/read_db.h"
@@ -91,24 +92,18 @@ MonthData read_samples(sqlite3* db, const std::string& path, int64_t from, int64
   return out;
 }
 
-std::string fixed(double v, int digits) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(digits) << v;
-  return os.str();
-}
-
-std::string percent(double value) { return value < 0 ? "-" : fixed(100 * value, 0) + " %"; }
+std::string percent(double value) { return value < 0 ? "-" : fixed_text(100 * value, 0) + " %"; }
 
 std::string pct_change(double current, double prev) {
   if (current < 0 || prev < 0) return "-";
   const double change = 100 * (current - prev);
-  return (change >= 0 ? "+" : "") + fixed(change, 0) + " pts";
+  return (change >= 0 ? "+" : "") + fixed_text(change, 0) + " pts";
 }
 
 std::string hours_change(double current, double prev) {
   if (prev <= 0) return current > 0 ? "new" : "-";
   const double change = 100 * (current - prev) / prev;
-  return (change >= 0 ? "+" : "") + fixed(change, 0) + " %";
+  return (change >= 0 ? "+" : "") + fixed_text(change, 0) + " %";
 }
 
 std::string utc_date(int64_t ms) {
@@ -423,21 +418,21 @@ std::string report_markdown(const MonthlyReport& report) {
   std::ostringstream stream;
   stream << "# GPU usage journal " << report.month << "\n\n";
   stream << month_note(report) << "\n\n";
-  stream << "Total: **" << fixed(shown.total, 1) << " GPU-hours** (" << report.prev_month << ": "
-         << fixed(shown.prev_total, 1) << ", " << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours)
+  stream << "Total: **" << fixed_text(shown.total, 1) << " GPU-hours** (" << report.prev_month << ": "
+         << fixed_text(shown.prev_total, 1) << ", " << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours)
          << "). Team rows are rounded so that they add up to the totals.\n\n";
   stream << "## Teams\n\n| team | GPU-hours | vs " << report.prev_month
          << " | leases | GPU utilisation | change | idle GPU-hours |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < report.teams.size(); ++i) {
     const ReportTeam& team = report.teams[i];
-    stream << "| " << markdown_cell(team.team) << " | " << fixed(shown.current[i], 1) << " | "
+    stream << "| " << markdown_cell(team.team) << " | " << fixed_text(shown.current[i], 1) << " | "
            << hours_change(team.gpu_hours, team.prev_gpu_hours) << " | " << team.leases << " | "
            << percent(team.avg_util) << " | " << pct_change(team.avg_util, team.prev_avg_util) << " | "
-           << fixed(shown.idle[i], 1) << " |\n";
+           << fixed_text(shown.idle[i], 1) << " |\n";
   }
-  stream << "| **total** | **" << fixed(shown.total, 1) << "** | "
+  stream << "| **total** | **" << fixed_text(shown.total, 1) << "** | "
          << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours) << " | **" << shown.leases
-         << "** | | | **" << fixed(shown.idle_total, 1) << "** |\n";
+         << "** | | | **" << fixed_text(shown.idle_total, 1) << "** |\n";
   stream << "\n## Top jobs\n\n";
   if (report.top_jobs.empty()) {
     stream << "No job ran this month.\n";
@@ -447,12 +442,12 @@ std::string report_markdown(const MonthlyReport& report) {
     for (const auto& job : report.top_jobs) {
       stream << "| " << job.lease_id << " | " << markdown_cell(job.team) << " | " << markdown_cell(job.user) << " | "
              << markdown_cell(job.job) << " | " << markdown_cell(job.model) << " | "
-             << fixed(job.gpus, job.gpus == std::floor(job.gpus) ? 0 : 2) << " | " << fixed(job.gpu_hours, 1) << " | "
-             << format_duration_ms(job.duration_ms) << " | " << percent(job.avg_util) << " | "
+             << fixed_text(job.gpus, job.gpus == std::floor(job.gpus) ? 0 : 2) << " | " << fixed_text(job.gpu_hours, 1)
+             << " | " << format_duration_ms(job.duration_ms) << " | " << percent(job.avg_util) << " | "
              << lease_outcome(job.state, job.outcome) << " |\n";
     }
   }
-  stream << "\n## Waste leaderboard\n\nTime spent below " << fixed(100 * report.waste_util_below, 0)
+  stream << "\n## Waste leaderboard\n\nTime spent below " << fixed_text(100 * report.waste_util_below, 0)
          << " % GPU utilisation in stretches of at least "
          << format_duration_ms(static_cast<int64_t>(report.waste_after_s) * 1000) << ", times the GPUs held.\n\n";
   if (report.waste.empty()) {
@@ -463,15 +458,15 @@ std::string report_markdown(const MonthlyReport& report) {
     int rank = 0;
     for (const auto& waste_row : report.waste) {
       stream << "| " << ++rank << " | " << markdown_cell(waste_row.user) << " | " << markdown_cell(waste_row.team)
-             << " | " << fixed(waste_row.wasted_gpu_hours, 1) << " | " << waste_row.leases << " | "
+             << " | " << fixed_text(waste_row.wasted_gpu_hours, 1) << " | " << waste_row.leases << " | "
              << format_duration_ms(waste_row.longest_low_ms) << " |\n";
     }
   }
   stream << "\n## Credits\n\n| user | team | used GPU-hours | allowance | balance |\n|---|---|---:|---:|---:|\n";
   for (const auto& credit : report.credits) {
     stream << "| " << markdown_cell(credit.user) << " | " << markdown_cell(credit.team) << " | "
-           << fixed(credit.used, 1) << " | " << (credit.allowance < 0 ? "-" : fixed(credit.allowance, 1)) << " | "
-           << (credit.allowance < 0 ? "-" : fixed(credit.balance(), 1)) << " |\n";
+           << fixed_text(credit.used, 1) << " | " << (credit.allowance < 0 ? "-" : fixed_text(credit.allowance, 1))
+           << " | " << (credit.allowance < 0 ? "-" : fixed_text(credit.balance(), 1)) << " |\n";
   }
   stream << "\n## Emergency uses\n\n";
   if (report.emergencies.empty()) {
@@ -482,8 +477,8 @@ std::string report_markdown(const MonthlyReport& report) {
     for (const auto& emergency : report.emergencies) {
       stream << "| " << emergency.lease_id << " | " << utc_date(emergency.granted_ms) << " | "
              << markdown_cell(emergency.team) << " | " << markdown_cell(emergency.user) << " | "
-             << markdown_cell(emergency.job) << " | " << fixed(emergency.gpus, 0) << " | "
-             << fixed(emergency.gpu_hours, 1) << " | " << markdown_cell(emergency.justification) << " | "
+             << markdown_cell(emergency.job) << " | " << fixed_text(emergency.gpus, 0) << " | "
+             << fixed_text(emergency.gpu_hours, 1) << " | " << markdown_cell(emergency.justification) << " | "
              << markdown_cell(emergency.review) << " |\n";
     }
   }
@@ -520,11 +515,11 @@ std::string svg_bars(const std::string& title, const std::vector<Bar>& bars, con
       const double value = std::max(0.0, bars[i].values[series_index]);
       const double bar_width = chart_width * value / max_value;
       const int bar_y = row_y + static_cast<int>(series_index) * 14;
-      svg << "<rect x=\"" << label_width << "\" y=\"" << bar_y << "\" width=\"" << fixed(bar_width, 1)
+      svg << "<rect x=\"" << label_width << "\" y=\"" << bar_y << "\" width=\"" << fixed_text(bar_width, 1)
           << "\" height=\"12\" fill=\"" << colors[series_index % colors.size()] << "\"><title>"
-          << html_escape(series[series_index]) << ": " << (missing ? "n/a" : fixed(value, digits) + unit)
+          << html_escape(series[series_index]) << ": " << (missing ? "n/a" : fixed_text(value, digits) + unit)
           << "</title></rect>\n<text x=\"" << label_width + static_cast<int>(bar_width) + 4 << "\" y=\"" << bar_y + 10
-          << "\" font-size=\"11\">" << (missing ? "n/a" : fixed(value, digits) + unit) << "</text>\n";
+          << "\" font-size=\"11\">" << (missing ? "n/a" : fixed_text(value, digits) + unit) << "</text>\n";
     }
   }
   int legend_x = label_width;
@@ -722,7 +717,7 @@ class CsvWriter {
   std::ostringstream out_;
 };
 
-std::string utilization(double value) { return value < 0 ? "" : fixed(value, 4); }
+std::string utilization(double value) { return value < 0 ? "" : fixed_text(value, 4); }
 
 }  // namespace
 
@@ -739,18 +734,18 @@ std::string report_csv(const MonthlyReport& report) {
     csv.row({{"record", "team"},
              {"month", report.month},
              {"team", team.team},
-             {"gpu_hours", fixed(shown.current[i], kDigits)},
-             {"prev_gpu_hours", fixed(shown.previous[i], kDigits)},
+             {"gpu_hours", fixed_text(shown.current[i], kDigits)},
+             {"prev_gpu_hours", fixed_text(shown.previous[i], kDigits)},
              {"leases", std::to_string(team.leases)},
              {"gpu_utilization", utilization(team.avg_util)},
-             {"idle_gpu_hours", fixed(shown.idle[i], kDigits)}});
+             {"idle_gpu_hours", fixed_text(shown.idle[i], kDigits)}});
   }
   csv.row({{"record", "total"},
            {"month", report.month},
-           {"gpu_hours", fixed(shown.total, kDigits)},
-           {"prev_gpu_hours", fixed(shown.prev_total, kDigits)},
+           {"gpu_hours", fixed_text(shown.total, kDigits)},
+           {"prev_gpu_hours", fixed_text(shown.prev_total, kDigits)},
            {"leases", std::to_string(shown.leases)},
-           {"idle_gpu_hours", fixed(shown.idle_total, kDigits)}});
+           {"idle_gpu_hours", fixed_text(shown.idle_total, kDigits)}});
   for (const auto& job : report.top_jobs) {
     csv.row({{"record", "job"},
              {"month", report.month},
@@ -759,8 +754,8 @@ std::string report_csv(const MonthlyReport& report) {
              {"lease", std::to_string(job.lease_id)},
              {"job", job.job},
              {"model", job.model},
-             {"gpus", fixed(job.gpus, 3)},
-             {"gpu_hours", fixed(job.gpu_hours, kDigits)},
+             {"gpus", fixed_text(job.gpus, 3)},
+             {"gpu_hours", fixed_text(job.gpu_hours, kDigits)},
              {"gpu_utilization", utilization(job.avg_util)},
              {"duration_s", std::to_string(job.duration_ms / 1000)},
              {"outcome", lease_outcome(job.state, job.outcome)}});
@@ -771,7 +766,7 @@ std::string report_csv(const MonthlyReport& report) {
              {"team", waste_row.team},
              {"user", waste_row.user},
              {"leases", std::to_string(waste_row.leases)},
-             {"idle_gpu_hours", fixed(waste_row.wasted_gpu_hours, kDigits)},
+             {"idle_gpu_hours", fixed_text(waste_row.wasted_gpu_hours, kDigits)},
              {"duration_s", std::to_string(waste_row.longest_low_ms / 1000)}});
   }
   for (const auto& credit : report.credits) {
@@ -779,10 +774,10 @@ std::string report_csv(const MonthlyReport& report) {
                                                  {"month", report.month},
                                                  {"team", credit.team},
                                                  {"user", credit.user},
-                                                 {"used_gpu_hours", fixed(credit.used, kDigits)}};
+                                                 {"used_gpu_hours", fixed_text(credit.used, kDigits)}};
     if (credit.allowance >= 0) {
-      fields["allowance_gpu_hours"] = fixed(credit.allowance, kDigits);
-      fields["balance_gpu_hours"] = fixed(credit.balance(), kDigits);
+      fields["allowance_gpu_hours"] = fixed_text(credit.allowance, kDigits);
+      fields["balance_gpu_hours"] = fixed_text(credit.balance(), kDigits);
     }
     csv.row(fields);
   }
@@ -793,8 +788,8 @@ std::string report_csv(const MonthlyReport& report) {
              {"user", emergency.user},
              {"lease", std::to_string(emergency.lease_id)},
              {"job", emergency.job},
-             {"gpus", fixed(emergency.gpus, 3)},
-             {"gpu_hours", fixed(emergency.gpu_hours, kDigits)},
+             {"gpus", fixed_text(emergency.gpus, 3)},
+             {"gpu_hours", fixed_text(emergency.gpu_hours, kDigits)},
              {"time_utc", utc_date(emergency.granted_ms)},
              {"justification", emergency.justification},
              {"review", emergency.review}});

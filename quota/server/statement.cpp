@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "quota/core/api.h"
 #include "quota/server/read_db.h"
 #include "quota/server/report.h"
 #include "quota/server/status_page.h"
@@ -25,14 +26,6 @@ namespace {
 using read_db::column_text;
 using read_db::prepare;
 using read_db::Query;
-
-std::string fixed(double value, int digits) {
-  std::ostringstream stream;
-  stream.setf(std::ios::fixed);
-  stream.precision(digits);
-  stream << (std::fabs(value) < 0.5 * std::pow(10.0, -digits) ? 0.0 : value);  // no "-0.0"
-  return stream.str();
-}
 
 std::string utc_time(int64_t ms) {
   const time_t seconds = static_cast<time_t>(ms / 1000);
@@ -260,16 +253,18 @@ std::vector<Table> tables(const QuarterStatement& statement) {
                {},
                "No month of the quarter has begun."};
   for (const auto& member : statement.members) {
-    ranking.rows.push_back({std::to_string(member.rank), member.user, member.team, fixed(member.earned, 1),
-                            fixed(member.carried_debt, 1), fixed(member.used, 1), fixed(member.balance(), 1),
+    ranking.rows.push_back({std::to_string(member.rank), member.user, member.team, fixed_text(member.earned, 1),
+                            fixed_text(member.carried_debt, 1), fixed_text(member.used, 1),
+                            fixed_text(member.balance(), 1),
                             std::to_string(member.loans_approved) + " / " + std::to_string(member.loans_applied),
-                            fixed(member.borrowed, 1), fixed(member.repaid, 1), std::to_string(member.grants),
-                            fixed(member.granted, 1)});
+                            fixed_text(member.borrowed, 1), fixed_text(member.repaid, 1), std::to_string(member.grants),
+                            fixed_text(member.granted, 1)});
     for (const auto& month : member.months) {
-      months.rows.push_back(
-          {member.user, month.month, fixed(month.credit.monthly, 1), fixed(month.credit.automatic_loan, 1),
-           fixed(month.credit.loans, 1), fixed(month.credit.grants, 1), fixed(month.credit.debt, 1),
-           fixed(month.credit.allowance(), 1), fixed(month.used, 1), fixed(month.credit.allowance() - month.used, 1)});
+      months.rows.push_back({member.user, month.month, fixed_text(month.credit.monthly, 1),
+                             fixed_text(month.credit.automatic_loan, 1), fixed_text(month.credit.loans, 1),
+                             fixed_text(month.credit.grants, 1), fixed_text(month.credit.debt, 1),
+                             fixed_text(month.credit.allowance(), 1), fixed_text(month.used, 1),
+                             fixed_text(month.credit.allowance() - month.used, 1)});
     }
   }
   Table loans{"Loans",
@@ -285,9 +280,9 @@ std::vector<Table> tables(const QuarterStatement& statement) {
               {},
               "No loan applications."};
   for (const auto& loan : statement.loans) {
-    loans.rows.push_back({std::to_string(loan.id), loan.user, loan.team, loan.month, fixed(loan.gpu_hours, 1),
+    loans.rows.push_back({std::to_string(loan.id), loan.user, loan.team, loan.month, fixed_text(loan.gpu_hours, 1),
                           to_string(loan.state), loan.decided_by.empty() ? "-" : loan.decided_by,
-                          fixed(loan.repaid_gpu_hours, 1), loan.justification});
+                          fixed_text(loan.repaid_gpu_hours, 1), loan.justification});
   }
   Table grants{"Contribution credits",
                {{"grant", true},
@@ -300,8 +295,8 @@ std::vector<Table> tables(const QuarterStatement& statement) {
                {},
                "No contribution credits granted."};
   for (const auto& grant : statement.grants) {
-    grants.rows.push_back({std::to_string(grant.id), grant.user, grant.team, grant.month, fixed(grant.gpu_hours, 1),
-                           grant.granted_by, grant.reason});
+    grants.rows.push_back({std::to_string(grant.id), grant.user, grant.team, grant.month,
+                           fixed_text(grant.gpu_hours, 1), grant.granted_by, grant.reason});
   }
   out.push_back(ranking);
   out.push_back(months);
@@ -444,27 +439,27 @@ std::string statement_csv(const QuarterStatement& statement) {
          {"rank", std::to_string(member.rank)},
          {"user", member.user},
          {"team", member.team},
-         {"earned_gpu_hours", fixed(member.earned, 3)},
-         {"carried_debt_gpu_hours", fixed(member.carried_debt, 3)},
-         {"loans_gpu_hours", fixed(member.borrowed, 3)},
-         {"grants_gpu_hours", fixed(member.granted, 3)},
-         {"used_gpu_hours", fixed(member.used, 3)},
-         {"balance_gpu_hours", fixed(member.balance(), 3)},
-         {"repaid_gpu_hours", fixed(member.repaid, 3)}});
+         {"earned_gpu_hours", fixed_text(member.earned, 3)},
+         {"carried_debt_gpu_hours", fixed_text(member.carried_debt, 3)},
+         {"loans_gpu_hours", fixed_text(member.borrowed, 3)},
+         {"grants_gpu_hours", fixed_text(member.granted, 3)},
+         {"used_gpu_hours", fixed_text(member.used, 3)},
+         {"balance_gpu_hours", fixed_text(member.balance(), 3)},
+         {"repaid_gpu_hours", fixed_text(member.repaid, 3)}});
     for (const auto& month : member.months) {
       row({{"record", "month"},
            {"quarter", statement.quarter},
            {"user", member.user},
            {"team", member.team},
            {"month", month.month},
-           {"monthly_gpu_hours", fixed(month.credit.monthly, 3)},
-           {"automatic_loan_gpu_hours", fixed(month.credit.automatic_loan, 3)},
-           {"loans_gpu_hours", fixed(month.credit.loans, 3)},
-           {"grants_gpu_hours", fixed(month.credit.grants, 3)},
-           {"repaying_gpu_hours", fixed(month.credit.debt, 3)},
-           {"allowance_gpu_hours", fixed(month.credit.allowance(), 3)},
-           {"used_gpu_hours", fixed(month.used, 3)},
-           {"balance_gpu_hours", fixed(month.credit.allowance() - month.used, 3)}});
+           {"monthly_gpu_hours", fixed_text(month.credit.monthly, 3)},
+           {"automatic_loan_gpu_hours", fixed_text(month.credit.automatic_loan, 3)},
+           {"loans_gpu_hours", fixed_text(month.credit.loans, 3)},
+           {"grants_gpu_hours", fixed_text(month.credit.grants, 3)},
+           {"repaying_gpu_hours", fixed_text(month.credit.debt, 3)},
+           {"allowance_gpu_hours", fixed_text(month.credit.allowance(), 3)},
+           {"used_gpu_hours", fixed_text(month.used, 3)},
+           {"balance_gpu_hours", fixed_text(month.credit.allowance() - month.used, 3)}});
     }
   }
   for (const auto& loan : statement.loans) {
@@ -474,10 +469,10 @@ std::string statement_csv(const QuarterStatement& statement) {
          {"team", loan.team},
          {"month", loan.month},
          {"id", std::to_string(loan.id)},
-         {"amount_gpu_hours", fixed(loan.gpu_hours, 3)},
+         {"amount_gpu_hours", fixed_text(loan.gpu_hours, 3)},
          {"state", to_string(loan.state)},
          {"by", loan.decided_by},
-         {"repaid_gpu_hours", fixed(loan.repaid_gpu_hours, 3)},
+         {"repaid_gpu_hours", fixed_text(loan.repaid_gpu_hours, 3)},
          {"time_utc", utc_time(loan.created_ms)},
          {"text", loan.justification}});
   }
@@ -488,7 +483,7 @@ std::string statement_csv(const QuarterStatement& statement) {
          {"team", grant.team},
          {"month", grant.month},
          {"id", std::to_string(grant.id)},
-         {"amount_gpu_hours", fixed(grant.gpu_hours, 3)},
+         {"amount_gpu_hours", fixed_text(grant.gpu_hours, 3)},
          {"by", grant.granted_by},
          {"time_utc", utc_time(grant.created_ms)},
          {"text", grant.reason}});

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "quota/core/api.h"
 #include "quota/server/metrics.h"
 
 namespace yolo8::quota {
@@ -41,13 +42,7 @@ std::string format_duration_ms(int64_t ms) {
 
 namespace {
 
-std::string fixed(double value, int digits) {
-  std::ostringstream stream;
-  stream << std::fixed << std::setprecision(digits) << value;
-  return stream.str();
-}
-
-std::string percent(double fraction) { return fraction < 0 ? "&ndash;" : fixed(100 * fraction, 0) + " %"; }
+std::string percent(double fraction) { return fraction < 0 ? "&ndash;" : fixed_text(100 * fraction, 0) + " %"; }
 
 std::string utc_time(int64_t ms) {
   const std::time_t epoch_seconds = static_cast<std::time_t>(ms / 1000);
@@ -106,10 +101,10 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
   html << "<title>quotad status</title>\n<style>" << kStyle << "</style></head><body>\n";
   html << "<h1>GPU use</h1><div class=\"sub\">quotad &middot; " << utc_time(now_ms) << " &middot; read-only</div>\n";
   html << "<div class=\"cards\">"
-       << "<div class=\"card\" id=\"gpus-in-use\"><b>" << fixed(allocation.allocated, 2) << " / " << policy.total_gpus()
-       << "</b>GPUs in use</div>"
-       << "<div class=\"card\" id=\"gpus-free\"><b>" << fixed(allocation.free(), 2) << "</b>GPUs free</div>"
-       << "<div class=\"card\" id=\"gpus-emergency\"><b>" << fixed(allocation.emergency, 2) << " / "
+       << "<div class=\"card\" id=\"gpus-in-use\"><b>" << fixed_text(allocation.allocated, 2) << " / "
+       << policy.total_gpus() << "</b>GPUs in use</div>"
+       << "<div class=\"card\" id=\"gpus-free\"><b>" << fixed_text(allocation.free(), 2) << "</b>GPUs free</div>"
+       << "<div class=\"card\" id=\"gpus-emergency\"><b>" << fixed_text(allocation.emergency, 2) << " / "
        << policy.emergency_pool_gpus() << "</b>emergency leases / pool</div>"
        << "<div class=\"card\"><b>" << running.size() << "</b>running leases</div>"
        << "<div class=\"card\"><b>" << queued.size() << "</b>queued</div>"
@@ -123,19 +118,19 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
     const auto& status = team.status;
     const double scale = std::max({status.burst, status.in_use, 1.0});
     const bool over = status.in_use > status.limit_now + 1e-9;
-    html << "<tr><td>" << html_escape(status.name) << "</td><td class=\"n\">" << fixed(status.in_use, 1) << " / "
-         << fixed(status.limit_now, 0) << "</td><td><div class=\"bar\" title=\"" << fixed(status.in_use, 1) << " of "
-         << fixed(status.limit_now, 0) << "\"><div class=\"fill" << (over ? " over" : "")
-         << "\" style=\"width:" << fixed(100 * status.in_use / scale, 1)
-         << "%\"></div><div class=\"mark base\" style=\"left:" << fixed(100 * status.base / scale, 1)
-         << "%\"></div><div class=\"mark\" style=\"left:" << fixed(std::min(99.5, 100 * status.limit_now / scale), 1)
-         << "%\"></div></div></td>"
-         << "<td class=\"n\">" << fixed(status.base, 0) << "</td><td class=\"n\">" << fixed(status.burst, 0)
+    html << "<tr><td>" << html_escape(status.name) << "</td><td class=\"n\">" << fixed_text(status.in_use, 1) << " / "
+         << fixed_text(status.limit_now, 0) << "</td><td><div class=\"bar\" title=\"" << fixed_text(status.in_use, 1)
+         << " of " << fixed_text(status.limit_now, 0) << "\"><div class=\"fill" << (over ? " over" : "")
+         << "\" style=\"width:" << fixed_text(100 * status.in_use / scale, 1)
+         << "%\"></div><div class=\"mark base\" style=\"left:" << fixed_text(100 * status.base / scale, 1)
+         << "%\"></div><div class=\"mark\" style=\"left:"
+         << fixed_text(std::min(99.5, 100 * status.limit_now / scale), 1) << "%\"></div></div></td>"
+         << "<td class=\"n\">" << fixed_text(status.base, 0) << "</td><td class=\"n\">" << fixed_text(status.burst, 0)
          << "</td><td>" << (status.in_burst_window ? "burst open" : "&ndash;") << "</td><td class=\"n\">"
-         << fixed(team.memory_used_gib, 0) << " / " << fixed(team.memory_allocated_gib, 0) << "</td><td class=\"n\">"
-         << percent(team.gpu_util) << "</td><td class=\"n\">" << fixed(team.gpu_hours_month, 1)
-         << "</td><td class=\"n\">" << status.leases_active << "</td><td class=\"n\">" << status.queued
-         << "</td></tr>\n";
+         << fixed_text(team.memory_used_gib, 0) << " / " << fixed_text(team.memory_allocated_gib, 0)
+         << "</td><td class=\"n\">" << percent(team.gpu_util) << "</td><td class=\"n\">"
+         << fixed_text(team.gpu_hours_month, 1) << "</td><td class=\"n\">" << status.leases_active
+         << "</td><td class=\"n\">" << status.queued << "</td></tr>\n";
   }
   html << "</table></div><div class=\"legend\">Bar: GPUs in use (red above the quota in force); dark mark: quota now; "
           "grey mark: base.</div>\n";
@@ -154,12 +149,12 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
            << html_escape(lease->req.user) << "</td><td>" << html_escape(lease->req.job) << "</td><td>"
            << html_escape(lease->req.model) << "</td><td class=\"n\" title=\""
            << html_escape(engine.describe_devices(*lease)) << "\">"  // which GPUs, and how they were matched
-           << fixed(lease->units(policy), lease->shared ? 2 : 0) << "</td><td>" << to_string(lease->state)
+           << fixed_text(lease->units(policy), lease->shared ? 2 : 0) << "</td><td>" << to_string(lease->state)
            << (lease->emergency ? " (critical)" : "") << "</td><td class=\"n\">"
            << format_duration_ms(now_ms - lease->granted_ms) << "</td><td class=\"n\">"
            << percent(lease->telemetry.gpu_util) << "</td><td class=\"n\">"
            << percent(util != nullptr && util->samples > 0 ? util->avg_util() : -1) << "</td><td class=\"n\">"
-           << (lease->telemetry.memory_used_gib >= 0 ? fixed(lease->telemetry.memory_used_gib, 1) : "&ndash;")
+           << (lease->telemetry.memory_used_gib >= 0 ? fixed_text(lease->telemetry.memory_used_gib, 1) : "&ndash;")
            << "</td></tr>\n";
     }
     html << "</table></div>\n";
@@ -184,9 +179,9 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
     html << "</table></div>\n";
   }
 
-  html << "<h2>Waste list</h2>\n<div class=\"sub\">Running leases below " << fixed(100 * policy.waste_gpu_util_below, 0)
-       << " % GPU utilisation for at least " << format_duration_ms(static_cast<int64_t>(policy.waste_after_s) * 1000)
-       << ".</div>\n";
+  html << "<h2>Waste list</h2>\n<div class=\"sub\">Running leases below "
+       << fixed_text(100 * policy.waste_gpu_util_below, 0) << " % GPU utilisation for at least "
+       << format_duration_ms(static_cast<int64_t>(policy.waste_after_s) * 1000) << ".</div>\n";
   if (waste.empty()) {
     html << "<p class=\"empty\">No idle lease.</p>\n";
   } else {
@@ -196,9 +191,9 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
     for (const auto& entry : waste) {
       html << "<tr><td class=\"n\">" << entry.lease_id << "</td><td>" << html_escape(entry.team) << "</td><td>"
            << html_escape(entry.user) << "</td><td>" << html_escape(entry.job) << "</td><td class=\"n\">"
-           << fixed(entry.units, 0) << "</td><td class=\"n\">" << format_duration_ms(entry.low_ms)
+           << fixed_text(entry.units, 0) << "</td><td class=\"n\">" << format_duration_ms(entry.low_ms)
            << "</td><td class=\"n\">" << percent(entry.last_util) << "</td><td class=\"n\">"
-           << fixed(entry.wasted_gpu_hours, 1) << "</td></tr>\n";
+           << fixed_text(entry.wasted_gpu_hours, 1) << "</td></tr>\n";
     }
     html << "</table></div>\n";
   }
