@@ -65,6 +65,17 @@ json admin_call(const AdminArgs& args, const std::string& method, const std::str
   return reply;
 }
 
+// A command's output: to `path`, or to stdout when it is empty. Throws naming the file it could not write.
+void write_output(const std::string& path, const std::string& text) {
+  if (path.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return;
+  }
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error(path + ": cannot write");
+}
+
 std::string fmt_ms(int64_t ms) {
   if (ms <= 0) return "-";
   const time_t seconds = static_cast<time_t>(ms / 1000);
@@ -331,27 +342,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s on %s: %.3f GiB + %.4f GiB per image at 640 from %d runs\n", row.model.c_str(),
                      row.device.c_str(), row.fixed_gib, row.per_image_gib, row.samples);
       }
-      if (table_out.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-      } else {
-        std::ofstream out(table_out, std::ios::binary);
-        out << text;
-        if (!out) throw std::runtime_error(table_out + ": cannot write");
-      }
+      write_output(table_out, text);
       return 0;
     }
     if (*render_cmd) {
       K8sRenderOptions options;
       options.host_memory_gib_per_gpu = render_memory_per_gpu;
       const std::string text = render_k8s(load_policy(policy_path), options);
-      if (render_out.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-      } else {
-        std::ofstream out(render_out, std::ios::binary);
-        out << text;
-        if (!out) throw std::runtime_error(render_out + ": cannot write");
-        std::fprintf(stderr, "wrote %s\n", render_out.c_str());
-      }
+      write_output(render_out, text);
+      if (!render_out.empty()) std::fprintf(stderr, "wrote %s\n", render_out.c_str());
       return 0;
     }
     if (*recommend_cmd) {
@@ -382,11 +381,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", recommendation_text(recommendation).c_str());
       std::printf("%s", diff.empty() ? "The policy already matches: no change proposed.\n"
                                      : ("Policy diff (apply with: patch -p0 < FILE):\n\n" + diff).c_str());
-      if (!recommend_diff.empty()) {
-        std::ofstream out(recommend_diff, std::ios::binary);
-        out << diff;
-        if (!out) throw std::runtime_error(recommend_diff + ": cannot write");
-      }
+      if (!recommend_diff.empty()) write_output(recommend_diff, diff);
       return 0;
     }
     if (*report_cmd && !report_quarter.empty()) {
@@ -397,13 +392,7 @@ int main(int argc, char** argv) {
       const std::string text = report_format == "html"  ? statement_html(statement)
                                : report_format == "csv" ? statement_csv(statement)
                                                         : statement_markdown(statement);
-      if (report_out.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-      } else {
-        std::ofstream out(report_out, std::ios::binary);
-        out << text;
-        if (!out) throw std::runtime_error(report_out + ": cannot write");
-      }
+      write_output(report_out, text);
       return 0;
     }
     if (*report_cmd) {
@@ -414,13 +403,7 @@ int main(int argc, char** argv) {
       const std::string text = report_format == "html"  ? report_html(report)
                                : report_format == "csv" ? report_csv(report)
                                                         : report_markdown(report);
-      if (report_out.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-      } else {
-        std::ofstream out(report_out, std::ios::binary);
-        out << text;
-        if (!out) throw std::runtime_error(report_out + ": cannot write");
-      }
+      write_output(report_out, text);
       return 0;
     }
     if (*hash_cmd) {
