@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,5 +35,11 @@ inline pid_t spawn_yolo8(const std::vector<std::string>& args, const std::map<st
 
 // Exit code, or 128 + signal for a killed child.
 inline int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+// A file the run wrote (its log, cost.json); "" when it is missing.
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 }  // namespace yolo8::test

@@ -28,10 +28,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream file(path);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
+using test::read_text;
 
 // Two GPUs, alice's team may use both; bob's higher priority in the same team revokes her lease (no minimum
 // runtime).

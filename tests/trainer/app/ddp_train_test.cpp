@@ -30,10 +30,7 @@ pid_t spawn_rank(const std::vector<std::string>& args, int rank, int port, const
   return test::spawn_yolo8(args, env, stdout_path);
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream file(path);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
+using test::read_text;
 
 int wait_exit(pid_t child) {
   int status = 0;

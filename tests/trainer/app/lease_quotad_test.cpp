@@ -25,12 +25,7 @@ namespace yolo8 {
 namespace {
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using test::read_text;
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 

@@ -32,12 +32,7 @@ std::vector<Detection> read_labels(const fs::path& file) {
   return out;
 }
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using test::read_text;
 
 int run_yolo8(const std::vector<std::string>& args, const fs::path& log) {
   const pid_t child = test::spawn_yolo8(args, {}, log.string());

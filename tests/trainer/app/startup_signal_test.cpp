@@ -30,12 +30,7 @@ namespace yolo8 {
 namespace {
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using test::read_text;
 
 TEST(StartupSignal, SigtermWhileSizingTheBatchExits75WithinSeconds) {
   const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_startup_signal_" + std::to_string(getpid()));
