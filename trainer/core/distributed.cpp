@@ -14,8 +14,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
-#if defined(YOLO8_WITH_CUDA) && __has_include(<nccl.h>)
-#define YOLO8_HAVE_NCCL 1
+// YOLO8_HAVE_NCCL comes from cmake/Yolo8Torch.cmake, which checked nccl.h against the NCCL torch was built with.
+#if defined(YOLO8_WITH_CUDA) && defined(YOLO8_HAVE_NCCL)
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
 #endif

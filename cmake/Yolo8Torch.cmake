@@ -1,0 +1,159 @@
+# LibTorch for yolo8: the CUDA build inside PyPI's torch wheel (scripts/locks/torch.txt, installed into .venv/torch
+# by scripts/pyenv.sh), with the CUDA toolkit it was built with. Sets YOLO8_WITH_CUDA, YOLO8_HAVE_NCCL and the
+# versions `yolo8 info` prints. -DTorch_DIR=... (or CMAKE_PREFIX_PATH) chooses another LibTorch.
+#
+# Checked here rather than at the first link error or crash:
+# - the CUDA toolkit is found explicitly, and its version is the one torch was built with;
+# - no GPU architecture probe runs (TORCH_CUDA_ARCH_LIST has a default);
+# - the C++ ABI of torch equals that of our Debian libraries (_GLIBCXX_USE_CXX11_ABI), by linking a call through
+#   std::string into libc10;
+# - nccl.h is the NCCL torch was built with (ProcessGroupNCCL's Options embed ncclConfig_t, whose layout follows it);
+# - YOLO8_REQUIRE_CUDA=ON (what scripts/setup.sh passes) fails the configure when the CUDA path would be left out.
+
+option(YOLO8_REQUIRE_CUDA "Fail the configure unless LibTorch is a CUDA build and the CUDA path is compiled" OFF)
+
+if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
+  file(GLOB yolo8_venv_torch_dirs "${PROJECT_SOURCE_DIR}/.venv/torch/lib/python3*/site-packages/torch/share/cmake/Torch")
+  if(yolo8_venv_torch_dirs)
+    list(GET yolo8_venv_torch_dirs 0 yolo8_venv_torch_dir)
+    set(Torch_DIR "${yolo8_venv_torch_dir}" CACHE PATH "LibTorch's CMake package (default: .venv/torch)")
+  endif()
+endif()
+
+# H100/H200 (9.0) plus the cards a department already has (A100 8.0, A10/RTX 30 8.6, L4/L40/RTX 40 8.9). Without a
+# list torch probes the local GPU, and on a machine without one it falls back to eleven architectures.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;8.6;8.9;9.0" CACHE STRING "GPU architectures for CUDA code (torch's format)")
+endif()
+
+# The toolkit before torch: where nvcc is not on the PATH, the usual install folder.
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  find_program(yolo8_nvcc nvcc)
+  if(NOT yolo8_nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "nvcc")
+  endif()
+endif()
+find_package(CUDAToolkit QUIET)
+# CUDA 12.9 dropped libnvToolsExt (NVTX 3 is header-only): a LibTorch 2.x config that still names CUDA::nvToolsExt
+# gets the header-only target under that name.
+if(CUDAToolkit_FOUND AND NOT TARGET CUDA::nvToolsExt AND TARGET CUDA::nvtx3)
+  add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
+  target_link_libraries(CUDA::nvToolsExt INTERFACE CUDA::nvtx3)
+endif()
+
+find_package(Torch REQUIRED)
+
+# One switch for every CUDA-only line of code.
+if(TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
+  set(YOLO8_WITH_CUDA ON)
+else()
+  set(YOLO8_WITH_CUDA OFF)
+endif()
+
+if(YOLO8_WITH_CUDA)
+  if(NOT CUDAToolkit_FOUND)
+    message(FATAL_ERROR "yolo8: LibTorch (${Torch_DIR}) is a CUDA build but no CUDA toolkit was found: "
+                        "put nvcc on the PATH or set CUDAToolkit_ROOT")
+  endif()
+  # torch/version.py of the wheel names the CUDA it was built with.
+  set(yolo8_torch_version_py "${Torch_DIR}/../../../version.py")
+  if(EXISTS "${yolo8_torch_version_py}")
+    file(STRINGS "${yolo8_torch_version_py}" yolo8_torch_cuda_line REGEX "^cuda")
+    if(yolo8_torch_cuda_line MATCHES "'([0-9]+\\.[0-9]+)'")
+      set(YOLO8_TORCH_BUILT_WITH_CUDA ${CMAKE_MATCH_1})
+      string(REGEX MATCH "^[0-9]+\\.[0-9]+" yolo8_toolkit_mm "${CUDAToolkit_VERSION}")
+      if(NOT yolo8_toolkit_mm VERSION_EQUAL YOLO8_TORCH_BUILT_WITH_CUDA)
+        message(FATAL_ERROR "yolo8: LibTorch was built with CUDA ${YOLO8_TORCH_BUILT_WITH_CUDA}, but the toolkit "
+                            "found is ${CUDAToolkit_VERSION} (${CUDAToolkit_BIN_DIR}): install CUDA "
+                            "${YOLO8_TORCH_BUILT_WITH_CUDA} or pin the torch build of this toolkit in "
+                            "scripts/locks/torch.txt")
+      endif()
+    endif()
+  endif()
+  set(YOLO8_CUDA_VERSION ${CUDAToolkit_VERSION})
+
+  # NCCL: the header must be the library torch links (the same major.minor).
+  find_path(YOLO8_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(YOLO8_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR})
+  set(YOLO8_HAVE_NCCL OFF)
+  if(YOLO8_NCCL_INCLUDE_DIR AND YOLO8_NCCL_LIBRARY)
+    file(STRINGS "${YOLO8_NCCL_INCLUDE_DIR}/nccl.h" yolo8_nccl_defines REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*" "\\1" yolo8_nccl_major "${yolo8_nccl_defines}")
+    string(REGEX REPLACE ".*NCCL_MINOR ([0-9]+).*" "\\1" yolo8_nccl_minor "${yolo8_nccl_defines}")
+    string(REGEX REPLACE ".*NCCL_PATCH ([0-9]+).*" "\\1" yolo8_nccl_patch "${yolo8_nccl_defines}")
+    set(YOLO8_NCCL_VERSION "${yolo8_nccl_major}.${yolo8_nccl_minor}.${yolo8_nccl_patch}")
+    # The NCCL torch was built against: the wheel pins nvidia-nccl-cu13 in its metadata.
+    file(GLOB yolo8_torch_dist_metadata "${Torch_DIR}/../../../../torch-*.dist-info/METADATA")
+    if(yolo8_torch_dist_metadata)
+      file(STRINGS "${yolo8_torch_dist_metadata}" yolo8_torch_nccl_req REGEX "^Requires-Dist: nvidia-nccl")
+      if(yolo8_torch_nccl_req MATCHES "==([0-9]+)\\.([0-9]+)\\.([0-9]+)")
+        set(yolo8_torch_nccl "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+        if(NOT yolo8_torch_nccl VERSION_EQUAL "${yolo8_nccl_major}.${yolo8_nccl_minor}")
+          message(FATAL_ERROR "yolo8: ${YOLO8_NCCL_INCLUDE_DIR}/nccl.h is NCCL ${YOLO8_NCCL_VERSION}, but LibTorch was "
+                              "built with NCCL ${CMAKE_MATCH_1}.${CMAKE_MATCH_2}.${CMAKE_MATCH_3} "
+                              "(${yolo8_torch_dist_metadata}): ProcessGroupNCCL's layout follows the header; "
+                              "install that NCCL's headers or set YOLO8_NCCL_INCLUDE_DIR")
+        endif()
+      endif()
+    endif()
+    set(YOLO8_HAVE_NCCL ON)
+  endif()
+
+  # cuDNN's version, for `yolo8 info` (torch reports the one it loads at run time too).
+  find_file(YOLO8_CUDNN_VERSION_H cudnn_version.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(YOLO8_CUDNN_VERSION_H)
+    file(STRINGS "${YOLO8_CUDNN_VERSION_H}" yolo8_cudnn_defines REGEX "^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+    string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*" "\\1" yolo8_cudnn_major "${yolo8_cudnn_defines}")
+    string(REGEX REPLACE ".*CUDNN_MINOR ([0-9]+).*" "\\1" yolo8_cudnn_minor "${yolo8_cudnn_defines}")
+    string(REGEX REPLACE ".*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1" yolo8_cudnn_patch "${yolo8_cudnn_defines}")
+    set(YOLO8_CUDNN_VERSION "${yolo8_cudnn_major}.${yolo8_cudnn_minor}.${yolo8_cudnn_patch}")
+  endif()
+endif()
+
+if(YOLO8_REQUIRE_CUDA AND NOT YOLO8_WITH_CUDA)
+  message(FATAL_ERROR "yolo8: YOLO8_REQUIRE_CUDA is ON but LibTorch (${Torch_DIR}) is not a CUDA build: the CUDA "
+                      "path would be configured out (run scripts/pyenv.sh torch, or pass -DYOLO8_REQUIRE_CUDA=OFF "
+                      "for a CPU-only LibTorch)")
+endif()
+if(YOLO8_REQUIRE_CUDA AND NOT YOLO8_HAVE_NCCL)
+  message(FATAL_ERROR "yolo8: YOLO8_REQUIRE_CUDA is ON but no nccl.h/libnccl was found in the CUDA toolkit "
+                      "(${CUDAToolkit_INCLUDE_DIRS}): c10d's NCCL backend would be configured out")
+endif()
+
+# The C++ ABI: a call with a std::string argument into libc10 links only when both sides agree.
+if(NOT DEFINED YOLO8_TORCH_ABI_OK)
+  set(yolo8_abi_dir "${PROJECT_BINARY_DIR}/CMakeFiles/yolo8_torch_abi")
+  file(WRITE "${yolo8_abi_dir}/abi.cpp"
+       "#include <c10/util/Exception.h>\n#include <string>\n"
+       "int main(int argc, char**) { if (argc > 5) c10::detail::torchCheckFail(\"f\", \"file\", 1, std::string(\"m\"));"
+       " return 0; }\n")
+  get_target_property(yolo8_c10_location c10 IMPORTED_LOCATION)
+  if(NOT yolo8_c10_location)
+    get_target_property(yolo8_c10_location c10 IMPORTED_LOCATION_RELEASE)
+  endif()
+  try_compile(yolo8_abi_links "${yolo8_abi_dir}/build" SOURCES "${yolo8_abi_dir}/abi.cpp"
+              CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${TORCH_INCLUDE_DIRS}"
+              COMPILE_DEFINITIONS ${TORCH_CXX_FLAGS}
+              LINK_LIBRARIES "${yolo8_c10_location}"
+              CXX_STANDARD 17
+              OUTPUT_VARIABLE yolo8_abi_output)
+  if(NOT yolo8_abi_links)
+    message(FATAL_ERROR "yolo8: a call into LibTorch's libc10 with a std::string does not link: LibTorch's C++ ABI "
+                        "(_GLIBCXX_USE_CXX11_ABI, TORCH_CXX_FLAGS='${TORCH_CXX_FLAGS}') differs from this compiler's "
+                        "and Debian's libraries (the new ABI). Use a LibTorch built with the CXX11 ABI, e.g. PyPI's "
+                        "torch >= 2.7.\n${yolo8_abi_output}")
+  endif()
+  set(YOLO8_TORCH_ABI_OK ON CACHE INTERNAL "LibTorch's C++ ABI matches")
+endif()
+string(FIND "${TORCH_CXX_FLAGS}" "_GLIBCXX_USE_CXX11_ABI=0" yolo8_old_abi)
+if(NOT yolo8_old_abi EQUAL -1)
+  message(FATAL_ERROR "yolo8: LibTorch asks for the pre-C++11 string ABI (TORCH_CXX_FLAGS='${TORCH_CXX_FLAGS}'), "
+                      "Debian's yaml-cpp, OpenCV and GoogleTest use the new one: use a CXX11-ABI LibTorch")
+endif()
+
+# torch 2.x headers need C++17; the project's standard must not be below what torch's target asks for.
+get_target_property(yolo8_torch_cxx_standard torch CXX_STANDARD)
+if(yolo8_torch_cxx_standard AND yolo8_torch_cxx_standard GREATER CMAKE_CXX_STANDARD)
+  message(FATAL_ERROR "yolo8: LibTorch ${Torch_VERSION} needs C++${yolo8_torch_cxx_standard}; "
+                      "the project builds with C++${CMAKE_CXX_STANDARD}")
+endif()
