@@ -157,3 +157,10 @@ if(yolo8_torch_cxx_standard AND yolo8_torch_cxx_standard GREATER CMAKE_CXX_STAND
   message(FATAL_ERROR "yolo8: LibTorch ${Torch_VERSION} needs C++${yolo8_torch_cxx_standard}; "
                       "the project builds with C++${CMAKE_CXX_STANDARD}")
 endif()
+
+# The wheel's libtorch.so and libtorch_cpu.so export std::filesystem (and other std::) functions of the newer
+# libstdc++ they were built with; the dynamic linker binds our calls to the first library that defines a symbol, in
+# DT_NEEDED order, where libstdc++ comes last: std::filesystem::remove_all then jumped to a null address inside
+# libtorch.so. libstdc++ is therefore made the first library every executable and shared library needs
+# (tests/architecture checks the order in yolo8).
+add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")

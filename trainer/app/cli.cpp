@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "trainer/app/build_info.h"
 #include "trainer/app/commands.h"
 #include "trainer/app/settings.h"
 #include "trainer/core/exit_codes.h"
@@ -230,7 +231,7 @@ std::string usage_text(const std::string& mode_name) {
 int run_command_line(const std::vector<std::string>& args) {
   const CommandLine command = parse_command_line(args);
   if (command.mode == "version") {
-    std::cout << "yolo8 " << YOLO8_VERSION << "\n";
+    std::cout << describe(current_build_info());
     return kExitCompleted;
   }
   if (command.mode == "help") {

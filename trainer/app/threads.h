@@ -18,6 +18,11 @@ struct ThreadChoice {
 };
 ThreadChoice configure_threads(const Settings& settings);
 
+// deterministic=true: deterministic algorithms (warn-only), cuDNN deterministic without autotuning, and
+// CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set, before any CUDA work; LibTorch's NaN fill of uninitialised memory
+// stays off either way. On CPU a run is bitwise reproducible for a fixed thread count with or without it.
+void configure_determinism(bool deterministic);
+
 // `workers` capped to the CPU share: loader threads beyond it only wait for a core.
 int loader_workers(int requested, const CpuShare& share);
 

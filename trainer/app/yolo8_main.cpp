@@ -8,6 +8,7 @@
 #include "trainer/app/model_loading.h"
 #include "trainer/app/settings.h"
 #include "trainer/app/threads.h"
+#include "trainer/app/torch_warnings.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 
@@ -16,6 +17,8 @@ int main(int argc, char** argv) {
   yolo8::reexec_with_passive_openmp_wait(argv);
   // Then: a SIGTERM during start-up must still end in a clean stop, not a killed process.
   yolo8::install_stop_signal_handlers();
+  // LibTorch 2.x repeats some warnings on every call (see torch_warnings.h).
+  yolo8::print_each_torch_warning_once();
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return yolo8::run_command_line(args);

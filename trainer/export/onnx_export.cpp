@@ -95,7 +95,7 @@ class ModelWriter {
     const auto& o = c.options;
     std::vector<std::string> inputs{x, g_.constant(path + ".weight", c.weight)};
     if (c.bias.defined()) inputs.push_back(g_.constant(path + ".bias", c.bias));
-    const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
+    const auto* pad = std::get_if<torch::ExpandingArray<2>>(&o.padding());
     if (pad == nullptr) throw std::logic_error("export: " + path + " uses a padding mode name");
     onnx::NodeProto* n = g_.node("Conv", path + "/Conv", inputs, path);
     const auto k = o.kernel_size(), s = o.stride(), d = o.dilation();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "trainer/core/auto_batch.h"
@@ -49,6 +50,42 @@ TEST(TrainStep, DflProjectionStaysFrozen) {
       EXPECT_FALSE(item.value().requires_grad()) << item.key();
     }
   }
+}
+
+// LibTorch 2.x's zero_grad sets gradients to None (1.13 zeroed them), as Python's torch 2.x does for Ultralytics.
+// A parameter without a gradient is skipped by the optimizer: a frozen layer and the DFL projection get neither
+// weight decay nor momentum, however many steps run, while the trained layers move.
+TEST(TrainStep, FrozenLayersGetNeitherDecayNorMomentumAndGradientsAreCleared) {
+  const ModelConfig config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig core_config;
+  core_config.shape = RunShape{64, 2, 10, 3};
+  core_config.batches_per_epoch = 8;
+  core_config.optim.optimizer = "SGD";
+  core_config.optim.warmup_epochs = 0;
+  core_config.optim.weight_decay = 0.05;  // large, so an applied decay would show at once
+  core_config.optim.nbs = 2;
+  core_config.freeze_layers = {0};
+  torch::manual_seed(0);
+  TrainingCore core{DetectionModel(config), DetectionModel(config), core_config};
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& item : core.model()->named_parameters()) before[item.key()] = item.value().detach().clone();
+  const SyntheticBatch batch = synthetic_batch(2, 64, 3, 3, 1);
+  for (int64_t i = 0; i < 3; ++i) ASSERT_TRUE(core.step(0, i, batch.images, batch.labels).optimizer_stepped);
+  int64_t frozen = 0, moved = 0;
+  for (const auto& item : core.model()->named_parameters()) {
+    const bool is_frozen = item.key().rfind("model.0.", 0) == 0 || item.key().find(".dfl.") != std::string::npos;
+    EXPECT_FALSE(item.value().grad().defined()) << item.key() << ": zero_grad must leave no gradient";
+    if (is_frozen) {
+      ++frozen;
+      EXPECT_TRUE(torch::equal(before[item.key()], item.value())) << item.key() << " changed while frozen";
+      EXPECT_EQ(core.optimizer().state().count(item.value().unsafeGetTensorImpl()), 0u)
+          << item.key() << " has a momentum buffer";
+    } else if (!torch::equal(before[item.key()], item.value())) {
+      ++moved;
+    }
+  }
+  EXPECT_EQ(frozen, 4);  // model.0.conv.weight, model.0.bn.weight, model.0.bn.bias, model.22.dfl.conv.weight
+  EXPECT_GT(moved, 100);
 }
 
 TEST(TrainStep, FreezeSettingParsesCountsAndLists) {
