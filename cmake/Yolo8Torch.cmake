@@ -120,6 +120,14 @@ if(YOLO8_REQUIRE_CUDA AND NOT YOLO8_HAVE_NCCL)
                       "(${CUDAToolkit_INCLUDE_DIRS}): c10d's NCCL backend would be configured out")
 endif()
 
+# Gloo's headers for c10d's CPU backend (the wheel ships Gloo inside libtorch_cpu but not its headers; Debian's
+# libgloo-dev has them). trainer/core/distributed.cpp compiles the Gloo backend only where they are found.
+find_path(YOLO8_GLOO_INCLUDE_DIR gloo/config.h)
+if(YOLO8_REQUIRE_CUDA AND NOT YOLO8_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "yolo8: gloo/config.h not found: data-parallel CPU training would be configured out "
+                      "(Debian: apt-get install libgloo-dev, which scripts/setup.sh installs)")
+endif()
+
 # The C++ ABI: a call with a std::string argument into libc10 links only when both sides agree.
 if(NOT DEFINED YOLO8_TORCH_ABI_OK)
   set(yolo8_abi_dir "${PROJECT_BINARY_DIR}/CMakeFiles/yolo8_torch_abi")

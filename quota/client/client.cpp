@@ -251,6 +251,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
     heartbeat_stop_ = false;
   }
   last_ok_steady_ms_ = steady_ms();
+  heartbeat_provider_ = provider;
   heartbeat_thread_ = std::thread([this, provider] {
     ApiRequest beat;
     beat.method = "POST";
@@ -312,8 +313,17 @@ bool QuotaClient::unreachable_too_long() const {
 }
 
 void QuotaClient::release(Outcome outcome) {
+  const bool beating = heartbeat_thread_.joinable();
   stop_heartbeats();
   if (!enabled() || lease_.id == 0 || released_) return;
+  if (beating && heartbeat_provider_ && !lost_) {
+    // The final figures: the first beat goes out before any step, the next one an interval later.
+    ApiRequest beat;
+    beat.method = "POST";
+    beat.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
+    beat.body = to_json(heartbeat_provider_()).dump();
+    call(beat);
+  }
   ApiRequest request;
   request.method = "POST";
   request.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";

@@ -103,7 +103,8 @@ class QuotaClient {
   // No successful heartbeat for longer than the TTL minus one heartbeat interval: the server may expire the
   // lease soon, so the trainer should checkpoint and yield (self-fencing).
   bool unreachable_too_long() const;
-  // Ends the lease (idempotent); stops heartbeats first.
+  // Ends the lease (idempotent); stops heartbeats first, then sends one last heartbeat with the provider's figures,
+  // so a run shorter than an interval still reports its peak memory and last step.
   void release(Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
 
@@ -123,6 +124,7 @@ class QuotaClient {
   std::atomic<int64_t> deadline_ms_{0};
   std::atomic<int64_t> last_ok_steady_ms_{0};
   std::thread heartbeat_thread_;
+  std::function<Telemetry()> heartbeat_provider_;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wakeup_;  // stop_heartbeats() ends the wait between beats early
   bool heartbeat_stop_ = false;

@@ -4,9 +4,10 @@
 #include <torch/version.h>
 
 #ifdef YOLO8_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
-#include <cuda_runtime_api.h>
 #endif
 
 #include <cstdio>

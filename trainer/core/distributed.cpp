@@ -1,11 +1,10 @@
 #include "trainer/core/distributed.h"
 
-// Each backend is built where its library's headers are present: Debian ships Gloo's (libgloo-dev), a PyTorch
-// wheel may ship neither Gloo's nor NCCL's. The c10d headers compile only with the USE_C10D_* switches, which
-// LibTorch's CMake config does not export; they are defined here rather than as compile flags so every target
-// keeps the shared precompiled header.
-#if __has_include(<gloo/config.h>)
-#define YOLO8_HAVE_GLOO 1
+// Each backend is built where its library's headers are present (cmake/Yolo8Torch.cmake): Gloo's from Debian's
+// libgloo-dev (the wheel ships Gloo's code but not its headers), NCCL's from the CUDA toolkit. The c10d headers
+// compile only with the USE_C10D_* switches, which LibTorch's CMake config does not export; they are defined here
+// rather than as compile flags so every target keeps the shared precompiled header.
+#ifdef YOLO8_HAVE_GLOO
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO 1
 #endif

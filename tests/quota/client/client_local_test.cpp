@@ -3,11 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
 
 #include "quota/client/client.h"
+#include "quota/store/store.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -38,6 +40,35 @@ TEST(QuotaClientLocal, OffModeIsANoOp) {
   ClientConfig bad;
   bad.mode = "ftp://x";
   EXPECT_THROW(QuotaClient{bad}, std::invalid_argument);
+}
+
+// The first heartbeat leaves before any step and the next an interval later: a run that ends in between still
+// reports its figures (its peak memory teaches quotad's memory table) with the last heartbeat, sent on release.
+TEST(QuotaClientLocal, ARunShorterThanAHeartbeatIntervalStillReportsItsPeak) {
+  const std::string db = temp_db("local_short_run");
+  QuotaClient q(local_config(db, 1));
+  LeaseRequest req;
+  req.model = "yolov8n";
+  req.gpus = 1;
+  ASSERT_GT(q.acquire(req).id, 0);
+  std::atomic<double> peak_gib{0.0};
+  q.start_heartbeats([&peak_gib] {
+    Telemetry t;
+    t.model = "yolov8n";
+    t.imgsz = 64;
+    t.batch = 16;
+    t.amp = 0;
+    t.device_name = "cpu";
+    t.memory_used_gib = peak_gib.load();
+    return t;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the first beat went out with no peak yet
+  peak_gib = 0.75;                                              // the steps, well inside one interval
+  q.release(Outcome::kCompleted);
+  const auto observations = Store(db).memory_observations();
+  ASSERT_EQ(observations.size(), 1u);
+  EXPECT_DOUBLE_EQ(observations[0].peak_gib, 0.75);
+  EXPECT_EQ(observations[0].batch, 16);
 }
 
 TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
