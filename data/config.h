@@ -44,6 +44,9 @@ struct LoaderConfig {
   bool shuffle = true;  // only for training loaders
   int rank = 0;         // data-parallel training: this process's share of every epoch
   int world_size = 1;
+  // Page-locked batches, which copy to a GPU asynchronously: only for a loader that feeds one (pinning creates a
+  // CUDA context, and on a GPU node a CPU-only run must not take one on a GPU leased to someone else).
+  bool pin_memory = false;
 };
 
 // Throws std::invalid_argument naming the first bad key.

@@ -265,7 +265,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t b, const std::vector<size_t
   batch.index = b;
   auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
 #ifdef YOLO8_WITH_CUDA
-  if (torch::cuda::is_available()) u8 = u8.pinned_memory(true);
+  if (cfg_.pin_memory) u8 = u8.pinned_memory(true);
 #endif
   batch.images = torch::empty({static_cast<int64_t>(n), 3, out_h, out_w}, u8);
   batch.ratio_pad = torch::zeros({static_cast<int64_t>(n), 4}, torch::kFloat64);

@@ -24,7 +24,7 @@
 namespace yolo8::data {
 
 struct Batch {
-  torch::Tensor images;     // B x 3 x H x W uint8, RGB, contiguous (pinned when CUDA is available)
+  torch::Tensor images;     // B x 3 x H x W uint8, RGB, contiguous (pinned when the config says pin_memory)
   torch::Tensor labels;     // N x 6 float32: image index in batch, class, cx, cy, w, h (normalised to H, W)
   torch::Tensor ratio_pad;  // B x 4 float64: gain_h, gain_w, pad_w, pad_h (original pixels -> batch pixels)
   std::vector<std::pair<int, int>> orig_shapes;  // (h, w) of the files

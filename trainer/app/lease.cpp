@@ -220,7 +220,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     nvml = Nvml::load(kNvmlLibrary, &why);
     std::vector<int> cuda_ids = devices_.ordinals.empty() ? settings.device_ids() : devices_.ordinals;
     if (cuda_ids.empty()) cuda_ids = {0};
-    nvml_devices = nvml_device_names(cuda_ids, visible ? visible : "");
+    nvml_devices = nvml_device_names(cuda_ids, visible ? visible : "", cuda_device_uuid);
     if (!nvml) std::cout << "Utilisation: NVML unavailable (" << why << "); reporting the busy share of the time\n";
   }
   auto sampler = std::make_shared<UtilisationSampler>(std::move(nvml), std::move(nvml_devices), monotonic_seconds());

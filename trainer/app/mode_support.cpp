@@ -66,8 +66,10 @@ torch::Device pick_device(const Settings& settings) {
   return torch::kCPU;
 }
 
-data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role) {
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role,
+                                 const torch::Device& device) {
   data::LoaderConfig config = settings.loader;
+  config.pin_memory = device.is_cuda();
   config.workers = loader_workers(config.workers, current_cpu_share());
   config.batch = batch;
   config.stride = stride;

@@ -46,7 +46,9 @@ torch::Device pick_device(const Settings& settings);
 // every image.
 // Who reads the loader: the training loop, the validation inside a training run, or `yolo8 val`.
 enum class LoaderRole { kTrain, kTrainingValidation, kValidation };
-data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role);
+// `device` is where the batches go: only a CUDA device gets pinned batches.
+data::LoaderConfig loader_config(const Settings& settings, int batch, int stride, LoaderRole role,
+                                 const torch::Device& device);
 // The split's index, with its report when `verbose`; throws DataError when no image is usable.
 std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& spec, const std::string& split,
                                                      const Settings& settings, bool verbose);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <system_error>
 
 #include "models/pickle_reader.h"
 #include "trainer/app/run_dir.h"
@@ -18,6 +19,23 @@ namespace yolo8 {
 namespace fs = std::filesystem;
 
 namespace app {
+
+bool is_input_failure(const std::exception& error) {
+  if (dynamic_cast<const std::bad_alloc*>(&error) || dynamic_cast<const std::system_error*>(&error)) return false;
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&error) || dynamic_cast<const c10::AcceleratorError*>(&error)) {
+    return false;
+  }
+  // A CUDA failure that LibTorch reports as a plain c10::Error.
+  if (dynamic_cast<const c10::Error*>(&error) && std::string(error.what()).find("CUDA error") != std::string::npos) {
+    return false;
+  }
+  if (dynamic_cast<const std::logic_error*>(&error)) {
+    return dynamic_cast<const std::invalid_argument*>(&error) || dynamic_cast<const std::out_of_range*>(&error) ||
+           dynamic_cast<const std::domain_error*>(&error) || dynamic_cast<const std::length_error*>(&error);
+  }
+  // Parse and format errors: std::runtime_error (YAML, JSON, our readers), a c10::Error of a malformed archive.
+  return true;
+}
 
 std::string encode_meta(const CheckpointMeta& meta) {
   nlohmann::json json;

@@ -39,7 +39,11 @@ std::map<std::string, std::string> training_arguments(const std::string& path);
 
 namespace app {
 
-// Setup failures (data, weights, checkpoints) are the user's to fix: exit 2, not 1.
+// Setup failures (data, weights, checkpoints) are the user's to fix: exit 2, not 1. Only failures that say the
+// input is wrong become a DataError; what a retry can cure stays as it is (exit 1, which a Job retries): memory
+// exhausted (std::bad_alloc, a CUDA out-of-memory), a GPU fault, a system call's error (an NFS read, EIO), and a
+// logic_error that is not about an argument (a bug, not the user's file).
+bool is_input_failure(const std::exception& error);
 template <typename Function>
 auto as_input_error(Function&& function) -> decltype(function()) {
   try {
@@ -49,6 +53,7 @@ auto as_input_error(Function&& function) -> decltype(function()) {
   } catch (const DataError&) {
     throw;
   } catch (const std::exception& error) {
+    if (!is_input_failure(error)) throw;
     throw DataError(error.what());
   }
 }

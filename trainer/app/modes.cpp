@@ -47,7 +47,7 @@ int run_val(const Settings& settings) {
   const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
   const int stride = static_cast<int>(model->max_stride());
   const int batch = settings.batch >= 1 ? static_cast<int>(settings.batch) : 32;
-  data::DataLoader loader(index, app::loader_config(settings, batch, stride, app::LoaderRole::kValidation),
+  data::DataLoader loader(index, app::loader_config(settings, batch, stride, app::LoaderRole::kValidation, device),
                           settings.augment, false);
   ValConfig config;
   config.conf = settings.conf >= 0 ? settings.conf : 0.001;

@@ -281,12 +281,14 @@ void TrainingRun::open_run_dir() {
 }
 
 void TrainingRun::create_loaders() {
-  data::LoaderConfig train_config = app::loader_config(settings_, local_batch_, stride_, app::LoaderRole::kTrain);
+  data::LoaderConfig train_config =
+      app::loader_config(settings_, local_batch_, stride_, app::LoaderRole::kTrain, device_);
   train_config.rank = dist_.rank();
   train_config.world_size = dist_.world_size();
   train_loader_ = std::make_unique<data::DataLoader>(train_index_, train_config, settings_.augment, true);
   val_loader_ = std::make_unique<data::DataLoader>(
-      val_index_, app::loader_config(settings_, local_batch_ * 2, stride_, app::LoaderRole::kTrainingValidation),
+      val_index_,
+      app::loader_config(settings_, local_batch_ * 2, stride_, app::LoaderRole::kTrainingValidation, device_),
       settings_.augment, false);
   batches_per_epoch_ = train_loader_->num_batches();
 }
@@ -382,7 +384,7 @@ void TrainingRun::prepare_outputs() {
     rank_nvml_ = Nvml::load(kNvmlLibrary, &why);
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     const std::vector<std::string> names =
-        nvml_device_names({device_.has_index() ? device_.index() : 0}, visible ? visible : "");
+        nvml_device_names({device_.has_index() ? device_.index() : 0}, visible ? visible : "", cuda_device_uuid);
     if (!names.empty()) rank_nvml_device_ = names.front();
     if (!rank_nvml_) {
       std::cerr << "yolo8: rank " << dist_.rank() << ": NVML unavailable (" << why

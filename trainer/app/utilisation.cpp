@@ -2,8 +2,13 @@
 
 #include <dlfcn.h>
 
+#ifdef YOLO8_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -95,19 +100,39 @@ std::optional<Nvml::DeviceSample> Nvml::sample(const std::string& device) const 
   return sample;
 }
 
-std::vector<std::string> nvml_device_names(const std::vector<int>& cuda_ids, const std::string& visible) {
+std::vector<std::string> nvml_device_names(const std::vector<int>& cuda_ids, const std::string& visible,
+                                           const CudaUuidLookup& cuda_uuid) {
   std::vector<std::string> entries;
   std::stringstream list(visible);
   for (std::string entry; std::getline(list, entry, ',');) entries.push_back(entry);
   std::vector<std::string> names;
   for (const int id : cuda_ids) {
-    if (visible.empty()) {
+    if (std::optional<std::string> uuid = cuda_uuid ? cuda_uuid(id) : std::nullopt) {
+      names.push_back(*uuid);
+    } else if (visible.empty()) {
       names.push_back(std::to_string(id));
     } else if (id >= 0 && id < static_cast<int>(entries.size())) {
       names.push_back(entries[static_cast<size_t>(id)]);  // a physical index or a UUID, as NVML names them
     }
   }
   return names;
+}
+
+std::optional<std::string> cuda_device_uuid(int cuda_id) {
+#ifdef YOLO8_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || cuda_id < 0 || cuda_id >= count) return std::nullopt;
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, cuda_id) != cudaSuccess) return std::nullopt;
+  const auto* b = reinterpret_cast<const unsigned char*>(props.uuid.bytes);
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return std::string(text);
+#else
+  (void)cuda_id;
+  return std::nullopt;
+#endif
 }
 
 UtilisationSampler::UtilisationSampler(std::unique_ptr<Nvml> nvml, std::vector<std::string> devices, double start_s)

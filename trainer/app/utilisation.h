@@ -6,6 +6,7 @@
 // device; rank 0's heartbeat reports them combined (RanksUtilisation).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,9 +40,15 @@ class Nvml {
   std::unique_ptr<Api> api_;
 };
 
-// NVML names devices by physical index or UUID, CUDA by the position in CUDA_VISIBLE_DEVICES (`visible`, "" when
-// unset): the NVML names of the CUDA devices `cuda_ids`.
-std::vector<std::string> nvml_device_names(const std::vector<int>& cuda_ids, const std::string& visible);
+// The NVML names of the CUDA devices `cuda_ids`. CUDA numbers the devices it sees fastest first (unless
+// CUDA_DEVICE_ORDER=PCI_BUS_ID) after CUDA_VISIBLE_DEVICES (`visible`, "" when unset); NVML numbers every device of
+// the machine in PCI order. So a device is named by the UUID CUDA reports for it (`cuda_uuid`, "GPU-…"), which NVML
+// looks up exactly; only where CUDA says nothing (a CPU-only build) by `visible`'s entry or the number itself.
+using CudaUuidLookup = std::function<std::optional<std::string>(int cuda_id)>;
+std::vector<std::string> nvml_device_names(const std::vector<int>& cuda_ids, const std::string& visible,
+                                           const CudaUuidLookup& cuda_uuid);
+// This process's CUDA device `cuda_id`'s UUID as NVML writes it; nullopt without CUDA or that device.
+std::optional<std::string> cuda_device_uuid(int cuda_id);
 
 class UtilisationSampler {
  public:

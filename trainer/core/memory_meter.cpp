@@ -268,8 +268,16 @@ namespace {
 // avoids naming StatType, which moved namespaces in 2.x.
 constexpr size_t kAggregateStat = 0;
 
+// LibTorch's CUDA allocator exists only once CUDA is initialised: Python's torch.cuda calls initialise it first, the
+// C++ API does not, and setMemoryFraction, getDeviceStats or resetPeakStats before the first CUDA tensor throw
+// "Allocator not initialized". Every use of the allocator here goes through this (idempotent) initialisation.
+c10::DeviceIndex initialised_cuda(int device) {
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  return static_cast<c10::DeviceIndex>(device);
+}
+
 c10::DeviceIndex cuda_index(const c10::Device& device) {
-  return device.has_index() ? device.index() : static_cast<c10::DeviceIndex>(0);
+  return initialised_cuda(device.has_index() ? device.index() : 0);
 }
 }  // namespace
 #endif
@@ -313,7 +321,7 @@ void cap_process_memory(double fraction, int device) {
     throw std::invalid_argument("memory fraction must be in (0, 1], got " + std::to_string(fraction));
   }
 #ifdef YOLO8_WITH_CUDA
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, initialised_cuda(device));
 #else
   throw std::runtime_error("cap_process_memory(cuda:" + std::to_string(device) + "): this yolo8 build has no CUDA");
 #endif
@@ -357,6 +365,7 @@ int64_t default_memory_budget_bytes(const c10::Device& device) {
 void release_cached_memory(const c10::Device& device) {
 #ifdef YOLO8_WITH_CUDA
   if (device.is_cuda()) {
+    cuda_index(device);
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
 #else

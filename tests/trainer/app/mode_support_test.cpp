@@ -29,6 +29,17 @@ class CoutCapture {
   std::streambuf* previous_;
 };
 
+// Pinned (page-locked) batches create a CUDA context: a loader feeding the CPU must not ask for them, even on a
+// node whose GPUs are visible (and leased to someone else).
+TEST(LoaderConfig, OnlyALoaderFeedingAGpuPinsItsBatches) {
+  const Settings settings;
+  for (const auto role :
+       {app::LoaderRole::kTrain, app::LoaderRole::kTrainingValidation, app::LoaderRole::kValidation}) {
+    EXPECT_FALSE(app::loader_config(settings, 16, 32, role, torch::kCPU).pin_memory);
+    EXPECT_TRUE(app::loader_config(settings, 16, 32, role, torch::Device(torch::kCUDA, 1)).pin_memory);
+  }
+}
+
 TEST(LoadSplit, ReadsTheSplitWithItsReport) {
   const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_load_split_" + std::to_string(getpid()));
   fs::remove_all(root);

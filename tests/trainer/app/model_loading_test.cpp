@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 #include "test_paths.h"
 #include "trainer/app/run_dir.h"
@@ -11,6 +12,40 @@
 namespace yolo8 {
 namespace {
 namespace fs = std::filesystem;
+
+// Which failure `as_input_error` turns into a DataError (exit 2, which the Job templates map to FailJob): only those
+// about the input. A transient fault must keep exit 1, which a Job retries.
+template <typename Throw>
+std::string outcome_of(Throw&& throw_it) {
+  try {
+    app::as_input_error([&]() -> int {
+      throw_it();
+      return 0;
+    });
+  } catch (const DataError&) {
+    return "input";
+  } catch (const std::exception&) {
+    return "kept";
+  }
+  return "none";
+}
+
+TEST(InputErrors, OnlyFailuresOfTheInputBecomeExitTwo) {
+  EXPECT_EQ(outcome_of([] { throw std::runtime_error("data.yaml:3: key 'names' missing"); }), "input");
+  EXPECT_EQ(outcome_of([] { throw std::invalid_argument("imgsz must be a multiple of 32"); }), "input");
+  EXPECT_EQ(outcome_of([] { TORCH_CHECK(false, "PytorchStreamReader failed reading zip archive"); }), "input");
+  EXPECT_EQ(outcome_of([] { throw std::bad_alloc(); }), "kept");
+  EXPECT_EQ(outcome_of([] { TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate"); }),
+            "kept");
+  EXPECT_EQ(outcome_of([] {
+              throw c10::AcceleratorError(c10::SourceLocation{__func__, __FILE__, __LINE__}, 700,
+                                          "an illegal memory access was encountered");
+            }),
+            "kept");
+  EXPECT_EQ(outcome_of([] { TORCH_CHECK(false, "CUDA error: unspecified launch failure"); }), "kept");
+  EXPECT_EQ(outcome_of([] { throw std::system_error(EIO, std::generic_category(), "read images/0001.jpg"); }), "kept");
+  EXPECT_EQ(outcome_of([] { throw std::logic_error("export: model.22 is not fused"); }), "kept");
+}
 
 // An Ultralytics checkpoint carries its train_args; val and predict read imgsz, data and single_cls from them.
 TEST(ModelLoading, UltralyticsTrainArgsAreRead) {

@@ -3,6 +3,7 @@
 #include "trainer/app/utilisation.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -137,11 +138,35 @@ TEST(RanksUtilisation, ARankWithoutNvmlMeansBusyTimeForTheJob) {
   EXPECT_DOUBLE_EQ(RanksUtilisation::from_sums(4, 2.4, 0, 6.0, 100.0).util, 0.6);
 }
 
-TEST(NvmlDeviceNames, FollowCudaVisibleDevices) {
-  EXPECT_EQ(nvml_device_names({0, 1}, ""), (std::vector<std::string>{"0", "1"}));
-  EXPECT_EQ(nvml_device_names({0, 1}, "3,5"), (std::vector<std::string>{"3", "5"}));
-  EXPECT_EQ(nvml_device_names({1}, "GPU-aa,GPU-bb"), (std::vector<std::string>{"GPU-bb"}));
-  EXPECT_TRUE(nvml_device_names({2}, "3").empty());  // not visible: nothing to read
+// Without CUDA's word (a CPU-only build): the visible list's entries, else the numbers.
+TEST(NvmlDeviceNames, FollowCudaVisibleDevicesWhereCudaNamesNoUuid) {
+  const CudaUuidLookup none = [](int) { return std::nullopt; };
+  EXPECT_EQ(nvml_device_names({0, 1}, "", none), (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(nvml_device_names({0, 1}, "3,5", none), (std::vector<std::string>{"3", "5"}));
+  EXPECT_EQ(nvml_device_names({1}, "GPU-aa,GPU-bb", none), (std::vector<std::string>{"GPU-bb"}));
+  EXPECT_TRUE(nvml_device_names({2}, "3", none).empty());  // not visible: nothing to read
+}
+
+// CUDA's default order is fastest first, NVML's the PCI bus: on a node whose second card is the faster one, CUDA 0 is
+// NVML 1. The UUID CUDA reports names the device, whatever the numbering.
+TEST(NvmlDeviceNames, TheUuidCudaReportsWinsOverTheNumbers) {
+  const CudaUuidLookup fastest_first = [](int id) -> std::optional<std::string> {
+    return id == 0 ? "GPU-bbbb" : id == 1 ? "GPU-aaaa" : std::optional<std::string>();
+  };
+  EXPECT_EQ(nvml_device_names({0, 1}, "", fastest_first), (std::vector<std::string>{"GPU-bbbb", "GPU-aaaa"}));
+  EXPECT_EQ(nvml_device_names({0}, "0,1", fastest_first), (std::vector<std::string>{"GPU-bbbb"}));
+}
+
+TEST(NvmlDeviceNames, CudaDevicesHaveUuidsInNvmlsForm) {
+  EXPECT_EQ(cuda_device_uuid(-1), std::nullopt);
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(cuda_device_uuid(0), std::nullopt);
+    GTEST_SKIP() << "no CUDA device: the GPU's UUID is checked on a GPU machine";
+  }
+  const std::optional<std::string> uuid = cuda_device_uuid(0);
+  ASSERT_TRUE(uuid.has_value());
+  EXPECT_EQ(uuid->rfind("GPU-", 0), 0u) << *uuid;
+  EXPECT_EQ(uuid->size(), 40u) << *uuid;  // GPU- and 8-4-4-4-12 hex digits
 }
 
 }  // namespace

@@ -64,9 +64,10 @@ class ValGolden : public ::testing::Test {
   std::unique_ptr<data::DataLoader> make_loader(DetectionModel& model) {
     const data::DatasetSpec spec = data::load_data_yaml(settings_.data);
     const auto index = app::load_split(spec, "val", settings_, false);
-    return std::make_unique<data::DataLoader>(
-        index, app::loader_config(settings_, 16, static_cast<int>(model->max_stride()), app::LoaderRole::kValidation),
-        settings_.augment, false);
+    return std::make_unique<data::DataLoader>(index,
+                                              app::loader_config(settings_, 16, static_cast<int>(model->max_stride()),
+                                                                 app::LoaderRole::kValidation, torch::kCPU),
+                                              settings_.augment, false);
   }
 
   static DetectionModel load_model() {

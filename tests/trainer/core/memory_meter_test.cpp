@@ -154,5 +154,35 @@ TEST(MemoryMeterCudaTest, CpuBuildRejectsCudaCalls) {
   EXPECT_THROW(cap_process_memory(1.5, 0), std::invalid_argument);
 }
 
+// The allocator calls initialise CUDA first, as Python's torch.cuda does (LibTorch's C++ API does not): before the
+// fix a memory cap set ahead of the first CUDA tensor threw "Allocator not initialized" even on a GPU. On a machine
+// without a GPU the same code path now reaches CUDA's own initialisation, which says there is no device: that is
+// the order this test proves here; on a GPU machine the cap, the stats and the peak reset then simply work.
+TEST(MemoryMeterCudaTest, AllocatorCallsInitialiseCudaBeforeTheFirstTensor) {
+#ifdef YOLO8_WITH_CUDA
+  if (torch::cuda::is_available()) {
+    cap_process_memory(1.0, 0);
+    MemoryMeter meter(c10::Device(c10::kCUDA, 0));
+    meter.reset_peak();
+    EXPECT_GE(meter.stats().peak_bytes, 0);
+    return;
+  }
+  for (const auto& call : std::vector<std::function<void()>>{
+           [] { cap_process_memory(0.5, 0); }, [] { MemoryMeter(c10::Device(c10::kCUDA, 0)).reset_peak(); },
+           [] { (void)MemoryMeter(c10::Device(c10::kCUDA, 0)).stats(); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "a CUDA allocator call succeeded without a GPU";
+    } catch (const std::exception& error) {
+      const std::string what = error.what();
+      EXPECT_EQ(what.find("Allocator not initialized"), std::string::npos) << what;
+      EXPECT_NE(what.find("NVIDIA driver"), std::string::npos) << what;
+    }
+  }
+#else
+  GTEST_SKIP() << "a CPU-only LibTorch has no CUDA allocator";
+#endif
+}
+
 }  // namespace
 }  // namespace yolo8
