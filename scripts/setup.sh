@@ -24,8 +24,9 @@ fi
 
 # LibTorch: PyPI's CUDA torch wheel, pinned with hashes (scripts/locks/torch.txt), into .venv/torch, only when the
 # lock changed (cmake/Yolo8Torch.cmake finds it there); the test tools (ONNX Runtime, the Kubernetes schema
-# validator) likewise into .venv/tools from scripts/locks/tools.txt.
-scripts/pyenv.sh torch tools >/dev/null
+# validator) likewise into .venv/tools from scripts/locks/tools.txt, and the peer, Ultralytics 8.0.232, into
+# .venv/peer (scripts/locks/peer.txt; run with scripts/peer.sh).
+scripts/pyenv.sh torch tools peer >/dev/null
 
 [[ "${1:-}" == "--no-build" ]] && exit 0
 
