@@ -20,6 +20,18 @@ if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
   endif()
 endif()
 
+# TorchConfig.cmake looks for Caffe2's config and for libtorch/libc10 with PATHS, which CMake searches after the
+# system's folders: on a machine that also has Debian's libtorch-dev (1.13) those would win. Both are pinned to the
+# LibTorch of Torch_DIR.
+if(Torch_DIR AND EXISTS "${Torch_DIR}/../Caffe2/Caffe2Config.cmake")
+  get_filename_component(yolo8_torch_root "${Torch_DIR}/../../.." ABSOLUTE)
+  get_filename_component(yolo8_caffe2_dir "${Torch_DIR}/../Caffe2" ABSOLUTE)
+  set(Caffe2_DIR "${yolo8_caffe2_dir}" CACHE PATH "Caffe2's CMake package, beside Torch_DIR")
+  find_library(TORCH_LIBRARY torch PATHS "${yolo8_torch_root}/lib" NO_DEFAULT_PATH)
+  find_library(c10_LIBRARY c10 PATHS "${yolo8_torch_root}/lib" NO_DEFAULT_PATH)
+  find_library(C10_CUDA_LIBRARY c10_cuda PATHS "${yolo8_torch_root}/lib" NO_DEFAULT_PATH)
+endif()
+
 # H100/H200 (9.0) plus the cards a department already has (A100 8.0, A10/RTX 30 8.6, L4/L40/RTX 40 8.9). Without a
 # list torch probes the local GPU, and on a machine without one it falls back to eleven architectures.
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
