@@ -58,6 +58,7 @@ if (( dry )); then
   ds_train=${DATASET_TRAIN:-8}; ds_val=${DATASET_VAL:-2}
   device=cpu; common=(threads=1); workers=1
   limits=(vram=60 auto_batch=60 throughput=60 cuda_tests=30 nvml=40)
+  nvml_seconds=${NVML_SECONDS:-2}
 else
   total=${TOTAL_SECONDS:-480}
   imgsz=${IMGSZ:-640}; variants=${VARIANTS:-n,s,m,l,x}; batches=${BATCHES:-8,16,32,64}
@@ -66,8 +67,8 @@ else
   ds_train=${DATASET_TRAIN:-512}; ds_val=${DATASET_VAL:-32}
   device=0; common=(); workers=$(nproc)
   limits=(vram=150 auto_batch=120 throughput=85 cuda_tests=45 nvml=60)
+  nvml_seconds=${NVML_SECONDS:-32}
 fi
-nvml_seconds=${NVML_SECONDS:-32}
 stages=${STAGES:-vram,auto_batch,throughput,cuda_tests,nvml}
 export USER=${USER:-gpucheck} YOLO8_CACHE_DIR=$WORK/cache  # quota=local needs a user; the dataset index cache
 say "gpu_check: $( ((dry)) && echo "dry run on the CPU" || echo "on the GPU machine"), OUT=$OUT, WORK=$WORK," \
@@ -333,27 +334,29 @@ stage_cuda_tests() {
 stage_nvml() {
   current_stage=nvml
   ensure_dataset || return 0
+  local hours smi_pid="" extra
+  hours=$("$py" -c "print(round($nvml_seconds / 3600, 6))")
   if (( dry )); then
-    # No GPU: a CPU lease (shared=true takes one on the CPU too) still records heartbeats, so the database path
+    # No GPU: a CPU lease (shared=true takes one on the CPU too) still records heartbeats, so the run, the database
     # and the query are exercised; NVML and nvidia-smi are not.
-    run_cmd nvml train_nvml "$(left_in_stage)" "${yolo8[@]}" train data="$WORK/ds/data.yaml" model=yolov8n.yaml \
-      imgsz="$imgsz" batch="$tp_batch" epochs=1 workers="$workers" device=cpu "${common[@]}" quota=local \
-      quota_db="$WORK/quota.db" shared=true pretrained=false plots=false val=false project="$WORK/runs" \
-      name=nvml exist_ok=true
-    return 0
+    extra=(model=yolov8n.yaml device=cpu shared=true)
+  else
+    extra=(model=yolov8s.yaml device=0)
+    # Line-buffered (stdbuf) so that the samples reach the file before nvidia-smi is stopped.
+    local buffered=(); command -v stdbuf >/dev/null && buffered=(stdbuf -oL)
+    TZ=UTC "${buffered[@]}" nvidia-smi -i 0 --query-gpu=timestamp,utilization.gpu,memory.used,memory.total \
+      --format=csv,noheader,nounits -lms 500 > "$WORK/smi.csv" 2>&1 &
+    smi_pid=$!
   fi
-  TZ=UTC nvidia-smi -i 0 --query-gpu=timestamp,utilization.gpu,memory.used,memory.total \
-    --format=csv,noheader,nounits -lms 500 > "$WORK/smi.csv" 2>&1 &
-  local smi_pid=$!
-  local hours
-  hours=$("$py" -c "print(round($nvml_seconds / 3600, 5))")
-  run_cmd nvml train_nvml "$(left_in_stage)" "${yolo8[@]}" train data="$WORK/ds/data.yaml" model=yolov8s.yaml \
-    imgsz="$imgsz" batch="$tp_batch" epochs=1000 time="$hours" amp=true workers="$workers" device=0 quota=local \
-    quota_db="$WORK/quota.db" pretrained=false plots=false val=false close_mosaic=0 project="$WORK/runs" \
-    name=nvml exist_ok=true
-  kill "$smi_pid" 2>/dev/null
-  wait "$smi_pid" 2>/dev/null
-  say "  nvidia-smi: $(wc -l < "$WORK/smi.csv") samples"
+  run_cmd nvml train_nvml "$(left_in_stage)" "${yolo8[@]}" train data="$WORK/ds/data.yaml" "${extra[@]}" \
+    imgsz="$imgsz" batch="$tp_batch" epochs=1000 time="$hours" amp=true workers="$workers" "${common[@]}" \
+    quota=local quota_db="$WORK/quota.db" pretrained=false plots=false val=false close_mosaic=0 \
+    project="$WORK/runs" name=nvml exist_ok=true
+  if [[ -n $smi_pid ]]; then
+    kill -INT "$smi_pid" 2>/dev/null
+    wait "$smi_pid" 2>/dev/null
+    say "  nvidia-smi: $(wc -l < "$WORK/smi.csv") samples"
+  fi
 }
 
 for name in vram auto_batch throughput cuda_tests nvml; do run_stage "$name"; done
