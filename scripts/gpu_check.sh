@@ -74,13 +74,17 @@ export USER=${USER:-gpucheck} YOLO8_CACHE_DIR=$WORK/cache  # quota=local needs a
 say "gpu_check: $( ((dry)) && echo "dry run on the CPU" || echo "on the GPU machine"), OUT=$OUT, WORK=$WORK," \
     "stages $stages, at most $total s"
 
-no_gpu() {
-  say "gpu_check: $1: no GPU, nothing measured (the CPU dry run is --dry-run)"
-  printf '{"check": "scripts/gpu_check.sh", "status": "no_gpu", "reason": "%s"}\n' "$1" > "$OUT/summary.json"
-  exit 3
+stop() {  # stop STATUS EXIT REASON: an early end, with summary.json saying why
+  say "gpu_check: $3"
+  "$py" -c 'import json, sys; print(json.dumps({"check": "scripts/gpu_check.sh", "status": sys.argv[1], "reason": sys.argv[2]}))' \
+    "$1" "$3" > "$OUT/summary.json" 2>/dev/null ||
+    printf '{"check": "scripts/gpu_check.sh", "status": "%s"}\n' "$1" > "$OUT/summary.json"
+  exit "$2"
 }
+no_gpu() { stop no_gpu 3 "$1: no GPU, nothing measured (the CPU dry run is --dry-run)"; }
+setup_failed() { stop setup_failed 2 "$1"; }
 if (( ! dry )); then
-  smi=$(nvidia-smi -L 2>&1) || no_gpu "nvidia-smi fails: ${smi//\"/\'}"
+  smi=$(nvidia-smi -L 2>&1) || no_gpu "nvidia-smi fails: $smi"
   grep -q "^GPU [0-9]" <<<"$smi" || no_gpu "nvidia-smi lists no GPU"
   say "$smi"
   machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)
@@ -179,20 +183,20 @@ PY
 }
 
 if [[ -n ${BUILD_DIR:-} ]]; then
-  use_build "$BUILD_DIR" || { say "gpu_check: no $BUILD_DIR/trainer/yolo8"; exit 2; }
+  use_build "$BUILD_DIR" || setup_failed "no $BUILD_DIR/trainer/yolo8"
 elif [[ -n ${BUNDLE:-} ]]; then
-  use_bundle "$BUNDLE" || { say "gpu_check: $BUNDLE is no bundle (scripts/gpu_bundle.sh)"; exit 2; }
+  use_bundle "$BUNDLE" || setup_failed "$BUNDLE is no bundle (scripts/gpu_bundle.sh)"
 elif (( dry )); then
-  say "gpu_check: --dry-run needs BUILD_DIR=<a build> (or BUNDLE=<a bundle>)"; exit 2
+  setup_failed "--dry-run needs BUILD_DIR=<a build> (or BUNDLE=<a bundle>)"
 elif [[ -f .deps/bundle.tar.xz ]]; then
-  use_bundle .deps/bundle.tar.xz || { say "gpu_check: .deps/bundle.tar.xz does not unpack into a bundle"; exit 2; }
+  use_bundle .deps/bundle.tar.xz || setup_failed ".deps/bundle.tar.xz does not unpack into a bundle"
 elif [[ -x .deps/bundle/run ]]; then
   use_bundle .deps/bundle
 else
-  build_there || { say "gpu_check: the build here failed (see the log)"; exit 2; }
+  build_there || setup_failed "no bundle, and the build here failed (see gpu_check.log)"
 fi
 say "gpu_check: runner: $runner"
-version=$("${yolo8[@]}" --version 2>&1) || { say "$version"; say "gpu_check: yolo8 --version fails"; exit 2; }
+version=$("${yolo8[@]}" --version 2>&1) || { say "$version"; setup_failed "yolo8 --version fails: $(tail -n 3 <<<"$version")"; }
 say "$version"
 if (( ! dry )); then
   grep -q "(CUDA build)" <<<"$version" || no_gpu "yolo8 is not a CUDA build"
