@@ -253,9 +253,6 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   last_ok_steady_ms_ = steady_ms();
   heartbeat_provider_ = provider;
   heartbeat_thread_ = std::thread([this, provider] {
-    ApiRequest beat;
-    beat.method = "POST";
-    beat.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
     for (;;) {
@@ -265,9 +262,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
           return;
         }
       }
-      const Telemetry telemetry = provider ? provider() : Telemetry{};
-      beat.body = to_json(telemetry).dump();
-      const ApiResponse response = call(beat);
+      const ApiResponse response = call(heartbeat_request(provider ? provider() : Telemetry{}));
       if (response.status == 0) {
         wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
         continue;
@@ -297,6 +292,14 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   });
 }
 
+ApiRequest QuotaClient::heartbeat_request(const Telemetry& telemetry) const {
+  ApiRequest beat;
+  beat.method = "POST";
+  beat.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
+  beat.body = to_json(telemetry).dump();
+  return beat;
+}
+
 void QuotaClient::stop_heartbeats() {
   {
     std::lock_guard<std::mutex> lock(heartbeat_mutex_);
@@ -318,11 +321,7 @@ void QuotaClient::release(Outcome outcome) {
   if (!enabled() || lease_.id == 0 || released_) return;
   if (beating && heartbeat_provider_ && !lost_) {
     // The final figures: the first beat goes out before any step, the next one an interval later.
-    ApiRequest beat;
-    beat.method = "POST";
-    beat.path = "/v1/leases/" + std::to_string(lease_.id) + "/heartbeat";
-    beat.body = to_json(heartbeat_provider_()).dump();
-    call(beat);
+    call(heartbeat_request(heartbeat_provider_()));
   }
   ApiRequest request;
   request.method = "POST";

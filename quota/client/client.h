@@ -113,6 +113,7 @@ class QuotaClient {
 
  private:
   ApiResponse call(const ApiRequest& request);
+  ApiRequest heartbeat_request(const Telemetry& telemetry) const;
   int64_t now_ms() const;
   int64_t steady_ms() const;
 
