@@ -144,6 +144,7 @@ int run_mode(const CommandLine& command) {
   const auto export_keys =
       command.mode == "export" ? take_keys(pairs, {"opset", "dynamic", "imgsz"}) : std::map<std::string, std::string>{};
   Settings settings = resolve_settings(pairs, command.mode);
+  warn_of_secrets_on_the_command_line(pairs);
   if (settings.mode == "val" || settings.mode == "predict") adopt_training_arguments(settings, pairs);
   if (settings.mode == "info") {
     LoadedModel loaded = load_model_for_cli(settings.model);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -31,14 +32,18 @@ using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Ac
 // May change when a run resumes: where and how fast it runs, what it prints. Everything else (the recipe, the
 // data, the model) comes from the checkpoint.
 constexpr bool kResumable = true;
+// Never written or printed: args.yaml, the checkpoints' settings and the console table show it as not there.
+constexpr bool kSecret = true;
 
 struct Entry {
-  Entry(const char* key, Member accessor, const char* help_text, bool may_change_on_resume = false)
-      : name(key), member(accessor), help(help_text), resumable(may_change_on_resume) {}
+  Entry(const char* key, Member accessor, const char* help_text, bool may_change_on_resume = false,
+        bool is_secret = false)
+      : name(key), member(accessor), help(help_text), resumable(may_change_on_resume), secret(is_secret) {}
   const char* name;
   Member member;
   const char* help;
   bool resumable;
+  bool secret;
 };
 
 // The one table behind parsing, printing, args.yaml, resuming and the default.yaml test.
@@ -125,8 +130,8 @@ const std::vector<Entry>& entries() {
        "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable},
       {"quota_db", YOLO8_FIELD(lease.quota_db), "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db",
        kResumable},
-      {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
-       kResumable},
+      {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN", kResumable,
+       kSecret},
       {"team", YOLO8_FIELD(lease.team), "team the lease is charged to"},
       {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER"},
       {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)"},
@@ -323,7 +328,7 @@ const std::vector<SettingInfo>& setting_infos() {
             return SettingType::kIntList;
           },
           entry.member);
-      infos.push_back({entry.name, type, entry.help, entry.resumable});
+      infos.push_back({entry.name, type, entry.help, entry.resumable, entry.secret});
     }
     return infos;
   }();
@@ -627,10 +632,20 @@ Settings merge_resumed_settings(const Settings& saved, const Settings& requested
   return merged;
 }
 
+void warn_of_secrets_on_the_command_line(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  for (const auto& [key, value] : pairs) {
+    const Entry* entry = find_entry(key);
+    if (entry == nullptr || !entry->secret || is_null_text(value)) continue;
+    std::cerr << "yolo8: warning: " << entry->name << "= on the command line shows in `ps` and in the Job's spec; "
+              << "set $YOLO8_QUOTA_TOKEN (from a Kubernetes Secret) or put it in a cfg=FILE.yaml only you can read. "
+              << "It is never written to args.yaml, the checkpoints or the console.\n";
+  }
+}
+
 std::string settings_to_yaml(const Settings& settings) {
   std::ostringstream out;
   for (const auto& entry : entries()) {
-    const std::string value = get_setting(settings, entry.name);
+    const std::string value = entry.secret ? std::string() : get_setting(settings, entry.name);
     YAML::Emitter emitter;
     emitter << value;
     out << entry.name << ": " << (value.empty() ? std::string("null") : std::string(emitter.c_str())) << "\n";
@@ -648,7 +663,7 @@ std::string settings_table(const Settings& settings, bool all) {
         std::string(entry.name) != "data") {
       continue;
     }
-    rows.emplace_back(entry.name, value.empty() ? "-" : value);
+    rows.emplace_back(entry.name, value.empty() ? "-" : entry.secret ? "(set, not shown)" : value);
     width = std::max(width, rows.back().first.size());
   }
   std::ostringstream out;

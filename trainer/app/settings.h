@@ -117,6 +117,7 @@ struct SettingInfo {
   SettingType type;
   std::string help;
   bool resumable;  // a resumed run takes this key from the command line; every other key from its checkpoint
+  bool secret;     // never written (args.yaml, checkpoints) nor printed (the settings table): quota_token
 };
 
 // All settings in the order default.yaml lists them.
@@ -162,10 +163,14 @@ Settings resolve_settings(const std::vector<std::pair<std::string, std::string>>
 // The keys the user set: the pairs' and those of the cfg=FILE they name (read again; call after resolve_settings).
 std::set<std::string> given_setting_keys(const std::vector<std::pair<std::string, std::string>>& pairs);
 
-// args.yaml text: every setting, one per line.
+// A secret setting given as key=value can be read by anyone who lists the processes (ps) or the Job's spec: prints
+// a warning naming the safer ways ($YOLO8_QUOTA_TOKEN from a Kubernetes Secret, or cfg=FILE.yaml) to stderr.
+void warn_of_secrets_on_the_command_line(const std::vector<std::pair<std::string, std::string>>& pairs);
+
+// args.yaml text: every setting, one per line; a secret one (quota_token) as null, whatever its value.
 std::string settings_to_yaml(const Settings& settings);
 
-// A two-column table of the settings that differ from the defaults (all when `all`).
+// A two-column table of the settings that differ from the defaults (all when `all`); a secret's value is not shown.
 std::string settings_table(const Settings& settings, bool all = false);
 
 }  // namespace yolo8

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -17,6 +18,28 @@ std::string write_temp(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + name;
   std::ofstream(path) << text;
   return path;
+}
+
+// The quota token reaches the client, and nothing a run writes or prints: args.yaml and the checkpoints' settings
+// hold null, the table says it is set without the value, and a resumed run takes it from the command line again.
+TEST(Settings, TheQuotaTokenIsNeverWrittenNorPrinted) {
+  const std::string token = "s3cr3t-token-value";
+  const Settings settings = resolve_settings({{"quota_token", token}, {"team", "cv"}}, "train");
+  EXPECT_EQ(settings.lease.quota_token, token);
+  const std::string yaml = settings_to_yaml(settings);
+  EXPECT_EQ(yaml.find(token), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("quota_token: null"), std::string::npos) << yaml;
+  for (const bool all : {false, true}) {
+    const std::string table = settings_table(settings, all);
+    EXPECT_EQ(table.find(token), std::string::npos) << table;
+    EXPECT_NE(table.find("(set, not shown)"), std::string::npos) << table;
+  }
+  Settings saved;
+  apply_yaml_text(saved, yaml, "args.yaml");
+  EXPECT_TRUE(saved.lease.quota_token.empty());
+  EXPECT_EQ(merge_resumed_settings(saved, settings).lease.quota_token, token);
+  const auto& infos = setting_infos();
+  EXPECT_EQ(std::count_if(infos.begin(), infos.end(), [](const SettingInfo& info) { return info.secret; }), 1);
 }
 
 TEST(Settings, DefaultsMatchUltralytics) {
