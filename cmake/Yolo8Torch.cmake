@@ -10,6 +10,18 @@
 # - nccl.h is the NCCL torch was built with (ProcessGroupNCCL's Options embed ncclConfig_t, whose layout follows it);
 # - YOLO8_REQUIRE_CUDA=ON (what scripts/setup.sh passes) fails the configure when the CUDA path would be left out.
 
+# MAJOR.MINOR.PATCH of a header that defines them as `#define NAME N` (nccl.h, cudnn_version.h).
+function(yolo8_header_version header major_name minor_name patch_name out)
+  file(STRINGS "${header}" defines REGEX "^#define (${major_name}|${minor_name}|${patch_name}) ")
+  set(parts)
+  foreach(name ${major_name} ${minor_name} ${patch_name})
+    string(REGEX REPLACE ".*${name} ([0-9]+).*" "\\1" value "${defines}")
+    list(APPEND parts ${value})
+  endforeach()
+  list(JOIN parts "." version)
+  set(${out} "${version}" PARENT_SCOPE)
+endfunction()
+
 option(YOLO8_REQUIRE_CUDA "Fail the configure unless LibTorch is a CUDA build and the CUDA path is compiled" OFF)
 
 if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
@@ -89,18 +101,15 @@ if(YOLO8_WITH_CUDA)
   find_library(YOLO8_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR})
   set(YOLO8_HAVE_NCCL OFF)
   if(YOLO8_NCCL_INCLUDE_DIR AND YOLO8_NCCL_LIBRARY)
-    file(STRINGS "${YOLO8_NCCL_INCLUDE_DIR}/nccl.h" yolo8_nccl_defines REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
-    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*" "\\1" yolo8_nccl_major "${yolo8_nccl_defines}")
-    string(REGEX REPLACE ".*NCCL_MINOR ([0-9]+).*" "\\1" yolo8_nccl_minor "${yolo8_nccl_defines}")
-    string(REGEX REPLACE ".*NCCL_PATCH ([0-9]+).*" "\\1" yolo8_nccl_patch "${yolo8_nccl_defines}")
-    set(YOLO8_NCCL_VERSION "${yolo8_nccl_major}.${yolo8_nccl_minor}.${yolo8_nccl_patch}")
+    yolo8_header_version("${YOLO8_NCCL_INCLUDE_DIR}/nccl.h" NCCL_MAJOR NCCL_MINOR NCCL_PATCH YOLO8_NCCL_VERSION)
+    string(REGEX MATCH "^[0-9]+\\.[0-9]+" yolo8_nccl_major_minor "${YOLO8_NCCL_VERSION}")
     # The NCCL torch was built against: the wheel pins nvidia-nccl-cu13 in its metadata.
     file(GLOB yolo8_torch_dist_metadata "${Torch_DIR}/../../../../torch-*.dist-info/METADATA")
     if(yolo8_torch_dist_metadata)
       file(STRINGS "${yolo8_torch_dist_metadata}" yolo8_torch_nccl_req REGEX "^Requires-Dist: nvidia-nccl")
       if(yolo8_torch_nccl_req MATCHES "==([0-9]+)\\.([0-9]+)\\.([0-9]+)")
         set(yolo8_torch_nccl "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
-        if(NOT yolo8_torch_nccl VERSION_EQUAL "${yolo8_nccl_major}.${yolo8_nccl_minor}")
+        if(NOT yolo8_torch_nccl VERSION_EQUAL yolo8_nccl_major_minor)
           message(FATAL_ERROR "yolo8: ${YOLO8_NCCL_INCLUDE_DIR}/nccl.h is NCCL ${YOLO8_NCCL_VERSION}, but LibTorch was "
                               "built with NCCL ${CMAKE_MATCH_1}.${CMAKE_MATCH_2}.${CMAKE_MATCH_3} "
                               "(${yolo8_torch_dist_metadata}): ProcessGroupNCCL's layout follows the header; "
@@ -114,11 +123,7 @@ if(YOLO8_WITH_CUDA)
   # cuDNN's version, for `yolo8 info` (torch reports the one it loads at run time too).
   find_file(YOLO8_CUDNN_VERSION_H cudnn_version.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   if(YOLO8_CUDNN_VERSION_H)
-    file(STRINGS "${YOLO8_CUDNN_VERSION_H}" yolo8_cudnn_defines REGEX "^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
-    string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*" "\\1" yolo8_cudnn_major "${yolo8_cudnn_defines}")
-    string(REGEX REPLACE ".*CUDNN_MINOR ([0-9]+).*" "\\1" yolo8_cudnn_minor "${yolo8_cudnn_defines}")
-    string(REGEX REPLACE ".*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1" yolo8_cudnn_patch "${yolo8_cudnn_defines}")
-    set(YOLO8_CUDNN_VERSION "${yolo8_cudnn_major}.${yolo8_cudnn_minor}.${yolo8_cudnn_patch}")
+    yolo8_header_version("${YOLO8_CUDNN_VERSION_H}" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL YOLO8_CUDNN_VERSION)
   endif()
 endif()
 

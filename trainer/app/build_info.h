@@ -18,7 +18,7 @@ struct BuildInfo {
   int cuda_runtime = 0;
   int cuda_driver = 0;
   long cudnn_loaded = 0;
-  std::vector<std::string> gpus;  // "0: NVIDIA H200 (139.8 GiB)"
+  std::vector<std::string> gpus;  // "0: NVIDIA H200 (139.8 GiB, compute capability 9.0)"
 };
 
 BuildInfo current_build_info();
