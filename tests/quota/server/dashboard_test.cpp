@@ -207,6 +207,22 @@ TEST(QuotadDashboard, UnitsAPersonReadsWithoutGuessing) {
   }
 }
 
+// A share of a whole (utilisation, credit used) scales to 100 %: without `max`, Grafana scales a bar gauge to its
+// largest value, so the heaviest member's bar looks full however far under the credit it is (issue 30).
+TEST(QuotadDashboard, SharesScaleToAWhole) {
+  const json d = load_dashboard();
+  int shares = 0;
+  for (const json& p : data_panels(d)) {
+    const json& defaults = p.at("fieldConfig").at("defaults");
+    if (defaults.value("unit", "") != "percentunit") continue;
+    ++shares;
+    const std::string title = p.at("title");
+    EXPECT_EQ(defaults.value("min", -1.0), 0.0) << title;
+    EXPECT_EQ(defaults.value("max", -1.0), 1.0) << title;
+  }
+  EXPECT_GE(shares, 3);
+}
+
 TEST(QuotadDashboard, RequiresNamesEveryPanelTypeAndTheDataSource) {
   const json d = load_dashboard();
   std::set<std::string> required;
