@@ -294,6 +294,14 @@ Lease lease_from_json(const json& record) {
     lease.telemetry.gpu_util_source = telemetry.value("gpu_util_source", "");
     lease.telemetry.device_memory_used_gib = telemetry.value("device_memory_used_gib", -1.0);
     lease.telemetry.last_checkpoint_ms = telemetry.value("last_checkpoint_ms", int64_t{0});
+    // what the peak was measured with: written by to_json, so a restart keeps it (the journal's advice and the
+    // learned memory table read it)
+    lease.telemetry.model = telemetry.value("model", "");
+    lease.telemetry.imgsz = telemetry.value("imgsz", -1);
+    lease.telemetry.batch = telemetry.value("batch", -1);
+    if (telemetry.contains("amp") && telemetry["amp"].is_boolean()) lease.telemetry.amp = telemetry["amp"].get<bool>();
+    lease.telemetry.device_name = telemetry.value("device_name", "");
+    lease.telemetry.libtorch = telemetry.value("libtorch", "");
   }
   return lease;
 }

@@ -17,6 +17,8 @@
 
 #include "quota/core/api.h"
 #include "quota/core/codec.h"
+#include "quota/server/history.h"
+#include "quota/server/journal_advice.h"
 #include "quota/server/metrics.h"
 #include "quota/server/read_db.h"
 #include "quota/server/statement.h"
@@ -153,6 +155,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   report.month = month;
   int64_t from = 0, to = 0, pfrom = 0, pto = 0;
   month_range_ms(month, from, to);  // validates before anything parses it
+  report.month_start_ms = from;
   report.month_end_ms = to;
   report.generated_ms =
       now_ms > 0
@@ -234,6 +237,13 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     job.gpus = units;
     job.gpu_hours = h_cur;
     job.duration_ms = lease_end_ms(lease) - lease.granted_ms;
+    job.whole_gpus = lease.gpus;
+    job.shared = lease.shared;
+    job.may_share = policy != nullptr && policy->shared_refusal(lease.req.model, 1).empty();
+    job.memory_gib = lease.memory_gib;
+    job.peak_memory_gib = lease.telemetry.memory_used_gib;
+    job.batch = lease.telemetry.batch;
+    job.imgsz = lease.telemetry.imgsz > 0 ? lease.telemetry.imgsz : lease.req.imgsz;
     if (auto it = cur.util.find(id); it != cur.util.end()) {
       job.avg_util = it->second.avg_util();
       if (it->second.wasted_ms > 0) {
@@ -259,6 +269,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
                    [](const ReportTeam& left, const ReportTeam& right) { return left.gpu_hours > right.gpu_hours; });
   std::stable_sort(jobs.begin(), jobs.end(),
                    [](const ReportJob& left, const ReportJob& right) { return left.gpu_hours > right.gpu_hours; });
+  report.jobs = jobs;
   if (static_cast<int>(jobs.size()) > top_n) jobs.resize(static_cast<size_t>(std::max(0, top_n)));
   report.top_jobs = std::move(jobs);
   for (auto& [user_name, waste_row] : waste) report.waste.push_back(waste_row);
@@ -297,6 +308,8 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     credit.team = team;
     auto it = usage.find({user, month});
     credit.used = it == usage.end() ? 0 : it->second;
+    auto before = usage.find({user, report.prev_month});
+    credit.prev_used = before == usage.end() ? 0 : before->second;
     if (policy != nullptr && policy->monthly_gpu_hours > 0) {
       auto previous = usage.find({user, report.prev_month});
       credit.allowance =
@@ -335,6 +348,17 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     auto it = reviews.find(id);
     emergency.review = it != reviews.end() ? it->second : (lease.review_pending ? "pending" : "closed");
     report.emergencies.push_back(emergency);
+  }
+
+  // what the advice weighs beyond the month's rows: the GPU sizes on offer and the quotas the month argues for
+  if (policy != nullptr) {
+    std::set<double> sizes;
+    for (const Gpu& gpu : policy->gpus) sizes.insert(gpu.memory_gib);
+    report.gpu_memory_sizes.assign(sizes.begin(), sizes.end());
+    if (!policy->teams.empty()) {
+      const int64_t until = std::min(to, report.generated_ms);
+      if (until > from) report.recommended = recommend(*policy, load_history(db_path, *policy, from, until)).teams;
+    }
   }
   return report;
 }
@@ -411,6 +435,71 @@ std::string month_note(const MonthlyReport& report) {
   return note;
 }
 
+std::string suggestion_kind(SuggestionKind kind) {
+  switch (kind) {
+    case SuggestionKind::kUnderusedJob: return "underused job";
+    case SuggestionKind::kQuota: return "quota";
+    case SuggestionKind::kCredit: return "credit";
+  }
+  return "";
+}
+
+std::string typical_run(const ReportJob& job) {
+  std::string text = "lease " + std::to_string(job.lease_id) + " " + job.job + " (" + job.user +
+                     "): " + percent(job.avg_util) + ", " + gpus_text(job.gpus) +
+                     (job.gpus == 1 ? " GPU, " : " GPUs, ") + fixed_text(job.gpu_hours, 1) + " GPU-h";
+  if (job.batch > 0) text += ", batch " + std::to_string(job.batch);
+  if (job.imgsz > 0) text += " at " + std::to_string(job.imgsz) + " px";
+  return text;
+}
+
+// The journal's advice: suggestions with their evidence, the biggest savings, and the month's typical cases.
+void write_advice_markdown(const MonthlyReport& report, const JournalAdvice& advice, std::ostream& stream) {
+  stream << "\n## Suggestions\n\n";
+  if (advice.suggestions.empty()) {
+    stream << "Nothing to suggest: no job stayed below " << fixed_text(100 * report.waste_util_below, 0)
+           << " % GPU utilisation for " << format_duration_ms(static_cast<int64_t>(report.waste_after_s) * 1000)
+           << " or more, the quotas fit the month's use, and no member is near the credit.\n";
+  } else {
+    stream << "Computed from this month's figures; the evidence is what each suggestion rests on.\n\n"
+           << "| kind | about | suggestion | evidence |\n|---|---|---|---|\n";
+    for (const Suggestion& s : advice.suggestions) {
+      stream << "| " << suggestion_kind(s.kind) << " | " << markdown_cell(s.subject) << " | " << markdown_cell(s.advice)
+             << " | " << markdown_cell(s.evidence) << " |\n";
+    }
+  }
+  if (!advice.savings.empty()) {
+    double before = 0, after = 0;
+    for (const Suggestion& s : advice.savings) {
+      before += s.gpu_hours;
+      after += s.gpu_hours_after;
+    }
+    stream << "\n## Biggest savings\n\nThese runs would have cost " << fixed_text(after, 1) << " GPU-hours instead of "
+           << fixed_text(before, 1) << " with the suggestion above.\n\n"
+           << "| about | GPU-hours | with the suggestion | saved |\n|---|---:|---:|---:|\n";
+    for (const Suggestion& s : advice.savings) {
+      stream << "| " << markdown_cell(s.subject) << " | " << fixed_text(s.gpu_hours, 1) << " | "
+             << fixed_text(s.gpu_hours_after, 1) << " | " << fixed_text(s.saving(), 1) << " |\n";
+    }
+  }
+  stream << "\n## Typical cases\n\n";
+  if (advice.typical_cases.empty()) {
+    stream << "No run reported its GPU utilisation this month.\n";
+  } else {
+    stream << "The most and the least efficient run of each model (mean GPU utilisation).\n\n"
+           << "| model | runs | most efficient | least efficient |\n|---|---:|---|---|\n";
+    for (const TypicalCase& c : advice.typical_cases) {
+      stream << "| " << markdown_cell(c.model) << " | " << c.runs << " | "
+             << markdown_cell(typical_run(c.most_efficient)) << " | "
+             << (c.runs == 1 ? std::string("(the only run)")
+                 : c.least_efficient.avg_util == c.most_efficient.avg_util
+                     ? "(every run at " + percent(c.least_efficient.avg_util) + ")"
+                     : markdown_cell(typical_run(c.least_efficient)))
+             << " |\n";
+    }
+  }
+}
+
 }  // namespace
 
 std::string report_markdown(const MonthlyReport& report) {
@@ -433,6 +522,7 @@ std::string report_markdown(const MonthlyReport& report) {
   stream << "| **total** | **" << fixed_text(shown.total, 1) << "** | "
          << hours_change(report.total_gpu_hours, report.prev_total_gpu_hours) << " | **" << shown.leases
          << "** | | | **" << fixed_text(shown.idle_total, 1) << "** |\n";
+  write_advice_markdown(report, advise(report), stream);
   stream << "\n## Top jobs\n\n";
   if (report.top_jobs.empty()) {
     stream << "No job ran this month.\n";
@@ -441,10 +531,9 @@ std::string report_markdown(const MonthlyReport& report) {
            << "|---:|---|---|---|---|---:|---:|---:|---:|---|\n";
     for (const auto& job : report.top_jobs) {
       stream << "| " << job.lease_id << " | " << markdown_cell(job.team) << " | " << markdown_cell(job.user) << " | "
-             << markdown_cell(job.job) << " | " << markdown_cell(job.model) << " | "
-             << fixed_text(job.gpus, job.gpus == std::floor(job.gpus) ? 0 : 2) << " | " << fixed_text(job.gpu_hours, 1)
-             << " | " << format_duration_ms(job.duration_ms) << " | " << percent(job.avg_util) << " | "
-             << lease_outcome(job.state, job.outcome) << " |\n";
+             << markdown_cell(job.job) << " | " << markdown_cell(job.model) << " | " << gpus_text(job.gpus) << " | "
+             << fixed_text(job.gpu_hours, 1) << " | " << format_duration_ms(job.duration_ms) << " | "
+             << percent(job.avg_util) << " | " << lease_outcome(job.state, job.outcome) << " |\n";
     }
   }
   stream << "\n## Waste leaderboard\n\nTime spent below " << fixed_text(100 * report.waste_util_below, 0)
@@ -477,7 +566,7 @@ std::string report_markdown(const MonthlyReport& report) {
     for (const auto& emergency : report.emergencies) {
       stream << "| " << emergency.lease_id << " | " << utc_date(emergency.granted_ms) << " | "
              << markdown_cell(emergency.team) << " | " << markdown_cell(emergency.user) << " | "
-             << markdown_cell(emergency.job) << " | " << fixed_text(emergency.gpus, 0) << " | "
+             << markdown_cell(emergency.job) << " | " << gpus_text(emergency.gpus) << " | "
              << fixed_text(emergency.gpu_hours, 1) << " | " << markdown_cell(emergency.justification) << " | "
              << markdown_cell(emergency.review) << " |\n";
     }
@@ -688,7 +777,12 @@ constexpr const char* kCsvColumns[] = {"record",
                                        "time_utc",
                                        "justification",
                                        "review",
-                                       "note"};
+                                       "note",
+                                       "kind",
+                                       "subject",
+                                       "suggestion",
+                                       "evidence",
+                                       "gpu_hours_suggested"};
 
 class CsvWriter {
  public:
@@ -754,7 +848,7 @@ std::string report_csv(const MonthlyReport& report) {
              {"lease", std::to_string(job.lease_id)},
              {"job", job.job},
              {"model", job.model},
-             {"gpus", fixed_text(job.gpus, 3)},
+             {"gpus", gpus_text(job.gpus)},
              {"gpu_hours", fixed_text(job.gpu_hours, kDigits)},
              {"gpu_utilization", utilization(job.avg_util)},
              {"duration_s", std::to_string(job.duration_ms / 1000)},
@@ -781,6 +875,34 @@ std::string report_csv(const MonthlyReport& report) {
     }
     csv.row(fields);
   }
+  const JournalAdvice advice = advise(report);
+  for (const Suggestion& s : advice.suggestions) {
+    std::map<std::string, std::string> fields = {{"record", "suggestion"},          {"month", report.month},
+                                                 {"kind", suggestion_kind(s.kind)}, {"subject", s.subject},
+                                                 {"suggestion", s.advice},          {"evidence", s.evidence}};
+    if (s.kind == SuggestionKind::kUnderusedJob) {
+      fields["gpu_hours"] = fixed_text(s.gpu_hours, kDigits);
+      fields["gpu_hours_suggested"] = fixed_text(s.gpu_hours_after, kDigits);
+    }
+    csv.row(fields);
+  }
+  for (const TypicalCase& c : advice.typical_cases) {
+    for (const auto& [which, job] : {std::pair<const char*, const ReportJob*>{"most efficient", &c.most_efficient},
+                                     {"least efficient", &c.least_efficient}}) {
+      if (c.runs == 1 && std::string(which) == "least efficient") continue;
+      csv.row({{"record", "typical"},
+               {"month", report.month},
+               {"model", c.model},
+               {"kind", which},
+               {"lease", std::to_string(job->lease_id)},
+               {"job", job->job},
+               {"user", job->user},
+               {"team", job->team},
+               {"gpus", gpus_text(job->gpus)},
+               {"gpu_hours", fixed_text(job->gpu_hours, kDigits)},
+               {"gpu_utilization", utilization(job->avg_util)}});
+    }
+  }
   for (const auto& emergency : report.emergencies) {
     csv.row({{"record", "emergency"},
              {"month", report.month},
@@ -788,7 +910,7 @@ std::string report_csv(const MonthlyReport& report) {
              {"user", emergency.user},
              {"lease", std::to_string(emergency.lease_id)},
              {"job", emergency.job},
-             {"gpus", fixed_text(emergency.gpus, 3)},
+             {"gpus", gpus_text(emergency.gpus)},
              {"gpu_hours", fixed_text(emergency.gpu_hours, kDigits)},
              {"time_utc", utc_date(emergency.granted_ms)},
              {"justification", emergency.justification},

@@ -1,11 +1,13 @@
 #pragma once
 // `quotad report`: the monthly usage journal per team, read straight from quotad's SQLite store.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "quota/core/engine.h"
 #include "quota/core/policy.h"
+#include "quota/core/recommend.h"
 
 namespace yolo8::quota {
 
@@ -26,6 +28,14 @@ struct ReportJob {
   double gpu_hours = 0;  // within the month
   int64_t duration_ms = 0;
   double avg_util = -1;
+  // What the journal's advice weighs (journal_advice.h): the lease's GPUs, their memory (per GPU: a whole GPU's,
+  // or the share), and what the trainer last reported (-1: not reported).
+  int whole_gpus = 0;
+  bool shared = false;
+  bool may_share = false;  // the policy lets this model hold a one-GPU shared lease
+  double memory_gib = 0;
+  double peak_memory_gib = -1;
+  int batch = -1, imgsz = -1;
 };
 
 struct ReportWaste {
@@ -38,6 +48,7 @@ struct ReportWaste {
 struct ReportCredit {
   std::string user, team;
   double used = 0;
+  double prev_used = 0;   // the month before
   double allowance = -1;  // -1: unknown (no policy given) or credits disabled
   double balance() const { return allowance < 0 ? 0 : allowance - used; }
 };
@@ -53,16 +64,29 @@ struct ReportEmergency {
 struct MonthlyReport {
   std::string month, prev_month;
   int64_t generated_ms = 0;  // when the report was built (UTC ms)
+  int64_t month_start_ms = 0;
   int64_t month_end_ms = 0;  // start of the next month
   bool month_in_progress() const { return generated_ms < month_end_ms; }
+  // The share of the month gone at generation time (1 once it is over).
+  double elapsed_share() const {
+    if (month_end_ms <= month_start_ms || !month_in_progress()) return 1;
+    return std::clamp(
+        static_cast<double>(generated_ms - month_start_ms) / static_cast<double>(month_end_ms - month_start_ms), 0.0,
+        1.0);
+  }
   double waste_util_below = 0.20;
   int waste_after_s = 3600;
   std::vector<ReportTeam> teams;    // by GPU-hours, most first
   std::vector<ReportJob> top_jobs;  // by GPU-hours in the month, at most `top_n`
+  std::vector<ReportJob> jobs;      // every job of the month, by GPU-hours (the advice reads them all)
   std::vector<ReportWaste> waste;   // leaderboard per user, most wasted first
   std::vector<ReportCredit> credits;
   std::vector<ReportEmergency> emergencies;
   double total_gpu_hours = 0, prev_total_gpu_hours = 0;
+  // From the policy, for the advice: the GPU sizes of the inventory and `quotad recommend` over this month
+  // (empty without a policy).
+  std::vector<double> gpu_memory_sizes;  // distinct, smallest first
+  std::vector<TeamRecommendation> recommended;
 };
 
 // Reads `db_path` read-only. `month` is "YYYY-MM" (throws std::invalid_argument otherwise); `policy` (may be
@@ -72,11 +96,13 @@ struct MonthlyReport {
 MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n = 10,
                            int64_t now_ms = 0);
 
+// The journal, with its advice (journal_advice.h): suggestions with their evidence, the biggest savings, and the
+// month's typical cases per model.
 std::string report_markdown(const MonthlyReport& report);
 // Standalone HTML with inline SVG bar charts (no scripts, no external assets); numbers right-aligned.
 std::string report_html(const MonthlyReport& report);
-// One RFC 4180 table: a `record` column (report, team, total, job, waste, credit, emergency) and the columns each
-// record uses; GPU-hours with 3 decimals, team rows summing exactly to the total row.
+// One RFC 4180 table: a `record` column (report, team, total, job, waste, credit, suggestion, typical, emergency)
+// and the columns each record uses; GPU-hours with 3 decimals, team rows summing exactly to the total row.
 std::string report_csv(const MonthlyReport& report);
 
 // What happened to a lease, for every lease: running, revoking, completed, preempted, failed, cancelled,

@@ -92,6 +92,30 @@ TEST(QuotaCodec, TelemetryCarriesTheLibtorchVersionWhenGiven) {
   EXPECT_EQ(merged.libtorch, "2.1.2");
 }
 
+// A stored lease keeps what its peak was measured with: before, a restart (or `quotad report`, which reads the
+// records) saw the peak without its model, image size, batch, AMP, device and LibTorch.
+TEST(QuotaCodec, ALeaseRecordKeepsItsTelemetrysMemoryContext) {
+  Lease lease;
+  lease.id = 3;
+  lease.state = LeaseState::kGranted;
+  lease.telemetry = telemetry_from_json(json{{"memory_used_gib", 12.0},
+                                             {"model", "yolov8s"},
+                                             {"imgsz", 640},
+                                             {"batch", 16},
+                                             {"amp", false},
+                                             {"device_name", "NVIDIA H200"},
+                                             {"libtorch", "2.11.0"}});
+  const Lease back = lease_from_json(to_json(lease, Policy{}));
+  EXPECT_EQ(back.telemetry.memory_used_gib, 12.0);
+  EXPECT_EQ(back.telemetry.model, "yolov8s");
+  EXPECT_EQ(back.telemetry.imgsz, 640);
+  EXPECT_EQ(back.telemetry.batch, 16);
+  EXPECT_EQ(back.telemetry.amp, 0);
+  EXPECT_EQ(back.telemetry.device_name, "NVIDIA H200");
+  EXPECT_EQ(back.telemetry.libtorch, "2.11.0");
+  EXPECT_TRUE(back.telemetry.is_memory_observation());
+}
+
 TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
   const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
                                                                   {LeaseState::kQueued, "queued"},
