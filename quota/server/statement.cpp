@@ -38,6 +38,19 @@ std::string utc_time(int64_t ms) {
 
 }  // namespace
 
+void rank_members(std::vector<StatementMember>& members) {
+  // the figures as printed, read back: equal text is an equal key, whatever the rounding rule of the printing
+  auto shown = [](double value) { return std::stod(fixed_text(value, kStatementDigits)); };
+  auto key = [&](const StatementMember& member) {
+    return std::make_pair(shown(member.balance()), shown(member.granted));
+  };
+  std::stable_sort(members.begin(), members.end(),
+                   [&](const StatementMember& left, const StatementMember& right) { return key(left) > key(right); });
+  for (size_t i = 0; i < members.size(); ++i) {
+    members[i].rank = i > 0 && key(members[i]) == key(members[i - 1]) ? members[i - 1].rank : static_cast<int>(i) + 1;
+  }
+}
+
 QuarterStatement build_statement(const std::string& db_path, const std::string& quarter, const Policy& policy,
                                  int64_t now_ms) {
   QuarterStatement statement;
@@ -138,17 +151,7 @@ QuarterStatement build_statement(const std::string& db_path, const std::string& 
     }
     statement.members.push_back(member);
   }
-  auto key = [](const StatementMember& member) {
-    // compared at the precision shown, so members who look equal share a rank
-    return std::make_pair(std::llround(member.balance() * 1000), std::llround(member.granted * 1000));
-  };
-  std::stable_sort(statement.members.begin(), statement.members.end(),
-                   [&](const StatementMember& left, const StatementMember& right) { return key(left) > key(right); });
-  for (size_t i = 0; i < statement.members.size(); ++i) {
-    statement.members[i].rank = i > 0 && key(statement.members[i]) == key(statement.members[i - 1])
-                                    ? statement.members[i - 1].rank
-                                    : static_cast<int>(i) + 1;
-  }
+  rank_members(statement.members);
   for (const auto& loan : loans) {
     if (loan.month != before) statement.loans.push_back(loan);
   }
@@ -253,12 +256,13 @@ std::vector<Table> tables(const QuarterStatement& statement) {
                {},
                "No month of the quarter has begun."};
   for (const auto& member : statement.members) {
-    ranking.rows.push_back({std::to_string(member.rank), member.user, member.team, fixed_text(member.earned, 1),
-                            fixed_text(member.carried_debt, 1), fixed_text(member.used, 1),
-                            fixed_text(member.balance(), 1),
+    constexpr int kDigits = kStatementDigits;
+    ranking.rows.push_back({std::to_string(member.rank), member.user, member.team, fixed_text(member.earned, kDigits),
+                            fixed_text(member.carried_debt, kDigits), fixed_text(member.used, kDigits),
+                            fixed_text(member.balance(), kDigits),
                             std::to_string(member.loans_approved) + " / " + std::to_string(member.loans_applied),
                             fixed_text(member.borrowed, 1), fixed_text(member.repaid, 1), std::to_string(member.grants),
-                            fixed_text(member.granted, 1)});
+                            fixed_text(member.granted, kDigits)});
     for (const auto& month : member.months) {
       months.rows.push_back({member.user, month.month, fixed_text(month.credit.monthly, 1),
                              fixed_text(month.credit.automatic_loan, 1), fixed_text(month.credit.loans, 1),

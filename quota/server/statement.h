@@ -31,8 +31,16 @@ struct StatementMember {
   double borrowed = 0, repaid = 0;  // approved loan GPU-hours, and the part of them used and paid back
   int grants = 0;
   double granted = 0;
-  int rank = 0;  // 1 = the largest balance; equal balances and grants share a rank
+  int rank = 0;  // 1 = the largest balance; equal balances and grants (as shown) share a rank
 };
+
+// Decimals of the GPU-hours the Markdown and HTML statement show; the ranking compares at this precision.
+inline constexpr int kStatementDigits = 1;
+
+// Sorts by balance, then GPU-hours granted, both rounded to kStatementDigits decimals as the statement prints them,
+// and ranks them: members whose shown figures are equal share a rank (1, 2, 2, 2, 5), so nobody ranks below a
+// member with the same printed balance.
+void rank_members(std::vector<StatementMember>& members);
 
 struct QuarterStatement {
   std::string quarter;

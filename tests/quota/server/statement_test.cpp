@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 
+#include "quota/core/api.h"
 #include "quota/server/report.h"
 #include "quota/service/service.h"
 #include "tests/quota/quota_test_util.h"
@@ -158,6 +160,48 @@ TEST(QuotadStatement, BalancesLoansGrantsAndRanking) {
   EXPECT_DOUBLE_EQ(member(q3, "erin").used, 14);
   EXPECT_TRUE(q3.loans.empty());
   EXPECT_THROW(build_statement(scripted_db(), "2026-Q5", policy), PolicyError);
+}
+
+StatementMember with_balance(const std::string& user, double balance, double granted = 0) {
+  StatementMember member;
+  member.user = user;
+  member.earned = balance;
+  member.granted = granted;
+  return member;
+}
+
+// Ranked as printed (issue 30): 12.04, 12.03 and 12.02 all print 12.0, so they share the 2nd place and the next
+// member is 5th; before, the ranking compared three decimals and printed one (2nd, 2nd, 4th on the same "12.0").
+TEST(QuotadStatement, MembersWithTheSamePrintedBalanceShareARank) {
+  std::vector<StatementMember> members = {with_balance("erin", 11.9), with_balance("carol", 12.03),
+                                          with_balance("alice", 20), with_balance("bob", 12.04),
+                                          with_balance("dave", 12.02)};
+  rank_members(members);
+  std::vector<std::pair<std::string, int>> ranks;
+  for (const auto& m : members) ranks.emplace_back(m.user, m.rank);
+  EXPECT_EQ(ranks, (std::vector<std::pair<std::string, int>>{
+                       {"alice", 1}, {"carol", 2}, {"bob", 2}, {"dave", 2}, {"erin", 5}}));
+
+  // any members: equal printed balance and grants <=> equal rank, and the rank is 1 + those shown ahead
+  std::mt19937 random(7);
+  std::uniform_int_distribution<int> centi(-500, 500);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<StatementMember> many;
+    for (int i = 0; i < 12; ++i)
+      many.push_back(with_balance("m" + std::to_string(i), centi(random) / 37.0, (i % 3) * 0.04));
+    rank_members(many);
+    for (const auto& a : many) {
+      int ahead = 0;
+      for (const auto& b : many) {
+        const std::string ab = fixed_text(a.balance(), kStatementDigits),
+                          bb = fixed_text(b.balance(), kStatementDigits);
+        const std::string ag = fixed_text(a.granted, kStatementDigits), bg = fixed_text(b.granted, kStatementDigits);
+        if (ab == bb && ag == bg) EXPECT_EQ(a.rank, b.rank) << a.user << " " << b.user << " " << ab;
+        if (std::make_pair(std::stod(bb), std::stod(bg)) > std::make_pair(std::stod(ab), std::stod(ag))) ++ahead;
+      }
+      EXPECT_EQ(a.rank, ahead + 1) << a.user;
+    }
+  }
 }
 
 TEST(QuotadStatement, MonthlyReportUsesTheSameAllowance) {
