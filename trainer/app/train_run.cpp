@@ -308,10 +308,9 @@ void TrainingRun::build_training_core() {
   if (!resumed_optimizer_.name.empty()) config.optimizer_choice = resumed_optimizer_;
   if (dist_.enabled()) {
     dist_.broadcast_parameters(*model_);
-    // The loss is a sum over the local batch, so summed gradients equal one process on the global batch.
-    config.before_optimizer_step = [this](const std::vector<torch::Tensor>& parameters) {
-      dist_.average_gradients(parameters, GradReduction::kSum);
-    };
+    // The loss is a sum over the local batch, so summed gradients equal one process on the global batch; they are
+    // reduced bucket by bucket while the window's last backward runs.
+    config.gradient_sync = std::make_shared<OverlappedGradReducer>(dist_, GradReduction::kSum);
   }
   core_ = std::make_unique<TrainingCore>(model_, ema_model_, config);
   oom_guard_ = std::make_unique<OomGuard>(device_, [this](int64_t from, int64_t to, const std::string&) {

@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -269,6 +270,167 @@ void DistributedContext::average_gradients(const std::vector<torch::Tensor>& par
     }
     begin = end;
   }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// OverlappedGradReducer
+
+struct OverlappedGradReducer::Bucket {
+  std::vector<size_t> parameters;  // indices into parameters_
+  torch::Tensor flat;              // on the backend's device; reused every window
+  int64_t pending = 0;             // parameters yet to arrive this window
+  bool started = false;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+OverlappedGradReducer::OverlappedGradReducer(DistributedContext& context, GradReduction reduction, int64_t bucket_bytes)
+    : context_(context), reduction_(reduction), bucket_bytes_(std::max<int64_t>(1, bucket_bytes)) {}
+
+OverlappedGradReducer::~OverlappedGradReducer() {
+  for (size_t i = 0; i < hooks_.size(); ++i) parameters_[i].remove_hook(hooks_[i]);
+}
+
+int64_t OverlappedGradReducer::buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+int64_t OverlappedGradReducer::bytes_per_window() const {
+  int64_t bytes = 0;
+  for (const Bucket& bucket : buckets_) bytes += static_cast<int64_t>(bucket.flat.nbytes());
+  return bytes;
+}
+
+void OverlappedGradReducer::bind(const std::vector<torch::Tensor>& trainable) {
+  if (!parameters_.empty()) {
+    if (trainable.size() != parameters_.size()) {
+      throw std::logic_error("OverlappedGradReducer: the trainable parameters changed between windows");
+    }
+    return;
+  }
+  parameters_ = trainable;
+  bucket_of_.assign(parameters_.size(), 0);
+  offset_of_.assign(parameters_.size(), 0);
+  arrived_.assign(parameters_.size(), false);
+  // reverse model order, one dtype per bucket
+  for (size_t k = parameters_.size(); k-- > 0;) {
+    const torch::Tensor& p = parameters_[k];
+    Bucket* last = buckets_.empty() ? nullptr : &buckets_.back();
+    const bool fits = last != nullptr && last->flat.scalar_type() == p.scalar_type() &&
+                      (last->flat.numel() + p.numel()) * p.element_size() <= bucket_bytes_;
+    if (!fits) {
+      buckets_.emplace_back();
+      buckets_.back().flat = torch::empty({0}, p.options().device(context_.impl_->device).requires_grad(false));
+      last = &buckets_.back();
+    }
+    bucket_of_[k] = buckets_.size() - 1;
+    offset_of_[k] = last->flat.numel();
+    last->parameters.push_back(k);
+    last->flat = torch::empty({last->flat.numel() + p.numel()}, last->flat.options());
+  }
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    hooks_.push_back(
+        parameters_[k].register_hook([this, k](const torch::Tensor& gradient) { on_gradient(k, gradient); }));
+  }
+  reset();
+}
+
+void OverlappedGradReducer::reset() {
+  armed_ = abandoned_ = false;
+  next_to_start_ = 0;
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = static_cast<int64_t>(bucket.parameters.size());
+    bucket.started = false;
+    bucket.work.reset();
+  }
+}
+
+void OverlappedGradReducer::before_final_backward(const std::vector<torch::Tensor>& trainable) {
+  if (!context_.enabled()) return;
+  bind(trainable);
+  if (!abandoned_) armed_ = true;  // after an abandoned backward this window reduces the plain way
+  started_early_ = 0;
+}
+
+// Runs in the backward (autograd's thread for the device) before autograd adds `gradient` to .grad.
+void OverlappedGradReducer::on_gradient(size_t parameter, const torch::Tensor& gradient) {
+  if (!armed_ || arrived_[parameter]) return;
+  torch::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[bucket_of_[parameter]];
+  const int64_t count = parameters_[parameter].numel();
+  torch::Tensor slot = bucket.flat.slice(0, offset_of_[parameter], offset_of_[parameter] + count);
+  const torch::Tensor& accumulated = parameters_[parameter].grad();
+  if (accumulated.defined()) {
+    slot.copy_(accumulated.reshape({-1}));
+    slot.add_(gradient.reshape({-1}));  // the same sum autograd stores: earlier passes + this one
+  } else {
+    slot.copy_(gradient.reshape({-1}));
+  }
+  arrived_[parameter] = true;
+  if (--bucket.pending == 0) {
+    start_ready_buckets();
+    started_early_ = static_cast<int64_t>(next_to_start_);
+  }
+}
+
+void OverlappedGradReducer::start_ready_buckets() {
+  while (next_to_start_ < buckets_.size() && buckets_[next_to_start_].pending == 0) start_bucket(next_to_start_++);
+}
+
+void OverlappedGradReducer::start_bucket(size_t index) {
+  Bucket& bucket = buckets_[index];
+  std::vector<torch::Tensor> tensors{bucket.flat};
+  bucket.work = context_.impl_->group->allreduce(tensors);
+  bucket.started = true;
+}
+
+void OverlappedGradReducer::abandon_final_backward() {
+  if (!armed_) return;
+  // the other ranks' collectives for this window are (or will be) started: start ours too, contents unused
+  armed_ = false;
+  abandoned_ = true;
+  for (; next_to_start_ < buckets_.size(); ++next_to_start_) start_bucket(next_to_start_);
+}
+
+void OverlappedGradReducer::combine(const std::vector<torch::Tensor>& trainable) {
+  if (!context_.enabled()) return;
+  bind(trainable);
+  torch::NoGradGuard no_grad;
+  armed_ = false;
+  // what did not arrive during the backward (or the whole window when it was never armed): the accumulated .grad
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    Bucket& bucket = buckets_[bucket_of_[k]];
+    if (arrived_[k] || bucket.started) continue;
+    const int64_t count = parameters_[k].numel();
+    torch::Tensor slot = bucket.flat.slice(0, offset_of_[k], offset_of_[k] + count);
+    const torch::Tensor& accumulated = parameters_[k].grad();
+    if (accumulated.defined()) {
+      slot.copy_(accumulated.reshape({-1}));
+    } else {
+      slot.zero_();
+    }
+    arrived_[k] = true;
+    --bucket.pending;
+  }
+  for (; next_to_start_ < buckets_.size(); ++next_to_start_) start_bucket(next_to_start_);
+  for (Bucket& bucket : buckets_) bucket.work->wait();
+  if (context_.all_reduce_flag(abandoned_)) {
+    reset();
+    context_.average_gradients(parameters_, reduction_);
+    return;
+  }
+  for (Bucket& bucket : buckets_) {
+    if (reduction_ == GradReduction::kMean) bucket.flat.div_(context_.world_size());
+  }
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    const torch::Tensor& p = parameters_[k];
+    const torch::Tensor slot =
+        buckets_[bucket_of_[k]].flat.slice(0, offset_of_[k], offset_of_[k] + p.numel()).view(p.sizes());
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(slot);
+    } else {
+      p.mutable_grad() = slot.to(p.device()).clone().contiguous(p.suggest_memory_format());
+    }
+  }
+  reset();
 }
 
 bool DistributedContext::all_reduce_flag(bool local) {

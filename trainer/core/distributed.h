@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/gradient_sync.h"
 #include "trainer/core/stop_signal.h"
 
 namespace yolo8 {
@@ -88,9 +89,60 @@ class DistributedContext {
   int64_t bucket_bytes = 25LL << 20;
 
  private:
+  friend class OverlappedGradReducer;
   struct Impl;
   DistributedConfig config_;
   std::unique_ptr<Impl> impl_;
+};
+
+// Gradients reduced while the backward that completes them still runs, bucket by bucket, as PyTorch's DDP does.
+// Buckets hold the trainable parameters in reverse order (the order the backward produces their gradients) up to
+// `bucket_bytes` each. During an armed backward a hook copies each arriving gradient, added to what the window's
+// earlier passes accumulated (the sum autograd is about to store), into its bucket; a complete bucket's all-reduce
+// starts at once, in bucket order on every rank, so the collectives pair up whatever order the hooks fire in.
+// combine() reduces what never arrived (unused parameters: their accumulated gradient or zeros), waits and writes
+// the sums into .grad: the values average_gradients gives (identical for two ranks, whose sums commute). A backward
+// abandoned on any rank (out of memory) makes every rank fall back to average_gradients on its .grad for that
+// window: one flag collective per window decides it, so the ranks' collectives stay paired.
+class OverlappedGradReducer : public GradientSync {
+ public:
+  static constexpr int64_t kDefaultBucketBytes = 4LL << 20;
+
+  OverlappedGradReducer(DistributedContext& context, GradReduction reduction,
+                        int64_t bucket_bytes = kDefaultBucketBytes);
+  ~OverlappedGradReducer() override;
+  OverlappedGradReducer(const OverlappedGradReducer&) = delete;
+  OverlappedGradReducer& operator=(const OverlappedGradReducer&) = delete;
+
+  void before_final_backward(const std::vector<torch::Tensor>& trainable) override;
+  void abandon_final_backward() override;
+  void combine(const std::vector<torch::Tensor>& trainable) override;
+
+  // The last window's figures: buckets, bytes all-reduced, and buckets whose all-reduce started before combine().
+  int64_t buckets() const;
+  int64_t bytes_per_window() const;
+  int64_t buckets_started_during_backward() const { return started_early_; }
+
+ private:
+  struct Bucket;
+  void bind(const std::vector<torch::Tensor>& trainable);
+  void on_gradient(size_t parameter, const torch::Tensor& gradient);
+  void start_ready_buckets();
+  void start_bucket(size_t bucket);
+  void reset();
+
+  DistributedContext& context_;
+  GradReduction reduction_;
+  int64_t bucket_bytes_;
+  std::vector<torch::Tensor> parameters_;  // bound on first use: the trainable parameters, in model order
+  std::vector<unsigned> hooks_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;   // per parameter
+  std::vector<int64_t> offset_of_;  // per parameter: its first element in the bucket
+  std::vector<bool> arrived_;       // per parameter, this window
+  bool armed_ = false, abandoned_ = false;
+  size_t next_to_start_ = 0;
+  int64_t started_early_ = 0;
 };
 
 // The stop decision at a step boundary; call it once per step on every rank, after the local checks that may

@@ -94,6 +94,7 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
   const int64_t chunk_size = (batch + chunks - 1) / chunks;
   const torch::Tensor rows = labels.to(config_.device).to(torch::kFloat).reshape({-1, 6});
   StepOutcome outcome;
+  const bool completes_window = schedule_->should_step(ni);
   for (int64_t first = 0; first < batch; first += chunk_size) {
     const int64_t last = std::min(batch, first + chunk_size);
     torch::Tensor chunk_rows = rows;
@@ -113,12 +114,15 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
       for (auto& feat : feats) feat = feat.to(torch::kFloat);
     }
     const LossOutput loss = (*loss_)(feats, LossTargets::from_label_rows(chunk_rows));
+    if (completes_window && last == batch && config_.gradient_sync) {
+      config_.gradient_sync->before_final_backward(trainable_);
+    }
     scaler_.scale(loss.total).backward();
     const double weight = static_cast<double>(last - first) / static_cast<double>(batch);
     outcome.loss_items = outcome.loss_items.defined() ? outcome.loss_items + loss.items * weight
                                                       : (chunks > 1 ? loss.items * weight : loss.items);
   }
-  if (schedule_->should_step(ni)) {
+  if (completes_window) {
     const bool taken = optimizer_step();
     schedule_->record_step(ni);
     outcome.optimizer_stepped = taken;
@@ -128,7 +132,7 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
 }
 
 bool TrainingCore::optimizer_step() {
-  if (config_.before_optimizer_step) config_.before_optimizer_step(trainable_);
+  if (config_.gradient_sync) config_.gradient_sync->combine(trainable_);
   return recipe_optimizer_step(*built_.optimizer, *model_, ema_.get(), config_.clip_norm, &scaler_);
 }
 
@@ -139,6 +143,7 @@ StepOutcome TrainingCore::guarded_step(int64_t epoch, int64_t ni, const torch::T
     saved_grads.push_back(parameter.grad().defined() ? parameter.grad().clone() : torch::Tensor());
   }
   const auto restore_grads = [&] {
+    if (config_.gradient_sync) config_.gradient_sync->abandon_final_backward();
     size_t k = 0;
     for (auto& parameter : model_->parameters()) {
       const torch::Tensor& saved = saved_grads[k++];

@@ -15,6 +15,7 @@
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/ema.h"
 #include "trainer/core/grad_scaler.h"
+#include "trainer/core/gradient_sync.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/schedule.h"
 #include "trainer/detect/loss.h"
@@ -41,10 +42,9 @@ struct TrainCoreConfig {
   bool amp = false;
   LossScaling loss_scaling = LossScaling::kAuto;
   GradScalerConfig grad_scaler;  // `enabled` follows loss_scaling
-  // Called with the trainable parameters once per accumulation window, before unscaling and clipping:
-  // data-parallel runs sum their (still scaled) gradients here, so an inf on any rank reaches every rank and
-  // all of them skip the same step.
-  std::function<void(const std::vector<torch::Tensor>&)> before_optimizer_step;
+  // Data-parallel runs: combines the ranks' gradients (told before the backward that completes each accumulation
+  // window, and once per window before unscaling and clipping). Null: one process.
+  std::shared_ptr<GradientSync> gradient_sync;
 };
 
 struct StepOutcome {
