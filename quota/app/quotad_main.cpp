@@ -186,6 +186,12 @@ int main(int argc, char** argv) {
   add_admin(audit_cmd);
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
+  bool audit_verify = false;
+  std::string audit_db = "quotad.db";
+  audit_cmd->add_flag("--verify", audit_verify,
+                      "recompute the audit log's hash chain from the database (read-only) and name the first broken "
+                      "entry; exit 1 when broken");
+  audit_cmd->add_option("--db", audit_db, "with --verify: quotad's SQLite database")->capture_default_str();
 
   // the ledger (issue 19)
   std::string loan_state, ledger_text, ledger_user, ledger_month;
@@ -429,6 +435,23 @@ int main(int argc, char** argv) {
         std::printf("  audit entry %lld was missing: recorded as audit.gap\n", static_cast<long long>(seq));
       }
       if (report.quarantined.empty() && report.audit_gaps.empty()) std::printf("  nothing to repair\n");
+      return 0;
+    }
+    if (*audit_cmd && audit_verify) {
+      const AuditChainCheck check = verify_audit_chain(audit_db);
+      if (!check.intact) {
+        std::printf("quotad audit --verify: %s: the chain is broken at %s\n", audit_db.c_str(), check.problem.c_str());
+        return 1;
+      }
+      std::printf("quotad audit --verify: %s: %lld entries, chain intact", audit_db.c_str(),
+                  static_cast<long long>(check.entries));
+      if (check.unchained > 0) {
+        std::printf(" (the first %lld written before the chain existed)", static_cast<long long>(check.unchained));
+      }
+      if (check.head_seq > 0) {
+        std::printf("; head: entry %lld sha256 %s", static_cast<long long>(check.head_seq), check.head.c_str());
+      }
+      std::printf("\n");
       return 0;
     }
     json reply;

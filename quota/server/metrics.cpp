@@ -325,6 +325,15 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
   out.counter("quotad_storage_write_errors_total", "SQLite writes that failed (state changes or heartbeat batches).")
       .Add({})
       .Increment(static_cast<double>(counters.storage_write_errors));
+  // the audit log's hash chain: a copy of these series outside quotad (Prometheus) shows a rewritten log's history
+  if (const size_t space = counters.audit_chain_head.find(' '); space != std::string::npos) {
+    out.gauge("quotad_audit_chain_head_seq", "Sequence number of the last audit entry in the hash chain.",
+              std::stod(counters.audit_chain_head.substr(0, space)));
+    out.gauge("quotad_audit_chain_info",
+              "The audit chain's head (SHA-256 link of the last entry) as a label; always 1.")
+        .Add({{"head", counters.audit_chain_head.substr(space + 1)}})
+        .Set(1);
+  }
   {
     auto& family = out.counter("quotad_responses_total", "API responses by HTTP status.");
     for (const auto& [code, count] : counters.responses) {
@@ -375,7 +384,9 @@ std::vector<std::string> exported_metric_names() {
                                     "quotad_preemptions_total",
                                     "quotad_emergency_grants_total",
                                     "quotad_storage_write_errors_total",
-                                    "quotad_responses_total"};
+                                    "quotad_responses_total",
+                                    "quotad_audit_chain_head_seq",
+                                    "quotad_audit_chain_info"};
   for (const char* distribution :
        {"quotad_queue_wait_seconds", "quotad_job_duration_seconds", "quotad_job_gpu_utilization"}) {
     for (const char* suffix : {"_bucket", "_sum", "_count"}) names.push_back(std::string(distribution) + suffix);

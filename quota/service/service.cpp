@@ -888,14 +888,17 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
   // a snapshot taken under the lock, rendered outside it: a slow page never delays a state change
   std::optional<Engine> engine;
   std::optional<UtilTracker> tracker;
+  std::string audit_head;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     merge_beats_locked();
     sync_tracker(engine_, tracker_);
     engine.emplace(engine_);
     tracker.emplace(tracker_);
+    if (store_) audit_head = store_->audit_head();
   }
   ServiceCounters counters;
+  counters.audit_chain_head = audit_head;
   counters.heartbeats = heartbeats_total_.load();
   counters.preemptions = preemptions_total_.load();
   counters.emergency_grants = emergency_total_.load();

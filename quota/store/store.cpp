@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "quota/core/codec.h"
+#include "quota/core/sha256.h"
 
 namespace yolo8::quota {
 
@@ -94,6 +95,19 @@ void Store::add_newer_columns() {
     exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
   }
   if (!has_column("memory_observations", "libtorch")) exec("ALTER TABLE memory_observations ADD COLUMN libtorch TEXT");
+  if (!has_column("audit", "chain")) exec("ALTER TABLE audit ADD COLUMN chain TEXT");  // issue 30: the hash chain
+}
+
+std::string Store::meta_value(const char* key) {
+  Statement statement(prepare("SELECT value FROM meta WHERE key = ?"));
+  bind_text(statement.get(), 1, key);
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? text(statement.get(), 0) : std::string();
+}
+
+std::string audit_chain_link(const std::string& previous_link, const AuditEntry& entry) {
+  const nlohmann::json content = {entry.seq,      entry.ts_ms, entry.actor, entry.action,
+                                  entry.lease_id, entry.team,  entry.detail};
+  return sha256_hex(previous_link + "\n" + content.dump());
 }
 
 Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : path_(path) {
@@ -191,6 +205,7 @@ void Store::rollback() {
 }
 
 Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
+  audit_head_ = meta_value("audit_head");
   Snapshot snapshot;
   {
     // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
@@ -333,9 +348,13 @@ void Store::write(const Engine& engine, const Changes& changes) {
       }
     }
     if (!changes.audit.empty()) {
-      Statement statement(
-          prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?,?,?,?,?,?,?)"));
+      // the head is read inside this transaction: other processes (local mode) append to the same chain
+      const std::string head = meta_value("audit_head");
+      std::string link = head.empty() ? std::string() : head.substr(head.find(' ') + 1);
+      Statement statement(prepare(
+          "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail, chain) VALUES (?,?,?,?,?,?,?,?)"));
       for (const auto& entry : changes.audit) {
+        link = audit_chain_link(link, entry);
         sqlite3_reset(statement.get());
         sqlite3_bind_int64(statement.get(), 1, entry.seq);
         sqlite3_bind_int64(statement.get(), 2, entry.ts_ms);
@@ -344,8 +363,13 @@ void Store::write(const Engine& engine, const Changes& changes) {
         sqlite3_bind_int64(statement.get(), 5, entry.lease_id);
         bind_text(statement.get(), 6, entry.team);
         bind_text(statement.get(), 7, entry.detail);
+        bind_text(statement.get(), 8, link);
         if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("append audit");
       }
+      Statement head_row(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('audit_head', ?)"));
+      bind_text(head_row.get(), 1, std::to_string(changes.audit.back().seq) + " " + link);
+      if (sqlite3_step(head_row.get()) != SQLITE_DONE) fail("write the audit chain head");
+      audit_head_ = std::to_string(changes.audit.back().seq) + " " + link;
     }
     if (!changes.leases.empty() || !changes.approvals.empty()) {
       // the id sequences, in the same transaction as the rows that use them
@@ -641,6 +665,94 @@ void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTra
   }
   sqlite3_finalize(statement);
   sqlite3_close(db);
+}
+
+AuditChainCheck verify_audit_chain(const std::string& db_path) {
+  sqlite3* raw = nullptr;
+  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
+    sqlite3_close(raw);
+    throw StoreError(db_path + ": cannot open the quota database: " + msg);
+  }
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> db(raw, sqlite3_close);
+  auto query = [&](const char* sql) {
+    sqlite3_stmt* statement = nullptr;
+    if (sqlite3_prepare_v2(db.get(), sql, -1, &statement, nullptr) != SQLITE_OK) {
+      throw StoreError(db_path + ": " + sqlite3_errmsg(db.get()));
+    }
+    return Statement(statement);
+  };
+  AuditChainCheck check;
+  auto broken = [&](int64_t seq, const std::string& problem) {
+    check.intact = false;
+    check.broken_seq = seq;
+    check.problem = "entry " + std::to_string(seq) + ": " + problem;
+    return check;
+  };
+  bool has_chain = false;
+  {
+    Statement columns = query("SELECT name FROM pragma_table_info('audit')");
+    while (sqlite3_step(columns.get()) == SQLITE_ROW) has_chain |= text(columns.get(), 0) == "chain";
+  }
+  Statement rows =
+      query(has_chain ? "SELECT seq, ts_ms, actor, action, lease_id, team, detail, chain FROM audit ORDER BY seq"
+                      : "SELECT seq, ts_ms, actor, action, lease_id, team, detail, NULL FROM audit ORDER BY seq");
+  std::string link;
+  bool chained = false;
+  int64_t expected = 1;
+  int rc = SQLITE_ROW;
+  while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
+    AuditEntry entry;
+    entry.seq = sqlite3_column_int64(rows.get(), 0);
+    entry.ts_ms = sqlite3_column_int64(rows.get(), 1);
+    entry.actor = text(rows.get(), 2);
+    entry.action = text(rows.get(), 3);
+    entry.lease_id = sqlite3_column_int64(rows.get(), 4);
+    entry.team = text(rows.get(), 5);
+    entry.detail = text(rows.get(), 6);
+    ++check.entries;
+    if (entry.seq != expected) return broken(expected, "missing: deleted, or lost before a repair");
+    ++expected;
+    if (sqlite3_column_type(rows.get(), 7) == SQLITE_NULL) {
+      if (!chained) {
+        ++check.unchained;
+        continue;
+      }
+      return broken(entry.seq, entry.action == "audit.gap"
+                                   ? "lost: quotad repair-db recorded the gap"
+                                   : "has no hash: written into the log around quotad, after the chain began");
+    }
+    chained = true;
+    const std::string stored = text(rows.get(), 7);
+    if (stored != audit_chain_link(link, entry)) {
+      return broken(entry.seq, "its hash does not match: the entry, or the one before it, was changed");
+    }
+    link = stored;
+    check.head_seq = entry.seq;
+    check.head = link;
+  }
+  if (rc != SQLITE_DONE) throw StoreError(db_path + ": table audit: " + sqlite3_errmsg(db.get()));
+  std::string head;
+  {
+    Statement meta = query("SELECT value FROM meta WHERE key = 'audit_head'");
+    if (sqlite3_step(meta.get()) == SQLITE_ROW) head = text(meta.get(), 0);
+  }
+  if (head.empty()) {
+    if (chained) return broken(check.head_seq, "the recorded head of the chain (meta audit_head) is missing");
+    return check;
+  }
+  const int64_t head_seq = std::strtoll(head.c_str(), nullptr, 10);
+  const std::string head_link = head.substr(head.find(' ') + 1);
+  if (head_seq > check.head_seq) {
+    return broken(check.head_seq + 1, "missing: the log ends at " + std::to_string(check.head_seq) +
+                                          ", the recorded head is entry " + std::to_string(head_seq) +
+                                          " (the last entries were deleted)");
+  }
+  if (head_seq != check.head_seq || head_link != check.head) {
+    return broken(check.head_seq, "does not match the recorded head of the chain (entry " + std::to_string(head_seq) +
+                                      "): it was changed or added after it was written");
+  }
+  return check;
 }
 
 }  // namespace yolo8::quota

@@ -82,6 +82,8 @@ class Store {
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
   const std::string& path() const { return path_; }
+  // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
+  const std::string& audit_head() const { return audit_head_; }
 
  private:
   void exec(const char* sql);
@@ -89,9 +91,11 @@ class Store {
   [[noreturn]] void fail(const std::string& what);
   void check_integrity();
   bool has_column(const std::string& table, const std::string& column);
+  std::string meta_value(const char* key);
   void add_newer_columns();
 
   std::string path_;
+  std::string audit_head_;
   sqlite3* db_ = nullptr;
   bool in_tx_ = false;
   bool integrity_failed_ = false;
@@ -109,6 +113,25 @@ struct RepairReport {
 // touched. A file that fails `PRAGMA quick_check` is refused: recover it with the sqlite3 shell first
 // (quota/README.md).
 RepairReport repair_database(const std::string& path, int64_t now_ms);
+
+// The audit log's hash chain (issue 30): each entry stores the SHA-256 of the previous entry's link and its own
+// content (seq, time, actor, action, lease, team, detail), and meta keeps the head (its seq and link), all in the
+// entry's transaction. Entries written before the chain existed (an older quotad) have no link and are counted.
+std::string audit_chain_link(const std::string& previous_link, const AuditEntry& entry);
+
+struct AuditChainCheck {
+  bool intact = true;
+  int64_t entries = 0;    // rows read
+  int64_t unchained = 0;  // rows written before the chain existed
+  int64_t head_seq = 0;   // the last chained entry, and its link (what the quotad_audit_chain_info metric shows)
+  std::string head;
+  int64_t broken_seq = 0;  // the first broken entry
+  std::string problem;     // what is wrong with it
+};
+// `quotad audit --verify`: reads `db_path` read-only and recomputes the chain. A deleted entry (a gap, the first
+// or the last: the head in meta names it), an edited one (its link no longer matches), or an entry inserted around
+// the chain is named. Throws StoreError when the file cannot be read.
+AuditChainCheck verify_audit_chain(const std::string& db_path);
 
 // Refolds the stored heartbeat samples of the engine's running leases (quotad restarted), so the waste list
 // survives a restart. Throws std::runtime_error if the database cannot be read.

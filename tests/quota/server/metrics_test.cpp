@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "quota/store/store.h"
 #include "tests/quota/server/activity_util.h"
 
 namespace yolo8::quota {
@@ -153,6 +154,32 @@ TEST(QuotadMetrics, WasteListSurvivesARestart) {
             5400);
   EXPECT_NEAR(m[R"(quotad_lease_avg_gpu_utilization{job_name="grasp",lease="3",team="team-robotics",user="erin"})"],
               (0.15 * 30 + 0.80 * 60) / 90, 1e-9);
+}
+
+// The audit chain's head (issue 30) is exported, as written and after a restart, equal to what
+// `quotad audit --verify` recomputes from the database: an external copy of it can be compared.
+TEST(QuotadMetrics, TheAuditChainHeadIsExported) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string db = dir + "/audit_head_" + std::to_string(::getpid()) + ".db";
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  std::string exported;
+  {
+    testing::ScriptedHistory h(db);
+    h.run();
+    exported = h.metrics_text();
+  }
+  const AuditChainCheck check = verify_audit_chain(db);
+  ASSERT_TRUE(check.intact) << check.problem;
+  ASSERT_GT(check.head_seq, 3);
+  ASSERT_EQ(check.head.size(), 64u);
+  for (const std::string& text : {exported, testing::ScriptedHistory(db).metrics_text()}) {
+    auto m = parse_samples(text);
+    EXPECT_EQ(m["quotad_audit_chain_head_seq"], static_cast<double>(check.head_seq));
+    EXPECT_EQ(m["quotad_audit_chain_info{head=\"" + check.head + "\"}"], 1) << text;
+  }
+  // without a database there is no chain to show
+  EXPECT_EQ(testing::ScriptedHistory().metrics_text().find("quotad_audit_chain"), std::string::npos);
 }
 
 TEST(QuotadMetrics, ExpositionFormatIsWellFormed) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -411,6 +412,144 @@ TEST(QuotaStore, TheUtilisationSourceOfTheLastHeartbeatSurvivesARestart) {
     EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.device_memory_used_gib, 12.5);
     EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.gpu_util, 0.75);
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The audit log's hash chain (issue 30): with the append-only triggers dropped, a deleted or edited entry is named.
+
+AuditEntry entry(int64_t seq, const std::string& detail) {
+  AuditEntry e;
+  e.seq = seq;
+  e.ts_ms = kMonday + seq * 1000;
+  e.actor = "alice";
+  e.action = "lease.granted";
+  e.lease_id = seq;
+  e.team = "team-cv";
+  e.detail = detail;
+  return e;
+}
+
+// Entries 1..n written through the Store, in two transactions (the head carries over).
+std::string chained_db(const std::string& name, int64_t n) {
+  const std::string path = temp_db(name);
+  Store store(path);
+  const Engine engine(testing::example_policy());
+  Changes first, second;
+  for (int64_t seq = 1; seq <= n; ++seq)
+    (seq <= n / 2 ? first : second).audit.push_back(entry(seq, "entry " + std::to_string(seq)));
+  store.write(engine, first);
+  store.write(engine, second);
+  return path;
+}
+
+constexpr const char* kDropTriggers = "DROP TRIGGER audit_no_update; DROP TRIGGER audit_no_delete;";
+
+TEST(QuotaAuditChain, AnUntouchedLogVerifiesAndItsHeadIsTheLastEntry) {
+  const std::string path = chained_db("chain_ok", 6);
+  const AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_TRUE(check.intact) << check.problem;
+  EXPECT_EQ(check.entries, 6);
+  EXPECT_EQ(check.head_seq, 6);
+  EXPECT_EQ(check.head, query_text(path, "SELECT chain FROM audit WHERE seq = 6"));
+  EXPECT_EQ(query_text(path, "SELECT value FROM meta WHERE key = 'audit_head'"), "6 " + check.head);
+  // each link is the previous one and the entry's content
+  std::string link;
+  for (int64_t seq = 1; seq <= 6; ++seq) link = audit_chain_link(link, entry(seq, "entry " + std::to_string(seq)));
+  EXPECT_EQ(link, check.head);
+}
+
+TEST(QuotaAuditChain, DeletingTheLastEntryIsNamed) {
+  const std::string path = chained_db("chain_last", 6);
+  execute(path, std::string(kDropTriggers) + "DELETE FROM audit WHERE seq = 6;");
+  const AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_FALSE(check.intact);
+  EXPECT_EQ(check.broken_seq, 6);
+  EXPECT_NE(check.problem.find("the last entries were deleted"), std::string::npos) << check.problem;
+}
+
+TEST(QuotaAuditChain, DeletingAMiddleOrTheFirstEntryIsNamed) {
+  std::string path = chained_db("chain_middle", 6);
+  execute(path, std::string(kDropTriggers) + "DELETE FROM audit WHERE seq = 3;");
+  AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_FALSE(check.intact);
+  EXPECT_EQ(check.broken_seq, 3);
+  path = chained_db("chain_first", 6);
+  execute(path, std::string(kDropTriggers) + "DELETE FROM audit WHERE seq = 1;");
+  check = verify_audit_chain(path);
+  EXPECT_EQ(check.broken_seq, 1);
+  // renumbering the rest to hide the gap breaks every link after it
+  path = chained_db("chain_renumbered", 6);
+  execute(path, std::string(kDropTriggers) +
+                    "DELETE FROM audit WHERE seq = 3; UPDATE audit SET seq = seq - 1 WHERE seq > 3;");
+  check = verify_audit_chain(path);
+  EXPECT_EQ(check.broken_seq, 3);
+  EXPECT_NE(check.problem.find("does not match"), std::string::npos) << check.problem;
+}
+
+TEST(QuotaAuditChain, EditingAnEntryIsNamedEvenWithItsLinkRecomputed) {
+  std::string path = chained_db("chain_edit", 6);
+  execute(path, std::string(kDropTriggers) + "UPDATE audit SET detail = 'nothing happened' WHERE seq = 4;");
+  AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_FALSE(check.intact);
+  EXPECT_EQ(check.broken_seq, 4);
+  EXPECT_EQ(check.problem, "entry 4: its hash does not match: the entry, or the one before it, was changed");
+  // an editor who recomputes entry 4's link leaves entry 5's pointing at the old one
+  path = chained_db("chain_edit_relinked", 6);
+  const std::string link3 = query_text(path, "SELECT chain FROM audit WHERE seq = 3");
+  const std::string forged = audit_chain_link(link3, entry(4, "nothing happened"));
+  execute(path, std::string(kDropTriggers) + "UPDATE audit SET detail = 'nothing happened', chain = '" + forged +
+                    "' WHERE seq = 4;");
+  check = verify_audit_chain(path);
+  EXPECT_EQ(check.broken_seq, 5);
+  // and one who relinks to the end must also rewrite the head quotad keeps (and exports as a metric)
+  path = chained_db("chain_edit_last", 6);
+  const std::string link5 = query_text(path, "SELECT chain FROM audit WHERE seq = 5");
+  execute(path, std::string(kDropTriggers) + "UPDATE audit SET detail = 'x', chain = '" +
+                    audit_chain_link(link5, entry(6, "x")) + "' WHERE seq = 6;");
+  check = verify_audit_chain(path);
+  EXPECT_EQ(check.broken_seq, 6);
+  EXPECT_NE(check.problem.find("recorded head"), std::string::npos) << check.problem;
+}
+
+TEST(QuotaAuditChain, EntriesOfAnOlderQuotadAreCountedAndTheChainStartsAfterThem) {
+  const std::string path = temp_db("chain_older");
+  { Store create(path); }
+  // as a quotad before the chain wrote them: no link
+  execute(path,
+          "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES "
+          "(1, 0, 'a', 'x', 0, 't', ''), (2, 0, 'a', 'x', 0, 't', '');");
+  {
+    Store store(path);
+    Changes changes;
+    changes.audit = {entry(3, "new"), entry(4, "newer")};
+    store.write(Engine(testing::example_policy()), changes);
+  }
+  AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_TRUE(check.intact) << check.problem;
+  EXPECT_EQ(check.unchained, 2);
+  EXPECT_EQ(check.head_seq, 4);
+  // a row slipped in after the chain began has no link
+  execute(path,
+          "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (5, 0, 'a', 'x', 0, 't', '');");
+  check = verify_audit_chain(path);
+  EXPECT_EQ(check.broken_seq, 5);
+  EXPECT_NE(check.problem.find("has no hash"), std::string::npos) << check.problem;
+}
+
+TEST(QuotaAuditChain, TheCommandNamesTheBrokenEntryAndFails) {
+  const std::string path = chained_db("chain_cli", 4);
+  const std::string quotad = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  const std::string out = path + ".out";
+  EXPECT_EQ(std::system((quotad + " audit --verify --db " + path + " > " + out).c_str()), 0);
+  std::ifstream intact(out);
+  std::string line;
+  std::getline(intact, line);
+  EXPECT_NE(line.find("4 entries, chain intact; head: entry 4 sha256 "), std::string::npos) << line;
+  execute(path, std::string(kDropTriggers) + "DELETE FROM audit WHERE seq = 4;");
+  EXPECT_NE(std::system((quotad + " audit --verify --db " + path + " > " + out).c_str()), 0);
+  std::ifstream broken(out);
+  std::getline(broken, line);
+  EXPECT_NE(line.find("the chain is broken at entry 4: missing"), std::string::npos) << line;
 }
 
 }  // namespace
