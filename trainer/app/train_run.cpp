@@ -369,6 +369,9 @@ void TrainingRun::prepare_outputs() {
   if (settings_.plots && is_main_ && resume_path_.empty()) {
     app::try_plot("labels",
                   [&] { plot_labels((run_dir_ / "labels.jpg").string(), dataset_labels(*train_index_), names_); });
+    app::try_plot("labels_correlogram", [&] {
+      plot_labels_correlogram((run_dir_ / "labels_correlogram.jpg").string(), dataset_labels(*train_index_));
+    });
   }
   if (is_main_) {
     results_ = std::make_unique<ResultsCsv>(run_dir_ / "results.csv");
