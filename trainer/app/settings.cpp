@@ -383,9 +383,10 @@ void set_setting(Settings& settings, const std::string& raw_key, const std::stri
   std::string key = trim(raw_key);
   std::replace(key.begin(), key.end(), '-', '_');
   const Entry* entry = find_entry(key);
+  // An Ultralytics args.yaml or habit: its keys yolo8 has no setting for are taken at their defaults only.
   for (const auto& extra : ultralytics_only_keys()) {
-    // An Ultralytics args.yaml or habit: its keys yolo8 has no setting for are taken at their defaults only.
-    if (entry != nullptr || key != extra.name) continue;
+    if (entry != nullptr) break;
+    if (key != extra.name) continue;
     if (is_ultralytics_default(extra, trim(raw_value))) return;
     std::string default_text = ultralytics_args_yaml({{extra.name, extra.value}});
     default_text = trim(default_text.substr(default_text.find(':') + 1));
