@@ -58,8 +58,8 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
 // density. labels (N, 5) cls, cx, cy, w, h normalised to 0..1.
 void plot_labels(const std::string& png_path, const torch::Tensor& labels, const std::vector<std::string>& names);
 // labels_correlogram.jpg: the pairs of the boxes' x, y, width, height as Ultralytics' corner pair plot draws them:
-// a 4 x 4 grid, histograms (50 bins) on the diagonal, 2-D densities below it, the upper triangle empty; axes
-// labelled x, y, width, height. labels as plot_labels'.
+// a 4 x 4 grid, histograms (50 bins) on the diagonal, 2-D densities (50 x 50) below it, the upper triangle empty;
+// each axis spans its variable's data; labelled x, y, width, height. labels as plot_labels'.
 void plot_labels_correlogram(const std::string& png_path, const torch::Tensor& labels);
 // Every box of a dataset as plot_labels' (N, 5) float tensor.
 torch::Tensor dataset_labels(const data::DatasetIndex& index);
