@@ -772,6 +772,73 @@ void plot_labels(const std::string& png_path, const torch::Tensor& labels, const
   write_image(png_path, img);
 }
 
+void plot_labels_correlogram(const std::string& png_path, const torch::Tensor& labels) {
+  if (labels.defined() && labels.numel() > 0 && (labels.dim() != 2 || labels.size(1) != 5)) {
+    throw std::invalid_argument("plot_labels_correlogram('" + png_path + "'): labels must be (N, 5) cls, cx, cy, w, h");
+  }
+  const auto lb = labels.defined() && labels.numel() > 0 ? labels.detach().to(torch::kCPU, torch::kDouble)
+                                                         : torch::zeros({0, 5}, torch::kDouble);
+  static const std::array<const char*, 4> kNames{"x", "y", "width", "height"};
+  constexpr int kBins = 50;
+  constexpr int kLeft = 150, kBottom = 150, kTop = 40, kRight = 40, kGap = 90;
+  auto img = canvas(kCorrelogramPlotSize);
+  const int cell = std::min((kCorrelogramPlotSize.width - kLeft - kRight - 3 * kGap) / 4,
+                            (kCorrelogramPlotSize.height - kTop - kBottom - 3 * kGap) / 4);
+  // Each variable's axis spans its data with 5 % margins, as matplotlib's autoscaling does; the values are
+  // mapped to [0, 1] over that span for the histograms.
+  std::array<double, 4> lo{}, hi{};
+  std::array<torch::Tensor, 4> unit;
+  for (int v = 0; v < 4; ++v) {
+    const auto values = lb.select(1, 1 + v);
+    double low = 0, high = 1;
+    if (values.numel() > 0) {
+      low = values.min().item<double>();
+      high = values.max().item<double>();
+      if (high - low < 1e-6) low -= 0.05, high += 0.05;
+      const double margin = (high - low) * 0.05;
+      low -= margin, high += margin;
+    }
+    lo[v] = low, hi[v] = high;
+    unit[v] = (values - low) / (high - low);
+  }
+  AxesStyle st;
+  st.font = 0.8;
+  st.xticks = 4;
+  st.yticks = 4;
+  for (int row = 0; row < 4; ++row) {
+    for (int col = 0; col <= row; ++col) {
+      Axes ax;
+      ax.box = cv::Rect(kLeft + col * (cell + kGap), kTop + row * (cell + kGap), cell, cell);
+      ax.x0 = lo[col], ax.x1 = hi[col];
+      st.xlabel = row == 3 ? kNames[col] : "";
+      st.ylabel = col == 0 ? kNames[row] : "";
+      if (col != row) {
+        ax.y0 = lo[row], ax.y1 = hi[row];
+        draw_density(img, ax, unit[col], unit[row], st);
+        continue;
+      }
+      // The diagonal: how many boxes fall in each of 50 bins of the span.
+      const auto counts =
+          to_vec(torch::bincount((unit[col] * kBins).floor().clamp(0, kBins - 1).to(torch::kLong), {}, kBins));
+      ax.y0 = 0;
+      ax.y1 = std::max(1.0, *std::max_element(counts.begin(), counts.end()) * 1.05);
+      AxesStyle diag = st;
+      diag.min_ystep = 1;
+      draw_axes(img, ax, diag);
+      for (int b = 0; b < kBins; ++b) {
+        if (counts[b] <= 0) continue;
+        const double span = hi[col] - lo[col];
+        const auto top = ax.px(lo[col] + span * b / kBins, counts[b]);
+        const auto base = ax.px(lo[col] + span * (b + 1) / kBins, 0);
+        cv::rectangle(img, cv::Point(cvRound(top.x) + 1, cvRound(top.y)),
+                      cv::Point(cvRound(base.x) - 1, cvRound(base.y) - 1), bgr(kPalette[0]), -1);
+      }
+      cv::rectangle(img, ax.box, kAxis, 1, cv::LINE_AA);
+    }
+  }
+  write_image(png_path, img);
+}
+
 torch::Tensor dataset_labels(const data::DatasetIndex& index) {
   std::vector<float> flat;
   for (const auto& rec : index.records) {

@@ -21,6 +21,7 @@ constexpr PlotSize kResultsPlotSize{2000, 850};
 constexpr PlotSize kCurvePlotSize{1500, 900};
 constexpr PlotSize kConfusionPlotSize{1400, 1150};
 constexpr PlotSize kLabelsPlotSize{1400, 1400};
+constexpr PlotSize kCorrelogramPlotSize{2000, 2000};  // Ultralytics': 4 x 2.5 in at 200 dpi
 constexpr int kMosaicMaxSide = 1920;
 constexpr int kMosaicMaxImages = 16;
 
@@ -56,6 +57,10 @@ void plot_confusion_matrix(const std::string& png_path, const torch::Tensor& mat
 // labels.jpg: instances per class, box shapes overlaid at the centre, centre (x, y) density and (w, h)
 // density. labels (N, 5) cls, cx, cy, w, h normalised to 0..1.
 void plot_labels(const std::string& png_path, const torch::Tensor& labels, const std::vector<std::string>& names);
+// labels_correlogram.jpg: the pairs of the boxes' x, y, width, height as Ultralytics' corner pair plot draws them:
+// a 4 x 4 grid, histograms (50 bins) on the diagonal, 2-D densities (50 x 50) below it, the upper triangle empty;
+// each axis spans its variable's data; labelled x, y, width, height. labels as plot_labels'.
+void plot_labels_correlogram(const std::string& png_path, const torch::Tensor& labels);
 // Every box of a dataset as plot_labels' (N, 5) float tensor.
 torch::Tensor dataset_labels(const data::DatasetIndex& index);
 

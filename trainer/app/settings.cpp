@@ -12,6 +12,8 @@
 #include <sstream>
 #include <variant>
 
+#include "trainer/app/ultralytics_args.h"
+
 namespace yolo8 {
 namespace {
 
@@ -29,24 +31,34 @@ using Member = std::variant<Accessor<bool>, Accessor<int>, Accessor<int64_t>, Ac
   }
 // NOLINTEND(bugprone-macro-parentheses)
 
+// Flags of an entry, or-ed together.
 // May change when a run resumes: where and how fast it runs, what it prints. Everything else (the recipe, the
 // data, the model) comes from the checkpoint.
-constexpr bool kResumable = true;
-// Never written or printed: args.yaml, the checkpoints' settings and the console table show it as not there.
-constexpr bool kSecret = true;
+constexpr unsigned kResumable = 1;
+// Never written or printed: yolo8_args.yaml, the checkpoints' settings and the console table show it as not there.
+constexpr unsigned kSecret = 2;
+// yolo8's own (the lease, threads, memory format, export's output path): Ultralytics does not know the key, so
+// its args.yaml leaves it out (get_cfg refuses unknown keys); yolo8_args.yaml has it.
+constexpr unsigned kYolo8Only = 4;
 
 struct Entry {
-  Entry(const char* key, Member accessor, const char* help_text, bool may_change_on_resume = false,
-        bool is_secret = false)
-      : name(key), member(accessor), help(help_text), resumable(may_change_on_resume), secret(is_secret) {}
+  Entry(const char* key, Member accessor, const char* help_text, unsigned flags = 0)
+      : name(key),
+        member(accessor),
+        help(help_text),
+        resumable(flags & kResumable),
+        secret(flags & kSecret),
+        yolo8_only(flags & kYolo8Only) {}
   const char* name;
   Member member;
   const char* help;
   bool resumable;
   bool secret;
+  bool yolo8_only;
 };
 
-// The one table behind parsing, printing, args.yaml, resuming and the default.yaml test.
+// The one table behind parsing, printing, args.yaml (which keys), yolo8_args.yaml, resuming and the default.yaml
+// test.
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> kEntries = {
       {"task", YOLO8_FIELD(task), "task; only detect is implemented"},
@@ -101,7 +113,7 @@ const std::vector<Entry>& entries() {
       {"show_conf", YOLO8_FIELD(show_conf), "draw confidences on predicted images"},
       {"line_width", YOLO8_FIELD(line_width), "box line width; 0 = scaled to the image"},
       {"format", YOLO8_FIELD(format), "export format: state_dict, onnx or torchscript"},
-      {"out", YOLO8_FIELD(out), "output path (export, data synth)"},
+      {"out", YOLO8_FIELD(out), "output path (export, data synth)", kYolo8Only},
       {"lr0", YOLO8_FIELD(optim.lr0), "initial learning rate"},
       {"lrf", YOLO8_FIELD(optim.lrf), "final learning rate as a fraction of lr0"},
       {"momentum", YOLO8_FIELD(optim.momentum), "SGD momentum / Adam beta1"},
@@ -127,28 +139,31 @@ const std::vector<Entry>& entries() {
       {"mosaic", YOLO8_FIELD(augment.mosaic), "mosaic probability"},
       {"mixup", YOLO8_FIELD(augment.mixup), "mixup probability"},
       {"quota", YOLO8_FIELD(lease.quota),
-       "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable},
+       "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable | kYolo8Only},
       {"quota_db", YOLO8_FIELD(lease.quota_db), "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db",
-       kResumable},
-      {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN", kResumable,
-       kSecret},
-      {"team", YOLO8_FIELD(lease.team), "team the lease is charged to"},
-      {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER"},
-      {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)"},
-      {"preemptible", YOLO8_FIELD(lease.preemptible), "allow a higher-priority job to preempt this run"},
-      {"justification", YOLO8_FIELD(lease.justification), "why a large model or critical priority is needed"},
+       kResumable | kYolo8Only},
+      {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
+       kResumable | kSecret | kYolo8Only},
+      {"team", YOLO8_FIELD(lease.team), "team the lease is charged to", kYolo8Only},
+      {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER", kYolo8Only},
+      {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)",
+       kYolo8Only},
+      {"preemptible", YOLO8_FIELD(lease.preemptible), "allow a higher-priority job to preempt this run", kYolo8Only},
+      {"justification", YOLO8_FIELD(lease.justification), "why a large model or critical priority is needed",
+       kYolo8Only},
       {"shared", YOLO8_FIELD(lease.shared),
-       "ask for a share of one GPU (small models, where the policy allows it) instead of whole GPUs"},
+       "ask for a share of one GPU (small models, where the policy allows it) instead of whole GPUs", kYolo8Only},
       {"memory_gib", YOLO8_FIELD(lease.memory_gib),
        "GiB per GPU: the share of a shared lease (0 = the policy's default for the model), else the least GPU "
-       "memory to be placed on"},
+       "memory to be placed on",
+       kYolo8Only},
       {"gpu_mem", YOLO8_FIELD(lease.gpu_mem), "memory budget in GiB per GPU when quota=off; 0 = the whole device",
-       kResumable},
+       kResumable | kYolo8Only},
       {"threads", YOLO8_FIELD(threads),
        "CPU threads for tensor math; 0 = the cores this process may use (affinity, cgroup quota, split among the ranks "
        "on this node)",
-       kResumable},
-      {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)"},
+       kResumable | kYolo8Only},
+      {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)", kYolo8Only},
       {"cfg", YOLO8_FIELD(cfg), "YAML file of settings applied before the command line"},
   };
   return kEntries;
@@ -335,6 +350,11 @@ const std::vector<SettingInfo>& setting_infos() {
   return kInfos;
 }
 
+bool is_yolo8_only_setting(const std::string& key) {
+  const Entry* entry = find_entry(key);
+  return entry != nullptr && entry->yolo8_only;
+}
+
 std::vector<int> parse_device_ids(const std::string& device) {
   const std::string lowered = to_lower(trim(device));
   if (lowered.empty() || lowered == "cpu") return {};
@@ -363,6 +383,18 @@ void set_setting(Settings& settings, const std::string& raw_key, const std::stri
   std::string key = trim(raw_key);
   std::replace(key.begin(), key.end(), '-', '_');
   const Entry* entry = find_entry(key);
+  // An Ultralytics args.yaml or habit: its keys yolo8 has no setting for are taken at their defaults only.
+  for (const auto& extra : ultralytics_only_keys()) {
+    if (entry != nullptr) break;
+    if (key != extra.name) continue;
+    if (is_ultralytics_default(extra, trim(raw_value))) return;
+    std::string default_text = ultralytics_args_yaml({{extra.name, extra.value}});
+    default_text = trim(default_text.substr(default_text.find(':') + 1));
+    throw SettingsError(origin + ": setting '" + key +
+                        "' is Ultralytics' (segment, classify, pose, video, tracking or another export format's); "
+                        "yolo8 does not implement it and takes only its default " +
+                        default_text + ", got '" + trim(raw_value) + "'");
+  }
   if (entry == nullptr) {
     std::string message = origin + ": unknown setting '" + key + "'";
     const auto suggestions = closest_setting_names(key);
@@ -491,7 +523,8 @@ void apply_yaml_text(Settings& settings, const std::string& text, const std::str
     } else if (!item.second.IsNull()) {
       throw SettingsError(where + ": setting '" + key + "' expects a plain value");
     }
-    if (key == "cfg") continue;  // a cfg file does not chain to another
+    if (key == "cfg") continue;       // a cfg file does not chain to another
+    if (key == "save_dir") continue;  // an Ultralytics args.yaml's run folder: a new run picks its own, as there
     set_setting(settings, key, value, where);
   }
 }
@@ -638,7 +671,7 @@ void warn_of_secrets_on_the_command_line(const std::vector<std::pair<std::string
     if (entry == nullptr || !entry->secret || is_null_text(value)) continue;
     std::cerr << "yolo8: warning: " << entry->name << "= on the command line shows in `ps` and in the Job's spec; "
               << "set $YOLO8_QUOTA_TOKEN (from a Kubernetes Secret) or put it in a cfg=FILE.yaml only you can read. "
-              << "It is never written to args.yaml, the checkpoints or the console.\n";
+              << "It is never written to args.yaml, yolo8_args.yaml, the checkpoints or the console.\n";
   }
 }
 
@@ -671,7 +704,7 @@ std::string settings_table(const Settings& settings, bool all) {
   for (const auto& [name, value] : rows) {
     out << "  " << name << std::string(width - name.size(), ' ') << "  " << value << "\n";
   }
-  if (!all) out << "  (every other setting at its default; args.yaml has them all)\n";
+  if (!all) out << "  (every other setting at its default; yolo8_args.yaml has them all)\n";
   return out.str();
 }
 

@@ -167,7 +167,8 @@ std::set<std::string> given_setting_keys(const std::vector<std::pair<std::string
 // a warning naming the safer ways ($YOLO8_QUOTA_TOKEN from a Kubernetes Secret, or cfg=FILE.yaml) to stderr.
 void warn_of_secrets_on_the_command_line(const std::vector<std::pair<std::string, std::string>>& pairs);
 
-// args.yaml text: every setting, one per line; a secret one (quota_token) as null, whatever its value.
+// yolo8_args.yaml text (and the checkpoints' settings): every setting in yolo8's form, one per line; a secret one
+// (quota_token) as null, whatever its value. args.yaml is Ultralytics' form (ultralytics_args.h).
 std::string settings_to_yaml(const Settings& settings);
 
 // A two-column table of the settings that differ from the defaults (all when `all`); a secret's value is not shown.

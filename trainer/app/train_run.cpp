@@ -18,6 +18,7 @@
 #include "trainer/app/plots.h"
 #include "trainer/app/profile_mode.h"
 #include "trainer/app/threads.h"
+#include "trainer/app/ultralytics_args.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 
@@ -276,7 +277,11 @@ void TrainingRun::open_run_dir() {
                    ? make_run_dir(project_dir(settings_.project, settings_.task), "train", settings_.name, reuse_folder)
                    : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
   }
-  if (is_main_) app::write_text(run_dir_ / "args.yaml", settings_to_yaml(settings_));
+  if (is_main_) {
+    // args.yaml for Ultralytics (its get_cfg refuses keys it does not know), yolo8_args.yaml with every setting.
+    app::write_text(run_dir_ / "args.yaml", ultralytics_args_yaml(ultralytics_args(settings_, run_dir_.string())));
+    app::write_text(run_dir_ / "yolo8_args.yaml", settings_to_yaml(settings_));
+  }
   console_->out() << "Settings:\n" << settings_table(settings_) << "Run folder: " << run_dir_.string() << "\n";
 }
 
@@ -363,6 +368,9 @@ void TrainingRun::prepare_outputs() {
   if (settings_.plots && is_main_ && resume_path_.empty()) {
     app::try_plot("labels",
                   [&] { plot_labels((run_dir_ / "labels.jpg").string(), dataset_labels(*train_index_), names_); });
+    app::try_plot("labels_correlogram", [&] {
+      plot_labels_correlogram((run_dir_ / "labels_correlogram.jpg").string(), dataset_labels(*train_index_));
+    });
   }
   if (is_main_) {
     results_ = std::make_unique<ResultsCsv>(run_dir_ / "results.csv");

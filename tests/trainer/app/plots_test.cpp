@@ -215,6 +215,59 @@ cv::Vec3b bgr_of(int64_t cls) {
   return {c.b, c.g, c.r};
 }
 
+// Pixels of `img` inside `area` equal to `colour`.
+int count_pixels(const cv::Mat& img, const cv::Rect& area, const cv::Vec3b& colour) {
+  int n = 0;
+  for (int y = area.y; y < area.y + area.height; ++y) {
+    for (int x = area.x; x < area.x + area.width; ++x) n += pixel(img, x, y) == colour;
+  }
+  return n;
+}
+
+// Pixels of a density's blue shades (blue well above red, BGR), not the bars' colour.
+int count_density_pixels(const cv::Mat& img, const cv::Rect& area, const cv::Vec3b& bars) {
+  int n = 0;
+  for (int y = area.y; y < area.y + area.height; ++y) {
+    for (int x = area.x; x < area.x + area.width; ++x) {
+      const cv::Vec3b p = pixel(img, x, y);
+      n += p != bars && p[0] > p[2] + 40;
+    }
+  }
+  return n;
+}
+
+TEST(PlotLabelsCorrelogram, HistogramsOnTheDiagonalDensitiesBelowNothingAbove) {
+  torch::manual_seed(3);
+  const int64_t n = 500;
+  auto labels = torch::rand({n, 5}, torch::kDouble) * 0.5 + 0.25;
+  labels.select(1, 0).zero_();
+  const int w = kCorrelogramPlotSize.width, h = kCorrelogramPlotSize.height;
+  plot_labels_correlogram(out_path("labels_correlogram.jpg"), labels);
+  expect_image(out_path("labels_correlogram.jpg"), w, h);
+  const auto png = out_path("labels_correlogram.png");
+  plot_labels_correlogram(png, labels);
+  const cv::Mat img = cv::imread(png, cv::IMREAD_COLOR);
+  ASSERT_EQ(img.cols, w);
+  ASSERT_EQ(img.rows, h);
+  const cv::Vec3b white(255, 255, 255);
+  const cv::Rect top_left(0, 0, w / 4, h / 4), top_right(w * 4 / 5, 0, w / 5, h / 5),
+      bottom_left(0, h * 3 / 4, w / 4, h / 4), bottom_right(w * 3 / 4, h * 3 / 4, w / 4, h / 4);
+  EXPECT_GT(count_pixels(img, top_left, bgr_of(0)), 1000);           // the x histogram's bars
+  EXPECT_GT(count_pixels(img, bottom_right, bgr_of(0)), 1000);       // the height histogram's bars
+  EXPECT_EQ(count_pixels(img, top_right, white), top_right.area());  // the empty upper triangle
+  // x against height: density bins (the data fill a quarter of the cell), none of them the bars' colour.
+  EXPECT_GT(count_density_pixels(img, bottom_left, bgr_of(0)), 5000);
+  EXPECT_EQ(count_pixels(img, bottom_left, bgr_of(0)), 0);
+
+  const auto empty = out_path("labels_correlogram_empty.png");
+  plot_labels_correlogram(empty, torch::zeros({0, 5}));
+  const cv::Mat blank = cv::imread(empty, cv::IMREAD_COLOR);
+  ASSERT_EQ(blank.cols, w);
+  EXPECT_EQ(count_pixels(blank, top_left, bgr_of(0)), 0);
+  EXPECT_EQ(count_density_pixels(blank, bottom_left, bgr_of(0)), 0);
+  EXPECT_THROW(plot_labels_correlogram(out_path("bad.png"), torch::zeros({3, 4})), std::invalid_argument);
+}
+
 TEST(PlotBatchMosaic, BoxesInClassColour) {
   auto images = torch::zeros({4, 3, 64, 64}, torch::kUInt8);
   images[3].fill_(128);

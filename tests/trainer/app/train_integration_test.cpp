@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <fstream>
@@ -70,9 +71,17 @@ TEST_F(TrainIntegration, WritesTheRunFolder) {
   reset_stop_state();
   ASSERT_EQ(run_train(settings("outputs", 1)), kExitCompleted);
   const fs::path run = root_ / "runs" / "outputs";
-  for (const char* file : {"args.yaml", "results.csv", "weights/last.pt", "weights/best.pt"}) {
+  for (const char* file : {"args.yaml", "yolo8_args.yaml", "results.csv", "weights/last.pt", "weights/best.pt",
+                           "labels.jpg", "labels_correlogram.jpg"}) {
     EXPECT_TRUE(fs::exists(run / file)) << file;
   }
+  // args.yaml is Ultralytics' (its folder as save_dir, none of our keys); yolo8_args.yaml has every setting.
+  const YAML::Node args = YAML::LoadFile((run / "args.yaml").string());
+  EXPECT_EQ(args["save_dir"].as<std::string>(), run.string());
+  EXPECT_EQ(args["name"].as<std::string>(), "outputs");
+  EXPECT_FALSE(args["threads"].IsDefined());
+  EXPECT_TRUE(args["dropout"].IsDefined());
+  EXPECT_EQ(YAML::LoadFile((run / "yolo8_args.yaml").string())["threads"].as<int>(), 1);
   std::ifstream csv(run / "results.csv");
   std::string header, row;
   std::getline(csv, header);
