@@ -90,8 +90,8 @@ Policy load_policy_with_tokens(const std::string& policy_path) {
   return load_policy(policy_path, tokens != nullptr ? tokens : "");
 }
 
-int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync,
-          int threads) {
+int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
+          int backup_every_min, int backup_keep) {
   Policy policy = load_policy_with_tokens(policy_path);
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
@@ -115,6 +115,7 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   std::printf("quotad: serving %s (%d GPUs, %zu teams) on http://%s:%d, db %s\n", policy_path.c_str(),
               service.policy().total_gpus(), service.policy().teams.size(), so.host.c_str(), port, db.c_str());
   std::fflush(stdout);
+  const PeriodicBackup backups(db, backup_every_min, backup_keep);  // online copies beside the database
   int sig = 0;
   sigwait(&set, &sig);
   std::printf("quotad: signal %d, stopping\n", sig);
@@ -137,6 +138,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--listen", listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
   serve_cmd->add_flag("--sync-full", full_sync, "fsync every commit (survives power loss; slower)");
   serve_cmd->add_option("--threads", threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
+  int backup_every_min = 60, backup_keep = 24;
+  serve_cmd->add_option("--backup-every", backup_every_min, "minutes between online backups of --db (0: none)")
+      ->check(CLI::Range(0, 10080))
+      ->capture_default_str();
+  serve_cmd->add_option("--backup-keep", backup_keep, "online backups kept (the newest)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
 
   auto* check_cmd =
       app.add_subcommand("check-policy", "validate a policy file (and its memory table) and print a summary");
@@ -150,6 +158,15 @@ int main(int argc, char** argv) {
   auto* hash_cmd = app.add_subcommand("hash-token", "print the SHA-256 of a token for the policy's users");
   hash_cmd->add_option("token", token_text, "token")->required();
   hash_cmd->add_flag("--salt", salted, "draw a random salt and print {token_sha256, token_salt}");
+
+  std::string backup_db = "quotad.db";
+  int backup_keep_now = 24;
+  auto* backup_cmd = app.add_subcommand(
+      "backup", "an online backup of the database now (quotad may keep serving): <db>.backup-<UTC time>");
+  backup_cmd->add_option("--db", backup_db, "quotad's SQLite database")->capture_default_str();
+  backup_cmd->add_option("--keep", backup_keep_now, "backups kept (the newest)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
 
   std::string repair_db = "quotad.db";
   auto* repair_cmd = app.add_subcommand(
@@ -274,7 +291,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads);
+    if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads, backup_every_min, backup_keep);
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {
         std::string models;
@@ -427,14 +444,23 @@ int main(int argc, char** argv) {
       std::printf("{token_sha256: %s, token_salt: %s}\n", sha256_hex(salt + token_text).c_str(), salt.c_str());
       return 0;
     }
+    if (*backup_cmd) {
+      std::printf("quotad backup: %s\n", backup_database(backup_db, system_now_ms(), backup_keep_now).c_str());
+      return 0;
+    }
     if (*repair_cmd) {
       const RepairReport report = repair_database(repair_db, system_now_ms());
       std::printf("quotad repair-db: copy kept as %s\n", report.backup.c_str());
+      if (!report.restored_from.empty()) std::printf("  restored from the backup %s\n", report.restored_from.c_str());
+      for (const auto& line : report.salvaged) std::printf("  read from the damaged file: %s\n", line.c_str());
       for (const auto& row : report.quarantined) std::printf("  set aside in table quarantine: %s\n", row.c_str());
       for (int64_t seq : report.audit_gaps) {
         std::printf("  audit entry %lld was missing: recorded as audit.gap\n", static_cast<long long>(seq));
       }
-      if (report.quarantined.empty() && report.audit_gaps.empty()) std::printf("  nothing to repair\n");
+      if (report.quarantined.empty() && report.audit_gaps.empty() && report.restored_from.empty() &&
+          report.salvaged.empty()) {
+        std::printf("  nothing to repair\n");
+      }
       return 0;
     }
     if (*audit_cmd && audit_verify) {

@@ -2,9 +2,15 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "quota/core/codec.h"
@@ -558,6 +564,253 @@ int64_t Store::count_heartbeats() {
   return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
 }
 
+namespace {
+
+using Connection = std::unique_ptr<sqlite3, int (*)(sqlite3*)>;
+
+Connection open_connection(const std::string& path, int flags) {
+  sqlite3* raw = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &raw, flags, nullptr) != SQLITE_OK) {
+    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
+    sqlite3_close(raw);
+    throw StoreError(path + ": cannot open: " + msg);
+  }
+  sqlite3_busy_timeout(raw, 5000);
+  return Connection(raw, sqlite3_close);
+}
+
+// 20261201T235959.123Z: sorts as it happened
+std::string utc_stamp(int64_t ms) {
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%dT%H%M%S", &tm);
+  char millis[8];
+  std::snprintf(millis, sizeof millis, ".%03dZ", static_cast<int>(ms % 1000));
+  return std::string(text) + millis;
+}
+
+std::vector<std::string> backups_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  const std::string prefix = file.filename().string() + ".backup-";
+  std::vector<std::string> found;
+  if (!fs::exists(dir)) return found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") != 0) {
+      found.push_back(entry.path().string());
+    }
+  }
+  std::sort(found.rbegin(), found.rend());  // newest first
+  return found;
+}
+
+// A file SQLite opens whose schema holds quotad's meta table.
+bool is_quotad_database(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::file_size(path, error) == 0 || error) return false;
+  try {
+    Connection db = open_connection(path, SQLITE_OPEN_READONLY);
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db.get(), "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'", -1, &raw,
+                           nullptr) != SQLITE_OK) {
+      return false;
+    }
+    Statement statement(raw);
+    return sqlite3_step(statement.get()) == SQLITE_ROW;
+  } catch (const StoreError&) {
+    return false;
+  }
+}
+
+bool passes_quick_check(const std::string& path) {
+  try {
+    Connection db = open_connection(path, SQLITE_OPEN_READONLY);
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db.get(), "PRAGMA quick_check(1)", -1, &raw, nullptr) != SQLITE_OK) return false;
+    Statement statement(raw);
+    return sqlite3_step(statement.get()) == SQLITE_ROW && text(statement.get(), 0) == "ok";
+  } catch (const StoreError&) {
+    return false;
+  }
+}
+
+void remove_database_files(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+}
+
+// How rows read from the damaged file join the rebuilt one: the damaged file is newer than any backup, so its
+// state rows replace, its append-only rows add what the backup has not.
+struct SalvageTable {
+  const char* table;
+  const char* conflict;      // "REPLACE" or "IGNORE"
+  const char* newer_column;  // rows without a key: only those with this column above the rebuilt table's maximum
+};
+constexpr SalvageTable kSalvage[] = {
+    {"leases", "REPLACE", nullptr},       {"approvals", "REPLACE", nullptr},
+    {"loans", "REPLACE", nullptr},        {"grants", "REPLACE", nullptr},
+    {"usage", "REPLACE", nullptr},        {"audit", "IGNORE", nullptr},
+    {"heartbeats", "IGNORE", "ts_ms"},    {"memory_observations", "IGNORE", "ts_ms"},
+    {"quarantine", "IGNORE", "moved_ms"},
+};
+
+// Copies what `from` (damaged) still yields into `into`, table by table in rowid order; a read error skips ahead
+// (doubling the stride) past the damaged page instead of ending the table.
+void salvage(sqlite3* from, sqlite3* into, const std::string& path, RepairReport& report) {
+  auto prepare_on = [&](sqlite3* db, const std::string& sql) -> Statement {
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &raw, nullptr) != SQLITE_OK) return Statement(nullptr);
+    return Statement(raw);
+  };
+  for (const SalvageTable& t : kSalvage) {
+    int64_t floor = std::numeric_limits<int64_t>::min();
+    if (t.newer_column != nullptr) {
+      Statement most = prepare_on(into, std::string("SELECT MAX(") + t.newer_column + ") FROM " + t.table);
+      if (most && sqlite3_step(most.get()) == SQLITE_ROW && sqlite3_column_type(most.get(), 0) != SQLITE_NULL) {
+        floor = sqlite3_column_int64(most.get(), 0);
+      }
+    }
+    int64_t copied = 0, unreadable = 0, last_rowid = std::numeric_limits<int64_t>::min(), stride = 1;
+    for (int attempts = 0; attempts < 64;) {
+      const std::string from_rowid =
+          last_rowid == std::numeric_limits<int64_t>::min() ? "" : " WHERE rowid > " + std::to_string(last_rowid);
+      Statement rows =
+          prepare_on(from, std::string("SELECT rowid, * FROM ") + t.table + from_rowid + " ORDER BY rowid");
+      if (!rows) break;  // the table is not there (older schema) or its root is unreadable
+      const int columns = sqlite3_column_count(rows.get());
+      std::string names, marks;
+      for (int c = 1; c < columns; ++c) {
+        names += std::string(c > 1 ? ", " : "") + sqlite3_column_name(rows.get(), c);
+        marks += c > 1 ? ", ?" : "?";
+      }
+      Statement insert = prepare_on(
+          into, std::string("INSERT OR ") + t.conflict + " INTO " + t.table + "(" + names + ") VALUES (" + marks + ")");
+      if (!insert) break;
+      int rc = SQLITE_ROW;
+      while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
+        last_rowid = sqlite3_column_int64(rows.get(), 0);
+        stride = 1;
+        if (t.newer_column != nullptr) {
+          const int newer = [&] {
+            for (int c = 1; c < columns; ++c) {
+              if (std::string(sqlite3_column_name(rows.get(), c)) == t.newer_column) return c;
+            }
+            return -1;
+          }();
+          if (newer > 0 && sqlite3_column_int64(rows.get(), newer) <= floor) continue;
+        }
+        sqlite3_reset(insert.get());
+        for (int c = 1; c < columns; ++c) sqlite3_bind_value(insert.get(), c, sqlite3_column_value(rows.get(), c));
+        if (sqlite3_step(insert.get()) == SQLITE_DONE) ++copied;
+      }
+      if (rc == SQLITE_DONE) break;
+      ++unreadable;  // a damaged page: jump past it
+      ++attempts;
+      if (last_rowid == std::numeric_limits<int64_t>::min()) last_rowid = 0;
+      last_rowid += stride;
+      stride *= 2;
+    }
+    report.salvaged.push_back(
+        std::string(t.table) + ": " + std::to_string(copied) + " rows" +
+        (unreadable > 0 ? " (" + std::to_string(unreadable) + " unreadable stretches skipped)" : ""));
+  }
+  // the id sequences: above everything either file used; the chain head as the damaged file last recorded it
+  Statement meta = prepare_on(from, "SELECT key, value FROM meta");
+  while (meta && sqlite3_step(meta.get()) == SQLITE_ROW) {
+    const std::string key = text(meta.get(), 0), value = text(meta.get(), 1);
+    const bool counter = key.rfind("next_", 0) == 0;
+    Statement upsert = prepare_on(
+        into, counter ? "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = "
+                        "CAST(MAX(CAST(value AS INTEGER), CAST(?2 AS INTEGER)) AS TEXT)"
+                      : "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)");
+    if (!upsert) continue;
+    bind_text(upsert.get(), 1, key);
+    bind_text(upsert.get(), 2, value);
+    if (sqlite3_step(upsert.get()) != SQLITE_DONE) {
+      throw StoreError(path + ": writing the rebuilt database: " + sqlite3_errmsg(into));
+    }
+  }
+}
+
+}  // namespace
+
+std::string backup_database(const std::string& path, int64_t now_ms, int keep) {
+  if (!std::filesystem::exists(path)) throw StoreError(path + ": no such database");
+  const std::string target = path + ".backup-" + utc_stamp(now_ms);
+  const std::string temporary = target + ".tmp";
+  remove_database_files(temporary);
+  {
+    Connection source = open_connection(path, SQLITE_OPEN_READONLY);
+    Connection copy = open_connection(temporary, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    sqlite3_backup* backup = sqlite3_backup_init(copy.get(), "main", source.get(), "main");
+    if (backup == nullptr) throw StoreError(temporary + ": backup: " + sqlite3_errmsg(copy.get()));
+    int rc = SQLITE_OK;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      rc = sqlite3_backup_step(backup, -1);
+      if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    sqlite3_backup_finish(backup);
+    if (rc != SQLITE_DONE) {
+      const std::string message = sqlite3_errstr(rc);
+      copy.reset();
+      remove_database_files(temporary);
+      throw StoreError(path + ": backup to " + target + " failed: " + message);
+    }
+  }
+  std::filesystem::rename(temporary, target);
+  const std::vector<std::string> all = backups_of(path);
+  for (size_t i = static_cast<size_t>(std::max(1, keep)); i < all.size(); ++i) std::filesystem::remove(all[i]);
+  return target;
+}
+
+std::vector<std::string> good_backups(const std::string& path) {
+  std::vector<std::string> good;
+  for (const std::string& candidate : backups_of(path)) {
+    if (is_quotad_database(candidate) && passes_quick_check(candidate)) good.push_back(candidate);
+  }
+  return good;
+}
+
+struct PeriodicBackup::State {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;
+};
+
+PeriodicBackup::PeriodicBackup(std::string path, int every_minutes, int keep) : state_(std::make_shared<State>()) {
+  if (every_minutes <= 0) return;
+  state_->thread = std::thread([state = state_, path = std::move(path), every_minutes, keep] {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    while (!state->wake.wait_for(lock, std::chrono::minutes(every_minutes), [&] { return state->stop; })) {
+      lock.unlock();
+      try {
+        const int64_t now =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        std::printf("quotad: backup %s\n", backup_database(path, now, keep).c_str());
+        std::fflush(stdout);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "quotad: backup failed (retried in %d min): %s\n", every_minutes, error.what());
+      }
+      lock.lock();
+    }
+  });
+}
+
+PeriodicBackup::~PeriodicBackup() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->wake.notify_all();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
 RepairReport repair_database(const std::string& path, int64_t now_ms) {
   if (!std::filesystem::exists(path)) throw StoreError(path + ": no such database");
   RepairReport report;
@@ -567,7 +820,40 @@ RepairReport repair_database(const std::string& path, int64_t now_ms) {
     if (!std::filesystem::exists(path + suffix)) continue;
     std::filesystem::copy_file(path + suffix, report.backup + suffix);
   }
-  Store store(path);  // refuses a file that fails quick_check
+  const std::vector<std::string> backups = good_backups(path);
+  if (!is_quotad_database(path)) {
+    // an empty file (the shell's `.recover` on Debian's sqlite3 3.40 writes one) or someone else's: never start over
+    if (backups.empty()) {
+      throw StoreError(path + ": empty or not a quotad database, and no good backup (" + path +
+                       ".backup-*) to restore it from: refusing to repair it into a fresh database (every lease, "
+                       "audit entry and ledger row would be gone); the untouched file is kept as " +
+                       report.backup);
+    }
+    remove_database_files(path);
+    std::filesystem::copy_file(backups.front(), path);
+    report.restored_from = backups.front();
+  } else if (!passes_quick_check(path)) {
+    const std::string rebuilt = path + ".rebuilt-" + std::to_string(now_ms);
+    remove_database_files(rebuilt);
+    if (!backups.empty()) {
+      std::filesystem::copy_file(backups.front(), rebuilt);
+      report.restored_from = backups.front();
+    }
+    { Store schema(rebuilt); }  // the current schema (a backup of an older quotad gains its new columns)
+    {
+      Connection from = open_connection(path, SQLITE_OPEN_READWRITE);
+      Connection into = open_connection(rebuilt, SQLITE_OPEN_READWRITE);
+      sqlite3_exec(into.get(), "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+      salvage(from.get(), into.get(), path, report);
+      if (sqlite3_exec(into.get(), "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+        throw StoreError(rebuilt + ": " + sqlite3_errmsg(into.get()));
+      }
+    }
+    remove_database_files(path);
+    std::filesystem::rename(rebuilt, path);
+    for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(rebuilt + suffix);
+  }
+  Store store(path);  // refuses what is still damaged
   store.repair(now_ms, report);
   return report;
 }

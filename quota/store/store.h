@@ -2,6 +2,7 @@
 // SQLite persistence of the engine: WAL mode, one transaction per state change, append-only audit.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,15 +104,40 @@ class Store {
 
 struct RepairReport {
   std::string backup;                    // the untouched copy taken first
+  std::string restored_from;             // the online backup the database was rebuilt from ("" when none was needed)
+  std::vector<std::string> salvaged;     // "leases: 12 rows" read from a damaged file into the restored one
   std::vector<std::string> quarantined;  // "leases row 9: <why>" for every row set aside
   std::vector<int64_t> audit_gaps;       // audit sequence numbers recorded as lost
 };
 
+// Online backups (issue 30): a consistent copy of the live database through SQLite's backup API (quotad keeps
+// serving), written as `<path>.backup-<UTC time>` beside it (atomically: a temporary file renamed), of which the
+// newest `keep` are kept. Returns the new file's path. Throws StoreError naming the file.
+std::string backup_database(const std::string& path, int64_t now_ms, int keep = 24);
+// The backups of `path` that pass quick_check, newest first.
+std::vector<std::string> good_backups(const std::string& path);
+
+// Takes a backup every `every_minutes` on its own thread (a read connection: no lock on quotad's writes) until
+// destroyed; failures are printed to stderr and retried at the next time.
+class PeriodicBackup {
+ public:
+  PeriodicBackup(std::string path, int every_minutes, int keep);
+  ~PeriodicBackup();
+  PeriodicBackup(const PeriodicBackup&) = delete;
+  PeriodicBackup& operator=(const PeriodicBackup&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
 // `quotad repair-db`: with quotad stopped, copies the database (and its WAL) to `<path>.bak-<now_ms>`, then
-// moves every lease or approval row that does not parse into the table `quarantine` (kept whole, with the
-// reason) and records each missing audit sequence number as an explicit `audit.gap` entry. Nothing else is
-// touched. A file that fails `PRAGMA quick_check` is refused: recover it with the sqlite3 shell first
-// (quota/README.md).
+// - a file that is empty or not a quotad database: restores the newest good backup; with none it refuses (a fresh
+//   database would lose every lease, audit entry and ledger row without a word);
+// - a file that fails `PRAGMA quick_check` (a damaged page): rebuilds it from the newest good backup (or, with
+//   none, from nothing) plus every row the damaged file still yields, table by table, newer rows winning;
+// then moves every lease or approval row that does not parse into the table `quarantine` (kept whole, with the
+// reason) and records each missing audit sequence number as an explicit `audit.gap` entry.
 RepairReport repair_database(const std::string& path, int64_t now_ms);
 
 // The audit log's hash chain (issue 30): each entry stores the SHA-256 of the previous entry's link and its own

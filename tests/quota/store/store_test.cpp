@@ -213,7 +213,14 @@ TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
     EXPECT_NE(message.find("damaged"), std::string::npos) << message;
     EXPECT_NE(message.find("quick_check"), std::string::npos) << message;
   }
-  EXPECT_THROW(repair_database(path, kMonday), StoreError);
+  // without a backup, repair-db keeps what the file still yields and records what it lost (issue 30)
+  const RepairReport report = repair_database(path, kMonday);
+  EXPECT_TRUE(report.restored_from.empty());
+  ASSERT_FALSE(report.salvaged.empty());
+  EXPECT_GT(std::stoi(query_text(path, "SELECT COUNT(*) FROM audit WHERE action = 'x'")), 300);
+  // what the damaged page held is recorded as lost, so the sequence has no silent hole
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), query_text(path, "SELECT MAX(seq) FROM audit"));
+  EXPECT_NO_THROW(Store reopened(path));
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
     if (entry.path().string().rfind(path + ".bak-", 0) == 0) std::filesystem::remove(entry.path());
   }
@@ -550,6 +557,118 @@ TEST(QuotaAuditChain, TheCommandNamesTheBrokenEntryAndFails) {
   std::ifstream broken(out);
   std::getline(broken, line);
   EXPECT_NE(line.find("the chain is broken at entry 4: missing"), std::string::npos) << line;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Online backups and the repair that uses them (issue 30).
+
+void add_audit_rows(const std::string& path, int from, int to) {
+  std::string rows = "BEGIN;";
+  for (int i = from; i <= to; ++i) {
+    rows += "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (" + std::to_string(i) +
+            ", 0, 'quotad', 'x', 0, 't', '" + std::string(200, 'd') + "');";
+  }
+  execute(path, rows + "COMMIT;");
+}
+
+void remove_copies(const std::string& path) {
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    const std::string name = entry.path().string();
+    if (name.rfind(path + ".", 0) == 0) std::filesystem::remove(entry.path());
+  }
+}
+
+TEST(QuotaBackup, AnOnlineBackupIsAConsistentCopyAndOnlyTheNewestAreKept) {
+  const std::string path = temp_db("backup_keep");
+  remove_copies(path);
+  Store live(path);  // open, as quotad keeps it
+  add_audit_rows(path, 1, 50);
+  std::vector<std::string> made;
+  for (int i = 0; i < 3; ++i) made.push_back(backup_database(path, kMonday + i * 60000, 2));
+  EXPECT_EQ(made[0], path + ".backup-20261130T000000.000Z");  // kMonday
+  EXPECT_FALSE(std::filesystem::exists(made[0]));             // pruned: two kept
+  const std::vector<std::string> good = good_backups(path);
+  ASSERT_EQ(good, (std::vector<std::string>{made[2], made[1]}));
+  EXPECT_EQ(query_text(good[0], "SELECT COUNT(*) FROM audit"), "50");
+  remove_copies(path);
+}
+
+// A damaged page: the newest backup, plus every row the damaged file still yields (newer than the backup).
+TEST(QuotaBackup, RepairRebuildsADamagedFileFromTheBackupAndWhatTheFileStillYields) {
+  const std::string path = temp_db("backup_damaged");
+  remove_copies(path);
+  { Store create(path); }
+  add_audit_rows(path, 1, 400);
+  backup_database(path, kMonday, 24);
+  add_audit_rows(path, 401, 600);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8 * 4096);  // a page holding early entries, which the backup has
+    const std::string garbage(4096, '\x5a');
+    file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  ASSERT_THROW(Store refused(path), StoreError);
+  const RepairReport report = repair_database(path, kMonday + kHour);
+  EXPECT_EQ(report.restored_from, path + ".backup-20261130T000000.000Z");
+  ASSERT_FALSE(report.salvaged.empty());
+  EXPECT_TRUE(report.audit_gaps.empty()) << "nothing lost: the backup held what the damaged page did";
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "600");
+  EXPECT_EQ(query_text(path, "SELECT MAX(seq) FROM audit"), "600");
+  Store repaired(path);
+  EXPECT_EQ(repaired.load(kMonday, 24 * kHour, 0).next_audit_seq, 601);
+  remove_copies(path);
+}
+
+// Debian's sqlite3 3.40 has no `.recover`: the README's old step left an empty file, which repair-db called
+// "nothing to repair" and quotad then served as a fresh database.
+TEST(QuotaBackup, AnEmptyFileIsRestoredFromABackupAndNeverRepairedIntoAFreshDatabase) {
+  const std::string path = temp_db("backup_empty");
+  remove_copies(path);
+  { Store create(path); }
+  add_audit_rows(path, 1, 20);
+  std::ofstream(path, std::ios::trunc).close();
+  for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  try {
+    repair_database(path, kMonday);
+    ADD_FAILURE() << "repaired an empty file without a backup";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("refusing to repair it into a fresh database"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(path), 0u);  // left as it was
+  // with a backup taken while it was whole
+  const std::string whole = temp_db("backup_empty_source");
+  remove_copies(whole);
+  { Store create(whole); }
+  add_audit_rows(whole, 1, 20);
+  const std::string backup = backup_database(whole, kMonday, 24);
+  std::filesystem::rename(backup, path + ".backup-20261130T000000.000Z");
+  const RepairReport report = repair_database(path, kMonday + kHour);
+  EXPECT_EQ(report.restored_from, path + ".backup-20261130T000000.000Z");
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "20");
+  remove_copies(path);
+  remove_copies(whole);
+}
+
+TEST(QuotaBackup, TheCommandsTakeABackupAndRepairFromIt) {
+  const std::string path = temp_db("backup_cli");
+  remove_copies(path);
+  { Store create(path); }
+  add_audit_rows(path, 1, 10);
+  const std::string quotad = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  const std::string out = path + ".out";
+  ASSERT_EQ(std::system((quotad + " backup --db " + path + " > " + out).c_str()), 0);
+  std::string line;
+  std::getline(std::ifstream(out) >> std::ws, line);
+  EXPECT_EQ(line.rfind("quotad backup: " + path + ".backup-", 0), 0u) << line;
+  std::ofstream(path, std::ios::trunc).close();
+  for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  ASSERT_EQ(std::system((quotad + " repair-db --db " + path + " > " + out).c_str()), 0);
+  std::ifstream report(out);
+  const std::string text((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("restored from the backup " + path + ".backup-"), std::string::npos) << text;
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "10");
+  remove_copies(path);
 }
 
 }  // namespace
