@@ -208,11 +208,7 @@ const User* Policy::find_user_by_token(const std::string& token) const {
   const std::string unsalted = sha256_hex(token);
   for (const auto& [name, user] : users) {
     const std::string token_hash = user.token_salt.empty() ? unsalted : sha256_hex(user.token_salt + token);
-    unsigned char diff = token_hash.size() == user.token_sha256.size() ? 0 : 1;
-    for (size_t i = 0; i < token_hash.size() && i < user.token_sha256.size(); ++i) {
-      diff |= static_cast<unsigned char>(token_hash[i] ^ user.token_sha256[i]);
-    }
-    if (diff == 0 && found == nullptr) found = &user;
+    if (digests_equal(token_hash, user.token_sha256) && found == nullptr) found = &user;
   }
   return found;
 }
