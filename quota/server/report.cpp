@@ -227,7 +227,8 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   for (const auto& [id, lease] : leases) {
     if (members.count(lease.req.user) && members[lease.req.user].empty()) members[lease.req.user] = lease.req.team;
   }
-  const LedgerTotals ledger = read_ledger_totals(db_path);  // loans and grants raise allowances (issue 19)
+  // loans and grants raise allowances (issue 19); the tables are small (a few records per member and month)
+  const LedgerTotals ledger = ledger_totals(reader.loans(), reader.grants());
   for (const auto& [user, team] : members) {
     ReportCredit credit;
     credit.user = user;

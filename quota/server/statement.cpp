@@ -128,16 +128,14 @@ double LedgerTotals::grant(const std::string& user, const std::string& month) co
   return it == grants.end() ? 0 : it->second;
 }
 
-LedgerTotals read_ledger_totals(const std::string& db_path) {
-  // the tables are small (a few records per member and month): read them whole
+LedgerTotals ledger_totals(const std::vector<Loan>& loans, const std::vector<CreditGrant>& grants) {
   LedgerTotals totals;
-  StoreReader reader(db_path);
-  for (const Loan& loan : reader.loans()) {
+  for (const Loan& loan : loans) {
     if (loan.state == LoanState::kApproved || loan.state == LoanState::kRepaid) {
       totals.loans[{loan.user, loan.month}] += loan.gpu_hours;
     }
   }
-  for (const CreditGrant& grant : reader.grants()) totals.grants[{grant.user, grant.month}] += grant.gpu_hours;
+  for (const CreditGrant& grant : grants) totals.grants[{grant.user, grant.month}] += grant.gpu_hours;
   return totals;
 }
 
