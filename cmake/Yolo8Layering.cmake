@@ -1,8 +1,11 @@
 # The layering rules, checked on the link graph CMake builds (not on #include lines or conventions).
 # yolo8_write_link_closures(FILE TARGET...) writes "target: dep dep ..." for every target, each line the
-# transitive closure of what it links; tests/architecture/check_layering.cmake reads it and applies the rules.
+# transitive closure of what it links, and "target uses: dep dep ...", what it may use itself: its own link items
+# and, transitively, what those expose, without what a static library links privately ($<LINK_ONLY:...>: in the
+# binary, not the target's to call). tests/architecture/check_layering.cmake reads both and applies the rules.
 
-function(_yolo8_link_closure target out_var)
+# uses_only: skip the $<LINK_ONLY:...> items of the target's dependencies.
+function(_yolo8_link_closure target out_var uses_only)
   set(seen "")
   set(queue ${target})
   while(queue)
@@ -20,7 +23,12 @@ function(_yolo8_link_closure target out_var)
     endif()
     get_target_property(type ${current} TYPE)
     set(deps "")
-    if(NOT type STREQUAL "INTERFACE_LIBRARY")
+    # a dependency's own LINK_LIBRARIES include its private ones; what it exposes is its INTERFACE_LINK_LIBRARIES
+    set(private_visible TRUE)
+    if(uses_only AND NOT current STREQUAL target)
+      set(private_visible FALSE)
+    endif()
+    if(NOT type STREQUAL "INTERFACE_LIBRARY" AND private_visible)
       get_target_property(direct ${current} LINK_LIBRARIES)
       if(direct)
         list(APPEND deps ${direct})
@@ -32,6 +40,9 @@ function(_yolo8_link_closure target out_var)
     endif()
     foreach(dep IN LISTS deps)
       # $<LINK_ONLY:x> and similar wrappers name a real dependency; other generator expressions are skipped.
+      if(NOT private_visible AND dep MATCHES "^\\$<LINK_ONLY:")
+        continue()
+      endif()
       string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" dep "${dep}")
       if(dep MATCHES "^\\$<" OR dep STREQUAL "")
         continue()
@@ -46,9 +57,12 @@ endfunction()
 function(yolo8_write_link_closures file)
   set(text "")
   foreach(target IN LISTS ARGN)
-    _yolo8_link_closure(${target} closure)
+    _yolo8_link_closure(${target} closure FALSE)
     list(JOIN closure " " joined)
     string(APPEND text "${target}: ${joined}\n")
+    _yolo8_link_closure(${target} uses TRUE)
+    list(JOIN uses " " joined)
+    string(APPEND text "${target} uses: ${joined}\n")
   endforeach()
   file(WRITE ${file} "${text}")
 endfunction()

@@ -15,6 +15,7 @@
 #       unpacked beside them; openssl's configuration.h lives in usr/include/x86_64-linux-gnu (gpu_check.sh puts
 #       it on CPATH).
 #   prometheus-cpp core                                              quotad's /metrics (found on its own)
+#   Howard Hinnant's date (date.h, header-only)                      the quota calendar (quota/core/calendar.cpp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(
@@ -23,6 +24,7 @@ packages=(
   libssl-dev libssl3 zlib1g-dev zlib1g libbrotli-dev libbrotli1
   libgtest-dev libgmock-dev
   prometheus-cpp-dev libprometheus-cpp-core1.0
+  libhowardhinnant-date-dev
 )
 mkdir -p .deps/debs
 cd .deps/debs

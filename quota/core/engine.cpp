@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include "quota/core/api.h"
+#include "quota/core/calendar.h"
 
 namespace yolo8::quota {
 
@@ -253,28 +255,6 @@ int Engine::guaranteed_gpus(const Lease& lease) const {
 }
 
 namespace {
-// Days since 1970-01-01 of a civil date (Howard Hinnant's days_from_civil).
-int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
-  y -= m <= 2;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const auto yoe = static_cast<unsigned>(y - era * 400);
-  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + static_cast<int64_t>(doe) - 719468;
-}
-// UTC milliseconds at the start of "YYYY-MM"; -1 if it is not one.
-int64_t month_start_ms(const std::string& month) {
-  int year = 0;
-  unsigned number = 0;
-  if (month.size() != 7 || std::sscanf(month.c_str(), "%4d-%2u", &year, &number) != 2 || number < 1 || number > 12) {
-    return -1;
-  }
-  return days_from_civil(year, number, 1) * 86400000;
-}
-std::string next_month_key(const std::string& month) {
-  const int64_t start = month_start_ms(month);
-  return start < 0 ? month : month_key(start + 32 * int64_t{86400000});
-}
 // The owner a GPU is counted against: the team, or the emergency pool for critical leases.
 bool same_owner(const Lease& left, const Lease& right) {
   const bool left_critical = left.req.priority == Priority::kCritical;
@@ -1402,9 +1382,10 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   for (const auto& [id, lease] : leases_) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
   for (const auto& [key, hours] : usage_) {
     const auto user_it = policy_.users.find(key.first);
-    const int64_t start = month_start_ms(key.second);
-    if (user_it == policy_.users.end() || start < 0 || !(hours > 0)) continue;
-    const int64_t end = std::max(start, std::min(month_start_ms(next_month_key(key.second)), latest));
+    const std::optional<MonthSpan> month = month_span(key.second);
+    if (user_it == policy_.users.end() || !month || !(hours > 0)) continue;
+    const int64_t start = month->start_ms;
+    const int64_t end = std::max(start, std::min(month->end_ms, latest));
     Lease owner;
     owner.req.user = key.first;
     owner.req.team = user_it->second.team;

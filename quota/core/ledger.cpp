@@ -18,18 +18,6 @@ constexpr size_t kMaxFreeText = 2000;
 constexpr int kMaxGrantsPerQuarter = 100;  // per member
 constexpr double kEps = 1e-9;
 
-std::string next_month_key(const std::string& month) {
-  int year = std::stoi(month.substr(0, 4));
-  int number = std::stoi(month.substr(5, 2)) + 1;
-  if (number > 12) {
-    number = 1;
-    ++year;
-  }
-  std::ostringstream stream;
-  stream << year << "-" << (number < 10 ? "0" : "") << number;
-  return stream.str();
-}
-
 // A loan that raised its month's allowance (approved, and still so once repaid).
 bool counts(LoanState state) { return state == LoanState::kApproved || state == LoanState::kRepaid; }
 
@@ -147,22 +135,9 @@ MonthCredit month_credit(const Policy& policy, double prev_used, double prev_gra
   return credit;
 }
 
-std::string quarter_of(const std::string& month) {
-  const int number = std::stoi(month.substr(5, 2));
-  return month.substr(0, 4) + "-Q" + std::to_string((number - 1) / 3 + 1);
-}
-
 std::vector<std::string> quarter_months(const std::string& quarter, const std::string& argument) {
-  auto digit = [](char character) { return character >= '0' && character <= '9'; };
-  const bool shape = quarter.size() == 7 && std::all_of(quarter.begin(), quarter.begin() + 4, digit) &&
-                     quarter[4] == '-' && quarter[5] == 'Q' && quarter[6] >= '1' && quarter[6] <= '4';
-  if (!shape) throw PolicyError(argument + ": expected YYYY-Qn (Q1..Q4), got '" + quarter + "'");
-  const int first = (quarter[6] - '1') * 3 + 1;
-  std::vector<std::string> months;
-  for (int number = first; number < first + 3; ++number) {
-    months.push_back(quarter.substr(0, 4) + "-" + (number < 10 ? "0" : "") + std::to_string(number));
-  }
-  return months;
+  if (auto months = quarter_month_keys(quarter)) return *months;
+  throw PolicyError(argument + ": expected YYYY-Qn (Q1..Q4), got '" + quarter + "'");
 }
 
 // ---- the Engine's ledger methods ----

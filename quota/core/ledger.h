@@ -79,8 +79,6 @@ struct MonthCredit {
 // that month; last month's overrun beyond monthly + grants was a loan (automatic or applied for) and is repaid.
 MonthCredit month_credit(const Policy& policy, double prev_used, double prev_grants, double loans, double grants);
 
-// "YYYY-Qn" of a "YYYY-MM" month.
-std::string quarter_of(const std::string& month);
 // The three "YYYY-MM" months of "YYYY-Qn"; throws PolicyError naming `argument` ("--quarter: expected YYYY-Qn
 // (Q1..Q4), got '...'").
 std::vector<std::string> quarter_months(const std::string& quarter, const std::string& argument = "--quarter");

@@ -34,87 +34,14 @@ Priority parse_priority(const std::string& text) {
   throw PolicyError("priority: '" + text + "' is not one of low, normal, high, critical");
 }
 
-// ---- civil time (days-from-civil arithmetic on the proleptic Gregorian calendar) ----
-namespace {
-constexpr int64_t kMsPerDay = 86400000;
-
-int64_t floor_div(int64_t dividend, int64_t divisor) {
-  return dividend / divisor - ((dividend % divisor != 0) && ((dividend < 0) != (divisor < 0)));
-}
-
-// Howard Hinnant's civil_from_days; the short names (z, era, doe = day of era, yoe = year of era, doy, mp)
-// are the algorithm's own, kept so it can be checked against the published derivation.
-void civil_from_days(int64_t z, int& y, unsigned& m, unsigned& d) {
-  z += 719468;
-  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-  const unsigned doe = static_cast<unsigned>(z - era * 146097);
-  const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-  const int64_t yy = static_cast<int64_t>(yoe) + era * 400;
-  const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-  const unsigned mp = (5 * doy + 2) / 153;
-  d = doy - (153 * mp + 2) / 5 + 1;
-  m = mp < 10 ? mp + 3 : mp - 9;
-  y = static_cast<int>(yy + (m <= 2));
-}
-}  // namespace
-
-int weekday_of(int64_t ms_local) {
-  const int64_t days = floor_div(ms_local, kMsPerDay);
-  // 1970-01-01 was a Thursday (index 3 with Monday = 0)
-  return static_cast<int>(((days % 7) + 7 + 3) % 7);
-}
-
-int minute_of_day(int64_t ms_local) {
-  const int64_t days = floor_div(ms_local, kMsPerDay);
-  return static_cast<int>((ms_local - days * kMsPerDay) / 60000);
-}
-
-std::string month_key(int64_t ms_utc) {
-  int year;
-  unsigned month_number, day;
-  civil_from_days(floor_div(ms_utc, kMsPerDay), year, month_number, day);
-  char text[32];
-  std::snprintf(text, sizeof(text), "%04d-%02u", year, month_number);
-  return text;
-}
-
-std::string previous_month_key(const std::string& month) {
-  int year = std::atoi(month.substr(0, 4).c_str());
-  int month_number = std::atoi(month.substr(5, 2).c_str()) - 1;
-  if (month_number == 0) {
-    month_number = 12;
-    --year;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), "%04d-%02d", year, month_number);
-  return text;
-}
-
-int parse_utc_offset_min(const std::string& tz_in) {
-  std::string tz = tz_in;
-  if (tz == "UTC" || tz == "Z" || tz == "Etc/UTC" || tz == "GMT") return 0;
-  if (tz.rfind("UTC", 0) == 0) tz = tz.substr(3);
-  int hours = 0, minutes = 0;
-  char sign = 0;
-  char extra = 0;
-  if (tz.size() == 6 && std::sscanf(tz.c_str(), "%c%2d:%2d%c", &sign, &hours, &minutes, &extra) == 3 &&
-      (sign == '+' || sign == '-') && hours <= 14 && minutes < 60) {
-    return (sign == '-' ? -1 : 1) * (hours * 60 + minutes);
-  }
-  throw PolicyError("time zone '" + tz_in +
+int parse_utc_offset_min(const std::string& timezone) {
+  if (const auto offset = utc_offset_min(timezone)) return *offset;
+  throw PolicyError("time zone '" + timezone +
                     "' is not supported: use UTC or a fixed offset such as +01:00 (named zones are not supported)");
 }
 
 bool BurstWindow::contains(int64_t now_ms) const {
-  const int64_t local = now_ms + static_cast<int64_t>(utc_offset_min) * 60000;
-  const int minute = minute_of_day(local);
-  const int day = weekday_of(local);
-  auto has_day = [&](int weekday) { return std::find(weekdays.begin(), weekdays.end(), weekday) != weekdays.end(); };
-  if (from_min <= to_min) return has_day(day) && minute >= from_min && minute < to_min;
-  // wraps past midnight: the part after midnight belongs to the previous day's window
-  if (minute >= from_min) return has_day(day);
-  if (minute < to_min) return has_day((day + 6) % 7);
-  return false;
+  return in_weekly_window(now_ms, utc_offset_min, weekdays, from_min, to_min);
 }
 
 bool Team::in_burst_window(int64_t now_ms) const {
@@ -208,11 +135,7 @@ const User* Policy::find_user_by_token(const std::string& token) const {
   const std::string unsalted = sha256_hex(token);
   for (const auto& [name, user] : users) {
     const std::string token_hash = user.token_salt.empty() ? unsalted : sha256_hex(user.token_salt + token);
-    unsigned char diff = token_hash.size() == user.token_sha256.size() ? 0 : 1;
-    for (size_t i = 0; i < token_hash.size() && i < user.token_sha256.size(); ++i) {
-      diff |= static_cast<unsigned char>(token_hash[i] ^ user.token_sha256[i]);
-    }
-    if (diff == 0 && found == nullptr) found = &user;
+    if (digests_equal(token_hash, user.token_sha256) && found == nullptr) found = &user;
   }
   return found;
 }

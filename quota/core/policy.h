@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "quota/core/calendar.h"  // the calendar the policy's windows and months use
+
 namespace yolo8::quota {
 
 // Bad policy or request data; the message names the file/line/key.
@@ -195,12 +197,8 @@ bool is_valid_user_name(const std::string& name);
 // 64 lowercase hex digits.
 bool is_sha256_hex(const std::string& text);
 
-// Civil-time helpers on UTC milliseconds.
-int weekday_of(int64_t ms_local);  // 0 = Monday
-int minute_of_day(int64_t ms_local);
-std::string month_key(int64_t ms_utc);  // "YYYY-MM"
-std::string previous_month_key(const std::string& month);
-// "UTC", "Z", "+HH:MM", "-HH:MM", "UTC+HH:MM"; throws PolicyError otherwise.
+// utc_offset_min (quota/core/calendar.h), or a PolicyError naming the zone: "UTC", "Z", "+HH:MM", "-HH:MM",
+// "UTC+HH:MM".
 int parse_utc_offset_min(const std::string& tz);
 
 }  // namespace yolo8::quota

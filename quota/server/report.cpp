@@ -1,48 +1,29 @@
 #include "quota/server/report.h"
 
-#include <sqlite3.h>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "quota/core/api.h"
+#include "quota/core/calendar.h"
 #include "quota/core/codec.h"
 #include "quota/server/history.h"
 #include "quota/server/journal_advice.h"
 #include "quota/server/metrics.h"
-#include "quota/server/read_db.h"
 #include "quota/server/statement.h"
 #include "quota/server/status_page.h"
+#include "quota/store/store.h"
 
 namespace yolo8::quota {
 
 namespace {
-
-constexpr int64_t kMsPerDay = 86400000;
-
-// Days since 1970-01-01 of a proleptic Gregorian date.
-int64_t days_from_civil(int year, unsigned month, unsigned day) {
-  year -= month <= 2;
-  const int64_t era = (year >= 0 ? year : year - 399) / 400;
-  const unsigned yoe = static_cast<unsigned>(year - era * 400);
-  const unsigned doy = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1;
-  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + static_cast<int64_t>(doe) - 719468;
-}
-
-using read_db::column_text;
-using read_db::prepare;
-using read_db::Query;
 
 int64_t lease_end_ms(const Lease& lease) {
   if (is_terminal(lease.state)) return lease.ended_ms;
@@ -68,18 +49,11 @@ struct MonthData {
   std::map<int64_t, LeaseUtil> util;  // per lease, samples inside the month only
 };
 
-MonthData read_samples(sqlite3* db, const std::string& path, int64_t from, int64_t to,
-                       const std::map<int64_t, Lease>& leases, double below, int64_t after_ms) {
+MonthData read_samples(StoreReader& reader, int64_t from, int64_t to, const std::map<int64_t, Lease>& leases,
+                       double below, int64_t after_ms) {
   UtilTracker tracker(below, after_ms);
-  Query statement = prepare(db, path,
-                            "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? "
-                            "AND gpu_util IS NOT NULL AND gpu_util >= 0 ORDER BY lease_id, ts_ms");
-  sqlite3_bind_int64(statement.get(), 1, from);
-  sqlite3_bind_int64(statement.get(), 2, to);
-  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-    tracker.observe(sqlite3_column_int64(statement.get(), 0), sqlite3_column_int64(statement.get(), 1),
-                    sqlite3_column_double(statement.get(), 2));
-  }
+  reader.util_samples(from, to,
+                      [&](int64_t lease_id, int64_t ts_ms, double util) { tracker.observe(lease_id, ts_ms, util); });
   MonthData out;
   for (const auto& [id, util] : tracker.leases()) {
     // a low run lasts until the lease ended (inside the month) or the last sample
@@ -108,15 +82,6 @@ std::string hours_change(double current, double prev) {
   return (change >= 0 ? "+" : "") + fixed_text(change, 0) + " %";
 }
 
-std::string utc_date(int64_t ms) {
-  const std::time_t epoch_seconds = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&epoch_seconds, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M", &tm);
-  return text;
-}
-
 // Markdown table cells must not break the row.
 std::string markdown_cell(const std::string& text) {
   std::string out;
@@ -135,18 +100,10 @@ std::string markdown_cell(const std::string& text) {
 }  // namespace
 
 void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms) {
-  auto digit = [](char character) { return character >= '0' && character <= '9'; };
-  const bool shape = month.size() == 7 && month[4] == '-' && std::all_of(month.begin(), month.begin() + 4, digit) &&
-                     digit(month[5]) && digit(month[6]);
-  const int year = shape ? std::stoi(month.substr(0, 4)) : 0;
-  const int month_number = shape ? std::stoi(month.substr(5, 2)) : 0;
-  if (!shape || month_number < 1 || month_number > 12) {
-    throw std::invalid_argument("--month: expected YYYY-MM, got '" + month + "'");
-  }
-  start_ms = days_from_civil(year, static_cast<unsigned>(month_number), 1) * kMsPerDay;
-  end_ms = (month_number == 12 ? days_from_civil(year + 1, 1, 1)
-                               : days_from_civil(year, static_cast<unsigned>(month_number + 1), 1)) *
-           kMsPerDay;
+  const std::optional<MonthSpan> span = month_span(month);
+  if (!span) throw std::invalid_argument("--month: expected YYYY-MM, got '" + month + "'");
+  start_ms = span->start_ms;
+  end_ms = span->end_ms;
 }
 
 MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n,
@@ -168,27 +125,16 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     report.waste_util_below = policy->waste_gpu_util_below;
     report.waste_after_s = policy->waste_after_s;
   }
-  const read_db::Db db = read_db::open(db_path);
+  StoreReader reader(db_path);
 
   // leases that may overlap the two months
   std::map<int64_t, Lease> leases;
-  {
-    Query statement =
-        prepare(db.get(), db_path,
-                "SELECT body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ?");
-    sqlite3_bind_int64(statement.get(), 1, pfrom);
-    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-      try {
-        Lease lease = lease_from_json(nlohmann::json::parse(column_text(statement.get(), 0)));
-        if (lease.granted_ms > 0 && lease.granted_ms < to) leases[lease.id] = std::move(lease);
-      } catch (const std::exception& error) {
-        throw std::runtime_error(db_path + ": unreadable lease record: " + error.what());
-      }
-    }
+  for (Lease& lease : reader.leases_since(pfrom)) {
+    if (lease.granted_ms > 0 && lease.granted_ms < to) leases[lease.id] = std::move(lease);
   }
   const int64_t after_ms = static_cast<int64_t>(report.waste_after_s) * 1000;
-  const MonthData cur = read_samples(db.get(), db_path, from, to, leases, report.waste_util_below, after_ms);
-  const MonthData prev = read_samples(db.get(), db_path, pfrom, pto, leases, report.waste_util_below, after_ms);
+  const MonthData cur = read_samples(reader, from, to, leases, report.waste_util_below, after_ms);
+  const MonthData prev = read_samples(reader, pfrom, pto, leases, report.waste_util_below, after_ms);
 
   auto team_of_user = [&](const std::string& user, const std::string& fallback) {
     if (policy != nullptr) {
@@ -278,16 +224,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   });
 
   // credits: quotad's own usage ledger (charged to the month the time was billed in)
-  std::map<std::pair<std::string, std::string>, double> usage;
-  {
-    Query statement = prepare(db.get(), db_path, "SELECT user, month, gpu_hours FROM usage WHERE month IN (?, ?)");
-    sqlite3_bind_text(statement.get(), 1, month.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(statement.get(), 2, report.prev_month.c_str(), -1, SQLITE_TRANSIENT);
-    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-      usage[{column_text(statement.get(), 0), column_text(statement.get(), 1)}] =
-          sqlite3_column_double(statement.get(), 2);
-    }
-  }
+  const std::map<std::pair<std::string, std::string>, double> usage = reader.usage({month, report.prev_month});
   std::map<std::string, std::string> members;  // user -> team
   if (policy != nullptr) {
     for (const auto& [name, team] : policy->teams) {
@@ -301,7 +238,8 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   for (const auto& [id, lease] : leases) {
     if (members.count(lease.req.user) && members[lease.req.user].empty()) members[lease.req.user] = lease.req.team;
   }
-  const LedgerTotals ledger = read_ledger_totals(db_path);  // loans and grants raise allowances (issue 19)
+  // loans and grants raise allowances (issue 19); the tables are small (a few records per member and month)
+  const LedgerTotals ledger = ledger_totals(reader.loans(), reader.grants());
   for (const auto& [user, team] : members) {
     ReportCredit credit;
     credit.user = user;
@@ -326,13 +264,8 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
 
   // emergency uses, with the admin's review when there is one
   std::map<int64_t, std::string> reviews;
-  {
-    Query statement =
-        prepare(db.get(), db_path, "SELECT lease_id, actor, detail FROM audit WHERE action = 'emergency.reviewed'");
-    while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-      reviews[sqlite3_column_int64(statement.get(), 0)] =
-          "reviewed by " + column_text(statement.get(), 1) + ": " + column_text(statement.get(), 2);
-    }
+  for (const AuditEntry& entry : reader.audit("emergency.reviewed")) {
+    reviews[entry.lease_id] = "reviewed by " + entry.actor + ": " + entry.detail;
   }
   for (const auto& [id, lease] : leases) {
     if (!lease.emergency || lease.granted_ms < from || lease.granted_ms >= to) continue;
@@ -427,9 +360,9 @@ ShownHours shown_hours(const MonthlyReport& report, int digits) {
 }
 
 std::string month_note(const MonthlyReport& report) {
-  std::string note = "Generated at " + utc_date(report.generated_ms) + " UTC.";
+  std::string note = "Generated at " + utc_minutes(report.generated_ms) + " UTC.";
   if (report.month_in_progress()) {
-    note += " The month is still running (it ends " + utc_date(report.month_end_ms) +
+    note += " The month is still running (it ends " + utc_minutes(report.month_end_ms) +
             " UTC): the figures cover its start up to the generation time, running leases included.";
   }
   return note;
@@ -564,7 +497,7 @@ std::string report_markdown(const MonthlyReport& report) {
     stream << "| lease | granted (UTC) | team | user | job | GPUs | GPU-hours | justification | review |\n"
            << "|---:|---|---|---|---|---:|---:|---|---|\n";
     for (const auto& emergency : report.emergencies) {
-      stream << "| " << emergency.lease_id << " | " << utc_date(emergency.granted_ms) << " | "
+      stream << "| " << emergency.lease_id << " | " << utc_minutes(emergency.granted_ms) << " | "
              << markdown_cell(emergency.team) << " | " << markdown_cell(emergency.user) << " | "
              << markdown_cell(emergency.job) << " | " << gpus_text(emergency.gpus) << " | "
              << fixed_text(emergency.gpu_hours, 1) << " | " << markdown_cell(emergency.justification) << " | "
@@ -821,7 +754,7 @@ std::string report_csv(const MonthlyReport& report) {
   CsvWriter csv;
   csv.row({{"record", "report"},
            {"month", report.month},
-           {"time_utc", utc_date(report.generated_ms)},
+           {"time_utc", utc_minutes(report.generated_ms)},
            {"note", report.month_in_progress() ? "month in progress: figures up to time_utc" : "month complete"}});
   for (size_t i = 0; i < report.teams.size(); ++i) {
     const ReportTeam& team = report.teams[i];
@@ -912,7 +845,7 @@ std::string report_csv(const MonthlyReport& report) {
              {"job", emergency.job},
              {"gpus", gpus_text(emergency.gpus)},
              {"gpu_hours", fixed_text(emergency.gpu_hours, kDigits)},
-             {"time_utc", utc_date(emergency.granted_ms)},
+             {"time_utc", utc_minutes(emergency.granted_ms)},
              {"justification", emergency.justification},
              {"review", emergency.review}});
   }

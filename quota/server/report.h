@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "quota/core/calendar.h"
 #include "quota/core/engine.h"
 #include "quota/core/policy.h"
 #include "quota/core/recommend.h"

@@ -1,13 +1,8 @@
 #include "quota/server/statement.h"
 
-#include <sqlite3.h>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,28 +10,12 @@
 #include <stdexcept>
 
 #include "quota/core/api.h"
-#include "quota/server/read_db.h"
+#include "quota/core/calendar.h"
 #include "quota/server/report.h"
 #include "quota/server/status_page.h"
+#include "quota/store/store.h"
 
 namespace yolo8::quota {
-
-namespace {
-
-using read_db::column_text;
-using read_db::prepare;
-using read_db::Query;
-
-std::string utc_time(int64_t ms) {
-  const time_t seconds = static_cast<time_t>(ms / 1000);
-  std::tm parts{};
-  gmtime_r(&seconds, &parts);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M", &parts);
-  return text;
-}
-
-}  // namespace
 
 void rank_members(std::vector<StatementMember>& members) {
   // the figures as printed, read back: equal text is an equal key, whatever the rounding rule of the printing
@@ -70,38 +49,19 @@ QuarterStatement build_statement(const std::string& db_path, const std::string& 
   }
   const std::string before = previous_month_key(months.front());
 
-  const read_db::Db db = read_db::open(db_path);
-
+  StoreReader reader(db_path);
   std::set<std::string> wanted(statement.months.begin(), statement.months.end());
   wanted.insert(before);
-  std::map<std::pair<std::string, std::string>, double> usage;
-  {
-    Query query = prepare(db.get(), db_path, "SELECT user, month, gpu_hours FROM usage");
-    while (sqlite3_step(query.get()) == SQLITE_ROW) {
-      const std::string month = column_text(query.get(), 1);
-      if (wanted.count(month)) usage[{column_text(query.get(), 0), month}] = sqlite3_column_double(query.get(), 2);
-    }
-  }
+  const std::map<std::pair<std::string, std::string>, double> usage =
+      reader.usage(std::vector<std::string>(wanted.begin(), wanted.end()));
   std::vector<Loan> loans;
+  for (Loan& loan : reader.loans()) {
+    if (wanted.count(loan.month)) loans.push_back(std::move(loan));
+  }
   std::vector<CreditGrant> grants;
-  auto read = [&](const char* sql, auto from_json, auto& out, const char* table) {
-    // a database no quotad of issue 19 has opened yet has no such table: nothing was lent or granted
-    Query exists = prepare(db.get(), db_path, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
-    sqlite3_bind_text(exists.get(), 1, table, -1, SQLITE_STATIC);
-    if (sqlite3_step(exists.get()) != SQLITE_ROW) return;
-    Query query = prepare(db.get(), db_path, sql);
-    while (sqlite3_step(query.get()) == SQLITE_ROW) {
-      try {
-        auto record = from_json(nlohmann::json::parse(column_text(query.get(), 1)));
-        if (wanted.count(record.month)) out.push_back(std::move(record));
-      } catch (const std::exception& error) {
-        throw std::runtime_error(db_path + ": table " + table + ", row id " +
-                                 std::to_string(sqlite3_column_int64(query.get(), 0)) + ": " + error.what());
-      }
-    }
-  };
-  read("SELECT id, body FROM loans ORDER BY id", &loan_from_json, loans, "loans");
-  read("SELECT id, body FROM grants ORDER BY id", &grant_from_json, grants, "grants");
+  for (CreditGrant& grant : reader.grants()) {
+    if (wanted.count(grant.month)) grants.push_back(std::move(grant));
+  }
 
   std::map<std::string, std::string> members;  // user -> team
   for (const auto& [name, team] : policy.teams) {
@@ -171,34 +131,14 @@ double LedgerTotals::grant(const std::string& user, const std::string& month) co
   return it == grants.end() ? 0 : it->second;
 }
 
-LedgerTotals read_ledger_totals(const std::string& db_path) {
-  // the tables are small (a few records per member and month): read them whole
+LedgerTotals ledger_totals(const std::vector<Loan>& loans, const std::vector<CreditGrant>& grants) {
   LedgerTotals totals;
-  const read_db::Db db = read_db::open(db_path);
-  for (const char* table : {"loans", "grants"}) {
-    Query exists = prepare(db.get(), db_path, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
-    sqlite3_bind_text(exists.get(), 1, table, -1, SQLITE_STATIC);
-    if (sqlite3_step(exists.get()) != SQLITE_ROW) continue;
-    const bool loans = std::string(table) == "loans";
-    Query query = prepare(db.get(), db_path, loans ? "SELECT id, body FROM loans" : "SELECT id, body FROM grants");
-    while (sqlite3_step(query.get()) == SQLITE_ROW) {
-      try {
-        const nlohmann::json body = nlohmann::json::parse(column_text(query.get(), 1));
-        if (loans) {
-          const Loan loan = loan_from_json(body);
-          if (loan.state == LoanState::kApproved || loan.state == LoanState::kRepaid) {
-            totals.loans[{loan.user, loan.month}] += loan.gpu_hours;
-          }
-        } else {
-          const CreditGrant grant = grant_from_json(body);
-          totals.grants[{grant.user, grant.month}] += grant.gpu_hours;
-        }
-      } catch (const std::exception& error) {
-        throw std::runtime_error(db_path + ": table " + table + ", row id " +
-                                 std::to_string(sqlite3_column_int64(query.get(), 0)) + ": " + error.what());
-      }
+  for (const Loan& loan : loans) {
+    if (loan.state == LoanState::kApproved || loan.state == LoanState::kRepaid) {
+      totals.loans[{loan.user, loan.month}] += loan.gpu_hours;
     }
   }
+  for (const CreditGrant& grant : grants) totals.grants[{grant.user, grant.month}] += grant.gpu_hours;
   return totals;
 }
 
@@ -213,9 +153,9 @@ struct Table {
 };
 
 std::string note(const QuarterStatement& statement) {
-  std::string text = "Generated at " + utc_time(statement.generated_ms) + " UTC.";
+  std::string text = "Generated at " + utc_minutes(statement.generated_ms) + " UTC.";
   if (statement.in_progress()) {
-    text += " The quarter is still running (it ends " + utc_time(statement.quarter_end_ms) +
+    text += " The quarter is still running (it ends " + utc_minutes(statement.quarter_end_ms) +
             " UTC): the figures run up to the generation time" +
             (statement.months.size() < 3 ? ", and months that have not begun are left out." : ".");
   }
@@ -435,7 +375,7 @@ std::string statement_csv(const QuarterStatement& statement) {
   out << "\r\n";
   row({{"record", "statement"},
        {"quarter", statement.quarter},
-       {"time_utc", utc_time(statement.generated_ms)},
+       {"time_utc", utc_minutes(statement.generated_ms)},
        {"text", statement.in_progress() ? "quarter in progress: figures up to time_utc" : "quarter complete"}});
   for (const auto& member : statement.members) {
     row({{"record", "member"},
@@ -477,7 +417,7 @@ std::string statement_csv(const QuarterStatement& statement) {
          {"state", to_string(loan.state)},
          {"by", loan.decided_by},
          {"repaid_gpu_hours", fixed_text(loan.repaid_gpu_hours, 3)},
-         {"time_utc", utc_time(loan.created_ms)},
+         {"time_utc", utc_minutes(loan.created_ms)},
          {"text", loan.justification}});
   }
   for (const auto& grant : statement.grants) {
@@ -489,7 +429,7 @@ std::string statement_csv(const QuarterStatement& statement) {
          {"id", std::to_string(grant.id)},
          {"amount_gpu_hours", fixed_text(grant.gpu_hours, 3)},
          {"by", grant.granted_by},
-         {"time_utc", utc_time(grant.created_ms)},
+         {"time_utc", utc_minutes(grant.created_ms)},
          {"text", grant.reason}});
   }
   return out.str();

@@ -53,14 +53,14 @@ struct QuarterStatement {
   std::vector<CreditGrant> grants;       // grants in the quarter
 };
 
-// Approved (or repaid) loan and granted GPU-hours per (user, month), read-only from the store; empty where the
-// database predates the loans and grants tables. The monthly report's allowances use it.
+// Approved (or repaid) loan and granted GPU-hours per (user, month) of the stored loans and grants. The monthly
+// report's allowances use it.
 struct LedgerTotals {
   std::map<std::pair<std::string, std::string>, double> loans, grants;
   double loan(const std::string& user, const std::string& month) const;
   double grant(const std::string& user, const std::string& month) const;
 };
-LedgerTotals read_ledger_totals(const std::string& db_path);
+LedgerTotals ledger_totals(const std::vector<Loan>& loans, const std::vector<CreditGrant>& grants);
 
 // Reads `db_path` read-only. `quarter` is "YYYY-Qn" (PolicyError naming --quarter otherwise); the policy gives the
 // members and the credit rules. `now_ms` (0: the system clock) is the generation time; months that have not

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <iomanip>
 #include <sstream>
 
 #include "quota/core/api.h"
+#include "quota/core/calendar.h"
 #include "quota/server/metrics.h"
 
 namespace yolo8::quota {
@@ -43,15 +43,6 @@ std::string format_duration_ms(int64_t ms) {
 namespace {
 
 std::string percent(double fraction) { return fraction < 0 ? "&ndash;" : fixed_text(100 * fraction, 0) + " %"; }
-
-std::string utc_time(int64_t ms) {
-  const std::time_t epoch_seconds = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&epoch_seconds, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return text;
-}
 
 constexpr const char* kStyle = R"(
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d2330;background:#f6f7f9}
@@ -99,7 +90,8 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
        << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   if (refresh_s > 0) html << "<meta http-equiv=\"refresh\" content=\"" << refresh_s << "\">\n";
   html << "<title>quotad status</title>\n<style>" << kStyle << "</style></head><body>\n";
-  html << "<h1>GPU use</h1><div class=\"sub\">quotad &middot; " << utc_time(now_ms) << " &middot; read-only</div>\n";
+  html << "<h1>GPU use</h1><div class=\"sub\">quotad &middot; " << utc_text(now_ms, "%Y-%m-%d %H:%M:%S UTC")
+       << " &middot; read-only</div>\n";
   html << "<div class=\"cards\">"
        << "<div class=\"card\" id=\"gpus-in-use\"><b>" << fixed_text(allocation.allocated, 2) << " / "
        << policy.total_gpus() << "</b>GPUs in use</div>"

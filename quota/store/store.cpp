@@ -925,32 +925,127 @@ bool running(const Lease& lease) { return lease.state == LeaseState::kGranted ||
 }  // namespace
 
 void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTracker& tracker) {
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
-  }
-  sqlite3_busy_timeout(db, 10000);
-  sqlite3_stmt* statement = nullptr;
-  if (sqlite3_prepare_v2(db,
-                         "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms",
-                         -1, &statement, nullptr) != SQLITE_OK) {
-    const std::string msg = sqlite3_errmsg(db);
-    sqlite3_close(db);
-    throw std::runtime_error(db_path + ": cannot read heartbeats: " + msg);
-  }
+  StoreReader reader(db_path);
   for (const auto& [id, lease] : engine.leases()) {
     if (!running(lease)) continue;
     tracker.forget(id);
-    sqlite3_reset(statement);
-    sqlite3_bind_int64(statement, 1, id);
-    while (sqlite3_step(statement) == SQLITE_ROW) {
-      tracker.observe(id, sqlite3_column_int64(statement, 0), sqlite3_column_double(statement, 1));
-    }
+    reader.util_samples_of(
+        id, [&](int64_t lease_id, int64_t ts_ms, double util) { tracker.observe(lease_id, ts_ms, util); });
   }
-  sqlite3_finalize(statement);
-  sqlite3_close(db);
+}
+
+StoreReader::StoreReader(const std::string& path) : path_(path) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw StoreError(path + ": cannot open the quota database: " + msg);
+  }
+  sqlite3_busy_timeout(db_, 10000);
+}
+
+StoreReader::~StoreReader() {
+  if (db_ != nullptr) sqlite3_close(db_);
+}
+
+sqlite3_stmt* StoreReader::prepare(const char* sql) {
+  sqlite3_stmt* statement = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) {
+    throw StoreError(path_ + ": not a quotad database (" + sqlite3_errmsg(db_) + ")");
+  }
+  return statement;
+}
+
+bool StoreReader::has_table(const char* table) {
+  Statement statement(prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"));
+  sqlite3_bind_text(statement.get(), 1, table, -1, SQLITE_STATIC);
+  return sqlite3_step(statement.get()) == SQLITE_ROW;
+}
+
+std::vector<Lease> StoreReader::leases_since(int64_t ended_since_ms) {
+  // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
+  Statement statement(prepare(
+      "SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ? ORDER BY id"));
+  sqlite3_bind_int64(statement.get(), 1, ended_since_ms);
+  std::vector<Lease> out;
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    out.push_back(decode_row<Lease>(path_, "leases", statement.get(), &lease_from_json));
+  }
+  return out;
+}
+
+void StoreReader::util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor& visit) {
+  Statement statement(
+      prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? AND gpu_util >= 0 "
+              "ORDER BY lease_id, ts_ms"));
+  sqlite3_bind_int64(statement.get(), 1, from_ms);
+  sqlite3_bind_int64(statement.get(), 2, to_ms);
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    visit(sqlite3_column_int64(statement.get(), 0), sqlite3_column_int64(statement.get(), 1),
+          sqlite3_column_double(statement.get(), 2));
+  }
+}
+
+void StoreReader::util_samples_of(int64_t lease_id, const UtilVisitor& visit) {
+  Statement statement(
+      prepare("SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms"));
+  sqlite3_bind_int64(statement.get(), 1, lease_id);
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    visit(lease_id, sqlite3_column_int64(statement.get(), 0), sqlite3_column_double(statement.get(), 1));
+  }
+}
+
+std::map<std::pair<std::string, std::string>, double> StoreReader::usage(const std::vector<std::string>& months) {
+  Statement statement(prepare("SELECT user, month, gpu_hours FROM usage"));
+  std::map<std::pair<std::string, std::string>, double> out;
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    std::string month = text(statement.get(), 1);
+    if (!months.empty() && std::find(months.begin(), months.end(), month) == months.end()) continue;
+    out[{text(statement.get(), 0), std::move(month)}] = sqlite3_column_double(statement.get(), 2);
+  }
+  return out;
+}
+
+std::vector<Loan> StoreReader::loans() {
+  std::vector<Loan> out;
+  if (!has_table("loans")) return out;
+  Statement statement(prepare("SELECT id, body FROM loans ORDER BY id"));
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    out.push_back(decode_row<Loan>(path_, "loans", statement.get(), &loan_from_json));
+  }
+  return out;
+}
+
+std::vector<CreditGrant> StoreReader::grants() {
+  std::vector<CreditGrant> out;
+  if (!has_table("grants")) return out;
+  Statement statement(prepare("SELECT id, body FROM grants ORDER BY id"));
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    out.push_back(decode_row<CreditGrant>(path_, "grants", statement.get(), &grant_from_json));
+  }
+  return out;
+}
+
+std::vector<AuditEntry> StoreReader::audit(const std::string& action, int64_t after_seq) {
+  Statement statement(
+      prepare("SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit WHERE seq > ? AND (? = '' OR "
+              "action = ?) ORDER BY seq"));
+  sqlite3_bind_int64(statement.get(), 1, after_seq);
+  bind_text(statement.get(), 2, action);
+  bind_text(statement.get(), 3, action);
+  std::vector<AuditEntry> out;
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    AuditEntry entry;
+    entry.seq = sqlite3_column_int64(statement.get(), 0);
+    entry.ts_ms = sqlite3_column_int64(statement.get(), 1);
+    entry.actor = text(statement.get(), 2);
+    entry.action = text(statement.get(), 3);
+    entry.lease_id = sqlite3_column_int64(statement.get(), 4);
+    entry.team = text(statement.get(), 5);
+    entry.detail = text(statement.get(), 6);
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 AuditChainCheck verify_audit_chain(const std::string& db_path) {

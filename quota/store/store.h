@@ -1,6 +1,7 @@
 #pragma once
 // SQLite persistence of the engine: WAL mode, one transaction per state change, append-only audit.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -158,6 +159,44 @@ struct AuditChainCheck {
 // or the last: the head in meta names it), an edited one (its link no longer matches), or an entry inserted around
 // the chain is named. Throws StoreError when the file cannot be read.
 AuditChainCheck verify_audit_chain(const std::string& db_path);
+
+// Read-only queries on a quota database, for what quotad reports from it (the monthly report, the quarter
+// statement, the usage history): the schema stays behind this file, so a change to a table changes its readers
+// here, in the same library. Opens the file read-only, so a running quotad keeps serving; a writer holding the
+// lock is waited for up to 10 s. Every error is a StoreError naming the file (and the table and row id of a
+// record that does not parse).
+class StoreReader {
+ public:
+  using UtilVisitor = std::function<void(int64_t lease_id, int64_t ts_ms, double gpu_util)>;
+
+  explicit StoreReader(const std::string& path);
+  ~StoreReader();
+  StoreReader(const StoreReader&) = delete;
+  StoreReader& operator=(const StoreReader&) = delete;
+
+  // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
+  std::vector<Lease> leases_since(int64_t ended_since_ms);
+  // The utilisation samples of the heartbeats (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order
+  // and by time within a lease; visited one by one (a month holds many).
+  void util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor& visit);
+  // The same for one lease, all of its samples.
+  void util_samples_of(int64_t lease_id, const UtilVisitor& visit);
+  // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
+  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {});
+  // Every loan and every contribution grant, by id (none in a database no quotad of issue 19 has opened).
+  std::vector<Loan> loans();
+  std::vector<CreditGrant> grants();
+  // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.
+  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0);
+  const std::string& path() const { return path_; }
+
+ private:
+  sqlite3_stmt* prepare(const char* sql);
+  bool has_table(const char* table);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
 
 // Refolds the stored heartbeat samples of the engine's running leases (quotad restarted), so the waste list
 // survives a restart. Throws std::runtime_error if the database cannot be read.

@@ -1,5 +1,7 @@
 # cmake -DCLOSURES=FILE -P check_layering.cmake: fails (exit 1) when a library links what its layer forbids.
-# A rule: LIBRARY|regex of forbidden link items|why.
+# A rule: LIBRARY|regex of forbidden link items|why, checked on what LIBRARY links (its whole link closure, what ends
+# up in its binaries); "LIBRARY uses|..." is checked on what it may use itself (cmake/Yolo8Layering.cmake: without
+# what its dependencies link privately).
 set(rules
   "yolo_detect|opencv|^yolo_data$|^yolo8_app$|^yolo_train_core$|^yolo_quota|detection maths is LibTorch only"
   "yolo_train_core|opencv|^yolo_data$|^yolo8_app$|^yolo_quota|the training core never links OpenCV, data or quota"
@@ -11,6 +13,8 @@ set(rules
   "yolo_quota_service|torch|c10|opencv|HTTPLIB|httplib|^yolo_quota_server$|the API router has no LibTorch and no HTTP"
   "yolo_quota_client|torch|c10|opencv|^yolo_quota_server$|the client has no LibTorch and no server"
   "yolo_quota_server|torch|c10|opencv|quotad has no LibTorch"
+  "yolo_quota_server uses|SQLite|sqlite|the server reads the database through quota/store (StoreReader), never SQLite itself"
+  "yolo_quota_service uses|SQLite|sqlite|the API router reaches the database through quota/store only"
   "yolo8_app|^yolo_quota_server$|the trainer links the quota client, never the server"
 )
 if(NOT EXISTS "${CLOSURES}")
@@ -34,7 +38,11 @@ foreach(rule IN LISTS rules)
     foreach(dep IN LISTS deps)
       foreach(pattern IN LISTS parts)
         if(dep MATCHES "${pattern}")
-          message(SEND_ERROR "${library} links ${dep}: ${why}")
+          if(library MATCHES " uses$")
+            message(SEND_ERROR "${library} ${dep}: ${why}")
+          else()
+            message(SEND_ERROR "${library} links ${dep}: ${why}")
+          endif()
           math(EXPR failures "${failures} + 1")
         endif()
       endforeach()

@@ -15,5 +15,16 @@ TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_hex("alice-token"), "9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc");
 }
 
+TEST(Sha256, DigestsEqualOnlyWhenEveryCharacterAndTheLengthMatch) {
+  const std::string digest = sha256_hex("alice-token");
+  EXPECT_TRUE(digests_equal(digest, sha256_hex("alice-token")));
+  std::string last_differs = digest;
+  last_differs.back() = last_differs.back() == '0' ? '1' : '0';
+  EXPECT_FALSE(digests_equal(digest, last_differs));
+  EXPECT_FALSE(digests_equal(digest, digest.substr(0, 63)));  // a prefix is not a match
+  EXPECT_FALSE(digests_equal(digest, ""));
+  EXPECT_TRUE(digests_equal("", ""));
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -265,5 +265,31 @@ TEST(QuotadStatement, CommandLineValidatesTheQuarter) {
   EXPECT_NE(read_text(err).find("--policy"), std::string::npos) << read_text(err);
 }
 
+// Only approved loans (and those repaid since, which raised their month all the same) count; grants all do.
+TEST(QuotadStatement, LedgerTotalsCountApprovedAndRepaidLoansAndEveryGrant) {
+  auto loan = [](const char* user, const char* month, double hours, LoanState state) {
+    Loan record;
+    record.user = user;
+    record.month = month;
+    record.gpu_hours = hours;
+    record.state = state;
+    return record;
+  };
+  CreditGrant grant;
+  grant.user = "alice";
+  grant.month = "2026-11";
+  grant.gpu_hours = 3;
+  const LedgerTotals totals = ledger_totals(
+      {loan("alice", "2026-11", 10, LoanState::kApproved), loan("alice", "2026-11", 5, LoanState::kRepaid),
+       loan("alice", "2026-11", 7, LoanState::kPending), loan("alice", "2026-11", 9, LoanState::kRejected),
+       loan("alice", "2026-12", 4, LoanState::kApproved), loan("bob", "2026-11", 2, LoanState::kExpired)},
+      {grant, grant});
+  EXPECT_DOUBLE_EQ(totals.loan("alice", "2026-11"), 15);
+  EXPECT_DOUBLE_EQ(totals.loan("alice", "2026-12"), 4);
+  EXPECT_DOUBLE_EQ(totals.loan("bob", "2026-11"), 0);
+  EXPECT_DOUBLE_EQ(totals.grant("alice", "2026-11"), 6);
+  EXPECT_DOUBLE_EQ(totals.grant("bob", "2026-11"), 0);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

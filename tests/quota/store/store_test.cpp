@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "tests/quota/quota_test_util.h"
 
@@ -669,6 +670,119 @@ TEST(QuotaBackup, TheCommandsTakeABackupAndRepairFromIt) {
   EXPECT_NE(text.find("restored from the backup " + path + ".backup-"), std::string::npos) << text;
   EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "10");
   remove_copies(path);
+}
+
+}  // namespace
+}  // namespace yolo8::quota
+
+namespace yolo8::quota {
+namespace {
+
+// What a Store wrote reads back through StoreReader, the reports' only way into the database: the leases of a
+// window, the utilisation samples, the usage ledger, loans, grants and audit entries.
+TEST(QuotaStoreReader, ReadsBackWhatTheStoreWrote) {
+  const std::string path = temp_db("reader_round_trip");
+  Engine engine(testing::example_policy());
+  LeaseRequest request;
+  request.team = "team-interns";
+  request.user = "ivan";
+  request.priority = Priority::kCritical;
+  request.justification = "demo day";
+  const int64_t early = engine.acquire(request, kMonday).lease_id;
+  request.priority = Priority::kNormal;
+  request.job = "late";
+  const int64_t late = engine.acquire(request, kMonday).lease_id;
+  request.job = "open";
+  const int64_t open = engine.acquire(request, kMonday).lease_id;
+  engine.release(early, Outcome::kCompleted, kMonday + kHour);
+  engine.release(late, Outcome::kCompleted, kMonday + 3 * kHour);
+  engine.review_emergency(early, "admin", kMonday + 4 * kHour, "justified");
+  engine.apply_loan("alice", 10, "first", kMonday);
+  engine.grant_credits("alice", 3, "tool", "carol", kMonday);
+  Store store(path);
+  store.write(engine, engine.take_changes());
+  Telemetry busy, idle, unknown;
+  busy.gpu_util = 0.9;
+  idle.gpu_util = 0.1;
+  unknown.gpu_util = -1;  // not reported: never a sample
+  store.write_heartbeats({{late, kMonday + 2000, idle},
+                          {open, kMonday + 1000, busy},
+                          {late, kMonday + 1000, busy},
+                          {open, kMonday + 1500, unknown},
+                          {open, kMonday + 9000, busy}});
+  const Snapshot snapshot = store.load(kMonday + 4 * kHour, 24 * kHour, 100);
+
+  StoreReader reader(path);
+  std::vector<int64_t> ids;
+  for (const Lease& lease : reader.leases_since(kMonday + 2 * kHour)) ids.push_back(lease.id);
+  EXPECT_EQ(ids, (std::vector<int64_t>{late, open}));  // `early` ended before the window
+  EXPECT_EQ(reader.leases_since(0).size(), 3u);
+
+  std::vector<std::tuple<int64_t, int64_t, double>> samples;
+  reader.util_samples(kMonday, kMonday + 5000, [&](int64_t lease_id, int64_t ts_ms, double util) {
+    samples.emplace_back(lease_id, ts_ms, util);
+  });
+  using Sample = std::tuple<int64_t, int64_t, double>;
+  ASSERT_LT(late, open);
+  EXPECT_EQ(samples, (std::vector<Sample>{Sample{late, kMonday + 1000, 0.9}, Sample{late, kMonday + 2000, 0.1},
+                                          Sample{open, kMonday + 1000, 0.9}}));
+  samples.clear();
+  reader.util_samples_of(
+      open, [&](int64_t lease_id, int64_t ts_ms, double util) { samples.emplace_back(lease_id, ts_ms, util); });
+  EXPECT_EQ(samples, (std::vector<Sample>{Sample{open, kMonday + 1000, 0.9}, Sample{open, kMonday + 9000, 0.9}}));
+
+  ASSERT_FALSE(snapshot.usage.empty());
+  EXPECT_EQ(reader.usage(), snapshot.usage);
+  const std::string month = snapshot.usage.begin()->first.second;
+  EXPECT_EQ(reader.usage({month}), snapshot.usage);
+  EXPECT_TRUE(reader.usage({"1999-01"}).empty());
+
+  ASSERT_EQ(reader.loans().size(), 1u);
+  EXPECT_EQ(reader.loans()[0].justification, "first");
+  ASSERT_EQ(reader.grants().size(), 1u);
+  EXPECT_EQ(reader.grants()[0].granted_by, "carol");
+
+  const std::vector<AuditEntry> reviews = reader.audit("emergency.reviewed");
+  ASSERT_EQ(reviews.size(), 1u);
+  EXPECT_EQ(reviews[0].lease_id, early);
+  EXPECT_EQ(reviews[0].actor, "admin");
+  const std::vector<AuditEntry> all = reader.audit();
+  ASSERT_GT(all.size(), 1u);
+  EXPECT_EQ(all.front().seq, 1);
+  EXPECT_EQ(reader.audit("", all.front().seq).size(), all.size() - 1);
+}
+
+// A database no quotad of issue 19 has opened has no loans or grants tables: nothing was lent or granted.
+TEST(QuotaStoreReader, ADatabaseOlderThanTheLedgerHasNoLoansOrGrants) {
+  const std::string path = temp_db("reader_before_ledger");
+  { Store create(path); }
+  execute(path, "DROP TABLE loans; DROP TABLE grants;");
+  StoreReader reader(path);
+  EXPECT_TRUE(reader.loans().empty());
+  EXPECT_TRUE(reader.grants().empty());
+}
+
+// Errors name the file, and for a record that does not parse the table and row.
+TEST(QuotaStoreReader, ErrorsNameTheFileAndTheBadRow) {
+  const std::string missing = temp_db("reader_missing");
+  try {
+    StoreReader reader(missing);
+    ADD_FAILURE() << "opened a database that does not exist";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find(missing), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing));  // read-only: never created
+
+  const std::string path = temp_db("reader_bad_row");
+  { Store create(path); }
+  execute(path, kOldRows);
+  execute(path, "UPDATE leases SET body = '{\"id\": 2, \"state\": \"sleeping\"}' WHERE id = 2");
+  try {
+    StoreReader(path).leases_since(0);
+    ADD_FAILURE() << "a bad lease row was read";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find(path + ": table leases, row id 2"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
