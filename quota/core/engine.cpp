@@ -317,39 +317,30 @@ FairShare Engine::fair_share(const std::string& team, const std::string& user, i
 void Engine::schedule(int64_t now_ms) {
   const Decision decision = quota::schedule(cluster_state(now_ms));
   for (const Decision::Step& step : decision.steps) {
-    Lease& lease = leases_.at(step.lease_id);
+    apply_step(leases_, step, policy_, now_ms);
+    const Lease& lease = leases_.at(step.lease_id);
     changes_.leases.insert(lease.id);
-    switch (step.kind) {
-      case Decision::Step::Kind::kRechoose: lease.waiting_on.clear(); break;
-      case Decision::Step::Kind::kGrant: {
-        apply_grant(lease, step.grant, now_ms);
-        const std::string devs = describe_devices(lease);
-        const int extra = lease.extra_gpus;
-        if (lease.emergency) {
-          log(now_ms, requester(lease.req), "emergency.granted", &lease,
-              on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
-                  "; review pending");
-        } else {
-          log(now_ms, requester(lease.req), "lease.granted", &lease,
-              on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : "") +
-                  (extra > 0 ? " (+" + std::to_string(extra) + " idle GPU(s) beyond the " +
-                                   std::to_string(lease.gpus - extra) + " requested, revoked first)"
-                             : ""));
-        }
-        break;
+    if (step.kind == Decision::Step::Kind::kGrant) {
+      const std::string devs = describe_devices(lease);
+      const int extra = lease.extra_gpus;
+      if (lease.emergency) {
+        log(now_ms, requester(lease.req), "emergency.granted", &lease,
+            on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
+                "; review pending");
+      } else {
+        log(now_ms, requester(lease.req), "lease.granted", &lease,
+            on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : "") +
+                (extra > 0 ? " (+" + std::to_string(extra) + " idle GPU(s) beyond the " +
+                                 std::to_string(lease.gpus - extra) + " requested, revoked first)"
+                           : ""));
       }
-      case Decision::Step::Kind::kPreempt:
-        lease.waiting_on.clear();
-        for (int64_t victim_id : step.preemption.victims) {
-          Lease& victim = leases_.at(victim_id);
-          apply_revocation(victim, lease, policy_, now_ms);
-          changes_.leases.insert(victim.id);
-          lease.waiting_on.push_back(victim.id);
-          log(now_ms, "quotad", "preempt.revoke", &victim,
-              "revoking for lease " + std::to_string(lease.id) + "; checkpoint and release within " +
-                  std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
-        }
-        break;
+    }
+    for (int64_t victim_id : step.preemption.victims) {
+      const Lease& victim = leases_.at(victim_id);
+      changes_.leases.insert(victim.id);
+      log(now_ms, "quotad", "preempt.revoke", &victim,
+          "revoking for lease " + std::to_string(lease.id) + "; checkpoint and release within " +
+              std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
     }
   }
   set_queue(decision.queue);

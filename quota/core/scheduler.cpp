@@ -510,6 +510,7 @@ std::optional<Preemption> decide_preemption(const ClusterState& state, const Lea
   return preemption;
 }
 
+namespace {
 void apply_grant(Lease& lease, const Grant& grant, int64_t now_ms) {
   lease.gpus = grant.gpus;
   lease.extra_gpus = grant.extra_gpus;
@@ -532,6 +533,20 @@ void apply_revocation(Lease& victim, const Lease& waiting, const Policy& policy,
   victim.preempted_for = waiting.id;
   victim.reason = "preempted for lease " + std::to_string(waiting.id) + " (" + to_string(waiting.req.priority) +
                   ", team " + waiting.req.team + ")";
+}
+
+}  // namespace
+
+void apply_step(std::map<int64_t, Lease>& leases, const Decision::Step& step, const Policy& policy, int64_t now_ms) {
+  Lease& lease = leases.at(step.lease_id);
+  switch (step.kind) {
+    case Decision::Step::Kind::kGrant: apply_grant(lease, step.grant, now_ms); break;
+    case Decision::Step::Kind::kRechoose: lease.waiting_on.clear(); break;
+    case Decision::Step::Kind::kPreempt:
+      lease.waiting_on = step.preemption.victims;
+      for (int64_t victim : step.preemption.victims) apply_revocation(leases.at(victim), lease, policy, now_ms);
+      break;
+  }
 }
 
 Decision schedule(const ClusterState& state) {
@@ -559,13 +574,13 @@ Decision schedule(const ClusterState& state) {
     // the queued leases other than this one not granted in this pass
     const bool others_waiting = initial.size() - granted > 1;
     if (auto grant = decide_grant(work, lease, ask, others_waiting)) {
-      apply_grant(lease, *grant, state.now_ms);
-      ++granted;
       Decision::Step step;
       step.kind = Decision::Step::Kind::kGrant;
       step.lease_id = lease.id;
       step.grant = std::move(*grant);
+      apply_step(live, step, state.policy, state.now_ms);
       decision.steps.push_back(std::move(step));
+      ++granted;
       refused.clear();
       continue;
     }
@@ -575,19 +590,19 @@ Decision schedule(const ClusterState& state) {
     });
     if (still_waiting) continue;
     if (!lease.waiting_on.empty()) {
-      lease.waiting_on.clear();  // victims are gone but it still does not fit: choose again
+      // victims are gone but it still does not fit: choose again
       Decision::Step step;
       step.kind = Decision::Step::Kind::kRechoose;
       step.lease_id = lease.id;
+      apply_step(live, step, state.policy, state.now_ms);
       decision.steps.push_back(std::move(step));
     }
     if (auto preemption = decide_preemption(work, lease, ask)) {
-      for (int64_t victim : preemption->victims) apply_revocation(live.at(victim), lease, state.policy, state.now_ms);
-      lease.waiting_on = preemption->victims;
       Decision::Step step;
       step.kind = Decision::Step::Kind::kPreempt;
       step.lease_id = lease.id;
       step.preemption = std::move(*preemption);
+      apply_step(live, step, state.policy, state.now_ms);
       decision.steps.push_back(std::move(step));
       refused.clear();
     } else {

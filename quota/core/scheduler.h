@@ -4,6 +4,7 @@
 // persists.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -150,8 +151,8 @@ std::optional<Preemption> decide_preemption(const ClusterState& state, const Lea
 // Same state, same decision.
 Decision schedule(const ClusterState& state);
 
-// How a decision changes the records; the engine and schedule()'s own pass both use these.
-void apply_grant(Lease& lease, const Grant& grant, int64_t now_ms);
-void apply_revocation(Lease& victim, const Lease& waiting, const Policy& policy, int64_t now_ms);
+// How one step of a decision changes the records (the engine audits it after); the engine and schedule()'s own
+// pass both use it.
+void apply_step(std::map<int64_t, Lease>& leases, const Decision::Step& step, const Policy& policy, int64_t now_ms);
 
 }  // namespace yolo8::quota
