@@ -114,6 +114,17 @@ void merge_memory_context(Telemetry& into, const Telemetry& from) {
   if (!from.libtorch.empty()) into.libtorch = from.libtorch;
 }
 
+void merge_telemetry(Telemetry& into, const Telemetry& from) {
+  if (from.step >= 0) into.step = from.step;
+  if (from.epoch >= 0) into.epoch = from.epoch;
+  if (from.gpu_util >= 0) into.gpu_util = from.gpu_util;
+  if (!from.gpu_util_source.empty()) into.gpu_util_source = from.gpu_util_source;
+  if (from.device_memory_used_gib >= 0) into.device_memory_used_gib = from.device_memory_used_gib;
+  if (from.memory_used_gib >= 0) into.memory_used_gib = from.memory_used_gib;
+  if (from.last_checkpoint_ms > 0) into.last_checkpoint_ms = from.last_checkpoint_ms;
+  merge_memory_context(into, from);
+}
+
 bool is_terminal(LeaseState state) {
   return state == LeaseState::kReleased || state == LeaseState::kExpired || state == LeaseState::kRejected;
 }
@@ -130,54 +141,18 @@ bool Lease::holds_gpus(int64_t now_ms) const {
   return state == LeaseState::kExpired && !devices.empty() && now_ms < free_at_ms;
 }
 
-Engine::Engine(Policy policy) : policy_(std::move(policy)) {
-  policy_.validate();
-  for (size_t device = 0; device < policy_.gpus.size(); ++device) {
-    const Gpu& gpu = policy_.gpus[device];
-    node_devices_[gpu.node].push_back(static_cast<int>(device));
-    if (!gpu.uuid.empty()) uuid_index_[lower_case(gpu.uuid)] = static_cast<int>(device);
-  }
-}
+Engine::Engine(Policy policy) : policy_(std::move(policy)), inventory_(policy_) { policy_.validate(); }
 
-Engine::Pin Engine::pin_of(const LeaseRequest& req) const {
-  Pin pin;
-  std::set<int> matched;
-  for (const auto& uuid : req.visible_devices) {
-    if (auto it = uuid_index_.find(lower_case(uuid)); it != uuid_index_.end()) matched.insert(it->second);
-  }
-  if (!matched.empty()) {
-    pin.devices.assign(matched.begin(), matched.end());
-    pin.by_uuid = true;
-    for (int device : pin.devices) {
-      pin.text += (pin.text.empty() ? "" : ",") + policy_.gpus[static_cast<size_t>(device)].uuid;
-    }
-    pin.text += " on " + policy_.gpus[static_cast<size_t>(pin.devices.front())].node;
-    return pin;
-  }
-  // an inventory without UUIDs (or a node listing none) only records them: the node still pins
-  if (auto it = node_devices_.find(req.node); !req.node.empty() && it != node_devices_.end()) {
-    pin.devices = it->second;
-    pin.text = req.node;
-    if (!req.node_gpus.empty()) {
-      // device= named the GPUs: exactly those of the node (pin_refusal turned away indices it does not have)
-      std::vector<int> asked;
-      std::string indices;
-      for (int device : pin.devices) {
-        const int index = policy_.gpus[static_cast<size_t>(device)].index;
-        if (std::find(req.node_gpus.begin(), req.node_gpus.end(), index) == req.node_gpus.end()) continue;
-        asked.push_back(device);
-        indices += (indices.empty() ? "" : ",") + std::to_string(index);
-      }
-      pin.devices = asked;
-      pin.by_index = true;
-      pin.text = "GPU " + indices + " of " + req.node;
-    }
-  }
-  return pin;
+Engine::Pin Engine::pin_of(const LeaseRequest& req) const { return quota::pin_of(policy_, inventory_, req); }
+
+bool Engine::pin_spills(const Pin& pin, int lease_gpus) { return quota::pin_spills(pin, lease_gpus); }
+
+ClusterState Engine::cluster_state(int64_t now_ms) const {
+  return ClusterState{policy_, inventory_, leases_, fair_usage_, now_ms};
 }
 
 std::string Engine::pin_refusal(const LeaseRequest& req) const {
-  if (!req.node.empty() && !node_devices_.count(req.node)) {
+  if (!req.node.empty() && !inventory_.node_devices.count(req.node)) {
     // the trainer reports the Kubernetes node it runs on: an inventory named otherwise is the usual cause
     const std::vector<std::string> names = policy_.node_names();
     std::string known;
@@ -188,7 +163,7 @@ std::string Engine::pin_refusal(const LeaseRequest& req) const {
            "); inventory.nodes[].name must be the Kubernetes node names (kubectl get nodes)";
   }
   if (!req.node.empty()) {
-    const std::vector<int>& on_node = node_devices_.at(req.node);
+    const std::vector<int>& on_node = inventory_.node_devices.at(req.node);
     for (int index : req.node_gpus) {
       const bool known = std::any_of(on_node.begin(), on_node.end(), [&](int device) {
         return policy_.gpus[static_cast<size_t>(device)].index == index;
@@ -206,13 +181,13 @@ std::string Engine::pin_refusal(const LeaseRequest& req) const {
   if (req.node.empty()) {
     listed = policy_.has_gpu_uuids();
   } else {
-    for (int device : node_devices_.at(req.node))
+    for (int device : inventory_.node_devices.at(req.node))
       listed = listed || !policy_.gpus[static_cast<size_t>(device)].uuid.empty();
   }
   if (!listed) return "";
   for (const auto& uuid : req.visible_devices) {
-    auto it = uuid_index_.find(lower_case(uuid));
-    if (it == uuid_index_.end()) {
+    auto it = inventory_.uuid_index.find(lower_case(uuid));
+    if (it == inventory_.uuid_index.end()) {
       return "visible_devices: " + uuid + " (a GPU the trainer sees) is not a GPU of the inventory of " +
              policy_.source + (req.node.empty() ? std::string() : " (node " + req.node + ")") +
              "; list it in inventory.nodes[].uuids (nvidia-smi -L on the node)";
@@ -250,9 +225,7 @@ std::string Engine::describe_devices(const Lease& lease) const {
   return devs;
 }
 
-int Engine::guaranteed_gpus(const Lease& lease) const {
-  return lease.req.gpus > 0 ? lease.req.gpus : policy_.default_gpus;
-}
+int Engine::guaranteed_gpus(const Lease& lease) const { return quota::guaranteed_gpus(policy_, lease); }
 
 namespace {
 // The owner a GPU is counted against: the team, or the emergency pool for critical leases.
@@ -298,440 +271,59 @@ const Approval* Engine::find_approval(int64_t approval_id) const {
 }
 
 double Engine::team_units(const std::string& team, int64_t now_ms) const {
-  return held_gpus([&](const Lease& lease) { return lease.req.team == team; }, now_ms, {});
+  return quota::team_units(cluster_state(now_ms), team);
 }
 
-double Engine::held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
-                         const std::set<int64_t>& ignore) const {
-  // a GPU carrying any shared lease of the matched leases counts whole: nobody else can use it whole, so
-  // counting the memory share would let a team hold many GPUs while counting as a fraction of one (issue 15)
-  double whole = 0;
-  std::set<int> shared_gpus;
-  for (const auto& [id, lease] : leases_) {
-    // emergency leases come out of the pool, not the team's quota
-    if (lease.emergency || !lease.holds_gpus(now_ms) || ignore.count(id) || !match(lease)) continue;
-    if (lease.shared) {
-      shared_gpus.insert(lease.devices.begin(), lease.devices.end());
-    } else {
-      whole += lease.gpus;
-    }
-  }
-  return whole + static_cast<double>(shared_gpus.size());
-}
-
-double Engine::added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const {
-  if (!lease.shared) return static_cast<double>(devices.size());
-  // shared leases of one team only ever share a GPU with each other (place()), so joining a GPU that already
-  // carries leases costs nothing more
-  for (const auto& [id, holder] : leases_) {
-    if (id == lease.id || !holder.holds_gpus(now_ms)) continue;
-    for (int device : holder.devices) {
-      if (std::find(devices.begin(), devices.end(), device) != devices.end()) return 0;
-    }
-  }
-  return 1;
-}
-
-std::optional<Engine::Placement> Engine::place(const Lease& lease, int64_t now_ms,
-                                               const std::set<int64_t>& ignore) const {
-  const size_t gpu_count = policy_.gpus.size();
-  std::vector<double> used(gpu_count, 0);
-  std::vector<int> count(gpu_count, 0);
-  std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false), foreign(gpu_count, false);
-  for (const auto& [id, holder] : leases_) {
-    if (id == lease.id || !holder.holds_gpus(now_ms) || ignore.count(id)) continue;
-    for (int device : holder.devices) {
-      if (device < 0 || static_cast<size_t>(device) >= gpu_count) continue;
-      // a GPU belongs to one team (or to the emergency pool) at a time: shared leases of different teams never
-      // share it, so that every GPU counts against exactly one team's quota
-      foreign[static_cast<size_t>(device)] = foreign[static_cast<size_t>(device)] || !same_owner(holder, lease);
-      used[static_cast<size_t>(device)] +=
-          holder.shared ? holder.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
-      count[static_cast<size_t>(device)] += 1;
-      whole[static_cast<size_t>(device)] = whole[static_cast<size_t>(device)] || !holder.shared;
-      non_critical[static_cast<size_t>(device)] =
-          non_critical[static_cast<size_t>(device)] || holder.req.priority != Priority::kCritical;
-    }
-  }
-  Placement placement;
-  // where the trainer already runs: only its GPUs, or all of them and the rest elsewhere (a multi-pod job)
-  const Pin pin = pin_of(lease.req);
-  std::vector<bool> allowed(gpu_count, pin.devices.empty());
-  for (int device : pin.devices) allowed[static_cast<size_t>(device)] = true;
-  if (lease.shared) {
-    int best = -1;
-    for (size_t device = 0; device < gpu_count; ++device) {
-      const double free = policy_.gpus[device].memory_gib - used[device];
-      if (!allowed[device] || whole[device] || foreign[device] || count[device] >= policy_.max_leases_per_gpu ||
-          free + kEps < lease.memory_gib) {
-        continue;
-      }
-      // pack: prefer GPUs already shared, then the tightest fit
-      auto key = [&](size_t gpu) { return std::make_pair(count[gpu] == 0, policy_.gpus[gpu].memory_gib - used[gpu]); };
-      if (best < 0 || key(device) < key(static_cast<size_t>(best))) best = static_cast<int>(device);
-    }
-    if (best < 0) return std::nullopt;
-    placement.devices = {best};
-  } else {
-    auto free_whole = [&](size_t device) {
-      return count[device] == 0 && policy_.gpus[device].memory_gib + kEps >= lease.memory_gib;
-    };
-    if (pin_spills(pin, guaranteed_gpus(lease))) {
-      for (int device : pin.devices) {
-        if (!free_whole(static_cast<size_t>(device))) return std::nullopt;
-        placement.devices.push_back(device);
-      }
-      for (size_t device = 0; device < gpu_count; ++device) {
-        allowed[device] =
-            std::find(pin.devices.begin(), pin.devices.end(), static_cast<int>(device)) == pin.devices.end();
-      }
-    }
-    std::map<std::string, std::vector<int>> free_by_node;
-    std::vector<std::string> node_order;
-    for (size_t device = 0; device < gpu_count; ++device) {
-      const auto& gpu = policy_.gpus[device];
-      if (!free_by_node.count(gpu.node)) node_order.push_back(gpu.node);
-      auto& free_devices = free_by_node[gpu.node];
-      if (allowed[device] && free_whole(device)) free_devices.push_back(static_cast<int>(device));
-    }
-    const size_t need =
-        static_cast<size_t>(lease.gpus) - std::min(placement.devices.size(), static_cast<size_t>(lease.gpus));
-    // best fit: the node with the fewest free GPUs that still holds the whole lease
-    const std::vector<int>* fit = nullptr;
-    for (const auto& node : node_order) {
-      const auto& free_devices = free_by_node[node];
-      if (free_devices.size() >= need && (fit == nullptr || free_devices.size() < fit->size())) fit = &free_devices;
-    }
-    if (fit != nullptr) {
-      placement.devices.insert(placement.devices.end(), fit->begin(), fit->begin() + static_cast<long>(need));
-    } else {
-      std::stable_sort(node_order.begin(), node_order.end(), [&](const std::string& left, const std::string& right) {
-        return free_by_node[left].size() > free_by_node[right].size();
-      });
-      size_t taken = 0;
-      for (const auto& node : node_order) {
-        for (int device : free_by_node[node]) {
-          if (taken < need) {
-            placement.devices.push_back(device);
-            ++taken;
-          }
-        }
-      }
-      if (taken < need) return std::nullopt;
-    }
-  }
-  if (lease.req.priority != Priority::kCritical) {
-    for (int device : placement.devices) non_critical[static_cast<size_t>(device)] = true;
-    const long busy = std::count(non_critical.begin(), non_critical.end(), true);
-    if (busy > policy_.total_gpus() - policy_.emergency_pool_gpus()) return std::nullopt;
-  }
-  return placement;
-}
-
-std::string Engine::user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const {
-  auto team_it = policy_.teams.find(lease.req.team);
-  if (team_it == policy_.teams.end() || team_it->second.max_gpus_per_user <= 0) return "";
-  const double cap = team_it->second.max_gpus_per_user;
-  auto mine = [&](const Lease& other) { return other.req.user == lease.req.user; };
-  const double held = held_gpus(mine, now_ms, {});
-  double added = lease.shared ? 1.0 : lease.gpus;
-  if (lease.shared && devices != nullptr) {
-    // joining a GPU that already carries one of the user's shared leases adds nothing to the user's count
-    for (const auto& [id, other] : leases_) {
-      if (id != lease.id && other.shared && mine(other) && !other.emergency && other.holds_gpus(now_ms) &&
-          other.devices == *devices) {
-        added = 0;
-      }
-    }
-  }
-  if (held + added <= cap + kEps) return "";
-  return "user " + lease.req.user + " holds " + fixed_text(held) + " of the " + fixed_text(cap) +
-         " GPUs one member of team " + lease.req.team + " may hold (teams." + lease.req.team + ".max_gpus_per_user)";
-}
-
-bool Engine::try_grant(Lease& lease, int64_t now_ms) {
-  auto team_it = policy_.teams.find(lease.req.team);
-  if (team_it == policy_.teams.end()) return false;  // the team left the policy since the request
-  const Team& team = team_it->second;
-  const bool critical = lease.req.priority == Priority::kCritical;
-  const double before = team_units(lease.req.team, now_ms);
-  // a whole lease's cost is known before placing it (placing is the dearer check)
-  if (!critical && !lease.shared && before + lease.gpus > team.limit_at(now_ms) + kEps) return false;
-  auto placement = place(lease, now_ms, {});
-  if (!placement) return false;
-  const double added = added_gpus(lease, placement->devices, now_ms);
-  if (!critical && before + added > team.limit_at(now_ms) + kEps) return false;
-  if (!critical && !user_cap_reason(lease, &placement->devices, now_ms).empty()) return false;
-  // per-job burst: more GPUs, up to max_gpus, only from idle capacity (nobody else waiting), revoked first
-  int extra = 0;
-  auto others_waiting = [&]() {
-    return std::any_of(queue_.begin(), queue_.end(), [&](int64_t id) {
-      auto it = leases_.find(id);
-      return id != lease.id && it != leases_.end() && it->second.state == LeaseState::kQueued;
-    });
-  };
-  if (!critical && !lease.shared && lease.req.max_gpus > lease.gpus && !others_waiting()) {
-    for (int more = lease.req.max_gpus - lease.gpus; more > 0 && extra == 0; --more) {
-      Lease bigger = lease;
-      bigger.gpus = lease.gpus + more;
-      if (before + bigger.gpus > team.limit_at(now_ms) + kEps) continue;
-      if (!user_cap_reason(bigger, nullptr, now_ms).empty()) continue;
-      if (auto wider = place(bigger, now_ms, {})) {
-        placement = wider;
-        extra = more;
-      }
-    }
-  }
-  lease.gpus += extra;
-  lease.extra_gpus = extra;
-  const double added_all = added + extra;
-  lease.devices = placement->devices;
-  // A whole-GPU lease may use all the memory of its GPUs (the smallest, when they differ): that, not the
-  // admission estimate it was placed by, is the budget the trainer sizes its batch to.
-  if (!lease.shared) {
-    double smallest = 0;
-    for (int device : lease.devices) {
-      const double gib = policy_.gpus[static_cast<size_t>(device)].memory_gib;
-      smallest = smallest > 0 ? std::min(smallest, gib) : gib;
-    }
-    lease.memory_gib = smallest;
-  }
-  lease.state = LeaseState::kGranted;
-  lease.granted_ms = now_ms;
-  lease.last_seen_ms = now_ms;
-  lease.charged_until_ms = now_ms;
-  lease.emergency = critical;
-  lease.review_pending = critical;
-  lease.over_base = !critical && before + added_all > team.base + kEps;
-  lease.waiting_on.clear();
-  lease.reason.clear();
-  changes_.leases.insert(lease.id);
-  const std::string devs = describe_devices(lease);
-  if (critical) {
-    log(now_ms, requester(lease.req), "emergency.granted", &lease,
-        on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
-            "; review pending");
-  } else {
-    log(now_ms, requester(lease.req), "lease.granted", &lease,
-        on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : "") +
-            (extra > 0 ? " (+" + std::to_string(extra) + " idle GPU(s) beyond the " +
-                             std::to_string(lease.gpus - extra) + " requested, revoked first)"
-                       : ""));
-  }
-  return true;
-}
-
-bool Engine::try_preempt(Lease& waiting, int64_t now_ms) {
-  auto team_it = policy_.teams.find(waiting.req.team);
-  if (team_it == policy_.teams.end()) return false;
-  const Team& team = team_it->second;
-  const bool critical = waiting.req.priority == Priority::kCritical;
-  // a shared request that does not fit needs a GPU of its own: it counts whole
-  const double mine = team_units(waiting.req.team, now_ms) + (waiting.shared ? 1.0 : waiting.gpus);
-  // over its own team's limit, a request may only displace lower-priority work of its own team
-  const bool over_own = !critical && mine > team.limit_at(now_ms) + kEps;
-  const double must_free_own = over_own ? mine - team.limit_at(now_ms) : 0;
-  const bool within_base = critical || mine <= team.base + kEps;
-  // a request held back by its user's own cap waits for the user's leases, never takes anyone else's
-  if (!critical && !user_cap_reason(waiting, nullptr, now_ms).empty()) return false;
-  std::map<std::string, bool> over_limit, over_base;
-  for (const auto& [name, other_team] : policy_.teams) {
-    const double used = team_units(name, now_ms);
-    over_limit[name] = used > other_team.limit_at(now_ms) + kEps;
-    over_base[name] = used > other_team.base + kEps;
-  }
-
-  std::vector<const Lease*> candidates;
-  for (const auto& [id, victim] : leases_) {
-    if (victim.state != LeaseState::kGranted || victim.req.priority == Priority::kCritical) continue;
-    if (now_ms - victim.granted_ms < static_cast<int64_t>(policy_.min_runtime_s) * 1000) continue;
-    const bool lower = victim.req.priority < waiting.req.priority;
-    // the base is a guarantee: a team above its base (by the whole-GPU count) gives GPUs back to a team below it
-    const bool reclaim =
-        within_base && victim.req.team != waiting.req.team && (victim.over_base || over_base[victim.req.team]);
-    // `preemptible: false` protects work within the team's base, not GPUs taken beyond it
-    // a per-job burst took idle GPUs: any request within its team's limit may have them back
-    const bool idle_burst = victim.extra_gpus > 0 && victim.id != waiting.id;
-    if (!victim.req.preemptible && !idle_burst && !(reclaim && victim.over_base)) continue;
-    if (over_own ? ((lower || idle_burst) && victim.req.team == waiting.req.team) : (lower || reclaim || idle_burst)) {
-      candidates.push_back(&victim);
-    }
-  }
-  if (candidates.empty()) return false;
-  auto rank = [&](const Lease* victim) {
-    // teams past their current limit (burst window closed) first, then burst leases, then low priority,
-    // then the freshest checkpoint (least work lost), then the youngest
-    return std::make_tuple(victim->extra_gpus == 0, !over_limit[victim->req.team], !victim->over_base,
-                           static_cast<int>(victim->req.priority), -victim->telemetry.last_checkpoint_ms,
-                           -victim->granted_ms, victim->id);
-  };
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [&](const Lease* left, const Lease* right) { return rank(left) < rank(right); });
-  std::set<int64_t> ignore;
-  std::vector<const Lease*> victims;
-  const double own_now = team_units(waiting.req.team, now_ms);
-  auto enough = [&]() {
-    const double freed_own =
-        own_now - held_gpus([&](const Lease& lease) { return lease.req.team == waiting.req.team; }, now_ms, ignore);
-    return freed_own + kEps >= must_free_own && place(waiting, now_ms, ignore).has_value();
-  };
-  bool fits = false;
-  for (const Lease* victim : candidates) {
-    ignore.insert(victim->id);
-    victims.push_back(victim);
-    if (enough()) {
-      fits = true;
-      break;
-    }
-  }
-  if (!fits) return false;
-  // drop victims that turned out unnecessary
-  for (size_t i = 0; i < victims.size();) {
-    const Lease* victim = victims[i];
-    ignore.erase(victim->id);
-    victims.erase(victims.begin() + static_cast<long>(i));
-    if (enough()) continue;
-    ignore.insert(victim->id);
-    victims.insert(victims.begin() + static_cast<long>(i), victim);
-    ++i;
-  }
-  waiting.waiting_on.clear();
-  for (const Lease* candidate : victims) {
-    Lease& victim = leases_.at(candidate->id);
-    victim.state = LeaseState::kRevoking;
-    victim.deadline_ms = now_ms + static_cast<int64_t>(policy_.preempt_grace_s) * 1000;
-    victim.preempted_for = waiting.id;
-    victim.reason = "preempted for lease " + std::to_string(waiting.id) + " (" + to_string(waiting.req.priority) +
-                    ", team " + waiting.req.team + ")";
-    changes_.leases.insert(victim.id);
-    waiting.waiting_on.push_back(victim.id);
-    log(now_ms, "quotad", "preempt.revoke", &victim,
-        "revoking for lease " + std::to_string(waiting.id) + "; checkpoint and release within " +
-            std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
-  }
-  changes_.leases.insert(waiting.id);
-  return true;
-}
-
-void Engine::order_queue(int64_t now_ms) {
-  using Key = std::tuple<bool, int, double, int64_t, int64_t>;
-  std::vector<std::pair<Key, int64_t>> keyed;
-  std::map<std::pair<std::string, std::string>, double> factors;  // (team, user) -> fair-share factor
-  for (const auto& [id, lease] : leases_) {
-    if (lease.state != LeaseState::kQueued) continue;
-    double factor = 1;
-    if (policy_.fair_share_half_life_h > 0) {
-      const auto key = std::make_pair(lease.req.team, lease.req.user);
-      auto it = factors.find(key);
-      if (it == factors.end()) it = factors.emplace(key, fair_share(key.first, key.second, now_ms).factor).first;
-      factor = it->second;
-    }
-    // requests already waiting on a preemption go first, so nobody else takes the GPUs they freed; then
-    // priority, the fair-share factor (higher first), arrival
-    keyed.emplace_back(
-        Key{lease.waiting_on.empty(), -static_cast<int>(lease.req.priority), -factor, lease.created_ms, id}, id);
-  }
-  std::sort(keyed.begin(), keyed.end());
+void Engine::set_queue(const std::vector<QueueEntry>& order) {
   queue_.clear();
   queue_index_.clear();
-  for (const auto& [key, id] : keyed) {
-    queue_index_[id] = static_cast<int>(queue_.size());
-    queue_.push_back(id);
+  for (const QueueEntry& entry : order) {
+    queue_index_[entry.lease_id] = static_cast<int>(queue_.size());
+    queue_.push_back(entry.lease_id);
   }
 }
+
+void Engine::order_queue(int64_t now_ms) { set_queue(quota::order_queue(cluster_state(now_ms))); }
 
 int Engine::queue_position(int64_t lease_id) const {
   auto it = queue_index_.find(lease_id);
   return it == queue_index_.end() ? 0 : it->second + 1;
 }
 
-double Engine::decayed(const std::string& key, int64_t now_ms) const {
-  auto it = fair_usage_.find(key);
-  if (it == fair_usage_.end() || policy_.fair_share_half_life_h <= 0) return 0;
-  const double age_h = static_cast<double>(std::max<int64_t>(0, now_ms - it->second.as_of_ms)) / 3.6e6;
-  return it->second.value * std::exp2(-age_h / policy_.fair_share_half_life_h);
-}
-
-void Engine::add_fair_usage(const Lease& lease, double gpu_hours, int64_t at_ms) {
-  if (policy_.fair_share_half_life_h <= 0 || !(gpu_hours > 0)) return;
-  for (const std::string& key : {"team:" + lease.req.team, "user:" + lease.req.user}) {
-    Decayed& entry = fair_usage_[key];
-    entry.value = decayed(key, at_ms) + gpu_hours;
-    entry.as_of_ms = std::max(entry.as_of_ms, at_ms);
-  }
-}
-
 FairShare Engine::fair_share(const std::string& team, const std::string& user, int64_t now_ms) const {
-  FairShare out;
-  double all_teams = 0, all_shares = 0;
-  for (const auto& [name, other] : policy_.teams) {
-    all_teams += decayed("team:" + name, now_ms);
-    all_shares += other.share_weight();
-  }
-  auto team_it = policy_.teams.find(team);
-  if (team_it == policy_.teams.end()) return out;
-  out.team_gpu_hours = decayed("team:" + team, now_ms);
-  out.team_usage = all_teams > 0 ? out.team_gpu_hours / all_teams : 0;
-  out.team_share = all_shares > 0 ? team_it->second.share_weight() / all_shares : 0;
-  // within the team, every member (leads included) has an equal share
-  std::set<std::string> people(team_it->second.members.begin(), team_it->second.members.end());
-  people.insert(team_it->second.leads.begin(), team_it->second.leads.end());
-  people.insert(user);  // an admin acting in the team
-  double all_users = 0;
-  for (const auto& name : people) all_users += decayed("user:" + name, now_ms);
-  out.user_gpu_hours = decayed("user:" + user, now_ms);
-  out.user_usage = all_users > 0 ? out.user_gpu_hours / all_users : 0;
-  out.user_share = 1.0 / static_cast<double>(people.size());
-  // Slurm's classic fair-share factor F = 2^(-U/S); a share of 0 with any use ranks last
-  auto factor = [](double usage, double share) {
-    if (usage <= 0) return 1.0;
-    return share > 0 ? std::exp2(-usage / share) : 0.0;
-  };
-  out.factor = factor(out.team_usage, out.team_share) * factor(out.user_usage, out.user_share);
-  return out;
+  return quota::fair_share(cluster_state(now_ms), team, user);
 }
 
 void Engine::schedule(int64_t now_ms) {
-  order_queue(now_ms);
-  const std::vector<int64_t> ids = queue_;
-  // requests alike in everything the decision reads get the same answer until something changes: a flood of
-  // identical requests (issue 15: 1,200 from one member) costs one check per pass, not one per request
-  using Signature = std::tuple<std::string, std::string, int, int, bool, double, int, std::string, std::string>;
-  std::set<Signature> refused;
-  for (int64_t id : ids) {
-    Lease& lease = leases_.at(id);
-    if (lease.state != LeaseState::kQueued) continue;
-    const Signature signature{lease.req.team,
-                              lease.req.user,
-                              lease.gpus,
-                              lease.req.max_gpus,
-                              lease.shared,
-                              lease.memory_gib,
-                              static_cast<int>(lease.req.priority),
-                              lease.req.model,
-                              pin_of(lease.req).text};  // pinned requests differ by where they may go
-    if (lease.waiting_on.empty() && refused.count(signature)) continue;
-    if (try_grant(lease, now_ms)) {
-      refused.clear();
-      continue;
+  const Decision decision = quota::schedule(cluster_state(now_ms));
+  for (const Decision::Step& step : decision.steps) {
+    apply_step(leases_, step, policy_, now_ms);
+    const Lease& lease = leases_.at(step.lease_id);
+    changes_.leases.insert(lease.id);
+    if (step.kind == Decision::Step::Kind::kGrant) {
+      const std::string devs = describe_devices(lease);
+      const int extra = lease.extra_gpus;
+      if (lease.emergency) {
+        log(now_ms, requester(lease.req), "emergency.granted", &lease,
+            on_behalf(lease.req) + "critical lease on " + devs + "; justification: " + lease.req.justification +
+                "; review pending");
+      } else {
+        log(now_ms, requester(lease.req), "lease.granted", &lease,
+            on_behalf(lease.req) + devs + (lease.over_base ? " (burst, over base)" : "") +
+                (extra > 0 ? " (+" + std::to_string(extra) + " idle GPU(s) beyond the " +
+                                 std::to_string(lease.gpus - extra) + " requested, revoked first)"
+                           : ""));
+      }
     }
-    bool still_waiting = false;
-    for (int64_t victim_id : lease.waiting_on) {
-      auto it = leases_.find(victim_id);
-      if (it != leases_.end() && it->second.holds_gpus(now_ms)) still_waiting = true;
-    }
-    if (still_waiting) continue;
-    if (!lease.waiting_on.empty()) {
-      lease.waiting_on.clear();  // victims are gone but it still does not fit: choose again
-      changes_.leases.insert(lease.id);
-    }
-    if (try_preempt(lease, now_ms)) {
-      refused.clear();
-    } else {
-      refused.insert(signature);
+    for (int64_t victim_id : step.preemption.victims) {
+      const Lease& victim = leases_.at(victim_id);
+      changes_.leases.insert(victim.id);
+      log(now_ms, "quotad", "preempt.revoke", &victim,
+          "revoking for lease " + std::to_string(lease.id) + "; checkpoint and release within " +
+              std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
     }
   }
-  order_queue(now_ms);
+  set_queue(decision.queue);
 }
 
 std::string Engine::fair_share_text(const Lease& lease, int64_t now_ms) const {
@@ -758,9 +350,11 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
   auto team_it = policy_.teams.find(lease.req.team);
   if (team_it == policy_.teams.end()) return "team " + lease.req.team + " is no longer in the policy";
   const Team& team = team_it->second;
-  const double used = team_units(lease.req.team, now_ms);
-  const auto placement = place(lease, now_ms, {});
-  const double added = placement ? added_gpus(lease, placement->devices, now_ms) : (lease.shared ? 1.0 : lease.gpus);
+  const ClusterState state = cluster_state(now_ms);
+  const Ask ask = ask_of(state, lease);
+  const double used = quota::team_units(state, lease.req.team);
+  const auto placement = place(state, ask, lease.id);
+  const double added = placement ? added_gpus(state, ask, lease.id, *placement) : (lease.shared ? 1.0 : lease.gpus);
   if (lease.req.priority != Priority::kCritical && used + added > team.limit_at(now_ms) + kEps) {
     return "team " + team.name + " uses " + fixed_text(used) + " of the " + fixed_text(team.limit_at(now_ms)) +
            " GPUs allowed now (base " + fixed_text(team.base) + ", burst " + fixed_text(team.burst) +
@@ -768,7 +362,7 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
            fair_share_text(lease, now_ms);
   }
   std::string reason = lease.req.priority != Priority::kCritical
-                           ? user_cap_reason(lease, placement ? &placement->devices : nullptr, now_ms)
+                           ? user_cap_reason(state, ask, lease.id, placement ? &*placement : nullptr)
                            : "";
   if (reason.empty()) {
     reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
@@ -1021,14 +615,7 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
     result.reason = queue_reason(lease, now_ms);
     return result;
   }
-  if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
-  if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
-  if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
-  if (!telemetry.gpu_util_source.empty()) lease.telemetry.gpu_util_source = telemetry.gpu_util_source;
-  if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
-  if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
-  if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
-  merge_memory_context(lease.telemetry, telemetry);
+  merge_telemetry(lease.telemetry, telemetry);
   result.deadline_ms = lease.deadline_ms;
   result.reason = lease.reason;
   return result;
@@ -1040,14 +627,7 @@ void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms
   Lease& lease = it->second;
   lease.last_seen_ms = std::max(lease.last_seen_ms, seen_ms);
   if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) return;
-  if (telemetry.step >= 0) lease.telemetry.step = telemetry.step;
-  if (telemetry.epoch >= 0) lease.telemetry.epoch = telemetry.epoch;
-  if (telemetry.gpu_util >= 0) lease.telemetry.gpu_util = telemetry.gpu_util;
-  if (!telemetry.gpu_util_source.empty()) lease.telemetry.gpu_util_source = telemetry.gpu_util_source;
-  if (telemetry.device_memory_used_gib >= 0) lease.telemetry.device_memory_used_gib = telemetry.device_memory_used_gib;
-  if (telemetry.memory_used_gib >= 0) lease.telemetry.memory_used_gib = telemetry.memory_used_gib;
-  if (telemetry.last_checkpoint_ms > 0) lease.telemetry.last_checkpoint_ms = telemetry.last_checkpoint_ms;
-  merge_memory_context(lease.telemetry, telemetry);
+  merge_telemetry(lease.telemetry, telemetry);
 }
 
 void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
@@ -1083,7 +663,7 @@ void Engine::charge(Lease& lease, int64_t until_ms) {
   usage_[key] += hours;
   lease.gpu_hours += hours;
   lease.charged_until_ms = until_ms;
-  add_fair_usage(lease, hours, until_ms);
+  add_fair_usage(policy_, fair_usage_, lease.req.team, lease.req.user, hours, until_ms);
   changes_.usage.insert(key);
   changes_.leases.insert(lease.id);
 }
@@ -1333,6 +913,32 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
 
 Changes Engine::take_changes() { return std::exchange(changes_, Changes{}); }
 
+Engine::Checkpoint Engine::checkpoint() const {
+  return Checkpoint{leases_,         approvals_, usage_,      idempotency_, loans_,
+                    grants_,         next_loan_, next_grant_, next_lease_,  next_approval_,
+                    next_audit_seq_, changes_,   queue_,      queue_index_, fair_usage_};
+}
+
+void Engine::roll_back(Checkpoint checkpoint) {
+  leases_ = std::move(checkpoint.leases);
+  approvals_ = std::move(checkpoint.approvals);
+  usage_ = std::move(checkpoint.usage);
+  idempotency_ = std::move(checkpoint.idempotency);
+  loans_ = std::move(checkpoint.loans);
+  grants_ = std::move(checkpoint.grants);
+  next_loan_ = checkpoint.next_loan;
+  next_grant_ = checkpoint.next_grant;
+  next_lease_ = checkpoint.next_lease;
+  next_approval_ = checkpoint.next_approval;
+  next_audit_seq_ = checkpoint.next_audit_seq;
+  changes_ = std::move(checkpoint.changes);
+  queue_ = std::move(checkpoint.queue);
+  queue_index_ = std::move(checkpoint.queue_index);
+  fair_usage_ = std::move(checkpoint.fair_usage);
+  // the audit is append-only: what was logged since the checkpoint is what goes
+  while (!audit_.empty() && audit_.back().seq >= next_audit_seq_) audit_.pop_back();
+}
+
 void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals, std::vector<AuditEntry> audit,
                      std::map<std::pair<std::string, std::string>, double> usage, int64_t next_audit_seq,
                      int64_t restart_now_ms) {
@@ -1386,10 +992,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
     if (user_it == policy_.users.end() || !month || !(hours > 0)) continue;
     const int64_t start = month->start_ms;
     const int64_t end = std::max(start, std::min(month->end_ms, latest));
-    Lease owner;
-    owner.req.user = key.first;
-    owner.req.team = user_it->second.team;
-    add_fair_usage(owner, hours, start + (end - start) / 2);
+    add_fair_usage(policy_, fair_usage_, user_it->second.team, key.first, hours, start + (end - start) / 2);
   }
   order_queue(latest);
 }

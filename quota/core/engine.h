@@ -1,5 +1,6 @@
 #pragma once
-// The pure lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds).
+// The lease policy engine: deterministic, no I/O, time passed in by the caller (UTC milliseconds). It validates
+// requests, applies the scheduler's decisions (scheduler.h), audits and records what changed for the store.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -8,114 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "quota/core/cluster_state.h"
 #include "quota/core/ledger.h"
 #include "quota/core/policy.h"
+#include "quota/core/scheduler.h"
 
 namespace yolo8::quota {
-
-// Typed states; the text forms (to_string / parse_*) are the wire and storage format and must not change.
-// The parsers throw PolicyError naming the field and the accepted values.
-enum class LeaseState { kPendingApproval, kQueued, kGranted, kRevoking, kReleased, kExpired, kRejected };
-enum class Outcome { kNone, kCompleted, kPreempted, kFailed, kCancelled };
-// An approval is cancelled when its lease is released while still waiting for the decision.
-enum class ApprovalState { kPending, kApproved, kRejected, kCancelled };
-std::string to_string(LeaseState state);
-LeaseState parse_lease_state(const std::string& text);
-std::string to_string(Outcome outcome);
-Outcome parse_outcome(const std::string& text);  // "" is Outcome::kNone
-std::string to_string(ApprovalState state);
-ApprovalState parse_approval_state(const std::string& text);
-bool is_terminal(LeaseState state);
-
-struct LeaseRequest {
-  std::string team;
-  std::string user;
-  std::string job;
-  std::string model = "yolov8n";
-  int imgsz = 640;
-  int batch = 0;          // images per step over all GPUs; 0 = auto (the trainer fits it)
-  int gpus = 0;           // 0 = policy default; the guaranteed GPUs
-  int max_gpus = 0;       // per-job burst (issue 19): up to this many GPUs while they are idle; 0 = gpus
-  double memory_gib = 0;  // per GPU: the share for shared leases, a minimum GPU size otherwise
-  Priority priority = Priority::kNormal;
-  bool preemptible = true;
-  bool shared = false;  // share a GPU by memory when the policy allows
-  std::string justification;
-  std::string idempotency_key;
-  // Where the trainer runs when something else chose its GPUs (Kubernetes' device plugin): its node and the GPU
-  // UUIDs it sees (NVIDIA_VISIBLE_DEVICES). They pin the lease (Engine::pin_of): to the GPUs with those UUIDs
-  // where the inventory lists UUIDs, else to the node's GPUs. Recorded with the lease and in the audit.
-  std::string node;
-  std::vector<std::string> visible_devices;
-  // The GPUs of `node` the trainer was told to use (device=, as the node numbers them): the lease goes on exactly
-  // those, or waits for them. Ignored without a node, and where the UUIDs matched.
-  std::vector<int> node_gpus;
-  // The authenticated caller when it is not `user` (an admin acting on someone's behalf); set by the service,
-  // never taken from a request body. The audit names both.
-  std::string requested_by;
-};
-
-// Per-heartbeat figures the trainer reports (kept for the metrics work; negative = not reported).
-struct Telemetry {
-  int64_t step = -1;
-  int epoch = -1;
-  double gpu_util = -1;         // 0..1
-  std::string gpu_util_source;  // "nvml" (the devices' own figure), "busy_time" (share of time in steps), "" unsaid
-  double memory_used_gib = -1;  // peak per GPU
-  double device_memory_used_gib = -1;  // NVML: memory in use on the busiest leased device, every process's
-  int64_t last_checkpoint_ms = 0;
-  // What the peak was measured with, so that quotad can learn the memory table from real runs
-  // (`quotad memory-table --observed`); empty / -1 = not reported.
-  std::string model;
-  int imgsz = -1;
-  int batch = -1;  // images per GPU
-  int amp = -1;    // 1 AMP, 0 float32
-  std::string device_name;
-  std::string libtorch;  // LibTorch version of the trainer ("2.1.2"); "" when an older trainer did not say
-  // A sample quotad can learn from: a peak with everything it depends on.
-  bool is_memory_observation() const {
-    return memory_used_gib > 0 && !model.empty() && imgsz > 0 && batch > 0 && amp >= 0 && !device_name.empty();
-  }
-};
-
-// Copies what a memory sample was measured with (model, imgsz, batch, AMP, device, LibTorch) from a report,
-// where given.
-void merge_memory_context(Telemetry& into, const Telemetry& from);
-
-struct Lease {
-  int64_t id = 0;
-  LeaseRequest req;
-  LeaseState state = LeaseState::kQueued;
-  Outcome outcome = Outcome::kNone;
-  int gpus = 1;
-  // Per GPU. Shared: the share. Whole: while queued the least GPU memory it needs; once granted the memory of
-  // its (smallest) GPU, which is what the holder may use.
-  double memory_gib = 0;
-  bool shared = false;
-  std::vector<int> devices;             // indices into Policy::gpus
-  std::vector<std::string> device_ids;  // "node:index" as stored; restore() maps them onto the current policy
-  bool over_base = false;               // granted beyond the team's base (a burst lease)
-  int extra_gpus = 0;                   // per-job burst: GPUs granted beyond req.gpus from idle capacity
-  bool emergency = false;
-  bool review_pending = false;
-  int64_t approval_id = 0;
-  int64_t created_ms = 0;
-  int64_t granted_ms = 0;
-  int64_t last_seen_ms = 0;
-  int64_t deadline_ms = 0;  // revoking: release by then
-  int64_t ended_ms = 0;
-  int64_t free_at_ms = 0;  // expired: GPUs return at this time
-  int64_t charged_until_ms = 0;
-  double gpu_hours = 0;             // charged so far
-  int64_t preempted_for = 0;        // the waiting lease this victim makes room for
-  std::vector<int64_t> waiting_on;  // victims this queued lease waits for
-  std::string reason;               // why queued / why it ended
-  Telemetry telemetry;
-
-  // Share of GPUs counted against the team limit and credits.
-  double units(const Policy& policy) const;
-  bool holds_gpus(int64_t now_ms) const;
-};
 
 struct Approval {
   int64_t id = 0;
@@ -174,14 +73,6 @@ struct HeartbeatResult {
   int64_t deadline_ms = 0;
   int position = 0;
   std::string reason;
-};
-
-// A team's and a user's standing in the fair share (issue 19): recent use (GPU-hours decayed with
-// fair_share.half_life_h) as a fraction of all recent use, against the normalised share.
-struct FairShare {
-  double factor = 1;  // 2^(-team usage/team share) x 2^(-user usage/user share); 1 without recent use
-  double team_gpu_hours = 0, team_usage = 0, team_share = 0;
-  double user_gpu_hours = 0, user_usage = 0, user_share = 0;  // user: within the team
 };
 
 struct TeamStatus {
@@ -280,23 +171,35 @@ class Engine {
 
   // The GPUs a request is pinned to, where the trainer already runs: those with its visible UUIDs (where the
   // inventory lists them), else its node's; none when the request names neither (or the inventory knows neither).
-  struct Pin {
-    std::vector<int> devices;  // indices into Policy::gpus, ascending
-    bool by_uuid = false;
-    bool by_index = false;  // the GPUs the trainer asked for (LeaseRequest::node_gpus)
-    std::string text;       // for messages: "node-a", "GPU 2 of node-a" or "GPU-...,GPU-... on node-a"
-  };
+  using Pin = quota::Pin;
   Pin pin_of(const LeaseRequest& req) const;
   // The lease's GPUs ("node-c:2") and, where the trainer reported them, its node, the GPUs it sees and how the
   // lease was matched to them: "node-c:2 (trainer on node-c sees GPU-...), matched by UUID". Audit and status page.
   std::string describe_devices(const Lease& lease) const;
   // Whether a lease of `lease_gpus` guaranteed GPUs pinned to `pin` holds all the pinned GPUs plus GPUs elsewhere:
   // a multi-pod job (an indexed DDP Job) whose requester sees fewer GPUs than the job runs on.
-  static bool pin_spills(const Pin& pin, int lease_gpus) {
-    return !pin.devices.empty() && static_cast<size_t>(lease_gpus) > pin.devices.size();
-  }
+  static bool pin_spills(const Pin& pin, int lease_gpus);
 
   Changes take_changes();
+  // The engine's records as they are now, without the policy and the audit log: what a change that could not be
+  // stored is undone to (roll_back), cheaper than a copy of the Engine.
+  struct Checkpoint {
+    std::map<int64_t, Lease> leases;
+    std::map<int64_t, Approval> approvals;
+    std::map<std::pair<std::string, std::string>, double> usage;
+    std::map<std::pair<std::string, std::string>, int64_t> idempotency;
+    std::map<int64_t, Loan> loans;
+    std::map<int64_t, CreditGrant> grants;
+    int64_t next_loan = 1, next_grant = 1, next_lease = 1, next_approval = 1, next_audit_seq = 1;
+    Changes changes;
+    std::vector<int64_t> queue;
+    std::map<int64_t, int> queue_index;
+    FairUsage fair_usage;
+  };
+  Checkpoint checkpoint() const;
+  // Back to `checkpoint`: the records as they were, and the audit entries logged since dropped (entries prune()
+  // dropped from memory meanwhile stay dropped: they were stored before).
+  void roll_back(Checkpoint checkpoint);
   // Rebuilds state from storage.
   // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
   // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs.
@@ -313,18 +216,9 @@ class Engine {
   void prune(int64_t now_ms, int64_t keep_ms);
 
  private:
-  struct Placement {
-    std::vector<int> devices;
-  };
-  // GPUs held by the leases `match` selects (emergency ones and `ignore` left out): whole leases count their
-  // GPUs, and a GPU carrying any of their shared leases counts whole.
-  double held_gpus(const std::function<bool(const Lease&)>& match, int64_t now_ms,
-                   const std::set<int64_t>& ignore) const;
-  // GPUs `lease` would add to its team's count on `devices`: 0 for a shared lease joining a GPU its team holds.
-  double added_gpus(const Lease& lease, const std::vector<int>& devices, int64_t now_ms) const;
-  std::optional<Placement> place(const Lease& lease, int64_t now_ms, const std::set<int64_t>& ignore) const;
-  bool try_grant(Lease& lease, int64_t now_ms);
-  bool try_preempt(Lease& lease, int64_t now_ms);
+  // The state the scheduler decides from, a view of this engine's (no copy).
+  ClusterState cluster_state(int64_t now_ms) const;
+  // Runs the scheduler (scheduler.h) and applies its decision: grants, revocations, the queue; audited.
   void schedule(int64_t now_ms);
   void end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
                  const std::string& reason, const std::string& actor);
@@ -333,11 +227,7 @@ class Engine {
            const std::string& detail);
   // Recomputes the queue order (and the fair-share factors in it); called once per change, read by the rest.
   void order_queue(int64_t now_ms);
-  void add_fair_usage(const Lease& lease, double gpu_hours, int64_t at_ms);
-  double decayed(const std::string& key, int64_t now_ms) const;
-  // Why `lease` may not start now for its user's cap; "" when within it.
-  // `devices`: where it would go (a shared lease joining a GPU with the user's shares adds nothing); null: anywhere.
-  std::string user_cap_reason(const Lease& lease, const std::vector<int>* devices, int64_t now_ms) const;
+  void set_queue(const std::vector<QueueEntry>& order);
   std::string queue_reason(const Lease& lease, int64_t now_ms) const;
   std::string fair_share_text(const Lease& lease, int64_t now_ms) const;
   // The ledger's invariants (ledger.cpp): loans and grants within the policy's caps, repaid <= borrowed.
@@ -351,8 +241,8 @@ class Engine {
   int guaranteed_gpus(const Lease& lease) const;
 
   Policy policy_;
-  std::map<std::string, int> uuid_index_;                 // lower-case GPU UUID -> index into Policy::gpus
-  std::map<std::string, std::vector<int>> node_devices_;  // node -> its GPUs' indices
+  Inventory inventory_;
+  // Every member below but audit_ is in Checkpoint.
   std::map<int64_t, Lease> leases_;
   std::map<int64_t, Approval> approvals_;
   std::vector<AuditEntry> audit_;
@@ -368,11 +258,7 @@ class Engine {
   Changes changes_;
   std::vector<int64_t> queue_;          // queued ids in order (order_queue)
   std::map<int64_t, int> queue_index_;  // id -> position - 1
-  struct Decayed {
-    double value = 0;
-    int64_t as_of_ms = 0;
-  };
-  std::map<std::string, Decayed> fair_usage_;  // "team:<name>" / "user:<name>" -> decayed GPU-hours
+  FairUsage fair_usage_;
 };
 
 }  // namespace yolo8::quota

@@ -199,9 +199,10 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
   if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
   merge_beats_locked();
   // Persist, then apply: the engine is kept as it was until the change is durable. A read-only call copies
-  // nothing; should it change state after all, the change is still written before the answer.
-  std::optional<Engine> before;
-  if (writes && store_) before.emplace(engine_);
+  // nothing; should it change state after all, the change is still written before the answer. A write copies
+  // the engine's records, not its policy and audit log.
+  std::optional<Engine::Checkpoint> before;
+  if (writes && store_) before.emplace(engine_.checkpoint());
   ApiResponse response = op();
   Changes changes = engine_.take_changes();
   if (!changes.empty() && store_) {
@@ -214,7 +215,7 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
                               .time_since_epoch()
                               .count();
       if (before) {
-        engine_ = std::move(*before);
+        engine_.roll_back(std::move(*before));
       } else {
         // cannot happen for the read-only calls (they change nothing); never answer success on lost state
         throw;
@@ -666,20 +667,12 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
       result.reason = beat.reason;
       if (!is_terminal(beat.state)) {
         if (beat.state == LeaseState::kGranted || beat.state == LeaseState::kRevoking) {
-          Telemetry& latest = beat.telemetry;
-          if (telemetry.step >= 0) latest.step = telemetry.step;
-          if (telemetry.epoch >= 0) latest.epoch = telemetry.epoch;
-          if (telemetry.gpu_util >= 0) latest.gpu_util = telemetry.gpu_util;
-          if (!telemetry.gpu_util_source.empty()) latest.gpu_util_source = telemetry.gpu_util_source;
-          if (telemetry.device_memory_used_gib >= 0) latest.device_memory_used_gib = telemetry.device_memory_used_gib;
-          if (telemetry.memory_used_gib >= 0) latest.memory_used_gib = telemetry.memory_used_gib;
-          if (telemetry.last_checkpoint_ms > 0) latest.last_checkpoint_ms = telemetry.last_checkpoint_ms;
-          merge_memory_context(latest, telemetry);
+          merge_telemetry(beat.telemetry, telemetry);
           if (store_) {
             if (pending_heartbeats_.size() >= options_.max_pending_heartbeats) {
               pending_heartbeats_.erase(pending_heartbeats_.begin());  // the store is far behind: telemetry only
             }
-            pending_heartbeats_.push_back(HeartbeatSample{id, now, latest});
+            pending_heartbeats_.push_back(HeartbeatSample{id, now, beat.telemetry});
           }
         }
         if (unmerged_beats_.size() >= options_.max_pending_heartbeats) {

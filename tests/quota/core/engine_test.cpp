@@ -649,6 +649,38 @@ TEST(Engine, EveryTeamReachesItsBaseWhateverTheMixOfSharedAndWholeLeases) {
   }
 }
 
+// QuotaService undoes a change the store could not save with checkpoint() / roll_back(), not a copy of the Engine.
+TEST(Engine, RollBackUndoesTheChangesAndTheirAuditSinceTheCheckpoint) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  const auto first = e.acquire(req("team-robotics", "erin"), t);
+  for (int i = 0; i < 5; ++i) e.acquire(req("team-robotics", "erin"), t);
+  const auto waiting = e.acquire(req("team-robotics", "erin"), t);
+  ASSERT_EQ(waiting.kind, Kind::kQueued);
+  e.take_changes();  // stored, as the service does after every call
+  const Engine::Checkpoint checkpoint = e.checkpoint();
+  const size_t audit_before = e.audit().size();
+  const int64_t next_id = e.next_lease_id();
+  // a release that lets the waiting request in, and a new request
+  ASSERT_TRUE(e.release(first.lease_id, Outcome::kCompleted, t + kMinute));
+  e.tick(t + kMinute);
+  ASSERT_EQ(e.find(waiting.lease_id)->state, LeaseState::kGranted);
+  e.acquire(req("team-cv", "alice"), t + kMinute);
+  ASSERT_GT(e.audit().size(), audit_before);
+  e.roll_back(checkpoint);
+  EXPECT_EQ(e.find(first.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(e.find(waiting.lease_id)->state, LeaseState::kQueued);
+  EXPECT_EQ(e.queue_ids(), std::vector<int64_t>{waiting.lease_id});
+  EXPECT_EQ(e.next_lease_id(), next_id);
+  EXPECT_EQ(e.find(next_id), nullptr);
+  EXPECT_EQ(e.audit().size(), audit_before);
+  EXPECT_TRUE(e.take_changes().empty());  // nothing of the undone change is left to store
+  expect_sound(e, t + kMinute);
+  // the numbering goes on from the checkpoint: no gap in the audit
+  e.acquire(req("team-cv", "alice"), t + kMinute);
+  EXPECT_EQ(e.audit().back().seq, e.audit()[audit_before - 1].seq + 1);
+}
+
 TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
   Engine e(testing::example_policy());
   auto c = req("team-interns", "ivan");
