@@ -392,12 +392,16 @@ class RequestGate {
       return;
     }
     if (conn.buffer.size() < head_size + content_length) return;  // the body is still arriving
-    // heartbeats and the health check never queue behind other calls
-    const size_t line_end = conn.buffer.find("\r\n");
-    const std::string request_line = conn.buffer.substr(0, line_end);
+    // the route table names the lane: heartbeats and the health check never queue behind other calls
+    const std::string request_line = conn.buffer.substr(0, conn.buffer.find("\r\n"));
+    const size_t method_end = request_line.find(' ');
+    const size_t target_end = request_line.find(' ', method_end + 1);
+    const std::string target = method_end == std::string::npos
+                                   ? std::string()
+                                   : request_line.substr(method_end + 1, target_end - method_end - 1);
     const bool fast =
-        request_line.rfind("GET /healthz ", 0) == 0 ||
-        (request_line.rfind("POST /v1/leases/", 0) == 0 && request_line.find("/heartbeat ") != std::string::npos);
+        QuotaService::match_route(request_line.substr(0, method_end), target.substr(0, target.find('?'))).lane() ==
+        RouteLane::kFast;
     Job job;
     job.request = conn.buffer.substr(0, head_size + content_length);
     conn.buffer.erase(0, head_size + content_length);
@@ -547,20 +551,7 @@ int QuotaServer::start() {
   server.Get("/status", status_page);
   server.Get("/favicon.ico",
              [](const httplib::Request&, httplib::Response& res) { res.set_content(favicon_ico(), "image/x-icon"); });
-  const auto read_only = [](const httplib::Request& req, httplib::Response& res) {
-    res.status = 405;
-    res.set_header("Allow", "GET");
-    res.set_content(
-        nlohmann::json{{"error", 405}, {"reason", "method " + req.method + " not allowed (allowed: GET)"}}.dump(),
-        "application/json");
-  };
-  // every method reaches a handler, so the service (or the read-only pages) answer 405 with Allow, not 404
-  const std::string read_only_paths = R"(/(metrics|status|favicon\.ico)?)";
-  server.Post(read_only_paths, read_only);
-  server.Put(read_only_paths, read_only);
-  server.Patch(read_only_paths, read_only);
-  server.Delete(read_only_paths, read_only);
-  server.Options(read_only_paths, read_only);
+  // every other method and path reaches the service, which answers 404, or 405 with Allow from the route table
   server.Get(R"(/.*)", handler);
   server.Post(R"(/.*)", handler);
   server.Put(R"(/.*)", handler);
