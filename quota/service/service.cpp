@@ -314,9 +314,12 @@ bool QuotaService::can_read(const Caller& caller, const Lease& lease) const {
   return caller.role == Role::kAdmin || lease.req.team == caller.team;
 }
 
+bool QuotaService::may_act(const Caller& caller, const std::string& user, const std::string& team) {
+  return caller.role == Role::kAdmin || user == caller.name || (caller.role == Role::kLead && team == caller.team);
+}
+
 bool QuotaService::can_act(const Caller& caller, const Lease& lease) const {
-  return caller.role == Role::kAdmin || lease.req.user == caller.name ||
-         (caller.role == Role::kLead && lease.req.team == caller.team);
+  return may_act(caller, lease.req.user, lease.req.team);
 }
 
 json QuotaService::lease_view(const Lease& lease, int64_t now_ms) const {
@@ -713,8 +716,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
       auto it = board_.find(id);
       if (it == board_.end()) return error_response(404, "unknown lease " + std::to_string(id));
       Beat& beat = it->second;
-      if (!(caller.role == Role::kAdmin || beat.user == caller.name ||
-            (caller.role == Role::kLead && beat.team == caller.team))) {
+      if (!may_act(caller, beat.user, beat.team)) {
         return error_response(403, caller.name + " may not heartbeat lease " + std::to_string(id));
       }
       const int64_t now = clock_();

@@ -155,6 +155,8 @@ class QuotaService {
   void count_committed(const Changes& changes);
   bool can_read(const Caller& caller, const Lease& lease) const;
   bool can_act(const Caller& caller, const Lease& lease) const;
+  // The one rule for acting on a lease of `user` in `team`: the holder, a lead of the team, an admin.
+  static bool may_act(const Caller& caller, const std::string& user, const std::string& team);
   nlohmann::json lease_view(const Lease& lease, int64_t now_ms) const;
   ApiResponse acquire(const Caller& caller, const ApiRequest& req);
   ApiResponse get_lease(const Caller& caller, int64_t id);

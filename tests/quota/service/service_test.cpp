@@ -361,9 +361,36 @@ TEST(QuotaRoutes, OnlyTheHeartbeatAndHealthzRoutesTakeTheFastLane) {
   EXPECT_EQ(s.handle(api_call("POST", "/v1/leases/?x=/heartbeat", "nope", "{}")).status, 401);
 }
 
+// Issue 29: the heartbeat's authorization was a copy of can_act's rule on the server's path (answered from the
+// board); one rule now, and both paths answer alike: the holder, a lead of its team and an admin may beat,
+// a teammate and another team's member may not.
+TEST(QuotaRoutes, HeartbeatAuthorizationIsOneRuleOnTheBoardAndUnderTheLock) {
+  ServiceOptions local;
+  local.db_path = temp_db("heartbeat_rule");
+  local.reload_per_call = true;  // local mode: the heartbeat goes through the engine lock
+  QuotaService board(testing::example_policy(), ServiceOptions{});
+  QuotaService locked(testing::example_policy(), local);
+  for (QuotaService* s : {&board, &locked}) {
+    const char* path_name = s == &board ? "board" : "locked";
+    ApiRequest acquire = api_call("POST", "/v1/leases", "", "{}");
+    acquire.trusted_user = "alice";
+    const ApiResponse granted = s->handle(acquire);
+    ASSERT_EQ(granted.status, 201) << path_name << " " << granted.serialized();
+    const std::string beat_path =
+        "/v1/leases/" + std::to_string(granted.body["lease_id"].get<int64_t>()) + "/heartbeat";
+    const std::vector<std::pair<std::string, int>> callers = {
+        {"alice", 200}, {"carol", 200}, {"admin", 200}, {"bob", 403}, {"erin", 403}};
+    for (const auto& [user, status] : callers) {
+      ApiRequest beat = api_call("POST", beat_path, "", "{}");
+      beat.trusted_user = user;
+      EXPECT_EQ(s->handle(beat).status, status) << user << " on the " << path_name << " path";
+    }
+  }
+}
+
 // Issue 29: the route list in quota/README.md is the table, line for line.
 TEST(QuotaRoutes, ReadmeListsTheRouteTable) {
-  std::ifstream readme(std::string(YOLO8_SOURCE_DIR) + "/quota/README.md");
+  std::ifstream readme(std::string(yolo8::test::kSourceDir) + "/quota/README.md");
   ASSERT_TRUE(readme) << "quota/README.md";
   std::string line;
   while (std::getline(readme, line) && line.rfind("<!-- route table", 0) != 0) {
