@@ -395,6 +395,9 @@ int QuotaServer::start() {
   const unsigned idle_s = static_cast<unsigned>(std::max(1, (options_.keep_alive_idle_ms + 999) / 1000));
   // the head is read into one pool per connection: room for the header cap, then 431
   const size_t memory = options_.max_header_bytes * 2 + 16 * 1024;
+  // typed first, so a callback whose signature drifts from libmicrohttpd's does not compile
+  const MHD_RequestCompletedCallback completed = &Callbacks::completed;
+  const MHD_NotifyConnectionCallback notify = &Callbacks::connection;
   std::vector<MHD_OptionItem> items = {
       {MHD_OPTION_SOCK_ADDR, 0, &address},
       {MHD_OPTION_CONNECTION_TIMEOUT, idle_s, nullptr},
@@ -402,8 +405,8 @@ int QuotaServer::start() {
       // ours answers 503 first; this is the hard stop
       {MHD_OPTION_CONNECTION_LIMIT, options_.max_connections + 64, nullptr},
       {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, nullptr},
-      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Callbacks::completed), this},
-      {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&Callbacks::connection), this},
+      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(completed), this},
+      {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(notify), this},
   };
   if (tls) {
     items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(tls_cert_.c_str())});
