@@ -543,11 +543,11 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
   const RouteMatch match = match_route(req.method, req.path);
   const Route* route = match.found() ? &route_table()[static_cast<size_t>(match.index)] : nullptr;
   if (match.allowed.empty() || (route != nullptr && route->spec.access == RouteAccess::kPage)) {
-    return error_response(404, "no such endpoint: " + req.method + " " + req.path);
+    // the caller's path and method are not echoed: answers stay small whatever was sent
+    return error_response(404, "no such endpoint (the routes are listed in quota/README.md)");
   }
   if (route == nullptr) {
-    ApiResponse response = error_response(
-        405, "method " + req.method + " not allowed on " + req.path + " (allowed: " + match.allowed + ")");
+    ApiResponse response = error_response(405, "method not allowed on this path (allowed: " + match.allowed + ")");
     response.headers["Allow"] = match.allowed;
     return response;
   }
@@ -593,7 +593,7 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
   int64_t id = 0;
   if (route->spec.pattern.find("{id}") != std::string::npos && !parse_id(parts[2], id)) {
     // "leases" -> "unknown lease 'x'"
-    return error_response(404, "unknown " + parts[1].substr(0, parts[1].size() - 1) + " '" + parts[2] + "'");
+    return error_response(404, "unknown " + parts[1].substr(0, parts[1].size() - 1) + ": ids are positive numbers");
   }
   return route->handler(*this, caller, req, parts, id);
 }
