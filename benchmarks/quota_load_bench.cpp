@@ -1,6 +1,7 @@
 // Heartbeat load on loopback: heartbeats/s and latency percentiles of quotad's hot path, with the SQLite
 // store on. Compares, in one run, batched heartbeat commits (quotad's default) against a commit per heartbeat,
-// and (issue 15) measures heartbeats while 200 slow-drip connections and a queue of 1,000 requests are present.
+// and (issue 15) measures heartbeats while 200 slow-drip connections and a queue of 1,000 requests are present;
+// (issue 29) the batched run once more over HTTPS, with a CA and certificate the benchmark makes (openssl CLI).
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -93,8 +95,31 @@ int connect_from(const std::string& source, int port) {
   return fd;
 }
 
+// A keep-alive client of the benchmark's quotad; over HTTPS when `tls_dir` holds ca.pem.
+httplib::Client bench_client(int port, const std::string& tls_dir) {
+  if (tls_dir.empty()) return httplib::Client("127.0.0.1", port);
+  httplib::Client client("https://127.0.0.1:" + std::to_string(port));
+  client.set_ca_cert_path((tls_dir + "/ca.pem").c_str());
+  client.enable_server_certificate_verification(true);
+  return client;
+}
+
+// A CA and a certificate for 127.0.0.1 under `dir`/tls; the directory.
+std::string make_certificates(const std::string& dir) {
+  const std::string tls = dir + "/quota_bench_tls";
+  std::filesystem::create_directories(tls);
+  const std::string command =
+      "cd '" + tls +
+      "' && (openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench-ca -keyout ca.key -out ca.pem && "
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=quotad -keyout server.key -out server.csr && "
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in server.csr -CA ca.pem -CAkey "
+      "ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem) > openssl.log 2>&1";
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("bench: openssl failed, see " + tls + "/openssl.log");
+  return tls;
+}
+
 Result run(const std::string& name, bool write_each, bool full_sync, int connections, int leases, double seconds,
-           const std::string& dir, int slow_connections = 0, int queue = 0) {
+           const std::string& dir, int slow_connections = 0, int queue = 0, const std::string& tls_dir = "") {
   const std::string db = dir + "/quota_bench_" + name + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
   ServiceOptions so;
@@ -104,12 +129,16 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
   QuotaService service(bench_policy(), so);
   ServerOptions opts;
   opts.threads = std::max(4, connections + 2);
+  if (!tls_dir.empty()) {
+    opts.tls_cert_file = tls_dir + "/server.pem";
+    opts.tls_key_file = tls_dir + "/server.key";
+  }
   QuotaServer server(service, opts);
   const int port = server.start();
   const httplib::Headers auth = {{"Authorization", "Bearer bench-token"}};
   std::vector<int64_t> ids;
   {
-    httplib::Client client("127.0.0.1", port);
+    httplib::Client client = bench_client(port, tls_dir);
     for (int i = 0; i < leases; ++i) {
       auto response =
           client.Post("/v1/leases", auth, R"({"model":"yolov8n","shared":true,"memory_gib":4})", "application/json");
@@ -144,7 +173,7 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
   std::vector<std::thread> threads;
   for (int thread_index = 0; thread_index < connections; ++thread_index) {
     threads.emplace_back([&, thread_index] {
-      httplib::Client client("127.0.0.1", port);
+      httplib::Client client = bench_client(port, tls_dir);
       client.set_keep_alive(true);
       client.set_tcp_nodelay(true);
       auto& mine = latencies_by_thread[static_cast<size_t>(thread_index)];
@@ -236,6 +265,7 @@ int main(int argc, char** argv) {
   results.push_back(run("batched_full", false, true, cmp, leases, seconds, dir));
   results.push_back(run("commit_each_full", true, true, cmp, leases, seconds, dir));
   const Result hostile = run("hostile", false, false, cmp, leases, seconds, dir, 200, 1000);
+  const Result tls = run("batched_tls", false, false, cmp, leases, seconds, dir, 0, 0, make_certificates(dir));
 
   std::printf("%-16s %5s %10s %12s %8s %8s %9s %8s %7s %10s\n", "mode", "conns", "heartbeats", "per_s", "p50_ms",
               "p99_ms", "p99.9_ms", "max_ms", "errors", "rows_kept");
@@ -275,6 +305,8 @@ int main(int argc, char** argv) {
       static_cast<int>(hostile.per_s), hostile.p99_ms, hostile.max_ms, static_cast<long long>(hostile.errors),
       hostile.slow_connections, hostile.queued, hostile.expired, leases, static_cast<long long>(hostile.rss_mib),
       hostile_met ? "met" : "NOT met");
+  std::printf("https: %d heartbeats/s, p50 %.3f ms, p99 %.3f ms, errors %lld at %d keep-alive connections\n",
+              static_cast<int>(tls.per_s), tls.p50_ms, tls.p99_ms, static_cast<long long>(tls.errors), tls.connections);
   std::ofstream(out) << json{{"benchmark", "quota_load_bench"},
                              {"runs", rows},
                              {"full_sync_batched_over_commit_each", ratio},
@@ -289,6 +321,12 @@ int main(int argc, char** argv) {
                                {"leases_expired", hostile.expired},
                                {"resident_mib", hostile.rss_mib},
                                {"target_met", hostile_met}}},
+                             {"https",
+                              {{"heartbeats_per_s", tls.per_s},
+                               {"p50_ms", tls.p50_ms},
+                               {"p99_ms", tls.p99_ms},
+                               {"errors", tls.errors},
+                               {"connections", tls.connections}}},
                              {"target_met", best.per_s >= 10000 && best.p99_ms < 5}}
                             .dump(2)
                      << "\n";

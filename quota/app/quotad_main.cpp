@@ -91,11 +91,13 @@ Policy load_policy_with_tokens(const std::string& policy_path) {
 }
 
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
-          int backup_every_min, int backup_keep) {
+          const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep) {
   Policy policy = load_policy_with_tokens(policy_path);
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;
+  so.tls_cert_file = tls_cert;
+  so.tls_key_file = tls_key;
   ServiceOptions opts;
   opts.db_path = db;
   opts.full_sync = full_sync;
@@ -112,8 +114,9 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   QuotaService service(std::move(policy), opts);
   QuotaServer server(service, so);
   const int port = server.start();
-  std::printf("quotad: serving %s (%d GPUs, %zu teams) on http://%s:%d, db %s\n", policy_path.c_str(),
-              service.policy().total_gpus(), service.policy().teams.size(), so.host.c_str(), port, db.c_str());
+  std::printf("quotad: serving %s (%d GPUs, %zu teams) on %s://%s:%d, db %s\n", policy_path.c_str(),
+              service.policy().total_gpus(), service.policy().teams.size(), tls_cert.empty() ? "http" : "https",
+              so.host.c_str(), port, db.c_str());
   std::fflush(stdout);
   const PeriodicBackup backups(db, backup_every_min, backup_keep);  // online copies beside the database
   int sig = 0;
@@ -145,6 +148,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--backup-keep", backup_keep, "online backups kept (the newest)")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
+  std::string tls_cert, tls_key;
+  auto* cert_option = serve_cmd->add_option("--tls-cert", tls_cert, "serve HTTPS with this PEM certificate (chain)")
+                          ->check(CLI::ExistingFile);
+  auto* key_option =
+      serve_cmd->add_option("--tls-key", tls_key, "the certificate's PEM private key")->check(CLI::ExistingFile);
+  cert_option->needs(key_option);
+  key_option->needs(cert_option);
 
   auto* check_cmd =
       app.add_subcommand("check-policy", "validate a policy file (and its memory table) and print a summary");
@@ -291,7 +301,9 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*serve_cmd) return serve(policy_path, db, listen, full_sync, threads, backup_every_min, backup_keep);
+    if (*serve_cmd) {
+      return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep);
+    }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {
         std::string models;

@@ -83,11 +83,13 @@ ClientConfig client_config_from_setting(const std::string& setting, int local_gp
   } else if (setting.rfind("local:", 0) == 0 && setting.size() > 6) {
     config.mode = "local";
     config.local_db = setting.substr(6);
-  } else if (setting.rfind("http://", 0) == 0 && setting.size() > 7) {
+  } else if ((setting.rfind("http://", 0) == 0 && setting.size() > 7) ||
+             (setting.rfind("https://", 0) == 0 && setting.size() > 8)) {
     config.mode = setting;
     if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
+    if (const char* ca_file = std::getenv("YOLO8_QUOTA_CA_FILE")) config.ca_file = ca_file;
   } else {
-    throw std::invalid_argument("quota: '" + setting + "' is not off, local, local:PATH or an http:// URL");
+    throw std::invalid_argument("quota: '" + setting + "' is not off, local, local:PATH or an http(s):// URL");
   }
   return config;
 }
@@ -125,10 +127,10 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     options.reload_per_call = true;
     options.clock = config_.clock;
     transport_ = make_local_transport(std::move(policy), options, config_.user);
-  } else if (config_.mode.rfind("http://", 0) == 0) {
-    transport_ = make_http_transport(config_.mode, config_.token);
+  } else if (config_.mode.rfind("http://", 0) == 0 || config_.mode.rfind("https://", 0) == 0) {
+    transport_ = make_http_transport(config_.mode, config_.token, config_.ca_file);
   } else {
-    throw std::invalid_argument("quota: '" + config_.mode + "' is not off, local or an http:// URL");
+    throw std::invalid_argument("quota: '" + config_.mode + "' is not off, local or an http(s):// URL");
   }
 }
 

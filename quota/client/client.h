@@ -20,9 +20,10 @@ namespace yolo8::quota {
 class QuotaTransport;
 
 struct ClientConfig {
-  // "off", "local", or a quotad URL such as "http://127.0.0.1:8470".
+  // "off", "local", or a quotad URL such as "http://127.0.0.1:8470" or "https://quotad:8443".
   std::string mode = "local";
   std::string token;                // bearer token for URL mode
+  std::string ca_file;              // https: the CA (PEM) quotad's certificate chains to; empty: the system's
   std::string local_db;             // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
   std::string local_policy;         // local mode policy YAML; default: local_policy(local_gpus, ...)
   std::string local_memory_table;   // local mode without a policy file: admission check from this table (optional)
@@ -34,7 +35,8 @@ struct ClientConfig {
 };
 
 // Client settings from the trainer's `quota` setting: "off", "local", "local:/path/to/quota.db", or a quotad
-// URL ("http://host:port"); the bearer token comes from $YOLO8_QUOTA_TOKEN, the local user from $USER.
+// URL ("http://host:port", "https://host:port"); the bearer token comes from $YOLO8_QUOTA_TOKEN, the CA file
+// for https from $YOLO8_QUOTA_CA_FILE, the local user from $USER.
 // Throws std::invalid_argument naming the setting when it is none of these.
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
                                         double local_gpu_memory_gib = 0);

@@ -27,7 +27,10 @@ class LocalTransport : public QuotaTransport {
 
 class HttpTransport : public QuotaTransport {
  public:
-  HttpTransport(const std::string& url, std::string token) : client_(url), token_(std::move(token)) {
+  HttpTransport(const std::string& url, std::string token, const std::string& ca_file)
+      : client_(url), token_(std::move(token)) {
+    if (!ca_file.empty()) client_.set_ca_cert_path(ca_file.c_str());
+    client_.enable_server_certificate_verification(true);
     client_.set_connection_timeout(2, 0);
     client_.set_read_timeout(5, 0);
     client_.set_write_timeout(5, 0);
@@ -72,8 +75,9 @@ std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const Servic
   return std::make_unique<LocalTransport>(std::move(policy), options, user);
 }
 
-std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token) {
-  return std::make_unique<HttpTransport>(url, token);
+std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token,
+                                                    const std::string& ca_file) {
+  return std::make_unique<HttpTransport>(url, token, ca_file);
 }
 
 }  // namespace yolo8::quota

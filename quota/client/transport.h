@@ -21,7 +21,10 @@ class QuotaTransport {
 std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const ServiceOptions& options,
                                                      const std::string& user);
 
-// A shared quotad at `url` (http://host:port), with a bearer token when not empty.
-std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token);
+// A shared quotad at `url` (http://host:port or https://host:port), with a bearer token when not empty. Over
+// https the server's certificate must chain to `ca_file` (PEM) when given, else to the system's CAs, and name
+// the host.
+std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token,
+                                                    const std::string& ca_file = "");
 
 }  // namespace yolo8::quota

@@ -1,25 +1,17 @@
 #include "quota/server/http_server.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <httplib.h>
+#include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cctype>
-#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
-#include <vector>
 
 #include "quota/server/status_page.h"
 
@@ -39,23 +31,6 @@ void parse_listen(const std::string& listen, std::string& host, int& port) {
   port = std::stoi(port_text);
 }
 
-// httplib's server with the socket handed to the gate instead of a worker; serve() runs httplib's own request
-// parsing and routing on a request the gate has already read whole.
-class GatedServer : public httplib::Server {
- public:
-  void set_admit(std::function<void(int)> admit) { admit_ = std::move(admit); }
-  bool serve(httplib::Stream& stream, bool close_connection, bool& connection_closed) {
-    return process_request(stream, close_connection, connection_closed, nullptr);
-  }
-
- private:
-  bool process_and_close_socket(socket_t sock) override {
-    admit_(static_cast<int>(sock));
-    return true;
-  }
-  std::function<void(int)> admit_;
-};
-
 namespace {
 
 int64_t steady_ms() {
@@ -63,538 +38,396 @@ int64_t steady_ms() {
       .count();
 }
 
-std::string address_text(const sockaddr_storage& address, int* port) {
+std::string address_text(const sockaddr* address) {
   char text[INET6_ADDRSTRLEN] = {0};
-  if (address.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&address);
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
-    if (port != nullptr) *port = ntohs(in->sin_port);
-  } else if (address.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&address);
-    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
-    if (port != nullptr) *port = ntohs(in6->sin6_port);
+  if (address == nullptr) return "";
+  if (address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof(text));
+  } else if (address->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text, sizeof(text));
   }
   return text;
 }
 
-// Writes all of `data` to a non-blocking socket, waiting at most `timeout_ms` in total.
-bool send_all(int fd, const char* data, size_t size, int timeout_ms) {
-  const int64_t deadline = steady_ms() + timeout_ms;
-  size_t sent = 0;
-  while (sent < size) {
-    const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const int64_t left = deadline - steady_ms();
-      if (left <= 0) return false;
-      pollfd waiting{fd, POLLOUT, 0};
-      ::poll(&waiting, 1, static_cast<int>(left));
-      continue;
-    }
-    return false;
+std::string read_pem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(std::string(flag) + ": cannot read '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().find("-----BEGIN ") == std::string::npos) {
+    throw std::runtime_error(std::string(flag) + ": '" + path + "' is not a PEM file");
   }
-  return true;
+  return text.str();
 }
 
-// One request, already read whole, as the stream httplib parses; the answer goes straight to the socket.
-class BufferStream : public httplib::Stream {
- public:
-  BufferStream(int fd, std::string request, int write_timeout_ms)
-      : fd_(fd), request_(std::move(request)), write_timeout_ms_(write_timeout_ms) {}
-  bool is_readable() const override { return pos_ < request_.size(); }
-  bool is_writable() const override { return true; }
-  ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, request_.size() - pos_);
-    std::memcpy(ptr, request_.data() + pos_, n);
-    pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    return send_all(fd_, ptr, size, write_timeout_ms_) ? static_cast<ssize_t>(size) : -1;
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    ::getpeername(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    ip = address_text(address, &port);
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    ip = address_text(address, &port);
-  }
-  socket_t socket() const override { return fd_; }
+std::string error_body(int status, const std::string& reason) {
+  return nlohmann::json{{"error", status}, {"reason", reason}}.dump();
+}
 
- private:
-  int fd_;
-  std::string request_;
-  size_t pos_ = 0;
-  int write_timeout_ms_;
+struct HeadSize {
+  int fields = 0;
+  size_t bytes = 0;
+  bool chunked = false;
 };
 
-// httplib's accept loop hands each socket straight to the gate (no worker involved).
-class InlineQueue : public httplib::TaskQueue {
- public:
-  void enqueue(std::function<void()> fn) override { fn(); }
-  void shutdown() override {}
-};
+MHD_Result count_header(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  auto& head = *static_cast<HeadSize*>(cls);
+  ++head.fields;
+  head.bytes += std::strlen(key) + (value != nullptr ? std::strlen(value) : 0) + 4;  // ": " and CRLF
+  if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) head.chunked = true;
+  return MHD_YES;
+}
 
-bool iequals_prefix(const std::string& text, size_t pos, const char* word) {
-  for (size_t i = 0; word[i] != 0; ++i) {
-    if (pos + i >= text.size() || std::tolower(static_cast<unsigned char>(text[pos + i])) != word[i]) return false;
-  }
-  return true;
+MHD_Result collect_argument(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  static_cast<ApiRequest*>(cls)->query[key] = value != nullptr ? value : "";
+  return MHD_YES;
 }
 
 }  // namespace
 
-class RequestGate {
- public:
-  RequestGate(const ServerOptions& options, GatedServer& server) : options_(options), server_(server) {}
-  ~RequestGate() { stop(); }
-
-  void start() {
-    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (epoll_fd_ < 0 || wake_fd_ < 0) throw std::runtime_error("cannot create the request gate (epoll)");
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.fd = wake_fd_;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
-    running_ = true;
-    for (int i = 0; i < std::max(1, options_.threads); ++i) workers_.emplace_back([this] { work(main_); });
-    for (int i = 0; i < std::max(1, options_.fast_threads); ++i) workers_.emplace_back([this] { work(fast_); });
-    io_ = std::thread([this] { loop(); });
-  }
-
-  void stop() {
-    if (!running_.exchange(false)) return;
-    wake();
-    if (io_.joinable()) io_.join();
-    for (Pool* pool : {&main_, &fast_}) {
-      std::lock_guard<std::mutex> lock(pool->mutex);
-      pool->cv.notify_all();
-    }
-    for (auto& worker : workers_) worker.join();
-    for (Pool* pool : {&main_, &fast_}) {
-      for (auto& job : pool->jobs) ::close(job.conn->fd);
-      pool->jobs.clear();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int fd : incoming_) ::close(fd);
-    for (auto& conn : returning_) ::close(conn->fd);
-    incoming_.clear();
-    returning_.clear();
-    for (auto& [fd, conn] : conns_) ::close(fd);
-    conns_.clear();
-    ::close(epoll_fd_);
-    ::close(wake_fd_);
-  }
-
-  // From httplib's accept loop.
-  void admit(int fd) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!running_) {
-        ::close(fd);
-        return;
-      }
-      incoming_.push_back(fd);
-    }
-    wake();
-  }
-
- private:
-  struct Conn {
-    int fd = -1;
-    std::string peer;
-    std::string buffer;
-    int64_t deadline_ms = 0;
-    bool in_request = false;  // bytes of a request have arrived
-    bool draining = false;    // answered with an error: discard input until the deadline, then close
-    int served = 0;
-    bool keep = true;  // set by the worker
-  };
-  struct Job {
-    std::unique_ptr<Conn> conn;
-    std::string request;
-  };
-  struct Pool {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::deque<Job> jobs;
-  };
-  static constexpr size_t kMaxQueuedJobs = 10000;
-
-  void wake() {
-    const uint64_t one = 1;
-    [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
-  }
-
-  void watch(Conn& conn) {
-    epoll_event event{};
-    event.events = EPOLLIN | EPOLLRDHUP;
-    event.data.fd = conn.fd;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn.fd, &event);
-  }
-
-  void close_conn(int fd) {
-    auto it = conns_.find(fd);
-    if (it == conns_.end()) return;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    release_peer(it->second->peer);
-    ::close(fd);
-    conns_.erase(it);
-  }
-
-  void release_peer(const std::string& peer) {
-    auto it = per_peer_.find(peer);
-    if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
-    --open_;
-  }
-
-  // An error answer written by the gate itself; the connection then drains and closes.
-  void refuse(Conn& conn, int status, const char* phrase, const std::string& reason) {
-    const std::string body = nlohmann::json{{"error", status}, {"reason", reason}}.dump();
-    const std::string response =
-        "HTTP/1.1 " + std::to_string(status) + " " + phrase +
-        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-        "\r\nConnection: close\r\n\r\n" + body;
-    send_all(conn.fd, response.data(), response.size(), 200);
-    ::shutdown(conn.fd, SHUT_WR);
-    conn.draining = true;
-    conn.buffer.clear();
-    conn.buffer.shrink_to_fit();
-    conn.deadline_ms = steady_ms() + 2000;
-  }
-
-  void take_incoming() {
-    std::vector<int> fds;
-    std::vector<std::unique_ptr<Conn>> back;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      fds.swap(incoming_);
-      back.swap(returning_);
-    }
-    const int64_t now = steady_ms();
-    for (int fd : fds) {
-      auto conn = std::make_unique<Conn>();
-      conn->fd = fd;
-      sockaddr_storage address{};
-      socklen_t length = sizeof(address);
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length);
-      conn->peer = address_text(address, nullptr);
-      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-      conn->deadline_ms = now + options_.request_timeout_ms;
-      ++open_;
-      const int peer_count = ++per_peer_[conn->peer];
-      Conn& ref = *conn;
-      conns_[fd] = std::move(conn);
-      watch(ref);
-      if (open_ > options_.max_connections) {
-        refuse(ref, 503, "Service Unavailable", "quotad has too many open connections; retry shortly");
-      } else if (peer_count > options_.max_connections_per_client) {
-        refuse(ref, 429, "Too Many Requests",
-               "too many connections from " + ref.peer + " (at most " +
-                   std::to_string(options_.max_connections_per_client) + ")");
-      }
-    }
-    for (auto& conn : back) {
-      const int fd = conn->fd;
-      if (!conn->keep || !running_) {
-        release_peer(conn->peer);
-        ::close(fd);
-        continue;
-      }
-      conn->in_request = !conn->buffer.empty();
-      conn->deadline_ms = now + (conn->in_request ? options_.request_timeout_ms : options_.keep_alive_idle_ms);
-      Conn& ref = *conn;
-      conns_[fd] = std::move(conn);
-      watch(ref);
-      if (ref.in_request) evaluate(ref);  // a pipelined request
-    }
-  }
-
-  void on_readable(Conn& conn) {
-    char chunk[16384];
-    const size_t cap = options_.max_header_bytes + options_.max_body_bytes + 1;
-    while (true) {
-      const ssize_t n = ::recv(conn.fd, chunk, sizeof(chunk), 0);
-      if (n > 0) {
-        if (conn.draining) continue;  // discarded: bounded by the drain deadline
-        if (!conn.in_request) {
-          conn.in_request = true;
-          conn.deadline_ms = steady_ms() + options_.request_timeout_ms;
-        }
-        conn.buffer.append(chunk, static_cast<size_t>(n));
-        if (conn.buffer.size() > cap) break;
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      close_conn(conn.fd);  // closed by the peer, or an error
-      return;
-    }
-    if (!conn.draining) evaluate(conn);
-  }
-
-  // Dispatches the buffered request once it is whole; refuses it as soon as it breaks a limit.
-  void evaluate(Conn& conn) {
-    const size_t head_end = conn.buffer.find("\r\n\r\n");
-    if (head_end == std::string::npos) {
-      if (conn.buffer.size() > options_.max_header_bytes) {
-        refuse(conn, 431, "Request Header Fields Too Large",
-               "headers: larger than " + std::to_string(options_.max_header_bytes) + " bytes");
-      }
-      return;
-    }
-    const size_t head_size = head_end + 4;
-    if (head_size > options_.max_header_bytes) {
-      refuse(conn, 431, "Request Header Fields Too Large",
-             "headers: larger than " + std::to_string(options_.max_header_bytes) + " bytes");
-      return;
-    }
-    int lines = 0;
-    size_t content_length = 0;
-    bool chunked = false;
-    for (size_t pos = conn.buffer.find("\r\n"); pos < head_end; pos = conn.buffer.find("\r\n", pos + 2)) {
-      ++lines;
-      const size_t start = pos + 2;
-      if (iequals_prefix(conn.buffer, start, "content-length:")) {
-        const std::string value = conn.buffer.substr(start + 15, conn.buffer.find("\r\n", start) - start - 15);
-        const size_t first = value.find_first_not_of(' ');
-        if (first == std::string::npos || value.find_first_not_of("0123456789 ", first) != std::string::npos ||
-            value.size() - first > 12) {
-          refuse(conn, 400, "Bad Request", "Content-Length: not a number");
-          return;
-        }
-        content_length = static_cast<size_t>(std::stoull(value.substr(first)));
-      } else if (iequals_prefix(conn.buffer, start, "transfer-encoding:")) {
-        chunked = true;
-      }
-    }
-    if (lines > options_.max_headers) {
-      refuse(conn, 431, "Request Header Fields Too Large",
-             "headers: more than " + std::to_string(options_.max_headers) + " header fields");
-      return;
-    }
-    if (chunked) {
-      refuse(conn, 411, "Length Required", "Transfer-Encoding: not accepted; send Content-Length");
-      return;
-    }
-    if (content_length > options_.max_body_bytes) {
-      refuse(conn, 413, "Payload Too Large", "body: larger than the server accepts");
-      return;
-    }
-    if (conn.buffer.size() < head_size + content_length) return;  // the body is still arriving
-    // heartbeats and the health check never queue behind other calls
-    const size_t line_end = conn.buffer.find("\r\n");
-    const std::string request_line = conn.buffer.substr(0, line_end);
-    const bool fast =
-        request_line.rfind("GET /healthz ", 0) == 0 ||
-        (request_line.rfind("POST /v1/leases/", 0) == 0 && request_line.find("/heartbeat ") != std::string::npos);
-    Job job;
-    job.request = conn.buffer.substr(0, head_size + content_length);
-    conn.buffer.erase(0, head_size + content_length);
-    const int fd = conn.fd;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    job.conn = std::move(conns_.at(fd));
-    conns_.erase(fd);
-    Pool& pool = fast ? fast_ : main_;
-    std::unique_lock<std::mutex> lock(pool.mutex);
-    if (pool.jobs.size() >= kMaxQueuedJobs) {
-      lock.unlock();
-      Conn& back = *job.conn;
-      conns_[fd] = std::move(job.conn);
-      watch(back);
-      refuse(back, 503, "Service Unavailable", "quotad is overloaded; retry shortly");
-      return;
-    }
-    pool.jobs.push_back(std::move(job));
-    pool.cv.notify_one();
-  }
-
-  void loop() {
-    std::vector<epoll_event> events(256);
-    while (running_) {
-      const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 100);
-      for (int i = 0; i < n; ++i) {
-        const int fd = events[static_cast<size_t>(i)].data.fd;
-        if (fd == wake_fd_) {
-          uint64_t count = 0;
-          [[maybe_unused]] const ssize_t r = ::read(wake_fd_, &count, sizeof(count));
-          take_incoming();
-          continue;
-        }
-        auto it = conns_.find(fd);
-        if (it != conns_.end()) on_readable(*it->second);
-      }
-      // deadlines: an idle keep-alive connection closes quietly, a request still arriving gets 408
-      const int64_t now = steady_ms();
-      std::vector<int> expired;
-      for (auto& [fd, conn] : conns_) {
-        if (now >= conn->deadline_ms) expired.push_back(fd);
-      }
-      for (int fd : expired) {
-        Conn& conn = *conns_.at(fd);
-        if (conn.in_request && !conn.draining) {
-          refuse(conn, 408, "Request Timeout",
-                 "the request did not arrive whole within " + std::to_string(options_.request_timeout_ms) + " ms");
-          conn.deadline_ms = now + 200;  // let the answer leave, then close
-        } else {
-          close_conn(fd);
-        }
-      }
-    }
-  }
-
-  void work(Pool& pool) {
-    while (true) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lock(pool.mutex);
-        pool.cv.wait(lock, [&] { return !pool.jobs.empty() || !running_; });
-        if (!running_) return;
-        job = std::move(pool.jobs.front());
-        pool.jobs.pop_front();
-      }
-      Conn& conn = *job.conn;
-      BufferStream stream(conn.fd, std::move(job.request), options_.write_timeout_ms);
-      bool closed = false;
-      const bool last = ++conn.served >= options_.max_requests_per_connection;
-      const bool ok = server_.serve(stream, last, closed);
-      conn.keep = ok && !closed && !last;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        returning_.push_back(std::move(job.conn));
-      }
-      wake();
-    }
-  }
-
-  const ServerOptions& options_;
-  GatedServer& server_;
-  std::atomic<bool> running_{false};
-  int epoll_fd_ = -1;
-  int wake_fd_ = -1;
-  std::thread io_;
-  std::vector<std::thread> workers_;
-  Pool main_, fast_;
-  std::mutex mutex_;  // incoming_ and returning_
-  std::vector<int> incoming_;
-  std::vector<std::unique_ptr<Conn>> returning_;
-  // the gate thread's own
-  std::map<int, std::unique_ptr<Conn>> conns_;
-  std::map<std::string, int> per_peer_;
-  int open_ = 0;
+// What the server knows about one connection: its deadline and whether it has been refused.
+struct QuotaServer::Peer {
+  int fd = -1;
+  std::string address;
+  int64_t deadline_ms = 0;  // the request must be whole by then; 0 while one is being answered
+  int64_t close_at_ms = 0;  // refused: closed for good then
+  bool refused = false;
+  int served = 0;
 };
 
-namespace {
-
-ApiRequest to_api(const httplib::Request& req) {
+// One request: what libmicrohttpd has handed over so far and, once a worker has run it, the answer.
+struct QuotaServer::Exchange {
+  MHD_Connection* connection = nullptr;
+  Peer* peer = nullptr;
   ApiRequest request;
-  request.method = req.method;
-  request.path = req.path;
-  request.body = req.body;
-  for (const auto& [name, value] : req.params) request.query[name] = value;
-  const std::string auth = req.get_header_value("Authorization");
-  const std::string prefix = "Bearer ";
-  if (auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0) {
-    request.token = auth.substr(prefix.size());
-  }
-  request.idempotency_key = req.get_header_value("Idempotency-Key");
-  request.client_address = req.remote_addr;
-  return request;
+  int route = -1;  // into QuotaService::routes()
+  RouteLane lane = RouteLane::kApi;
+  bool queued = false;
+  bool ready = false;  // the answer below is final
+  ApiResponse answer;
+  std::string content_type;
+  std::string body;
+};
+
+// The connection's record, or null once libmicrohttpd has reported it closed. With peers_mutex_ held.
+QuotaServer::Peer* QuotaServer::live_locked(Peer* peer) {
+  return peer != nullptr && peers_.count(peer) != 0 ? peer : nullptr;
 }
 
-}  // namespace
+struct QuotaServer::Callbacks {
+  static MHD_Result request(void* self, MHD_Connection* connection, const char* url, const char* method,
+                            const char* version, const char* upload, size_t* upload_size, void** context) {
+    return static_cast<QuotaServer*>(self)->request(connection, url, method, version, upload, upload_size, context)
+               ? MHD_YES
+               : MHD_NO;
+  }
+  static void completed(void* self, MHD_Connection*, void** context, MHD_RequestTerminationCode) {
+    auto* exchange = static_cast<Exchange*>(*context);
+    if (exchange == nullptr) return;
+    auto& server = *static_cast<QuotaServer*>(self);
+    {
+      std::lock_guard<std::mutex> lock(server.peers_mutex_);
+      if (Peer* peer = server.live_locked(exchange->peer); peer != nullptr && !peer->refused) {
+        // the next request on this connection: whole within the keep-alive idle time and the request time
+        peer->deadline_ms = steady_ms() + server.options_.keep_alive_idle_ms + server.options_.request_timeout_ms;
+      }
+    }
+    delete exchange;
+    *context = nullptr;
+  }
+  static void connection(void* self, MHD_Connection* connection, void** socket_context,
+                         MHD_ConnectionNotificationCode what) {
+    auto& server = *static_cast<QuotaServer*>(self);
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+      server.connection_started(connection, socket_context);
+    } else {
+      server.connection_closed(socket_context);
+    }
+  }
+};
 
 QuotaServer::QuotaServer(QuotaService& service, ServerOptions options)
-    : service_(service),
-      options_(std::move(options)),
-      metrics_(service),
-      server_(std::make_unique<GatedServer>()),
-      gate_(std::make_unique<RequestGate>(options_, *server_)) {}
+    : service_(service), options_(std::move(options)), metrics_(service) {}
 
 QuotaServer::~QuotaServer() { stop(); }
 
-int QuotaServer::start() {
-  auto& server = *server_;
-  // accepted sockets go to the gate at once; the gate's workers run httplib's parsing on whole requests
-  server.new_task_queue = [] { return new InlineQueue(); };
-  server.set_admit([this](int fd) { gate_->admit(fd); });
-  server.set_payload_max_length(options_.max_body_bytes);
-  server.set_tcp_nodelay(true);  // small keep-alive replies must not wait for delayed ACKs
-  auto handler = [this](const httplib::Request& req, httplib::Response& res) {
-    const ApiResponse response = service_.handle(to_api(req));
-    res.status = response.status;
-    for (const auto& [name, value] : response.headers) res.set_header(name.c_str(), value);
-    res.set_content(response.serialized(), response.content_type.c_str());
-  };
-  // The read-only pages, token-free: names of teams, users and jobs, never tokens.
-  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.text(), "text/plain; version=0.0.4");
-  });
-  const auto status_page = [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_status_page(service_), "text/html; charset=utf-8");
-  };
-  server.Get("/", status_page);
-  server.Get("/status", status_page);
-  server.Get("/favicon.ico",
-             [](const httplib::Request&, httplib::Response& res) { res.set_content(favicon_ico(), "image/x-icon"); });
-  const auto read_only = [](const httplib::Request& req, httplib::Response& res) {
-    res.status = 405;
-    res.set_header("Allow", "GET");
-    res.set_content(
-        nlohmann::json{{"error", 405}, {"reason", "method " + req.method + " not allowed (allowed: GET)"}}.dump(),
-        "application/json");
-  };
-  // every method reaches a handler, so the service (or the read-only pages) answer 405 with Allow, not 404
-  const std::string read_only_paths = R"(/(metrics|status|favicon\.ico)?)";
-  server.Post(read_only_paths, read_only);
-  server.Put(read_only_paths, read_only);
-  server.Patch(read_only_paths, read_only);
-  server.Delete(read_only_paths, read_only);
-  server.Options(read_only_paths, read_only);
-  server.Get(R"(/.*)", handler);
-  server.Post(R"(/.*)", handler);
-  server.Put(R"(/.*)", handler);
-  server.Patch(R"(/.*)", handler);
-  server.Delete(R"(/.*)", handler);
-  server.Options(R"(/.*)", handler);
-  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string reason = "request rejected";
-    if (res.status == 413) reason = "body: larger than the server accepts";
-    if (res.status == 400) reason = "malformed HTTP request";
-    if (res.status == 404) reason = "no such endpoint";
-    if (res.status == 405) reason = "method not allowed";
-    res.set_content(nlohmann::json{{"error", res.status}, {"reason", reason}}.dump(), "application/json");
-  });
-  server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    res.status = 500;
-    res.set_content(R"({"error":500,"reason":"internal error"})", "application/json");
-  });
-  // cpp-httplib 0.11 listens with a backlog of 5, which resets bursts of connections; remember the socket
-  // so the backlog can be raised after bind
-  server.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd_ = static_cast<int>(sock);
-  });
-  port_ = options_.port == 0 ? server.bind_to_any_port(options_.host)
-                             : (server.bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (port_ <= 0) {
-    throw std::runtime_error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+void QuotaServer::connection_started(MHD_Connection* connection, void** socket_context) {
+  auto peer = std::make_unique<Peer>();
+  const MHD_ConnectionInfo* fd_info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const MHD_ConnectionInfo* address_info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  peer->fd = fd_info != nullptr ? fd_info->connect_fd : -1;
+  peer->address = address_info != nullptr ? address_text(address_info->client_addr) : "";
+  peer->deadline_ms = steady_ms() + options_.request_timeout_ms;
+  std::lock_guard<std::mutex> lock(peers_mutex_);
+  Peer& ref = *peer;
+  *socket_context = peer.get();
+  peers_[peer.get()] = std::move(peer);
+  ++open_;
+  const int from_address = ++per_address_[ref.address];
+  if (open_ > options_.max_connections) {
+    refuse_locked(ref, 503, "Service Unavailable", "quotad has too many open connections; retry shortly");
+  } else if (from_address > options_.max_connections_per_client) {
+    refuse_locked(ref, 429, "Too Many Requests",
+                  "too many connections from " + ref.address + " (at most " +
+                      std::to_string(options_.max_connections_per_client) + ")");
   }
-  if (listen_fd_ >= 0) ::listen(listen_fd_, 1024);
+}
+
+void QuotaServer::connection_closed(void** socket_context) {
+  auto* peer = static_cast<Peer*>(*socket_context);
+  if (peer == nullptr) return;
+  std::lock_guard<std::mutex> lock(peers_mutex_);
+  auto it = per_address_.find(peer->address);
+  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
+  --open_;
+  peers_.erase(peer);
+  *socket_context = nullptr;
+}
+
+void QuotaServer::refuse_locked(Peer& peer, int status, const char* phrase, const std::string& reason) {
+  if (peer.refused) return;
+  peer.refused = true;
+  peer.close_at_ms = steady_ms() + 2000;  // the client reads the answer while what it still sends drains
+  if (tls_cert_.empty() && peer.fd >= 0) {
+    const std::string body = error_body(status, reason);
+    const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + phrase +
+                               "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                               "\r\nConnection: close\r\n\r\n" + body;
+    // MHD has written nothing on this connection yet: the socket's buffer takes these few hundred bytes
+    [[maybe_unused]] const ssize_t sent = ::send(peer.fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  if (peer.fd >= 0) ::shutdown(peer.fd, SHUT_WR);
+}
+
+int QuotaServer::queue_answer(MHD_Connection* connection, Exchange& exchange) {
+  const std::string body = exchange.body.empty() ? exchange.answer.serialized() : exchange.body;
+  MHD_Response* response =
+      MHD_create_response_from_buffer(body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return 0;
+  const std::string type = exchange.content_type.empty() ? exchange.answer.content_type : exchange.content_type;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, type.c_str());
+  for (const auto& [name, value] : exchange.answer.headers) {
+    MHD_add_response_header(response, name.c_str(), value.c_str());
+  }
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    if (Peer* peer = live_locked(exchange.peer); peer != nullptr) {
+      peer->deadline_ms = 0;  // answering: no 408 on top of the answer
+      last = ++peer->served >= options_.max_requests_per_connection;
+    }
+  }
+  if (last) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+  const MHD_Result queued = MHD_queue_response(connection, static_cast<unsigned>(exchange.answer.status), response);
+  MHD_destroy_response(response);
+  return queued == MHD_YES ? 1 : 0;
+}
+
+int QuotaServer::request(MHD_Connection* connection, const char* url, const char* method, const char* version,
+                         const char* upload, size_t* upload_size, void** context) {
+  auto* exchange = static_cast<Exchange*>(*context);
+  if (exchange == nullptr) {  // the head has arrived
+    exchange = new Exchange();
+    *context = exchange;
+    exchange->connection = connection;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    exchange->peer = info != nullptr ? static_cast<Peer*>(info->socket_context) : nullptr;
+    {
+      std::lock_guard<std::mutex> lock(peers_mutex_);
+      if (Peer* peer = live_locked(exchange->peer); peer != nullptr && peer->refused) return 0;  // answered: close
+      if (Peer* peer = live_locked(exchange->peer); peer != nullptr) exchange->request.client_address = peer->address;
+    }
+    HeadSize head;
+    head.bytes = std::strlen(method) + std::strlen(url) + std::strlen(version) + 4;
+    MHD_get_connection_values(connection, MHD_HEADER_KIND, count_header, &head);
+    const char* length_text = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const unsigned long long length = length_text != nullptr ? std::strtoull(length_text, nullptr, 10) : 0;
+    auto refuse = [&](int status, const std::string& reason) {
+      exchange->answer = error_response(status, reason);
+      exchange->ready = true;
+    };
+    if (head.fields > options_.max_headers) {
+      refuse(431, "headers: more than " + std::to_string(options_.max_headers) + " header fields");
+    } else if (head.bytes > options_.max_header_bytes) {
+      refuse(431, "headers: larger than " + std::to_string(options_.max_header_bytes) + " bytes");
+    } else if (head.chunked) {
+      refuse(411, "Transfer-Encoding: not accepted; send Content-Length");
+    } else if (length > options_.max_body_bytes) {
+      refuse(413, "body: larger than the server accepts");
+    }
+    if (exchange->ready) return queue_answer(connection, *exchange);
+    ApiRequest& req = exchange->request;
+    req.method = method;
+    req.path = url;
+    MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, collect_argument, &req);
+    const char* auth = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const std::string prefix = "Bearer ";
+    if (auth != nullptr && std::strncmp(auth, prefix.c_str(), prefix.size()) == 0) req.token = auth + prefix.size();
+    const char* key = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, "Idempotency-Key");
+    if (key != nullptr) req.idempotency_key = key;
+    const RouteMatch match = QuotaService::match_route(req.method, req.path);
+    exchange->route = match.index;
+    exchange->lane = match.lane();
+    return 1;
+  }
+  {
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    if (Peer* peer = live_locked(exchange->peer); peer != nullptr && peer->refused) return 0;
+  }
+  if (*upload_size > 0) {  // a piece of the body
+    if (!exchange->ready) {
+      if (exchange->request.body.size() + *upload_size > options_.max_body_bytes) {
+        exchange->answer = error_response(413, "body: larger than the server accepts");
+        exchange->ready = true;
+      } else {
+        exchange->request.body.append(upload, *upload_size);
+      }
+    }
+    *upload_size = 0;
+    return 1;
+  }
+  if (exchange->ready) return queue_answer(connection, *exchange);
+  if (exchange->queued) return 1;  // not resumed before the worker is done; nothing to do
+  // the request is whole: its lane's workers answer it while libmicrohttpd serves the other connections
+  Lane& lane = exchange->lane == RouteLane::kFast ? fast_ : api_;
+  std::unique_lock<std::mutex> lane_lock(lane.mutex);
+  if (lane.jobs.size() >= options_.max_queued_requests || !running_) {
+    lane_lock.unlock();
+    exchange->answer = error_response(503, running_ ? "quotad is overloaded; retry shortly" : "quotad is stopping");
+    exchange->ready = true;
+    return queue_answer(connection, *exchange);
+  }
+  {
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    if (Peer* peer = live_locked(exchange->peer); peer != nullptr) peer->deadline_ms = 0;  // whole in time
+  }
+  exchange->queued = true;
+  MHD_suspend_connection(connection);
+  lane.jobs.push_back(exchange);
+  lane.cv.notify_one();
+  return 1;
+}
+
+void QuotaServer::work(Lane& lane) {
+  const auto& routes = QuotaService::routes();
+  while (true) {
+    Exchange* exchange = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(lane.mutex);
+      lane.cv.wait(lock, [&] { return !lane.jobs.empty() || !running_; });
+      if (lane.jobs.empty()) return;  // stopping, and every suspended request has been answered
+      exchange = lane.jobs.front();
+      lane.jobs.pop_front();
+    }
+    const RouteSpec* route = exchange->route >= 0 ? &routes[static_cast<size_t>(exchange->route)] : nullptr;
+    try {
+      if (route != nullptr && route->access == RouteAccess::kPage) {
+        // the pages: names of teams, users and jobs and figures, never tokens
+        if (route->pattern == "/metrics") {
+          exchange->body = metrics_.text();
+          exchange->content_type = "text/plain; version=0.0.4";
+        } else if (route->pattern == "/favicon.ico") {
+          exchange->body = favicon_ico();
+          exchange->content_type = "image/x-icon";
+        } else {
+          exchange->body = render_status_page(service_);
+          exchange->content_type = "text/html; charset=utf-8";
+        }
+      } else {
+        exchange->answer = service_.handle(exchange->request);
+      }
+    } catch (const std::exception&) {
+      exchange->body.clear();
+      exchange->answer = error_response(500, "internal error");
+    }
+    exchange->ready = true;
+    MHD_resume_connection(exchange->connection);
+  }
+}
+
+void QuotaServer::watch() {
+  while (running_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int64_t now = steady_ms();
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    for (auto& [key, peer] : peers_) {
+      if (peer->refused) {
+        // drained long enough: libmicrohttpd sees the end and closes the connection
+        if (now >= peer->close_at_ms && peer->fd >= 0) ::shutdown(peer->fd, SHUT_RDWR);
+      } else if (peer->deadline_ms != 0 && now >= peer->deadline_ms) {
+        refuse_locked(*peer, 408, "Request Timeout",
+                      "the request did not arrive whole within " + std::to_string(options_.request_timeout_ms) + " ms");
+      }
+    }
+  }
+}
+
+int QuotaServer::start() {
+  const bool tls = !options_.tls_cert_file.empty() || !options_.tls_key_file.empty();
+  if (tls) {
+    if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
+      throw std::runtime_error("--tls-cert and --tls-key: give both or neither");
+    }
+    tls_cert_ = read_pem(options_.tls_cert_file, "--tls-cert");
+    tls_key_ = read_pem(options_.tls_key_file, "--tls-key");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(options_.port);
+  if (::getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &found) != 0 || found == nullptr) {
+    throw std::runtime_error("cannot listen on " + options_.host + ":" + port_text + ": unknown host");
+  }
+  sockaddr_storage address{};
+  std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+
   running_ = true;
-  gate_->start();
-  listener_ = std::thread([this] { server_->listen_after_bind(); });
+  for (int i = 0; i < std::max(1, options_.threads); ++i) api_.workers.emplace_back([this] { work(api_); });
+  for (int i = 0; i < std::max(1, options_.fast_threads); ++i) fast_.workers.emplace_back([this] { work(fast_); });
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+  if (address.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  if (tls) flags |= MHD_USE_TLS;
+  // kept alive longer than it is idle: libmicrohttpd's connection timeout closes idle connections and
+  // connections whose client stopped reading an answer
+  const unsigned idle_s = static_cast<unsigned>(std::max(1, (options_.keep_alive_idle_ms + 999) / 1000));
+  // the head is read into one pool per connection: room for the header cap, then 431
+  const size_t memory = options_.max_header_bytes * 2 + 16 * 1024;
+  // typed first, so a callback whose signature drifts from libmicrohttpd's does not compile
+  const MHD_RequestCompletedCallback completed = &Callbacks::completed;
+  const MHD_NotifyConnectionCallback notify = &Callbacks::connection;
+  std::vector<MHD_OptionItem> items = {
+      {MHD_OPTION_SOCK_ADDR, 0, &address},
+      {MHD_OPTION_CONNECTION_TIMEOUT, idle_s, nullptr},
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(memory), nullptr},
+      // ours answers 503 first; this is the hard stop
+      {MHD_OPTION_CONNECTION_LIMIT, options_.max_connections + 64, nullptr},
+      {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, nullptr},
+      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(completed), this},
+      {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(notify), this},
+  };
+  if (tls) {
+    items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(tls_cert_.c_str())});
+    items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(tls_key_.c_str())});
+  }
+  items.push_back({MHD_OPTION_END, 0, nullptr});
+  daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(options_.port), nullptr, nullptr, &Callbacks::request, this,
+                             MHD_OPTION_ARRAY, items.data(), MHD_OPTION_END);
+  if (daemon_ == nullptr) {
+    running_ = false;
+    for (Lane* lane : {&api_, &fast_}) {
+      lane->cv.notify_all();
+      for (auto& worker : lane->workers) worker.join();
+      lane->workers.clear();
+    }
+    throw std::runtime_error("cannot listen on " + options_.host + ":" + port_text +
+                             (tls ? " (or the TLS certificate and key do not match)" : ""));
+  }
+  const MHD_DaemonInfo* bound = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  port_ = bound != nullptr ? bound->port : options_.port;
+  watchdog_ = std::thread([this] { watch(); });
   maintenance_ = std::thread([this] {
     auto next_tick = std::chrono::steady_clock::now();
     while (running_) {
@@ -614,20 +447,36 @@ int QuotaServer::start() {
     } catch (const std::exception&) {
     }
   });
-  for (int i = 0; i < 5000 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return port_;
 }
 
 void QuotaServer::stop() {
   if (!running_.exchange(false)) return;
-  server_->stop();
-  if (listener_.joinable()) listener_.join();
-  gate_->stop();
+  // no new connections; the workers answer what is queued (resuming each request), then end
+  const int listen_fd = MHD_quiesce_daemon(daemon_);  // ours to close from now on
+  for (Lane* lane : {&api_, &fast_}) {
+    {
+      std::lock_guard<std::mutex> lock(lane->mutex);
+      lane->cv.notify_all();
+    }
+    for (auto& worker : lane->workers) worker.join();
+    lane->workers.clear();
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+  MHD_stop_daemon(daemon_);
+  daemon_ = nullptr;
+  if (listen_fd >= 0) ::close(listen_fd);
   if (maintenance_.joinable()) maintenance_.join();
+  {
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    stopped_flag_ = true;
+  }
+  stopped_.notify_all();
 }
 
 void QuotaServer::wait() {
-  if (listener_.joinable()) listener_.join();
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  stopped_.wait(lock, [&] { return stopped_flag_; });
 }
 
 }  // namespace yolo8::quota

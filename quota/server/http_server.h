@@ -1,40 +1,49 @@
 #pragma once
 // quotad's HTTP front, forwarding to QuotaService, plus the maintenance thread (ticks every second, flushes
-// heartbeat batches). cpp-httplib 0.11 accepts connections and parses complete requests; in between, a gate
-// (one epoll thread) reads every request whole, under a deadline and size caps, before any worker sees it, so
-// slow or hostile clients never hold a worker. Heartbeats and /healthz have their own workers.
+// heartbeat batches). libmicrohttpd (one epoll thread, TLS through GnuTLS) reads requests and writes answers;
+// every complete request is suspended there and run by our own workers, one pool per lane of the route
+// table, so heartbeats and /healthz never wait behind slow calls, and no worker ever waits on a slow client.
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "quota/server/metrics.h"
 #include "quota/service/service.h"
 
-namespace yolo8::quota {
+struct MHD_Daemon;
+struct MHD_Connection;
 
-class RequestGate;
-class GatedServer;
+namespace yolo8::quota {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                       // 0: an ephemeral port
   size_t max_body_bytes = 64 * 1024;  // larger bodies get 413
   int threads = 64;                   // workers for the API and the pages
-  int fast_threads = 4;               // workers for heartbeats and /healthz only
+  int fast_threads = 4;               // workers for the fast lane (heartbeats, /healthz)
   int tick_ms = 1000;
   int flush_ms = 200;
-  // The gate: a request (head and body) must arrive whole within request_timeout_ms of its first byte (of the
-  // connection for the first request), else 408 and the connection closes; an idle keep-alive connection is
-  // closed after keep_alive_idle_ms; heads over max_header_bytes or max_headers get 431.
+  // A request (head and body) must arrive whole within request_timeout_ms of the accept (a later request on a
+  // kept-alive connection: of the previous answer plus keep_alive_idle_ms), else 408 and the connection
+  // closes; a connection idle (neither reading nor writing) for keep_alive_idle_ms is closed, which bounds
+  // writes to clients that stop reading too; heads over max_header_bytes or max_headers get 431.
   int request_timeout_ms = 5000;
   int keep_alive_idle_ms = 5000;
   int max_requests_per_connection = 1000;
   size_t max_header_bytes = 16 * 1024;
   int max_headers = 64;
-  int max_connections_per_client = 32;  // per peer address; more are closed at once
-  int max_connections = 4096;
-  int write_timeout_ms = 10000;
+  int max_connections_per_client = 32;  // per peer address; more get 429 and are closed
+  int max_connections = 4096;           // more get 503 and are closed
+  size_t max_queued_requests = 10000;   // per lane; more get 503
+  // HTTPS when both are set: PEM files of the certificate (chain) and its private key.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // "HOST:PORT" -> host, port; throws std::invalid_argument naming the value.
@@ -44,24 +53,55 @@ class QuotaServer {
  public:
   QuotaServer(QuotaService& service, ServerOptions options);
   ~QuotaServer();
-  // Binds and serves in the background; returns the bound port. Throws if the address cannot be bound.
+  // Binds and serves in the background; returns the bound port. Throws if the address cannot be bound or the
+  // certificate or key cannot be read (naming the file).
   int start();
   void stop();
   // Blocks until stop() (or a signal handler calling stop()).
   void wait();
   int port() const { return port_; }
 
+  struct Exchange;  // one request in flight (http_server.cpp)
+  struct Peer;      // what the server knows about one connection
+
  private:
+  struct Lane {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<Exchange*> jobs;
+    std::vector<std::thread> workers;
+  };
+  struct Callbacks;  // libmicrohttpd's C callbacks (http_server.cpp)
+  friend struct Callbacks;
+  int request(MHD_Connection* connection, const char* url, const char* method, const char* version, const char* upload,
+              size_t* upload_size, void** context);
+  void connection_started(MHD_Connection* connection, void** socket_context);
+  void connection_closed(void** socket_context);
+  // Writes a plain error answer on a connection MHD has not answered (plain HTTP only), then half-closes it;
+  // the watchdog closes it for good after a short drain. Called with peers_mutex_ held.
+  void refuse_locked(Peer& peer, int status, const char* phrase, const std::string& reason);
+  void work(Lane& lane);
+  void watch();
+  int queue_answer(MHD_Connection* connection, Exchange& exchange);
+  Peer* live_locked(Peer* peer);
+
   QuotaService& service_;
   ServerOptions options_;
   MetricsExporter metrics_;
-  std::unique_ptr<GatedServer> server_;
-  std::unique_ptr<RequestGate> gate_;
-  std::thread listener_;
+  std::string tls_cert_, tls_key_;  // PEM, alive as long as the daemon
+  MHD_Daemon* daemon_ = nullptr;
+  Lane api_, fast_;
+  std::mutex peers_mutex_;  // peers_, per_address_, open_
+  std::map<Peer*, std::unique_ptr<Peer>> peers_;
+  std::map<std::string, int> per_address_;
+  int open_ = 0;
+  std::thread watchdog_;
   std::thread maintenance_;
   std::atomic<bool> running_{false};
+  std::mutex stop_mutex_;
+  std::condition_variable stopped_;
+  bool stopped_flag_ = false;
   int port_ = 0;
-  int listen_fd_ = -1;
 };
 
 }  // namespace yolo8::quota

@@ -80,21 +80,6 @@ bool is_month(const std::string& text) {
 
 }  // namespace
 
-std::string ledger_allowed_methods(const std::vector<std::string>& parts) {
-  const size_t count = parts.size();
-  if (count < 2 || parts[0] != "v1") return "";
-  if (parts[1] == "loans") {
-    if (count == 2) return "GET, POST";
-    if (count == 3) return "GET";
-    if (count == 4 && (parts[3] == "approve" || parts[3] == "reject")) return "POST";
-  } else if (parts[1] == "credits" && count == 2) {
-    return "GET, POST";
-  } else if (parts[1] == "balance" && count == 2) {
-    return "GET";
-  }
-  return "";
-}
-
 ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& req,
                                        const std::vector<std::string>& parts) {
   const bool get = req.method == "GET";

@@ -315,9 +315,12 @@ bool QuotaService::can_read(const Caller& caller, const Lease& lease) const {
   return caller.role == Role::kAdmin || lease.req.team == caller.team;
 }
 
+bool QuotaService::may_act(const Caller& caller, const std::string& user, const std::string& team) {
+  return caller.role == Role::kAdmin || user == caller.name || (caller.role == Role::kLead && team == caller.team);
+}
+
 bool QuotaService::can_act(const Caller& caller, const Lease& lease) const {
-  return caller.role == Role::kAdmin || lease.req.user == caller.name ||
-         (caller.role == Role::kLead && lease.req.team == caller.team);
+  return may_act(caller, lease.req.user, lease.req.team);
 }
 
 json QuotaService::lease_view(const Lease& lease, int64_t now_ms) const {
@@ -390,29 +393,111 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
   return response;
 }
 
+const char* to_string(RouteAccess access) {
+  switch (access) {
+    case RouteAccess::kOpen: return "open";
+    case RouteAccess::kToken: return "token";
+    case RouteAccess::kPage: return "page";
+  }
+  return "?";
+}
+
+const char* to_string(RouteLane lane) { return lane == RouteLane::kFast ? "fast" : "api"; }
+
+const std::vector<QuotaService::Route>& QuotaService::route_table() {
+  using S = QuotaService;
+  using P = std::vector<std::string>;
+  constexpr auto kOpen = RouteAccess::kOpen;
+  constexpr auto kToken = RouteAccess::kToken;
+  constexpr auto kPage = RouteAccess::kPage;
+  constexpr auto kApi = RouteLane::kApi;
+  constexpr auto kFast = RouteLane::kFast;
+  // the ledger's calls dispatch further on the path in ledger_api.cpp
+  const Handler ledger = [](S& s, const Caller& c, const ApiRequest& r, const P& p, int64_t) {
+    return s.ledger_route(c, r, p);
+  };
+  static const std::vector<Route> table = {
+      {{"GET", "/v1/leases", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t) { return s.list_leases(c, r); }},
+      {{"POST", "/v1/leases", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t) { return s.acquire(c, r); }},
+      {{"GET", "/v1/leases/{id}", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest&, const P&, int64_t id) { return s.get_lease(c, id); }},
+      {{"POST", "/v1/leases/{id}/heartbeat", kToken, kFast},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.heartbeat(c, id, r.body); }},
+      {{"POST", "/v1/leases/{id}/release", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.release(c, id, r.body); }},
+      {{"POST", "/v1/leases/{id}/review", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.review(c, id, r.body); }},
+      {{"GET", "/v1/approvals", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest&, const P&, int64_t) { return s.list_approvals(c); }},
+      {{"POST", "/v1/approvals/{id}/approve", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.decide(c, id, true, r.body); }},
+      {{"POST", "/v1/approvals/{id}/reject", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.decide(c, id, false, r.body); }},
+      {{"GET", "/v1/teams", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest&, const P&, int64_t) { return s.teams(c); }},
+      {{"GET", "/v1/queue", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest&, const P&, int64_t) { return s.queue(c); }},
+      {{"GET", "/v1/audit", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t) { return s.audit(c, r); }},
+      {{"GET", "/v1/loans", kToken, kApi}, ledger},
+      {{"POST", "/v1/loans", kToken, kApi}, ledger},
+      {{"GET", "/v1/loans/{id}", kToken, kApi}, ledger},
+      {{"POST", "/v1/loans/{id}/approve", kToken, kApi}, ledger},
+      {{"POST", "/v1/loans/{id}/reject", kToken, kApi}, ledger},
+      {{"GET", "/v1/credits", kToken, kApi}, ledger},
+      {{"POST", "/v1/credits", kToken, kApi}, ledger},
+      {{"GET", "/v1/balance", kToken, kApi}, ledger},
+      {{"GET", "/healthz", kOpen, kFast}, nullptr},
+      {{"GET", "/metrics", kPage, kApi}, nullptr},
+      {{"GET", "/", kPage, kApi}, nullptr},
+      {{"GET", "/status", kPage, kApi}, nullptr},
+      {{"GET", "/favicon.ico", kPage, kApi}, nullptr},
+  };
+  return table;
+}
+
+const std::vector<RouteSpec>& QuotaService::routes() {
+  static const std::vector<RouteSpec> specs = [] {
+    std::vector<RouteSpec> out;
+    for (const Route& route : route_table()) out.push_back(route.spec);
+    return out;
+  }();
+  return specs;
+}
+
 namespace {
 
-// The methods a path answers ("" for an unknown path): anything else gets 405 with Allow.
-std::string allowed_methods(const std::vector<std::string>& parts) {
-  const size_t count = parts.size();
-  if (count == 1 && parts[0] == "healthz") return "GET";
-  if (count < 2 || parts[0] != "v1") return "";
-  if (parts[1] == "leases") {
-    if (count == 2) return "GET, POST";
-    if (count == 3) return "GET";
-    if (count == 4 && (parts[3] == "heartbeat" || parts[3] == "release" || parts[3] == "review")) return "POST";
-  } else if (parts[1] == "approvals") {
-    if (count == 2) return "GET";
-    if (count == 4 && (parts[3] == "approve" || parts[3] == "reject")) return "POST";
-  } else if (count == 2 && (parts[1] == "teams" || parts[1] == "audit" || parts[1] == "queue")) {
-    return "GET";
-  } else {
-    return ledger_allowed_methods(parts);
+// Segment by segment; "{id}" takes any one segment (a malformed id is the handler's 404, after authorization).
+bool pattern_matches(const std::vector<std::string>& pattern, const std::vector<std::string>& parts) {
+  if (pattern.size() != parts.size()) return false;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (pattern[i] != "{id}" && pattern[i] != parts[i]) return false;
   }
-  return "";
+  return true;
 }
 
 }  // namespace
+
+RouteMatch QuotaService::match_route(const std::string& method, const std::string& path) {
+  const auto parts = split_path(path);
+  RouteMatch match;
+  const auto& table = route_table();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (!pattern_matches(split_path(table[i].spec.pattern), parts)) continue;
+    const std::string& route_method = table[i].spec.method;
+    if (match.allowed.find(route_method) == std::string::npos) {
+      match.allowed += (match.allowed.empty() ? "" : ", ") + route_method;
+    }
+    if (route_method == method && match.index < 0) match.index = static_cast<int>(i);
+  }
+  return match;
+}
+
+RouteLane RouteMatch::lane() const {
+  return found() ? QuotaService::routes()[static_cast<size_t>(index)].lane : RouteLane::kApi;
+}
 
 bool QuotaService::auth_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms) {
   std::lock_guard<std::mutex> lock(auth_mutex_);
@@ -456,20 +541,18 @@ void QuotaService::auth_succeeded(const std::string& address) {
 }
 
 ApiResponse QuotaService::route(const ApiRequest& req) {
-  const auto parts = split_path(req.path);
-  const std::string allowed = allowed_methods(parts);
-  if (allowed.empty()) return error_response(404, "no such endpoint: " + req.method + " " + req.path);
-  if (!(allowed == req.method || allowed.rfind(req.method + ",", 0) == 0 ||
-        (allowed.size() > req.method.size() + 2 &&
-         allowed.compare(allowed.size() - req.method.size() - 2, std::string::npos, ", " + req.method) == 0))) {
-    ApiResponse response =
-        error_response(405, "method " + req.method + " not allowed on " + req.path + " (allowed: " + allowed + ")");
-    response.headers["Allow"] = allowed;
+  const RouteMatch match = match_route(req.method, req.path);
+  const Route* route = match.found() ? &route_table()[static_cast<size_t>(match.index)] : nullptr;
+  if (match.allowed.empty() || (route != nullptr && route->spec.access == RouteAccess::kPage)) {
+    // the caller's path and method are not echoed: answers stay small whatever was sent
+    return error_response(404, "no such endpoint (the routes are listed in quota/README.md)");
+  }
+  if (route == nullptr) {
+    ApiResponse response = error_response(405, "method not allowed on this path (allowed: " + match.allowed + ")");
+    response.headers["Allow"] = match.allowed;
     return response;
   }
-  const bool get = req.method == "GET";
-  const bool post = req.method == "POST";
-  if (parts.size() == 1 && parts[0] == "healthz") {
+  if (route->spec.access == RouteAccess::kOpen) {  // /healthz
     ApiResponse response;
     response.body = json{{"status", "ok"}, {"time_ms", clock_()}};
     return response;
@@ -507,32 +590,13 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     caller.role = user->role;
   }
 
+  const auto parts = split_path(req.path);
   int64_t id = 0;
-  const size_t part_count = parts.size();
-  if (part_count >= 2 && parts[1] == "leases") {
-    if (part_count == 2 && post) return acquire(caller, req);
-    if (part_count == 2 && get) return list_leases(caller, req);
-    if (part_count >= 3 && !parse_id(parts[2], id)) return error_response(404, "unknown lease '" + parts[2] + "'");
-    if (part_count == 3 && get) return get_lease(caller, id);
-    if (part_count == 4 && post && parts[3] == "heartbeat") return heartbeat(caller, id, req.body);
-    if (part_count == 4 && post && parts[3] == "release") return release(caller, id, req.body);
-    if (part_count == 4 && post && parts[3] == "review") return review(caller, id, req.body);
-  } else if (part_count >= 2 && parts[1] == "approvals") {
-    if (part_count == 2 && get) return list_approvals(caller);
-    if (part_count >= 3 && !parse_id(parts[2], id)) return error_response(404, "unknown approval '" + parts[2] + "'");
-    if (part_count == 4 && post && (parts[3] == "approve" || parts[3] == "reject")) {
-      return decide(caller, id, parts[3] == "approve", req.body);
-    }
-  } else if (part_count == 2 && parts[1] == "teams" && get) {
-    return teams(caller);
-  } else if (part_count == 2 && parts[1] == "audit" && get) {
-    return audit(caller, req);
-  } else if (part_count == 2 && parts[1] == "queue" && get) {
-    return queue(caller);
-  } else if (!ledger_allowed_methods(parts).empty()) {
-    return ledger_route(caller, req, parts);
+  if (route->spec.pattern.find("{id}") != std::string::npos && !parse_id(parts[2], id)) {
+    // "leases" -> "unknown lease 'x'"
+    return error_response(404, "unknown " + parts[1].substr(0, parts[1].size() - 1) + ": ids are positive numbers");
   }
-  return error_response(404, "no such endpoint: " + req.method + " " + req.path);
+  return route->handler(*this, caller, req, parts, id);
 }
 
 ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
@@ -653,8 +717,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
       auto it = board_.find(id);
       if (it == board_.end()) return error_response(404, "unknown lease " + std::to_string(id));
       Beat& beat = it->second;
-      if (!(caller.role == Role::kAdmin || beat.user == caller.name ||
-            (caller.role == Role::kLead && beat.team == caller.team))) {
+      if (!may_act(caller, beat.user, beat.team)) {
         return error_response(403, caller.name + " may not heartbeat lease " + std::to_string(id));
       }
       const int64_t now = clock_();

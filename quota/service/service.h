@@ -60,12 +60,38 @@ struct ServiceView {
   int64_t now_ms;
 };
 
-// The methods a ledger path answers ("" when the path is not one of the ledger's); ledger_api.cpp.
-std::string ledger_allowed_methods(const std::vector<std::string>& parts);
+// Who may call a route: anyone (/healthz), a bearer token (every /v1 call), or anyone for a page the HTTP
+// front renders itself (/metrics, the status page; the embedded service answers those 404).
+enum class RouteAccess { kOpen, kToken, kPage };
+// Which workers answer a route: heartbeats and /healthz never queue behind other calls or slow clients.
+enum class RouteLane { kApi, kFast };
+
+struct RouteSpec {
+  std::string method;
+  std::string pattern;  // "/v1/leases/{id}/heartbeat": {id} stands for one path segment
+  RouteAccess access = RouteAccess::kToken;
+  RouteLane lane = RouteLane::kApi;
+};
+
+// What the route table says about a method and path (the path without its query).
+struct RouteMatch {
+  int index = -1;       // into QuotaService::routes(); -1 when no route answers this method on this path
+  std::string allowed;  // the methods the path answers ("GET, POST"); "" for an unknown path (404)
+  RouteLane lane() const;
+  bool found() const { return index >= 0; }
+};
+
+const char* to_string(RouteAccess access);
+const char* to_string(RouteLane lane);
 
 class QuotaService {
  public:
   QuotaService(Policy policy, ServiceOptions options);
+
+  // The one route table: it drives routing, 405 with Allow, the HTTP front's lanes and pages, and the route
+  // list in quota/README.md (a test compares them).
+  static const std::vector<RouteSpec>& routes();
+  static RouteMatch match_route(const std::string& method, const std::string& path);
 
   // Never throws: every failure becomes a status with a `reason`.
   ApiResponse handle(const ApiRequest& req);
@@ -110,6 +136,13 @@ class QuotaService {
   void auth_failed(const std::string& address, int64_t now_ms);
   void auth_succeeded(const std::string& address);
   ApiResponse route(const ApiRequest& req);
+  using Handler = ApiResponse (*)(QuotaService&, const Caller&, const ApiRequest&, const std::vector<std::string>&,
+                                  int64_t id);
+  struct Route {
+    RouteSpec spec;
+    Handler handler;  // null for the HTTP front's pages
+  };
+  static const std::vector<Route>& route_table();
   // Runs `op` under the engine lock; if it changed state, the change is written before the answer leaves and
   // a failed write restores the engine as it was (503 with Retry-After).
   ApiResponse locked(const std::function<ApiResponse()>& op, bool writes = true);
@@ -123,6 +156,8 @@ class QuotaService {
   void count_committed(const Changes& changes);
   bool can_read(const Caller& caller, const Lease& lease) const;
   bool can_act(const Caller& caller, const Lease& lease) const;
+  // The one rule for acting on a lease of `user` in `team`: the holder, a lead of the team, an admin.
+  static bool may_act(const Caller& caller, const std::string& user, const std::string& team);
   nlohmann::json lease_view(const Lease& lease, int64_t now_ms) const;
   ApiResponse acquire(const Caller& caller, const ApiRequest& req);
   ApiResponse get_lease(const Caller& caller, int64_t id);

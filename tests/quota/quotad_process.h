@@ -11,6 +11,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "test_paths.h"
 
@@ -19,7 +20,8 @@ namespace yolo8::test {
 class QuotadProcess {
  public:
   // Starts `quotad serve`; returns false (see the log) when it did not print its port within 10 s.
-  bool start(const std::string& policy, const std::string& db, const std::string& log) {
+  bool start(const std::string& policy, const std::string& db, const std::string& log,
+             const std::vector<std::string>& extra = {}) {
     const std::string bin = std::string(kBinaryDir) + "/quota/quotad";
     std::filesystem::remove(log);
     pid_ = fork();
@@ -27,17 +29,21 @@ class QuotadProcess {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
-      execl(bin.c_str(), bin.c_str(), "serve", "--policy", policy.c_str(), "--db", db.c_str(), "--listen",
-            "127.0.0.1:0", static_cast<char*>(nullptr));
+      std::vector<std::string> args = {bin, "serve", "--policy", policy, "--db", db, "--listen", "127.0.0.1:0"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& arg : args) argv.push_back(arg.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
       _exit(127);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < until) {
       std::ifstream in(log);
       const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const auto at = text.find("on http://127.0.0.1:");
+      const auto at = text.find("://127.0.0.1:");
       if (at != std::string::npos && text.find(',', at) != std::string::npos) {
-        port_ = std::stoi(text.substr(at + 20));
+        port_ = std::stoi(text.substr(at + 13));
         return true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

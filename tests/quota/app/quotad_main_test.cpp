@@ -1,5 +1,5 @@
 // `quotad memory-table --observed` on a database of real heartbeats: one table per device, precision and LibTorch
-// version, the version named in the provenance.
+// version, the version named in the provenance; `quotad serve`'s TLS flags refused when they cannot work.
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -88,6 +88,21 @@ TEST(QuotadMemoryTable, OneTablePerLibtorchVersionNamedInItsProvenance) {
       << read_text(err);
   EXPECT_EQ(load_memory_table(out).provenance.libtorch, "");
   EXPECT_NE(read_text(err).find("did not report their LibTorch version"), std::string::npos) << read_text(err);
+}
+
+// Issue 29: --tls-cert and --tls-key go together, and a file that is no PEM is refused naming the flag and the
+// file, before anything is served.
+TEST(QuotadServe, TlsFlagsComeTogetherAndMustNamePemFiles) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string out = dir + "/serve_tls.out", err = dir + "/serve_tls.err";
+  const std::string policy = testing::example_policy_path();
+  const std::string serve =
+      "serve --policy " + policy + " --db " + testing::temp_db("serve_tls") + " --listen 127.0.0.1:0 ";
+  EXPECT_NE(quotad(serve + "--tls-cert " + policy, out, err), 0);
+  EXPECT_NE(read_text(err).find("--tls-key"), std::string::npos) << read_text(err);
+  EXPECT_EQ(quotad(serve + "--tls-cert " + policy + " --tls-key " + policy, out, err), 1);
+  EXPECT_NE(read_text(err).find("--tls-cert: '" + policy + "' is not a PEM file"), std::string::npos) << read_text(err);
+  EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
 }
 
 }  // namespace

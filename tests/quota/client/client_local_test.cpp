@@ -81,8 +81,16 @@ TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
   const ClientConfig u = client_config_from_setting("http://quotad:8470");
   EXPECT_EQ(u.mode, "http://quotad:8470");
   EXPECT_EQ(u.token, "tok");
+  EXPECT_TRUE(u.ca_file.empty());
+  // issue 29: https, with the CA file from the environment
+  setenv("YOLO8_QUOTA_CA_FILE", "/etc/yolo8/quotad-ca.pem", 1);
+  const ClientConfig s = client_config_from_setting("https://quotad:8443");
+  EXPECT_EQ(s.mode, "https://quotad:8443");
+  EXPECT_EQ(s.token, "tok");
+  EXPECT_EQ(s.ca_file, "/etc/yolo8/quotad-ca.pem");
+  unsetenv("YOLO8_QUOTA_CA_FILE");
   unsetenv("YOLO8_QUOTA_TOKEN");
-  EXPECT_THROW(client_config_from_setting("https://secure"), std::invalid_argument);
+  EXPECT_THROW(client_config_from_setting("https://"), std::invalid_argument);
   EXPECT_THROW(client_config_from_setting("remote"), std::invalid_argument);
 }
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "quota/client/client.h"
+#include "quota/client/transport.h"
 #include "quota/core/codec.h"
 #include "quota/server/http_server.h"
 #include "test_paths.h"
@@ -441,6 +442,63 @@ TEST(QuotaLoopback, ClientSelfFencesWhenQuotadIsUnreachable) {
   // ttl 3 s minus one 1 s interval: fenced about 2 s after the last good heartbeat, before the server's expiry
   EXPECT_LT(Clock::now() - stopped, std::chrono::milliseconds(3000));
   q.stop_heartbeats();
+}
+
+// Issue 29: TLS end to end. The test makes a CA and a server certificate for 127.0.0.1 (openssl CLI), runs the
+// quotad binary with --tls-cert/--tls-key, and a client given quota=https://… and the CA file acquires,
+// heartbeats and releases; a client without the CA, or speaking plain HTTP, gets nothing.
+TEST(QuotaLoopback, HttpsWithTheCaFileAcquiresHeartbeatsAndReleasesAndWithoutItIsRefused) {
+  const std::string dir = temp_dir() + "/tls";
+  std::filesystem::create_directories(dir);
+  const std::string make_certs =
+      "cd '" + dir +
+      "' && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=yolo8-test-ca -keyout ca.key -out ca.pem "
+      "&& openssl req -newkey rsa:2048 -nodes -subj /CN=quotad -keyout server.key -out server.csr "
+      "&& printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext "
+      "&& openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext "
+      "-out server.pem) > openssl.log 2>&1";
+  ASSERT_EQ(std::system(("(" + make_certs).c_str()), 0) << dir << "/openssl.log";
+  yolo8::test::QuotadProcess quotad;
+  write_file(dir + "/policy.yaml", two_gpu_policy());
+  ASSERT_TRUE(quotad.start(dir + "/policy.yaml", dir + "/quota.db", dir + "/quotad.log",
+                           {"--tls-cert", dir + "/server.pem", "--tls-key", dir + "/server.key"}))
+      << dir << "/quotad.log";
+  const std::string url = "https://127.0.0.1:" + std::to_string(quotad.port());
+
+  ClientConfig config = client_config_from_setting(url);
+  config.token = "alice-token";
+  config.ca_file = dir + "/ca.pem";
+  QuotaClient client(config);
+  LeaseRequest request;
+  request.model = "yolov8n";
+  const LeaseInfo lease = client.acquire(request);
+  EXPECT_EQ(lease.state, LeaseState::kGranted);
+  auto transport = make_http_transport(url, "alice-token", dir + "/ca.pem");
+  ApiRequest beat;
+  beat.method = "POST";
+  beat.path = "/v1/leases/" + std::to_string(lease.id) + "/heartbeat";
+  beat.body = R"({"step": 3})";
+  const ApiResponse beaten = transport->call(beat);
+  EXPECT_EQ(beaten.status, 200) << beaten.body.dump();
+  EXPECT_EQ(beaten.body.value("state", ""), "granted");
+  client.release(Outcome::kCompleted);
+  ApiRequest get;
+  get.method = "GET";
+  get.path = "/v1/leases/" + std::to_string(lease.id);
+  const ApiResponse ended = transport->call(get);
+  EXPECT_EQ(ended.status, 200);
+  EXPECT_EQ(ended.body.value("state", ""), "released") << ended.body.dump();
+  EXPECT_EQ(ended.body.value("outcome", ""), "completed") << ended.body.dump();
+
+  // without the CA the server's certificate is not trusted: nothing is sent
+  const ApiResponse untrusted = make_http_transport(url, "alice-token")->call(get);
+  EXPECT_EQ(untrusted.status, 0) << untrusted.body.dump();
+  // plain HTTP to the TLS port gets no answer
+  httplib::Client plain("127.0.0.1", quotad.port());
+  plain.set_read_timeout(2, 0);
+  auto answer = plain.Get("/healthz");
+  EXPECT_TRUE(!answer || answer->status != 200);
+  EXPECT_TRUE(quotad.stop());
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "quota/server/metrics.h"
 #include "tests/quota/quota_test_util.h"
@@ -315,6 +318,115 @@ TEST(QuotaService, PinnedRequestsAreMatchedOrRefusedWithTheReason) {
   EXPECT_EQ(r.body["request"]["visible_devices"], json({seen}));
   const auto errors = again.check_invariants();
   EXPECT_TRUE(errors.empty()) << errors.front();
+}
+
+// Issue 29: one route table. A method the path does not answer gets 405 with the table's methods in Allow.
+TEST(QuotaRoutes, AnUnansweredMethodGets405WithAllowFromTheTable) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/leases", "GET, POST"}, {"/v1/leases/1", "GET"},    {"/v1/leases/1/heartbeat", "POST"},
+      {"/v1/approvals", "GET"},    {"/v1/loans", "GET, POST"}, {"/v1/credits", "GET, POST"},
+      {"/v1/balance", "GET"},      {"/healthz", "GET"},        {"/metrics", "GET"}};
+  for (const auto& [path, allowed] : cases) {
+    const ApiResponse answer = s.handle(api_call("DELETE", path, "alice-token"));
+    EXPECT_EQ(answer.status, 405) << path;
+    EXPECT_EQ(answer.headers.count("Allow") ? answer.headers.at("Allow") : "", allowed) << path;
+    EXPECT_EQ(QuotaService::match_route("DELETE", path).allowed, allowed) << path;
+  }
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/nothing", "alice-token")).status, 404);
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/leases/1/heartbeat/x", "alice-token")).status, 404);
+  // the pages belong to the HTTP front: the embedded service has none
+  EXPECT_EQ(s.handle(api_call("GET", "/metrics", "")).status, 404);
+  EXPECT_EQ(s.handle(api_call("GET", "/healthz", "")).status, 200);
+}
+
+// Issue 29: the heartbeat lane came from a request-line prefix, so POST /v1/leases/?x=/heartbeat reached the
+// heartbeat workers and acquired a lease there. The lane is the table's now, decided on the path alone.
+TEST(QuotaRoutes, OnlyTheHeartbeatAndHealthzRoutesTakeTheFastLane) {
+  EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/").lane(), RouteLane::kApi);
+  EXPECT_EQ(QuotaService::routes()[static_cast<size_t>(QuotaService::match_route("POST", "/v1/leases/").index)].pattern,
+            "/v1/leases");
+  EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/7/heartbeat").lane(), RouteLane::kFast);
+  EXPECT_EQ(QuotaService::match_route("GET", "/healthz").lane(), RouteLane::kFast);
+  EXPECT_EQ(QuotaService::match_route("GET", "/v1/leases/7/heartbeat").lane(), RouteLane::kApi);  // 405
+  EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/7/release").lane(), RouteLane::kApi);
+  EXPECT_EQ(QuotaService::match_route("POST", "/v1/heartbeat").lane(), RouteLane::kApi);  // 404
+  int fast = 0;
+  for (const RouteSpec& route : QuotaService::routes()) fast += route.lane == RouteLane::kFast;
+  EXPECT_EQ(fast, 2);
+  // and the service routes that request by its path: an acquire, under the normal rules
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  ApiRequest tricky = api_call("POST", "/v1/leases/?x=/heartbeat", "alice-token", "{}");
+  const ApiResponse answer = s.handle(tricky);
+  EXPECT_EQ(answer.status, 201) << answer.serialized();
+  EXPECT_EQ(s.handle(api_call("POST", "/v1/leases/?x=/heartbeat", "nope", "{}")).status, 401);
+}
+
+// Issue 29: the heartbeat's authorization was a copy of can_act's rule on the server's path (answered from the
+// board); one rule now, and both paths answer alike: the holder, a lead of its team and an admin may beat,
+// a teammate and another team's member may not.
+TEST(QuotaRoutes, HeartbeatAuthorizationIsOneRuleOnTheBoardAndUnderTheLock) {
+  ServiceOptions local;
+  local.db_path = temp_db("heartbeat_rule");
+  local.reload_per_call = true;  // local mode: the heartbeat goes through the engine lock
+  QuotaService board(testing::example_policy(), ServiceOptions{});
+  QuotaService locked(testing::example_policy(), local);
+  for (QuotaService* s : {&board, &locked}) {
+    const char* path_name = s == &board ? "board" : "locked";
+    ApiRequest acquire = api_call("POST", "/v1/leases", "", "{}");
+    acquire.trusted_user = "alice";
+    const ApiResponse granted = s->handle(acquire);
+    ASSERT_EQ(granted.status, 201) << path_name << " " << granted.serialized();
+    const std::string beat_path =
+        "/v1/leases/" + std::to_string(granted.body["lease_id"].get<int64_t>()) + "/heartbeat";
+    const std::vector<std::pair<std::string, int>> callers = {
+        {"alice", 200}, {"carol", 200}, {"admin", 200}, {"bob", 403}, {"erin", 403}};
+    for (const auto& [user, status] : callers) {
+      ApiRequest beat = api_call("POST", beat_path, "", "{}");
+      beat.trusted_user = user;
+      EXPECT_EQ(s->handle(beat).status, status) << user << " on the " << path_name << " path";
+    }
+  }
+}
+
+// Issue 30, for free with the table: a 404 or 405 names neither the caller's path nor its method, so a long
+// path gets a short answer.
+TEST(QuotaRoutes, RefusalsDoNotEchoThePath) {
+  QuotaService s(testing::example_policy(), ServiceOptions{});
+  const std::string filler(8000, 'x');
+  for (const auto& [method, path, status] :
+       std::vector<std::tuple<std::string, std::string, int>>{{"GET", "/v1/" + filler, 404},
+                                                              {"GET", "/v1/leases/" + filler, 404},
+                                                              {"DELETE", "/v1/leases/" + filler, 405},
+                                                              {"POST", "/v1/approvals/" + filler + "/approve", 404}}) {
+    const ApiResponse answer = s.handle(api_call(method, path, "alice-token", "{}"));
+    EXPECT_EQ(answer.status, status) << method << " " << path.size();
+    EXPECT_LT(answer.serialized().size(), 200u) << answer.serialized().substr(0, 100);
+    EXPECT_EQ(answer.serialized().find("xxxx"), std::string::npos);
+  }
+}
+
+// Issue 29: the route list in quota/README.md is the table, line for line.
+TEST(QuotaRoutes, ReadmeListsTheRouteTable) {
+  std::ifstream readme(std::string(yolo8::test::kSourceDir) + "/quota/README.md");
+  ASSERT_TRUE(readme) << "quota/README.md";
+  std::string line;
+  while (std::getline(readme, line) && line.rfind("<!-- route table", 0) != 0) {
+  }
+  ASSERT_TRUE(std::getline(readme, line));
+  ASSERT_EQ(line, "```text") << "the route list must follow its marker";
+  std::vector<std::string> listed;
+  while (std::getline(readme, line) && line != "```") {
+    std::istringstream fields(line);
+    std::string method, pattern, access, lane;
+    fields >> method >> pattern >> access >> lane;
+    listed.push_back(method + " " + pattern + " " + access + " " + lane);
+  }
+  std::vector<std::string> table;
+  for (const RouteSpec& route : QuotaService::routes()) {
+    table.push_back(route.method + " " + route.pattern + " " + to_string(route.access) + " " + to_string(route.lane));
+  }
+  EXPECT_EQ(listed, table);
 }
 
 }  // namespace
