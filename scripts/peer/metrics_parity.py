@@ -1,14 +1,22 @@
 """Random detection-metrics cases and what Ultralytics 8.0.232 computes for them (run by scripts/peer.sh).
 
 usage: metrics_parity.py FIRST_SEED COUNT OUT_JSON
+       metrics_parity.py --val-case CASE_DIR WORK_DIR OUT_JSON
 
 Each seed gives one case: a few 512x512 images with random labels and detections, built to hit the edges of the
 reference's matching and AP: confidences tied within and across images, detections whose IoU with a label is
 exactly k/20 (0.50, 0.55, ... 0.95: a box sharing three sides with the label, coordinates on a 0.5 px grid so that
-float32 holds every value exactly), duplicate labels and detections (IoU ties), images with no labels, no
-detections or neither, classes only in the labels or only in the detections. Every coordinate is a multiple of
-0.5 and the image size a power of two, so the normalised xywh labels the validator takes and the pixel boxes it
-maps them back to are exact: the C++ side gets the same numbers.
+float32 holds every value exactly), near-duplicate labels, one box labelled with two classes, duplicate detections,
+images with no labels, no detections or neither, classes only in the labels or only in the detections. Every
+coordinate is a multiple of 0.5 and the image size a power of two, so the normalised xywh labels the validator
+takes and the pixel boxes it maps them back to are exact: the C++ side gets the same numbers. Exact duplicates of
+a label with its class are left out: both loaders drop duplicate label rows before anything is matched, and the
+label such a tie goes to is numpy's unstable argsort's choice, not Ultralytics'.
+
+--val-case runs the real validator on a val case folder (tests/fixtures/val_case: its model, data.yaml, imgsz 160,
+batch 16, conf 0.001, iou 0.7, as scripts/peer/val_check.py) and writes one case in the same format: each image's
+native-space labels and detections exactly as _process_batch received them (recorded by a wrapper that calls the
+real method), with the validator's own figures.
 
 The expected values come from the real code, nothing reimplemented: DetectionValidator.update_metrics (box_iou,
 _process_batch, match_predictions, the stats it appends), DetectionValidator.get_stats (DetMetrics.process,
@@ -16,6 +24,7 @@ ap_per_class, compute_ap, smooth) and, for the max-F1 tp/fp counts that DetMetri
 same concatenated stats. tests/trainer/detect/metrics_parity_test.cpp compares ours with the JSON at 1e-6.
 """
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -105,9 +114,10 @@ class StableArgsortNumpy:
 
     ap_per_class orders detections with np.argsort(-conf), numpy's default quicksort: on numpy 1.26 with AVX-512 a
     vectorised sort whose order among equal confidences depends on the CPU's instruction set, not on Ultralytics.
-    The AP depends on that order (the precision envelope sees the tied TPs and FPs one by one); P, R and F1 do not
-    (np.interp takes the last of equal xp). Cases with tied confidences therefore also carry the reference's
-    figures with ties kept in input order, the order ours uses; nothing else in the reference changes.
+    The AP depends on that order (the precision envelope sees the tied TPs and FPs one by one), and so do P, R and
+    F1 (np.interp runs from the last point of one tied block to the first of the next). Cases with tied confidences
+    therefore also carry the reference's figures with ties kept in input order, the order ours uses; nothing else
+    in the reference changes.
     """
 
     def __getattr__(self, name):
@@ -161,7 +171,51 @@ def reference(nc, images, work, curves, stable_ties=False):
     return out
 
 
+def val_case(case_dir, work, out_json):
+    data_dir = work / "val_case"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    shutil.copytree(case_dir, data_dir, ignore=shutil.ignore_patterns("*.cache", "val_case.pt"))
+    lines = (data_dir / "data.yaml").read_text().splitlines()  # 8.0.232 reads `path: .` against datasets_dir
+    (data_dir / "data.yaml").write_text(
+        "\n".join(f"path: {data_dir}" if line.startswith("path:") else line for line in lines) + "\n")
+    seen = []
+    process_batch = DetectionValidator._process_batch
+
+    def recording(self, detections, labels):
+        correct = process_batch(self, detections, labels)
+        seen.append({"labels": labels.tolist(), "detections": detections.tolist(), "correct": correct.int().tolist()})
+        return correct
+
+    DetectionValidator._process_batch = recording
+    args = dict(model=str(data_dir / "yolov8n-val-case.pt"), data=str(data_dir / "data.yaml"), imgsz=160, batch=16,
+                conf=0.001, iou=0.7, max_det=300, device="cpu", workers=0, plots=False, split="val",
+                project=str(work / "runs"), name="val", exist_ok=True)
+    validator = DetectionValidator(args=args)
+    validator()
+    DetectionValidator._process_batch = process_batch
+    # Every image of the case has labels and detections, so each one went through _process_batch.
+    assert len(seen) == validator.seen, (len(seen), validator.seen)
+    box = validator.metrics.box
+    stats = [torch.cat(x, 0).cpu().numpy() for x in zip(*validator.stats)]
+    tp, fp = ap_per_class(*stats, names={})[:2]
+    expected = {"correct": [image.pop("correct") for image in seen], "computed": True,
+                "nt_per_class": validator.nt_per_class.tolist(), "mp": float(box.mp), "mr": float(box.mr),
+                "map50": float(box.map50), "map": float(box.map), "fitness": float(validator.metrics.fitness),
+                "classes": [int(c) for c in box.ap_class_index], "p": box.p.tolist(), "r": box.r.tolist(),
+                "f1": box.f1.tolist(), "ap": box.all_ap.tolist(), "tp": tp.tolist(), "fp": fp.tolist()}
+    conf = np.concatenate([np.array(image["detections"], dtype=np.float32).reshape(-1, 6)[:, 4] for image in seen])
+    assert len(np.unique(conf)) == len(conf), "tied confidences: the reference's AP would follow numpy's sort"
+    doc = {"generator": "scripts/peer/metrics_parity.py --val-case", "ultralytics": ultralytics.__version__,
+           "cases": [{"seed": -1, "nc": len(validator.names), "images": seen, "expected": expected}]}
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    print(f"val case: {len(seen)} images, mAP50 {box.map50:.9f}, mAP50-95 {box.map:.9f} -> {out_json}")
+
+
 def main():
+    if sys.argv[1] == "--val-case":
+        val_case(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+        return
     first, count, out_json = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     cases = []
     with tempfile.TemporaryDirectory() as work:

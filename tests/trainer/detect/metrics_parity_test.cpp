@@ -118,6 +118,8 @@ struct Summary {
 };
 
 Summary compare_all(const json& doc) {
+  // Thousands of tiny tensors: more threads only wait on each other (48 s instead of 2 on a busy 2-core machine).
+  torch::set_num_threads(1);
   Summary s;
   for (const auto& c : doc.at("cases")) {
     ++s.cases;
@@ -150,20 +152,38 @@ TEST(MetricsParity, StoredCasesEqualUltralytics) {
   EXPECT_GE(s.with_curves, 5);
 }
 
-TEST(MetricsParity, FreshCasesEqualUltralytics) {
+// Runs scripts/peer/metrics_parity.py ARGS through scripts/peer.sh; false (and a skip) where the peer is missing.
+bool peer_available() { return fs::exists(fs::path(test::kSourceDir) / ".venv/peer/bin/python"); }
+
+json run_peer(const std::string& args, const fs::path& out) {
   const fs::path source(test::kSourceDir);
-  if (!fs::exists(source / ".venv/peer/bin/python")) {
-    GTEST_SKIP() << ".venv/peer missing (scripts/setup.sh installs the peer)";
-  }
-  const fs::path out = fs::path(test::kBinaryDir) / "peer" / "metrics_parity_fresh.json";
   fs::remove(out);
-  // Seeds the stored fixture does not hold.
   const std::string command = "'" + (source / "scripts/peer.sh").string() + "' python '" +
-                              (source / "scripts/peer/metrics_parity.py").string() + "' 100000 400 '" + out.string() +
+                              (source / "scripts/peer/metrics_parity.py").string() + "' " + args + " '" + out.string() +
                               "'";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  const Summary s = compare_all(read_json(out));
-  EXPECT_EQ(s.cases, 400);
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
+  return read_json(out);
+}
+
+TEST(MetricsParity, FreshCasesEqualUltralytics) {
+  if (!peer_available()) GTEST_SKIP() << ".venv/peer missing (scripts/setup.sh installs the peer)";
+  // Seeds the stored fixture does not hold.
+  const json doc = run_peer("100000 400", fs::path(test::kBinaryDir) / "peer" / "metrics_parity_fresh.json");
+  EXPECT_EQ(compare_all(doc).cases, 400);
+}
+
+// The real validator on tests/fixtures/val_case: our metrics on exactly the labels and detections its
+// _process_batch received give its figures (ValGolden.PredictionsAndMetricsMatch runs our whole pipeline).
+TEST(MetricsParity, UltralyticsValCaseInputsGiveItsFigures) {
+  if (!peer_available()) GTEST_SKIP() << ".venv/peer missing (scripts/setup.sh installs the peer)";
+  const fs::path peer_dir = fs::path(test::kBinaryDir) / "peer";
+  const fs::path work = peer_dir / "metrics_parity_val_case";
+  const std::string args =
+      "--val-case '" + (fs::path(test::kFixturesDir) / "val_case").string() + "' '" + work.string() + "'";
+  const json doc = run_peer(args, peer_dir / "metrics_parity_val_case.json");
+  const Summary s = compare_all(doc);
+  EXPECT_EQ(s.cases, 1);
+  EXPECT_EQ(doc.at("cases")[0].at("images").size(), 32u);
 }
 
 }  // namespace
