@@ -61,7 +61,7 @@ cv::Mat letterbox(const cv::Mat& img, int out_h, int out_w, bool scaleup, Letter
   const int left = py_round(dw - 0.1), right = py_round(dw + 0.1);
   cv::Mat out;
   cv::copyMakeBorder(resized, out, top, bottom, left, right, cv::BORDER_CONSTANT, cv::Scalar::all(pad_value));
-  if (info) *info = LetterboxInfo{r, new_w, new_h, left, top};
+  if (info) *info = LetterboxInfo{r, new_w, new_h, left, top, dw, dh};
   return out;
 }
 

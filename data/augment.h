@@ -36,6 +36,10 @@ struct LetterboxInfo {
   double ratio = 1.0;        // resize gain of the letterbox itself
   int new_w = 0, new_h = 0;  // resized size before padding
   int left = 0, top = 0;     // padding added on the left / top
+  // The unrounded half paddings (dw / 2, dh / 2). Ultralytics 8.0.232's LetterBox moves the labels by these but the
+  // image by left/top: with an odd padding its labels sit 0.5 px right of / below the pixels. Boxes follow it,
+  // since its metrics and targets are the yardstick (an odd padding moved val_case's mAP50-95 by 8.5e-5).
+  double label_pad_w = 0, label_pad_h = 0;
 };
 
 // Keep-ratio resize (bilinear) into out_h x out_w, centred, padded with 114; Ultralytics' LetterBox with auto=False.

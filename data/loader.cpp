@@ -97,14 +97,15 @@ std::vector<PixBox> to_pixels(const std::vector<BoxLabel>& labels, int w, int h,
   return out;
 }
 
-// Applies a letterbox's scale and offset to boxes.
+// Applies a letterbox's scale and offset to boxes: the reference's label offset, not the image's (LetterboxInfo).
 void letterbox_boxes(std::vector<PixBox>& boxes, const LetterboxInfo& lb, int w, int h) {
   const float sx = static_cast<float>(lb.new_w) / w, sy = static_cast<float>(lb.new_h) / h;
+  const auto dx = static_cast<float>(lb.label_pad_w), dy = static_cast<float>(lb.label_pad_h);
   for (auto& b : boxes) {
-    b.x1 = b.x1 * sx + lb.left;
-    b.x2 = b.x2 * sx + lb.left;
-    b.y1 = b.y1 * sy + lb.top;
-    b.y2 = b.y2 * sy + lb.top;
+    b.x1 = b.x1 * sx + dx;
+    b.x2 = b.x2 * sx + dx;
+    b.y1 = b.y1 * sy + dy;
+    b.y2 = b.y2 * sy + dy;
   }
 }
 

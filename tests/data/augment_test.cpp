@@ -42,6 +42,23 @@ TEST(DataLetterbox, OddPaddingGoesBottomRight) {
   EXPECT_EQ(lb.left, 27);
 }
 
+// Ultralytics 8.0.232's LetterBox adds the unrounded half padding to the labels, the rounded one to the image.
+TEST(DataLetterbox, LabelsMoveByTheUnroundedHalfPadding) {
+  cv::Mat img(51, 100, CV_8UC3, cv::Scalar::all(0));
+  LetterboxInfo lb;
+  letterbox(img, 64, 64, true, &lb);
+  EXPECT_EQ(lb.top, 15);
+  EXPECT_EQ(lb.label_pad_h, 15.5);  // 31 rows of padding
+  EXPECT_EQ(lb.left, 0);
+  EXPECT_EQ(lb.label_pad_w, 0.0);
+  cv::Mat small(20, 9, CV_8UC3, cv::Scalar::all(0));
+  letterbox(small, 64, 64, false, &lb);
+  EXPECT_EQ(lb.left, 27);
+  EXPECT_EQ(lb.label_pad_w, 27.5);
+  EXPECT_EQ(lb.top, 22);
+  EXPECT_EQ(lb.label_pad_h, 22.0);
+}
+
 TEST(DataResizeLongSide, CeilAndCap) {
   cv::Mat img(300, 500, CV_8UC3, cv::Scalar::all(0));
   cv::Mat r = resize_long_side(img, 640);
