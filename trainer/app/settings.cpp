@@ -539,10 +539,11 @@ void apply_yaml_file(Settings& settings, const std::string& path) {
 
 void validate(LeaseSettings& lease) {
   const std::string quota = to_lower(lease.quota);
-  check(quota.rfind("https://", 0) != 0, "quota",
-        "cannot use https:// yet (the quota client has no TLS); use http:// or local; got '" + lease.quota + "'");
-  check(quota == "local" || quota == "off" || quota.rfind("http://", 0) == 0, "quota",
-        "must be local, off or a URL like http://quotad:8080; got '" + lease.quota + "'");
+  check(quota == "local" || quota == "off" || quota.rfind("http://", 0) == 0 || quota.rfind("https://", 0) == 0,
+        "quota",
+        "must be local, off or a URL like http://quotad:8470 or https://quotad:8470 (the CA in $YOLO8_QUOTA_CA_FILE); "
+        "got '" +
+            lease.quota + "'");
   if (quota == "local" || quota == "off") lease.quota = quota;
   lease.priority = to_lower(lease.priority);
   check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});
