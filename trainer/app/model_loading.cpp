@@ -60,6 +60,12 @@ DetectionModel model_from_meta(const CheckpointMeta& meta, const std::string& so
   return build_model(YAML::Load(meta.model_yaml), source, "", nc_override);
 }
 
+std::string ultralytics_train_args_yaml(const CheckpointMeta& meta) { return meta.settings_yaml; }
+
+UltralyticsView ultralytics_view(const CheckpointMeta& meta) {
+  return {meta.model_yaml, meta.names, ultralytics_train_args_yaml(meta)};
+}
+
 // Copies every tensor whose name and shape match; returns how many.
 size_t transfer_matching(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& source) {
   torch::NoGradGuard no_grad;

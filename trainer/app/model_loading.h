@@ -13,6 +13,7 @@
 #include "models/weights.h"
 #include "models/yolo.h"
 #include "trainer/app/settings.h"
+#include "trainer/core/checkpoint.h"
 
 namespace yolo8 {
 
@@ -68,6 +69,12 @@ struct CheckpointMeta {
 std::string encode_meta(const CheckpointMeta& meta);
 CheckpointMeta decode_meta(const std::string& text, const std::string& path);
 DetectionModel model_from_meta(const CheckpointMeta& meta, const std::string& source, int64_t nc_override = 0);
+// The checkpoint's train_args, a flat YAML mapping: Ultralytics' YOLO(path) takes imgsz, data, task and single_cls
+// from it and ignores keys it does not know. For now the run settings as args.yaml lists them; the one place to
+// point at Ultralytics-form arguments.
+std::string ultralytics_train_args_yaml(const CheckpointMeta& meta);
+// What a checkpoint needs to open in Ultralytics' YOLO(): architecture, names, train_args.
+UltralyticsView ultralytics_view(const CheckpointMeta& meta);
 
 // Copies every tensor whose name and shape match; returns how many.
 size_t transfer_matching(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& source);

@@ -5,6 +5,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -157,12 +158,30 @@ int run_predict(const Settings& settings) {
     // width apart. A static ONNX graph takes one size: the image is letterboxed to it (the reference does the same).
     const double gain =
         std::min(static_cast<double>(target_h) / image.rows, static_cast<double>(target_w) / image.cols);
-    const int new_h = static_cast<int>(std::lround(image.rows * gain));
-    const int new_w = static_cast<int>(std::lround(image.cols * gain));
+    // Half to even, as Python's round() in the reference's LetterBox: 257 rows at gain 0.5 give 128, not 129 (which
+    // padded to 160 rows; Peer.UltralyticsOpensOurCheckpoints found it).
+    const int new_h = static_cast<int>(std::nearbyint(image.rows * gain));
+    const int new_w = static_cast<int>(std::nearbyint(image.cols * gain));
     const int out_h = model.fixed_height > 0 ? model.fixed_height : (new_h + stride - 1) / stride * stride;
     const int out_w = model.fixed_width > 0 ? model.fixed_width : (new_w + stride - 1) / stride * stride;
     data::LetterboxInfo info;
-    const cv::Mat boxed = data::letterbox(image, out_h, out_w, true, &info);
+    cv::Mat boxed;
+    if (model.fixed_height > 0 || out_h > target_h || out_w > target_w) {  // a graph's size; imgsz off the stride
+      boxed = data::letterbox(image, out_h, out_w, true, &info);
+    } else {
+      // The reference resizes at imgsz's gain and pads only to the stride. Letterboxing to out_h x out_w would take
+      // that size's gain (257x320 into 128x160: 0.498, 159 columns, not 160): letterbox into imgsz, then cut the
+      // padding down to out_h x out_w, split as the reference splits it (one more row or column at the bottom/right).
+      const cv::Mat full = data::letterbox(image, target_h, target_w, true, &info);
+      const int top = static_cast<int>(std::nearbyint((out_h - info.new_h) / 2.0 - 0.1));
+      const int left = static_cast<int>(std::nearbyint((out_w - info.new_w) / 2.0 - 0.1));
+      boxed = full(cv::Rect(info.left - left, info.top - top, out_w, out_h)).clone();
+      // Boxes go back as the reference's scale_boxes maps them: with the padded size's gain and the padding that
+      // gain implies, not the resize gain (0.498 and 0 columns above, not 0.5).
+      info.ratio = std::min(static_cast<double>(out_h) / image.rows, static_cast<double>(out_w) / image.cols);
+      info.left = static_cast<int>(std::nearbyint((out_w - image.cols * info.ratio) / 2.0 - 0.1));
+      info.top = static_cast<int>(std::nearbyint((out_h - image.rows * info.ratio) / 2.0 - 0.1));
+    }
     cv::Mat rgb;
     cv::cvtColor(boxed, rgb, cv::COLOR_BGR2RGB);
     const torch::Tensor input = torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8)

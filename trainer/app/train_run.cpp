@@ -695,6 +695,7 @@ void TrainingRun::save(const fs::path& path, int64_t epoch, int64_t iteration_in
   sources.ema = &core.ema();
   sources.optimizer = with_optimizer ? &core.optimizer() : nullptr;
   sources.include_grads = with_grads;
+  sources.ultralytics = app::ultralytics_view(meta_);
   save_checkpoint(path.string(), state, sources);
   lease_->telemetry().last_checkpoint_ms.store(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

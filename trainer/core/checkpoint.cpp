@@ -1,9 +1,14 @@
 #include "trainer/core/checkpoint.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -11,8 +16,12 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
+
+#include "models/pickle_reader.h"
+#include "models/pickle_writer.h"
 
 #ifndef YOLO8_VERSION
 #define YOLO8_VERSION "unknown"
@@ -259,6 +268,196 @@ void remove_stale_temporaries(const std::filesystem::path& dir, const std::strin
   throw std::system_error(errno, std::generic_category(), what);
 }
 
+// Ultralytics' model object, rebuilt by the loader: DetectionModel(yaml, 3, nc, False), `names` set by BUILD, then
+// Module.load_state_dict(model, <our tensor dict>) whose result is dropped. The model stays on the stack.
+void write_ultralytics_model(pickle::Writer& w, const UltralyticsView& view, const YAML::Node& yaml,
+                             pickle::Writer::MemoId weights) {
+  w.global("ultralytics.nn.tasks", "DetectionModel");
+  w.mark();
+  pickle::write_yaml(w, yaml);
+  w.integer(3);  // input channels
+  w.integer(yaml["nc"].as<int64_t>());
+  w.boolean(false);  // verbose
+  w.tuple();
+  w.reduce();
+  w.empty_dict();
+  w.string("names");
+  w.empty_dict();
+  for (size_t k = 0; k < view.names.size(); ++k) {
+    w.integer(static_cast<int64_t>(k));
+    w.string(view.names[k]);
+    w.set_item();
+  }
+  w.set_item();
+  w.build();
+  const auto model = w.memoize();
+  // getattr(torch.nn.Module, 'load_state_dict'): protocol 2 has no dotted global names.
+  w.global("builtins", "getattr");
+  w.global("torch.nn.modules.module", "Module");
+  w.string("load_state_dict");
+  w.tuple(2);
+  w.reduce();
+  w.get(model);
+  w.get(weights);
+  w.tuple(2);
+  w.reduce();
+  w.pop();
+}
+
+YAML::Node parse_yaml(const std::string& text, const char* what) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw std::invalid_argument(std::string("encode_checkpoint: ") + what + " is not YAML: " + e.what());
+  }
+}
+
+// The file: our state under `yolo8`, then the keys Ultralytics reads (see checkpoint.h).
+std::vector<char> write_archive(const GenericDict& root, const CheckpointState& state,
+                                const CheckpointSources& sources) {
+  pickle::Writer w;
+  w.empty_dict();
+  w.string("yolo8");
+  w.empty_dict();
+  std::optional<pickle::Writer::MemoId> model_memo, ema_memo;
+  for (const auto& e : root) {
+    w.string(e.key().toStringRef());
+    pickle::write_ivalue(w, e.value());
+    if (e.key().toStringRef() == "model") model_memo = w.memoize();
+    if (e.key().toStringRef() == "ema") ema_memo = w.memoize();
+    w.set_item();
+  }
+  w.set_item();
+
+  const UltralyticsView& view = sources.ultralytics;
+  if (!view.model_yaml.empty()) {
+    const YAML::Node yaml = parse_yaml(view.model_yaml, "the model yaml");
+    if (!yaml.IsMap() || !yaml["nc"]) throw std::invalid_argument("encode_checkpoint: the model yaml has no nc");
+    // As Ultralytics' final best.pt: without optimizer state `model` holds the EMA weights and `ema` is None.
+    const bool training_file = sources.optimizer != nullptr;
+    w.string("model");
+    write_ultralytics_model(w, view, yaml, (training_file || !ema_memo) ? *model_memo : *ema_memo);
+    w.set_item();
+    w.string("ema");
+    if (training_file && ema_memo) {
+      write_ultralytics_model(w, view, yaml, *ema_memo);
+    } else {
+      w.none();
+    }
+    w.set_item();
+    w.string("updates");
+    if (sources.ema != nullptr) {
+      w.integer(sources.ema->updates());
+    } else {
+      w.none();
+    }
+    w.set_item();
+    w.string("epoch");
+    w.integer(state.epoch - 1);  // Ultralytics stores the last finished epoch; ours is the one in progress
+    w.set_item();
+    w.string("best_fitness");
+    if (state.has_best_fitness) {
+      w.real(state.best_fitness);
+    } else {
+      w.none();
+    }
+    w.set_item();
+    w.string("optimizer");
+    w.none();  // ours is under yolo8; Ultralytics' resume needs its own optimizer's state_dict
+    w.set_item();
+    w.string("train_args");
+    const YAML::Node args = parse_yaml(view.train_args_yaml, "train_args");
+    if (args.IsMap()) {
+      pickle::write_yaml(w, args);
+    } else {
+      w.empty_dict();
+    }
+    w.set_item();
+    for (const char* key : {"date", "version"}) {
+      w.string(key);
+      w.string(root.at(key).toStringRef());
+      w.set_item();
+    }
+  }
+  const auto storages = w.storages();
+  return pickle::save_archive(w.finish(), storages);
+}
+
+// Reads the zip from memory without a copy.
+class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesAdapter(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
+};
+
+c10::IValue to_ivalue(const pickle::Value& v) {
+  switch (v.kind) {
+    case pickle::Kind::kNone: return {};
+    case pickle::Kind::kBool: return v.b;
+    case pickle::Kind::kInt: return v.i;
+    case pickle::Kind::kFloat: return v.f;
+    case pickle::Kind::kString: return v.s;
+    case pickle::Kind::kTensor: return v.tensor;
+    case pickle::Kind::kDict: {
+      auto d = new_dict();
+      for (const auto& [k, item] : v.dict) {
+        if (!k || k->kind != pickle::Kind::kString || !item) throw std::runtime_error("a dict key is not a string");
+        d.insert_or_assign(k->s, to_ivalue(*item));
+      }
+      return d;
+    }
+    case pickle::Kind::kList:
+    case pickle::Kind::kTuple: {
+      c10::impl::GenericList l(c10::AnyType::get());
+      for (const auto& item : v.items) {
+        if (!item) throw std::runtime_error("an empty list item");
+        l.push_back(to_ivalue(*item));
+      }
+      return l;
+    }
+    default: throw std::runtime_error("unexpected " + v.s + " in the yolo8 state");
+  }
+}
+
+// Format 2: the `yolo8` dict through our own reader (the Ultralytics objects beside it are only walked). nullopt
+// for anything else, which then goes to torch::pickle_load as format 1 did.
+std::optional<c10::IValue> read_own_state(const std::vector<char>& bytes, const std::string& origin) {
+  pickle::ValuePtr root;
+  try {
+    caffe2::serialize::PyTorchStreamReader zip(std::make_shared<BytesAdapter>(bytes));
+    auto [pkl_ptr, pkl_size] = zip.getRecord("data.pkl");
+    const std::string pkl(static_cast<const char*>(pkl_ptr.get()), pkl_size);
+    const pickle::StorageLoader loader = [&zip](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+      auto [ptr, size] = zip.getRecord("data/" + key);
+      const size_t need = static_cast<size_t>(numel) * c10::elementSize(dtype);
+      if (size < need) throw std::runtime_error("storage record '" + key + "' is shorter than its tensor");
+      torch::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+      if (need) std::memcpy(t.data_ptr(), ptr.get(), need);
+      return t;
+    };
+    root = pickle::unpickle(pkl, loader);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const pickle::Value* own = root ? root->get("yolo8") : nullptr;
+  if (own == nullptr) return std::nullopt;
+  try {
+    if (own->kind != pickle::Kind::kDict) throw std::runtime_error("'yolo8' is not a dict");
+    return to_ivalue(*own);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint " + origin + ": unreadable (truncated or corrupt): " + one_line(e));
+  }
+}
+
 }  // namespace
 
 std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
@@ -332,17 +531,21 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
   for (const auto& [k, v] : state.rng.streams) streams.insert(k, v);
   root.insert("rng_streams", streams);
   root.insert("checksum", content_hash(root));
-  return torch::pickle_save(c10::IValue(root));
+  return write_archive(root, state, sources);
 }
 
 CheckpointState decode_checkpoint(const std::vector<char>& bytes, const CheckpointTargets& targets,
                                   const std::string& origin) {
   if (bytes.empty()) throw std::runtime_error("checkpoint " + origin + ": empty file");
   c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("checkpoint " + origin + ": unreadable (truncated or corrupt): " + one_line(e));
+  if (auto own = read_own_state(bytes, origin)) {
+    value = std::move(*own);
+  } else {
+    try {
+      value = torch::pickle_load(bytes);  // format 1
+    } catch (const std::exception& e) {
+      throw std::runtime_error("checkpoint " + origin + ": unreadable (truncated or corrupt): " + one_line(e));
+    }
   }
   if (!value.isGenericDict()) throw std::runtime_error("checkpoint " + origin + ": not a dict at the top level");
   const GenericDict root = value.toGenericDict();
@@ -352,9 +555,9 @@ CheckpointState decode_checkpoint(const std::vector<char>& bytes, const Checkpoi
                              kCheckpointFormat + "')");
   }
   const int64_t version = r.integer("format_version");
-  if (version != kCheckpointFormatVersion) {
+  if (version != 1 && version != kCheckpointFormatVersion) {
     throw std::runtime_error("checkpoint " + origin + ": format version " + std::to_string(version) +
-                             " is not supported (expected " + std::to_string(kCheckpointFormatVersion) + ")");
+                             " is not supported (expected 1 to " + std::to_string(kCheckpointFormatVersion) + ")");
   }
 
   for (const char* key : {"model", "grads", "ema"}) {

@@ -1,10 +1,15 @@
 #pragma once
 // Training checkpoints: everything needed to continue a run exactly, written atomically.
 //
-// File format: a `torch::pickle_save` zip (readable with torch::pickle_load, or torch.load in Python) holding a
-// dict: format/format_version, model / ema / grads (name -> tensor dicts under state-dict names), ema_updates,
-// optimizer (uint8 bytes of LibTorch's own optimizer archive), optimizer_type and optimizer_choice, state
-// (counters), settings, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for
+// File format (format_version 2): a torch.save zip whose pickle is the dict Ultralytics' YOLO(path) loads (model and
+// ema as ultralytics.nn.tasks.DetectionModel objects, epoch, best_fitness, optimizer None, updates, train_args, date,
+// version) with our own state under the key `yolo8`, which Ultralytics ignores. The model objects are not stored
+// attribute by attribute: the pickle calls DetectionModel(yaml, 3, nc, False), sets `names`, then
+// Module.load_state_dict on the very tensors of our state, so each tensor is in the file once (see README,
+// "Ultralytics"). Our state is the dict format_version 1 held at the top level (a `torch::pickle_save` zip), which
+// still loads: format/format_version, model / ema / grads (name -> tensor dicts under state-dict names),
+// ema_updates, optimizer (uint8 bytes of LibTorch's own optimizer archive), optimizer_type and optimizer_choice,
+// state (counters), settings, rng_* entries, date, version; grad_scaler (scale, growth_tracker) only for
 // mixed-precision runs, so files written before it existed still load. The data loader keeps no state of its
 // own: its order follows the seed and the epoch, its position is iteration_in_epoch (an empty `loader_state`
 // in older files is ignored).
@@ -23,7 +28,7 @@
 namespace yolo8 {
 
 inline constexpr const char* kCheckpointFormat = "yolo8-train-checkpoint";
-inline constexpr int64_t kCheckpointFormatVersion = 1;
+inline constexpr int64_t kCheckpointFormatVersion = 2;  // 1 (no Ultralytics keys) still loads
 
 struct CheckpointState {
   int64_t epoch = 0;                 // epoch in progress
@@ -42,11 +47,20 @@ struct CheckpointState {
   std::string version;  // written by save_checkpoint (project version)
 };
 
+// What Ultralytics needs to rebuild its model object when it loads the file. An empty model_yaml writes no
+// Ultralytics keys (the file then loads only here).
+struct UltralyticsView {
+  std::string model_yaml;          // the architecture as Ultralytics' DetectionModel takes it (scale and nc set)
+  std::vector<std::string> names;  // class names, index order
+  std::string train_args_yaml;     // a flat mapping of the run settings: the checkpoint's train_args
+};
+
 struct CheckpointSources {
   const torch::nn::Module* model = nullptr;            // required
   const ModelEma* ema = nullptr;                       // optional
   const torch::optim::Optimizer* optimizer = nullptr;  // optional
   bool include_grads = false;                          // store accumulated gradients (mid-accumulation checkpoints)
+  UltralyticsView ultralytics{};                       // optional: makes the file open in Ultralytics' YOLO()
 };
 
 struct CheckpointTargets {

@@ -1,6 +1,7 @@
 // Checkpoint round trips (bitwise), the next optimizer step after a restore, validation of bad files.
 #include "trainer/core/checkpoint.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "models/pickle_reader.h"
 #include "tests/trainer/tiny_net.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/rng_state.h"
@@ -246,16 +248,118 @@ TEST_F(CheckpointFiles, TruncatedOrCorruptFilesThrowOneLineErrors) {
   expect_one_line_error(write("short.pt", std::vector<char>(bytes.begin(), bytes.end() - 1)), "truncated or corrupt");
   expect_one_line_error(write("empty.pt", {}), "empty");
   expect_one_line_error(write("text.pt", std::vector<char>(2000, 'x')), "truncated or corrupt");
-  auto flipped = bytes;
-  flipped[bytes.size() / 3] ^= 0x5a;
-  std::string err;
-  EXPECT_FALSE(checkpoint_readable(write("flipped.pt", flipped), &err));
-  EXPECT_NE(err.find("corrupt"), std::string::npos) << err;
+  // A flipped byte inside any tensor's data (not in the zip's alignment padding, which holds none).
+  const std::string data(bytes.begin(), bytes.end());
+  std::istringstream stream(data);
+  caffe2::serialize::PyTorchStreamReader zip(&stream);
+  size_t flips = 0;
+  for (const std::string& record : zip.getAllRecords()) {
+    const size_t size = std::get<1>(zip.getRecord(record));
+    if (record.rfind("data/", 0) != 0 || size == 0) continue;
+    auto flipped = bytes;
+    flipped[zip.getRecordOffset(record) + size / 2] ^= 0x5a;
+    std::string err;
+    EXPECT_FALSE(checkpoint_readable(write("flipped.pt", flipped), &err)) << record;
+    EXPECT_NE(err.find("corrupt"), std::string::npos) << record << ": " << err;
+    ++flips;
+  }
+  EXPECT_GE(flips, 3u);  // model, EMA and optimizer tensors
   expect_one_line_error(path("missing.pt"), "cannot open");
 
   // A valid zip of another kind is refused by its format tag.
   const auto other = torch::pickle_save(c10::IValue(torch::ones({3})));
   expect_one_line_error(write("other.pt", other), "not a dict");
+}
+
+// Format 1 (our dict at the top level, torch::pickle_save) still loads: it is the `yolo8` dict of format 2.
+TEST_F(CheckpointFiles, FormatOneFilesStillLoad) {
+  MiniRun a("SGD", 3);
+  for (int64_t ni = 0; ni < 4; ++ni) a.iterate(0, ni);
+  CheckpointState st;
+  st.epoch = 2;
+  st.best_fitness = 0.25;
+  st.has_best_fitness = true;
+  st.settings_text = "lr0: 0.01\n";
+  const std::vector<char> bytes = encode_checkpoint(st, {a.net.get(), a.ema.get(), a.built.optimizer.get()});
+  auto own = torch::pickle_load(bytes).toGenericDict().at("yolo8").toGenericDict();
+  EXPECT_EQ(own.at("format_version").toInt(), 2);
+  own.insert_or_assign("format_version", int64_t{1});
+  const std::vector<char> v1 = torch::pickle_save(c10::IValue(own));
+
+  MiniRun b("SGD", 4);
+  CheckpointTargets targets;
+  targets.model = b.net.get();
+  targets.ema = b.ema.get();
+  targets.optimizer = b.built.optimizer.get();
+  const CheckpointState got = decode_checkpoint(v1, targets, "v1.pt");
+  expect_modules_bitwise(*a.net, *b.net);
+  expect_modules_bitwise(a.ema->module(), b.ema->module());
+  EXPECT_EQ(got.epoch, 2);
+  EXPECT_EQ(got.best_fitness, 0.25);
+  EXPECT_EQ(got.settings_text, "lr0: 0.01\n");
+  own.insert_or_assign("format_version", int64_t{3});
+  EXPECT_THROW(decode_checkpoint(torch::pickle_save(c10::IValue(own)), {}, "v3.pt"), std::runtime_error);
+}
+
+pickle::ValuePtr read_with_our_reader(const std::vector<char>& bytes) {
+  const std::string data(bytes.begin(), bytes.end());
+  std::istringstream stream(data);
+  caffe2::serialize::PyTorchStreamReader zip(&stream);
+  auto [pkl, size] = zip.getRecord("data.pkl");
+  return pickle::unpickle(std::string(static_cast<const char*>(pkl.get()), size),
+                          [&zip](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+                            auto [ptr, n] = zip.getRecord("data/" + key);
+                            torch::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+                            std::memcpy(t.data_ptr(), ptr.get(), std::min(n, t.nbytes()));
+                            return t;
+                          });
+}
+
+// The keys Ultralytics' YOLO() reads sit beside our state (tests/peer checks them with the real Ultralytics).
+TEST_F(CheckpointFiles, UltralyticsKeysSitBesideOurState) {
+  MiniRun a("SGD", 5);
+  for (int64_t ni = 0; ni < 4; ++ni) a.iterate(0, ni);
+  CheckpointState st;
+  st.epoch = 3;
+  st.settings_text = "meta";
+  CheckpointSources sources{a.net.get(), a.ema.get(), a.built.optimizer.get()};
+  sources.ultralytics.model_yaml = "nc: 2\nscale: n\nhead:\n  - [[15, 18, 21], 1, Detect, [nc]]\n";
+  sources.ultralytics.names = {"cat", "dog"};
+  sources.ultralytics.train_args_yaml = "imgsz: 64\ntask: detect\nquota_token: null\n";
+  const std::vector<char> last = encode_checkpoint(st, sources);
+
+  const pickle::ValuePtr root = read_with_our_reader(last);
+  for (const char* key : {"model", "ema"}) {
+    const pickle::Value* m = root->get(key);
+    ASSERT_TRUE(m && m->kind == pickle::Kind::kObject) << key;
+    EXPECT_EQ(m->s, "ultralytics.nn.tasks.DetectionModel");
+    ASSERT_EQ(m->items.size(), 4u);  // (yaml, ch, nc, verbose)
+    EXPECT_EQ(m->items[0]->get("scale")->s, "n");
+    EXPECT_EQ(m->items[2]->i, 2);
+    ASSERT_TRUE(m->state && m->state->get("names"));
+    EXPECT_EQ(m->state->get("names")->dict.at(1).second->s, "dog");
+  }
+  EXPECT_EQ(root->get("epoch")->i, 2);  // the last finished epoch, as Ultralytics counts
+  EXPECT_EQ(root->get("optimizer")->kind, pickle::Kind::kNone);
+  EXPECT_EQ(root->get("best_fitness")->kind, pickle::Kind::kNone);
+  EXPECT_EQ(root->get("train_args")->get("imgsz")->i, 64);
+  EXPECT_EQ(root->get("train_args")->get("quota_token")->kind, pickle::Kind::kNone);
+  EXPECT_EQ(root->get("yolo8")->get("format")->s, kCheckpointFormat);
+
+  // Without optimizer state (best.pt): `model` holds the EMA weights and `ema` is None, as Ultralytics ships them.
+  sources.optimizer = nullptr;
+  const pickle::ValuePtr best = read_with_our_reader(encode_checkpoint(st, sources));
+  EXPECT_EQ(best->get("model")->kind, pickle::Kind::kObject);
+  EXPECT_EQ(best->get("ema")->kind, pickle::Kind::kNone);
+
+  MiniRun b("SGD", 6);
+  CheckpointTargets targets;
+  targets.model = b.net.get();
+  targets.ema = b.ema.get();
+  targets.optimizer = b.built.optimizer.get();
+  EXPECT_EQ(decode_checkpoint(last, targets).epoch, 3);
+  expect_modules_bitwise(*a.net, *b.net);
+  expect_modules_bitwise(a.ema->module(), b.ema->module());
 }
 
 TEST_F(CheckpointFiles, MismatchesNameWhatDiffers) {

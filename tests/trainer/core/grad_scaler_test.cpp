@@ -197,7 +197,7 @@ TEST(GradScaler, StateRoundTripsThroughACheckpoint) {
   const CheckpointState reloaded = decode_checkpoint(bytes, {});
   EXPECT_FALSE(reloaded.has_grad_scaler);
   const c10::IValue root = torch::pickle_load(bytes);
-  EXPECT_FALSE(root.toGenericDict().contains("grad_scaler"));
+  EXPECT_FALSE(root.toGenericDict().at("yolo8").toGenericDict().contains("grad_scaler"));
 }
 
 }  // namespace
