@@ -60,7 +60,9 @@ DetectionModel model_from_meta(const CheckpointMeta& meta, const std::string& so
   return build_model(YAML::Load(meta.model_yaml), source, "", nc_override);
 }
 
-std::string ultralytics_train_args_yaml(const CheckpointMeta& meta) { return meta.settings_yaml; }
+std::string ultralytics_train_args_yaml(const CheckpointMeta& meta) {
+  return meta.ultralytics_args_yaml.empty() ? meta.settings_yaml : meta.ultralytics_args_yaml;
+}
 
 UltralyticsView ultralytics_view(const CheckpointMeta& meta) {
   return {meta.model_yaml, meta.names, ultralytics_train_args_yaml(meta)};

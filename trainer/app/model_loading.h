@@ -65,13 +65,15 @@ struct CheckpointMeta {
   std::string model_yaml;
   std::vector<std::string> names;
   std::string run_dir;
+  // Written, not stored in the settings text: the run's arguments in Ultralytics' form (args.yaml's text), for the
+  // checkpoint's train_args. Empty (a checkpoint read back): the settings above.
+  std::string ultralytics_args_yaml;
 };
 std::string encode_meta(const CheckpointMeta& meta);
 CheckpointMeta decode_meta(const std::string& text, const std::string& path);
 DetectionModel model_from_meta(const CheckpointMeta& meta, const std::string& source, int64_t nc_override = 0);
 // The checkpoint's train_args, a flat YAML mapping: Ultralytics' YOLO(path) takes imgsz, data, task and single_cls
-// from it and ignores keys it does not know. For now the run settings as args.yaml lists them; the one place to
-// point at Ultralytics-form arguments.
+// from it and ignores keys it does not know. The run's arguments in Ultralytics' form (as args.yaml), no secret.
 std::string ultralytics_train_args_yaml(const CheckpointMeta& meta);
 // What a checkpoint needs to open in Ultralytics' YOLO(): architecture, names, train_args.
 UltralyticsView ultralytics_view(const CheckpointMeta& meta);

@@ -323,7 +323,7 @@ void TrainingRun::build_training_core() {
                     << " (the batch stays " << batch_ << ")\n";
   });
   meta_ = app::CheckpointMeta{settings_to_yaml(settings_), app::yaml_text(model_->config().yaml), names_,
-                              run_dir_.string()};
+                              run_dir_.string(), ultralytics_args_yaml(ultralytics_args(settings_, run_dir_.string()))};
 }
 
 // Weights, optimizer, EMA, counters, scaler and RNG of the checkpoint; an exit code when it already finished.
