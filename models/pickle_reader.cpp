@@ -390,8 +390,11 @@ class Unpickler {
       fail("tensor offset exceeds its storage");
     }
     auto v = make(Kind::kTensor);
-    v->tensor = empty ? torch::empty(size, storage.options())
-                      : storage.as_strided(size, stride, offset).clone(at::MemoryFormat::Contiguous);
+    v->tensor = empty
+                    ? torch::empty(size, storage.options())
+                    // a dense layout (channels-last weights and gradients) comes back as it was written, as torch.load
+                    // does: a resumed run's gradient accumulation and norms then run in the same memory order
+                    : storage.as_strided(size, stride, offset).clone(at::MemoryFormat::Preserve);
     return v;
   }
 
