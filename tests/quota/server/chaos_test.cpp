@@ -521,6 +521,46 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
   server.stop();
 }
 
+// Issue 30, item 1: a connection that presented a valid token no longer counts against its address's cap,
+// so idle sockets from the same address cannot push it out; the idle ones make room among themselves.
+TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForItsAddresssIdleSockets) {
+  QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
+  ServerOptions options;
+  options.max_connections_per_client = 2;
+  QuotaServer server(service, options);
+  const int port = server.start();
+  // everything the server sent on `fd` within `timeout_ms`
+  auto drain = [](int fd, int timeout_ms) {
+    timeval timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    std::string text;
+    char chunk[4096];
+    for (ssize_t n; (n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0;) text.append(chunk, static_cast<size_t>(n));
+    return text;
+  };
+  const std::string teams = "GET /v1/teams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\n\r\n";
+  const int trainer = connect_from("127.0.0.5", port);
+  ASSERT_GT(::send(trainer, teams.data(), teams.size(), MSG_NOSIGNAL), 0);
+  EXPECT_EQ(drain(trainer, 300).rfind("HTTP/1.1 200", 0), 0u);
+  std::vector<int> idle;
+  for (int i = 0; i < 5; ++i) idle.push_back(connect_from("127.0.0.5", port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int evicted = 0;
+  for (int fd : idle) {
+    char head[12] = {0};
+    if (::recv(fd, head, sizeof(head), MSG_DONTWAIT | MSG_PEEK) == 12 && std::string(head, 12) == "HTTP/1.1 429") {
+      ++evicted;
+    }
+  }
+  EXPECT_EQ(evicted, 3) << "five idle sockets under a cap of two";
+  // the trainer's kept-alive connection is still served
+  ASSERT_GT(::send(trainer, teams.data(), teams.size(), MSG_NOSIGNAL), 0);
+  EXPECT_EQ(drain(trainer, 300).rfind("HTTP/1.1 200", 0), 0u);
+  ::close(trainer);
+  for (int fd : idle) ::close(fd);
+  server.stop();
+}
+
 // A trainer on 127.0.0.1 that holds a lease of `policy` and heartbeats it every second for `run_ms`, each
 // heartbeat on a new connection (as through a proxy that does not pool); what it saw.
 struct TrainerRun {
