@@ -523,7 +523,7 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
 
 // Issue 30, item 1: a connection that presented a valid token no longer counts against its address's cap,
 // so idle sockets from the same address cannot push it out; the idle ones make room among themselves.
-TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForItsAddresssIdleSockets) {
+TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForIdleSocketsFromItsAddress) {
   QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
   ServerOptions options;
   options.max_connections_per_client = 2;
