@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,8 +34,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-Policy bench_policy() {
-  const std::string yaml = R"(
+// `ttl_s` 0: the policy's default lease TTL.
+Policy bench_policy(int ttl_s = 0) {
+  const std::string yaml =
+      R"(
 inventory:
   nodes:
     - {name: n1, gpus: 8, memory_gib: 80}
@@ -42,13 +45,15 @@ inventory:
 emergency_pool: 0
 users:
   bench: {token_sha256: )" +
-                           sha256_hex("bench-token") + R"(}
+      sha256_hex("bench-token") + R"(}
 teams:
   t: {base: 16, burst: 16, members: [bench]}
 sharing: {enabled: true, max_leases_per_gpu: 4}
 credits: {monthly_gpu_hours: 0}
 limits: {max_queued_per_user: 2000}
-)";
+)" +
+      (ttl_s > 0 ? "leases: {ttl_s: " + std::to_string(ttl_s) + ", heartbeat_interval_s: 1, expiry_grace_s: 0}\n"
+                 : std::string());
   return load_policy_from_string(yaml, "bench-policy");
 }
 
@@ -118,15 +123,72 @@ std::string make_certificates(const std::string& dir) {
   return tls;
 }
 
+// The hostile run's attackers from the trainers' own address, 127.0.0.1 (issue 30): wrong tokens at
+// `wrong_per_s`, `idle` silent sockets (reopened when closed), `readers` clients pipelining requests and
+// never reading.
+struct SharedAddressAttack {
+  int wrong_per_s = 0;
+  int idle = 0;
+  int readers = 0;
+  int ttl_s = 0;  // the leases' TTL: shorter than the run, so a stalled lease expires within it
+};
+
+void attack_shared_address(const SharedAddressAttack& attack, int port, std::atomic<bool>& attacking) {
+  std::vector<std::thread> threads;
+  if (attack.wrong_per_s > 0) {
+    threads.emplace_back([&, port] {
+      httplib::Client client("127.0.0.1", port);
+      const httplib::Headers wrong = {{"Authorization", "Bearer not-the-bench-token"}};
+      const auto pause = std::chrono::microseconds(1000000 / attack.wrong_per_s);
+      while (attacking) {
+        const auto sent = Clock::now();
+        client.Post("/v1/leases/1/heartbeat", wrong, "{}", "application/json");
+        std::this_thread::sleep_until(sent + pause);
+      }
+    });
+  }
+  threads.emplace_back([&, port] {
+    std::vector<int> idle, readers;
+    for (int i = 0; i < attack.idle; ++i) idle.push_back(connect_from("127.0.0.1", port));
+    std::string batch;
+    for (int i = 0; i < 100; ++i) {
+      batch += "GET /no/such/endpoint HTTP/1.1\r\nHost: bench\r\n\r\nGET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n";
+    }
+    for (int i = 0; i < attack.readers; ++i) readers.push_back(connect_from("127.0.0.1", port));
+    while (attacking) {
+      for (int& fd : idle) {
+        char byte = 0;
+        const ssize_t n = fd < 0 ? 0 : ::recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // open and silent
+        if (fd >= 0) ::close(fd);
+        fd = connect_from("127.0.0.1", port);
+      }
+      for (int& fd : readers) {
+        if (fd >= 0 && (::send(fd, batch.data(), batch.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0 || errno == EAGAIN ||
+                        errno == EWOULDBLOCK)) {
+          continue;
+        }
+        if (fd >= 0) ::close(fd);
+        fd = connect_from("127.0.0.1", port);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (int fd : idle) ::close(fd);
+    for (int fd : readers) ::close(fd);
+  });
+  for (auto& thread : threads) thread.join();
+}
+
 Result run(const std::string& name, bool write_each, bool full_sync, int connections, int leases, double seconds,
-           const std::string& dir, int slow_connections = 0, int queue = 0, const std::string& tls_dir = "") {
+           const std::string& dir, int slow_connections = 0, int queue = 0, const std::string& tls_dir = "",
+           const SharedAddressAttack& attack = {}) {
   const std::string db = dir + "/quota_bench_" + name + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
   ServiceOptions so;
   so.db_path = db;
   so.write_each_heartbeat = write_each;
   so.full_sync = full_sync;
-  QuotaService service(bench_policy(), so);
+  QuotaService service(bench_policy(attack.ttl_s), so);
   ServerOptions opts;
   opts.threads = std::max(4, connections + 2);
   if (!tls_dir.empty()) {
@@ -136,7 +198,7 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
   QuotaServer server(service, opts);
   const int port = server.start();
   const httplib::Headers auth = {{"Authorization", "Bearer bench-token"}};
-  std::vector<int64_t> ids;
+  std::vector<int64_t> ids, queued_ids;
   {
     httplib::Client client = bench_client(port, tls_dir);
     for (int i = 0; i < leases; ++i) {
@@ -150,6 +212,7 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
       auto response =
           client.Post("/v1/leases", auth, R"({"model":"yolov8n","shared":true,"memory_gib":80})", "application/json");
       if (!response || response->status != 202) throw std::runtime_error("bench: a queued request was not queued");
+      queued_ids.push_back(json::parse(response->body)["lease_id"].get<int64_t>());
     }
   }
   std::vector<int> drips;
@@ -166,6 +229,25 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
       for (int wait = 0; wait < 5 && dripping; ++wait) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
+  std::atomic<bool> attacking{true};
+  std::thread attacker([&] { attack_shared_address(attack, port, attacking); });
+  // with a short TTL the queued requests heartbeat too (once a second, as waiting trainers do), else they
+  // expire and the queue is gone
+  std::thread queue_keeper([&] {
+    if (attack.ttl_s == 0 || queued_ids.empty()) return;
+    httplib::Client client = bench_client(port, tls_dir);
+    client.set_keep_alive(true);
+    client.set_tcp_nodelay(true);  // else each heartbeat waits for a delayed ACK
+    while (attacking) {
+      const auto round = Clock::now();
+      for (size_t i = 0; attacking && i < queued_ids.size(); ++i) {
+        client.Post(("/v1/leases/" + std::to_string(queued_ids[i]) + "/heartbeat").c_str(), auth, "{}",
+                    "application/json");
+      }
+      std::this_thread::sleep_until(round + std::chrono::seconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(attack.idle > 0 ? 500 : 0));  // the sockets are open
   std::vector<std::vector<double>> latencies_by_thread(static_cast<size_t>(connections));
   std::atomic<int64_t> errors{0};
   std::atomic<bool> go{false};
@@ -213,6 +295,9 @@ Result run(const std::string& name, bool write_each, bool full_sync, int connect
     queued = static_cast<int>(engine.queue_ids().size());
   });
   const int64_t rss = resident_mib();
+  attacking = false;
+  attacker.join();
+  queue_keeper.join();
   server.stop();  // flushes the last batch
   std::vector<double> all;
   for (auto& latencies : latencies_by_thread) all.insert(all.end(), latencies.begin(), latencies.end());
@@ -249,7 +334,8 @@ int main(int argc, char** argv) {
   std::vector<int> connections = {1, 2, 4};
   std::string out = "quota_load_bench.json";
   std::string dir = std::filesystem::temp_directory_path().string();
-  app.add_option("--seconds", seconds, "duration of each run")->check(CLI::Range(0.2, 30.0));
+  app.add_option("--seconds", seconds, "duration of each run (the hostile one: at least 10 s)")
+      ->check(CLI::Range(0.2, 30.0));
   app.add_option("--leases", leases, "leases heartbeating")->check(CLI::Range(1, 64));
   app.add_option("--connections", connections, "keep-alive client connections per run");
   app.add_option("--out", out, "JSON result file");
@@ -264,7 +350,13 @@ int main(int argc, char** argv) {
   const int cmp = connections.size() > 1 ? connections[1] : connections[0];
   results.push_back(run("batched_full", false, true, cmp, leases, seconds, dir));
   results.push_back(run("commit_each_full", true, true, cmp, leases, seconds, dir));
-  const Result hostile = run("hostile", false, false, cmp, leases, seconds, dir, 200, 1000);
+  // ttl 4 s, the run at least 10 s: a lease whose heartbeats stall expires within it
+  SharedAddressAttack attack;
+  attack.wrong_per_s = 100;
+  attack.idle = 40;
+  attack.readers = 4;
+  attack.ttl_s = 4;
+  const Result hostile = run("hostile", false, false, cmp, leases, std::max(seconds, 10.0), dir, 200, 1000, "", attack);
   const Result tls = run("batched_tls", false, false, cmp, leases, seconds, dir, 0, 0, make_certificates(dir));
 
   std::printf("%-16s %5s %10s %12s %8s %8s %9s %8s %7s %10s\n", "mode", "conns", "heartbeats", "per_s", "p50_ms",
@@ -300,10 +392,13 @@ int main(int argc, char** argv) {
               each.connections, ratio);
   const bool hostile_met = hostile.p99_ms < 50 && hostile.expired == 0 && hostile.errors == 0 && hostile.rss_mib < 300;
   std::printf(
-      "hostile: %d heartbeats/s, p99 %.3f ms, max %.2f ms, errors %lld, with %d slow-drip connections and %d queued "
-      "requests; %d of %d leases expired; resident %lld MiB. Target p99 < 50 ms, none expired, < 300 MiB: %s\n",
-      static_cast<int>(hostile.per_s), hostile.p99_ms, hostile.max_ms, static_cast<long long>(hostile.errors),
-      hostile.slow_connections, hostile.queued, hostile.expired, leases, static_cast<long long>(hostile.rss_mib),
+      "hostile (%.1f s, lease ttl %d s): %d heartbeats/s, p99 %.3f ms, max %.2f ms, errors %lld, with %d slow-drip "
+      "connections, %d queued requests and from the trainers' address %d wrong tokens/s, %d idle sockets, %d "
+      "non-reading pipeliners; %d of %d leases expired; resident %lld MiB. Target p99 < 50 ms, none expired, < 300 "
+      "MiB: %s\n",
+      hostile.seconds, attack.ttl_s, static_cast<int>(hostile.per_s), hostile.p99_ms, hostile.max_ms,
+      static_cast<long long>(hostile.errors), hostile.slow_connections, hostile.queued, attack.wrong_per_s, attack.idle,
+      attack.readers, hostile.expired, leases, static_cast<long long>(hostile.rss_mib),
       hostile_met ? "met" : "NOT met");
   std::printf("https: %d heartbeats/s, p50 %.3f ms, p99 %.3f ms, errors %lld at %d keep-alive connections\n",
               static_cast<int>(tls.per_s), tls.p50_ms, tls.p99_ms, static_cast<long long>(tls.errors), tls.connections);
@@ -319,6 +414,8 @@ int main(int argc, char** argv) {
                                {"slow_connections", hostile.slow_connections},
                                {"queued_requests", hostile.queued},
                                {"leases_expired", hostile.expired},
+                               {"seconds", hostile.seconds},
+                               {"lease_ttl_s", attack.ttl_s},
                                {"resident_mib", hostile.rss_mib},
                                {"target_met", hostile_met}}},
                              {"https",

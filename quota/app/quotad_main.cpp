@@ -91,11 +91,14 @@ Policy load_policy_with_tokens(const std::string& policy_path) {
 }
 
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
-          const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep) {
+          const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep,
+          int max_connections_per_address, int max_connections) {
   Policy policy = load_policy_with_tokens(policy_path);
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;
+  so.max_connections_per_client = max_connections_per_address;
+  so.max_connections = max_connections;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
   ServiceOptions opts;
@@ -147,6 +150,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--backup-keep", backup_keep, "online backups kept (the newest)")
       ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  // connections that have not yet presented a valid token, per peer address; behind a TLS proxy or a NAT
+  // every trainer shares one address (quota/README.md, threat model)
+  int max_connections_per_address = ServerOptions{}.max_connections_per_client;
+  int max_connections = ServerOptions{}.max_connections;
+  serve_cmd
+      ->add_option("--max-connections-per-address", max_connections_per_address,
+                   "unauthenticated connections per peer address (the oldest idle one is closed, 429)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  serve_cmd->add_option("--max-connections", max_connections, "open connections in all (more get 503)")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   std::string tls_cert, tls_key;
   auto* cert_option = serve_cmd->add_option("--tls-cert", tls_cert, "serve HTTPS with this PEM certificate (chain)")
@@ -302,7 +317,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*serve_cmd) {
-      return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep);
+      return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep,
+                   max_connections_per_address, max_connections);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {

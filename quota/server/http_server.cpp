@@ -92,6 +92,8 @@ struct QuotaServer::Peer {
   int64_t deadline_ms = 0;  // the request must be whole by then; 0 while one is being answered
   int64_t close_at_ms = 0;  // refused: closed for good then
   bool refused = false;
+  bool counted = true;  // against its address's cap: no valid token seen yet, not refused
+  uint64_t order = 0;   // accept order: the oldest is refused first
   int served = 0;
 };
 
@@ -163,22 +165,39 @@ void QuotaServer::connection_started(MHD_Connection* connection, void** socket_c
   *socket_context = peer.get();
   peers_[peer.get()] = std::move(peer);
   ++open_;
+  ref.order = ++accepted_;
   const int from_address = ++per_address_[ref.address];
   if (open_ > options_.max_connections) {
     refuse_locked(ref, 503, "Service Unavailable", "quotad has too many open connections; retry shortly");
   } else if (from_address > options_.max_connections_per_client) {
-    refuse_locked(ref, 429, "Too Many Requests",
-                  "too many connections from " + ref.address + " (at most " +
+    // The newcomer may be a trainer about to send its token; the oldest unauthenticated connection still
+    // waiting for a request (an idle socket of a flood) makes room. Only if every one of them has a request
+    // in flight is the newcomer refused.
+    Peer* oldest = nullptr;
+    for (auto& [key, peer] : peers_) {
+      if (peer->counted && peer->deadline_ms != 0 && peer->address == ref.address &&
+          (oldest == nullptr || peer->order < oldest->order)) {
+        oldest = peer.get();
+      }
+    }
+    refuse_locked(oldest != nullptr ? *oldest : ref, 429, "Too Many Requests",
+                  "too many unauthenticated connections from " + ref.address + " (at most " +
                       std::to_string(options_.max_connections_per_client) + ")");
   }
+}
+
+void QuotaServer::uncount_locked(Peer& peer) {
+  if (!peer.counted) return;
+  peer.counted = false;
+  auto it = per_address_.find(peer.address);
+  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
 }
 
 void QuotaServer::connection_closed(void** socket_context) {
   auto* peer = static_cast<Peer*>(*socket_context);
   if (peer == nullptr) return;
   std::lock_guard<std::mutex> lock(peers_mutex_);
-  auto it = per_address_.find(peer->address);
-  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
+  uncount_locked(*peer);
   --open_;
   peers_.erase(peer);
   *socket_context = nullptr;
@@ -187,6 +206,7 @@ void QuotaServer::connection_closed(void** socket_context) {
 void QuotaServer::refuse_locked(Peer& peer, int status, const char* phrase, const std::string& reason) {
   if (peer.refused) return;
   peer.refused = true;
+  uncount_locked(peer);
   peer.close_at_ms = steady_ms() + 2000;  // the client reads the answer while what it still sends drains
   if (tls_cert_.empty() && peer.fd >= 0) {
     const std::string body = error_body(status, reason);
@@ -320,6 +340,17 @@ void QuotaServer::work(Lane& lane) {
       lane.jobs.pop_front();
     }
     const RouteSpec* route = exchange->route >= 0 ? &routes[static_cast<size_t>(exchange->route)] : nullptr;
+    bool counted = false;
+    {
+      std::lock_guard<std::mutex> lock(peers_mutex_);
+      if (Peer* peer = live_locked(exchange->peer); peer != nullptr) counted = peer->counted;
+    }
+    // once per connection: a valid token takes it off its address's cap (the lookup runs here, not in
+    // libmicrohttpd's one thread)
+    if (counted && !exchange->request.token.empty() && service_.accepts_token(exchange->request.token)) {
+      std::lock_guard<std::mutex> lock(peers_mutex_);
+      if (Peer* peer = live_locked(exchange->peer); peer != nullptr) uncount_locked(*peer);
+    }
     try {
       if (route != nullptr && route->access == RouteAccess::kPage) {
         // the pages: names of teams, users and jobs and figures, never tokens

@@ -38,9 +38,13 @@ struct ServerOptions {
   int max_requests_per_connection = 1000;
   size_t max_header_bytes = 16 * 1024;
   int max_headers = 64;
-  int max_connections_per_client = 32;  // per peer address; more get 429 and are closed
-  int max_connections = 4096;           // more get 503 and are closed
-  size_t max_queued_requests = 10000;   // per lane; more get 503
+  // Per peer address, connections that have not yet presented a valid token; over the cap, the address's
+  // oldest such connection waiting for a request gets 429 and closes (the newcomer is served). A connection
+  // whose request carried a valid token no longer counts: trainers behind one TLS proxy or NAT are never
+  // refused for the address they share with a flood.
+  int max_connections_per_client = 32;
+  int max_connections = 4096;          // more get 503 and are closed
+  size_t max_queued_requests = 10000;  // per lane; more get 503
   // HTTPS when both are set: PEM files of the certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
@@ -91,9 +95,13 @@ class QuotaServer {
   std::string tls_cert_, tls_key_;  // PEM, alive as long as the daemon
   MHD_Daemon* daemon_ = nullptr;
   Lane api_, fast_;
-  std::mutex peers_mutex_;  // peers_, per_address_, open_
+  // The peer no longer counts against its address's cap (authenticated or refused). With peers_mutex_ held.
+  void uncount_locked(Peer& peer);
+
+  std::mutex peers_mutex_;  // peers_, per_address_, open_, accepted_
   std::map<Peer*, std::unique_ptr<Peer>> peers_;
-  std::map<std::string, int> per_address_;
+  std::map<std::string, int> per_address_;  // the counted (unauthenticated, unrefused) peers per address
+  uint64_t accepted_ = 0;
   int open_ = 0;
   std::thread watchdog_;
   std::thread maintenance_;

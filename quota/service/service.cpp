@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "quota/core/codec.h"
+#include "quota/core/sha256.h"
 
 namespace yolo8::quota {
 
@@ -237,9 +238,8 @@ void QuotaService::tick() {
   std::vector<std::pair<std::string, int>> failures;
   {
     std::lock_guard<std::mutex> lock(auth_mutex_);
-    for (auto& [address, record] : auth_failures_) {
-      if (record.unreported > 0) failures.emplace_back(address, std::exchange(record.unreported, 0));
-    }
+    failures.assign(auth_unreported_.begin(), auth_unreported_.end());
+    auth_unreported_.clear();
   }
   try {
     locked(
@@ -261,7 +261,7 @@ void QuotaService::tick() {
         true);
   } catch (...) {
     std::lock_guard<std::mutex> lock(auth_mutex_);  // not saved: report them with the next tick
-    for (const auto& [address, count] : failures) auth_failures_[address].unreported += count;
+    for (const auto& [address, count] : failures) auth_unreported_[address] += count;
     throw;
   }
   // only a tick that was saved moves the clock: a stalled store is quotad's outage too
@@ -499,44 +499,41 @@ RouteLane RouteMatch::lane() const {
   return found() ? QuotaService::routes()[static_cast<size_t>(index)].lane : RouteLane::kApi;
 }
 
-bool QuotaService::auth_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms) {
+std::string QuotaService::auth_key(const std::string& address, const std::string& token) {
+  return address + " " + sha256_hex(token);
+}
+
+bool QuotaService::auth_blocked(const std::string& key, const std::string& address, int64_t now_ms,
+                                int64_t& retry_after_ms) {
   std::lock_guard<std::mutex> lock(auth_mutex_);
-  auto it = auth_failures_.find(address);
+  auto it = auth_failures_.find(key);
   if (it == auth_failures_.end() || now_ms >= it->second.blocked_until_ms) return false;
   retry_after_ms = it->second.blocked_until_ms - now_ms;
-  ++it->second.unreported;  // refused without a look at the token: still an attempt
+  ++auth_unreported_[address];  // refused without a look at the users: still an attempt
   return true;
 }
 
-void QuotaService::auth_failed(const std::string& address, int64_t now_ms) {
+void QuotaService::auth_failed(const std::string& key, const std::string& address, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(auth_mutex_);
-  if (auth_failures_.size() >= kMaxTrackedAddresses && !auth_failures_.count(address)) {
-    // bounded memory: forget the address whose block ended longest ago
-    auto oldest = std::min_element(auth_failures_.begin(), auth_failures_.end(), [](const auto& a, const auto& b) {
-      return a.second.blocked_until_ms < b.second.blocked_until_ms;
-    });
-    auth_failures_.erase(oldest);
+  ++auth_unreported_[address];
+  if (auth_failures_.size() >= kMaxTrackedFailures && !auth_failures_.count(key)) {
+    // bounded memory: forget every record not blocking now (one sweep, not one scan per failure); if all
+    // are blocking, the one whose block ends first
+    for (auto it = auth_failures_.begin(); it != auth_failures_.end();) {
+      it = it->second.blocked_until_ms <= now_ms ? auth_failures_.erase(it) : std::next(it);
+    }
+    if (auth_failures_.size() >= kMaxTrackedFailures) {
+      auth_failures_.erase(std::min_element(
+          auth_failures_.begin(), auth_failures_.end(),
+          [](const auto& a, const auto& b) { return a.second.blocked_until_ms < b.second.blocked_until_ms; }));
+    }
   }
-  AuthFailures& failures = auth_failures_[address];
-  if (failures.first_ms == 0) failures.first_ms = now_ms;
+  AuthFailures& failures = auth_failures_[key];
   ++failures.count;
-  ++failures.unreported;
   // a few typos are free; then 250 ms, doubling with every failure, at most a minute
   if (failures.count >= kFreeAuthFailures) {
     const int doublings = std::min(failures.count - kFreeAuthFailures, 8);
     failures.blocked_until_ms = now_ms + std::min<int64_t>(60000, int64_t{250} << doublings);
-  }
-}
-
-void QuotaService::auth_succeeded(const std::string& address) {
-  std::lock_guard<std::mutex> lock(auth_mutex_);
-  auto it = auth_failures_.find(address);
-  if (it == auth_failures_.end()) return;
-  if (it->second.unreported == 0) {
-    auth_failures_.erase(it);
-  } else {
-    it->second.count = 0;  // kept until the tick has audited the failures
-    it->second.blocked_until_ms = 0;
   }
 }
 
@@ -569,22 +566,25 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
       caller.role = Role::kAdmin;
     }
   } else {
+    if (req.token.empty()) return error_response(401, "authorization: a bearer token is required");
+    // Throttled per (address, token): a wrong token repeated from an address shared with trainers (a TLS
+    // proxy, a NAT) blocks only that token there. A blocked token was already found wrong (the policy does
+    // not change while serving), so it is refused before the users' hashes are computed.
     const int64_t now = clock_();
+    const std::string key = auth_key(req.client_address, req.token);
     int64_t retry_after_ms = 0;
-    if (auth_blocked(req.client_address, now, retry_after_ms)) {
-      ApiResponse response =
-          error_response(429, "authorization: too many failed attempts from this address; retry in " +
-                                  std::to_string((retry_after_ms + 999) / 1000) + " s");
-      response.headers["Retry-After"] = std::to_string((retry_after_ms + 999) / 1000);
+    if (auth_blocked(key, req.client_address, now, retry_after_ms)) {
+      const std::string seconds = std::to_string((retry_after_ms + 999) / 1000);
+      ApiResponse response = error_response(
+          429, "authorization: this token failed too often from this address; retry in " + seconds + " s");
+      response.headers["Retry-After"] = seconds;
       return response;
     }
-    if (req.token.empty()) return error_response(401, "authorization: a bearer token is required");
     const User* user = policy_.find_user_by_token(req.token);
     if (user == nullptr) {
-      auth_failed(req.client_address, now);
+      auth_failed(key, req.client_address, now);
       return error_response(401, "authorization: unknown token");
     }
-    auth_succeeded(req.client_address);
     caller.name = user->name;
     caller.team = user->team;
     caller.role = user->role;

@@ -102,6 +102,9 @@ class QuotaService {
   std::vector<std::string> check_invariants();
   int64_t now() const { return clock_(); }
   const Policy& policy() const { return policy_; }
+  // Whether a bearer token belongs to a user of the policy (the HTTP front exempts such connections from its
+  // per-address cap).
+  bool accepts_token(const std::string& token) const { return policy_.find_user_by_token(token) != nullptr; }
   // Runs `fn` on the engine under the service lock (tests, invariants).
   void inspect(const std::function<void(const Engine&)>& fn);
   // What /metrics and the status page render: a snapshot of the engine and the tracker (brought up to date)
@@ -124,17 +127,18 @@ class QuotaService {
     std::string reason;
     Telemetry telemetry;  // the latest figures, each carried forward until reported again
   };
+  // Failed authentications of one (address, presented token): a client repeating a wrong token backs off;
+  // a valid token is never recorded here, so it is never blocked, whoever shares its address (issue 30).
   struct AuthFailures {
-    int count = 0;       // consecutive failures
-    int unreported = 0;  // attempts not yet in the audit log
-    int64_t first_ms = 0;
+    int count = 0;  // consecutive failures
     int64_t blocked_until_ms = 0;
   };
   static constexpr int kFreeAuthFailures = 5;
-  static constexpr size_t kMaxTrackedAddresses = 10000;
-  bool auth_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms);
-  void auth_failed(const std::string& address, int64_t now_ms);
-  void auth_succeeded(const std::string& address);
+  static constexpr size_t kMaxTrackedFailures = 10000;
+  // The throttle's key: the address and a digest of the token (wrong tokens may be typos of real ones).
+  static std::string auth_key(const std::string& address, const std::string& token);
+  bool auth_blocked(const std::string& key, const std::string& address, int64_t now_ms, int64_t& retry_after_ms);
+  void auth_failed(const std::string& key, const std::string& address, int64_t now_ms);
   ApiResponse route(const ApiRequest& req);
   using Handler = ApiResponse (*)(QuotaService&, const Caller&, const ApiRequest&, const std::vector<std::string>&,
                                   int64_t id);
@@ -194,7 +198,8 @@ class QuotaService {
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
   UtilTracker tracker_;  // guarded by mutex_
   std::mutex auth_mutex_;
-  std::map<std::string, AuthFailures> auth_failures_;  // by client address
+  std::map<std::string, AuthFailures> auth_failures_;  // by auth_key()
+  std::map<std::string, int> auth_unreported_;         // attempts not yet audited, by client address
 };
 
 }  // namespace yolo8::quota

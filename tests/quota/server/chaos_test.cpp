@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -224,40 +225,44 @@ TEST(QuotaChaos, ActingOnBehalfIsAuditedWithBothNamesAndUnknownUsersAreRefused) 
 }
 
 // Issue 15, failure 6: 29,594 token guesses in 3 s, no throttling, no audit row.
-TEST(QuotaChaos, FailedAuthenticationIsThrottledPerAddressAndAuditedInAggregate) {
+// Issue 30, item 1: the block was per address, so wrong tokens from the address trainers share (a TLS
+// proxy, a NAT) locked out every valid token there. Now a wrong token is throttled per (address, token).
+TEST(QuotaChaos, FailedAuthenticationIsThrottledPerAddressAndTokenAndAuditedInAggregate) {
   Served served;
   int unauthorized = 0, throttled = 0;
-  for (int guess = 0; guess < 1000; ++guess) {
-    const ApiResponse answer = served.call("GET", "/v1/teams", "guess-" + std::to_string(guess), "", "198.51.100.7");
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const ApiResponse answer = served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7");
     if (answer.status == 401) ++unauthorized;
     if (answer.status == 429) {
       ++throttled;
       EXPECT_EQ(answer.headers.count("Retry-After"), 1u);
     }
   }
-  EXPECT_EQ(unauthorized, 5) << "only the first few guesses reach the token check";
+  EXPECT_EQ(unauthorized, 5) << "only the first few repeats reach the token check";
   EXPECT_EQ(throttled, 995);
-  // blocked: even the right token waits (the block says nothing about which guess was close)
-  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.7").status, 429);
-  // other addresses are not affected
-  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.8").status, 200);
+  // a valid token from the same address is never blocked
+  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.7").status, 200);
+  // the same wrong token elsewhere, or another token here, is not blocked either
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.8").status, 401);
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong-too", "", "198.51.100.7").status, 401);
   // exponential back-off: 250 ms after the 5th failure, then 500 ms after the next one
   *served.clock.now += 300;
   EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7").status, 401);
   *served.clock.now += 300;
   EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7").status, 429);
   *served.clock.now += 300;
-  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", "198.51.100.7").status, 200);
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong", "", "198.51.100.7").status, 401);
   served.service->tick();
   int audited = 0;
   for (const auto& entry : served.audit()) {
     if (entry["action"] != "auth.failed") continue;
     ++audited;
-    EXPECT_NE(entry["detail"].get<std::string>().find("1003 failed or refused authentication(s) from 198.51.100.7"),
-              std::string::npos)
+    const std::string detail = entry["detail"].get<std::string>();
+    EXPECT_TRUE(detail.find("1004 failed or refused authentication(s) from 198.51.100.7") != std::string::npos ||
+                detail.find("1 failed or refused authentication(s) from 198.51.100.8") != std::string::npos)
         << entry.dump();
   }
-  EXPECT_EQ(audited, 1) << "one aggregate entry, not one per guess";
+  EXPECT_EQ(audited, 2) << "one aggregate entry per address, not one per guess";
 }
 
 // Issue 15, failure 6: a NUL byte in a justification cut the audit text while the lease kept the rest.
@@ -315,7 +320,7 @@ TEST(QuotaChaos, APerUserCapOnQueuedRequestsAnswers429) {
 
 // ---- the HTTP front on loopback ----
 
-std::string short_ttl_policy() {
+std::string ttl_policy(int ttl_s, int interval_s, int grace_s) {
   return R"(
 inventory:
   nodes: [{name: box, gpus: 2, memory_gib: 24}]
@@ -325,9 +330,12 @@ users:
 teams:
   t: {base: 2, burst: 2, members: [alice]}
 credits: {monthly_gpu_hours: 0}
-leases: {ttl_s: 3, heartbeat_interval_s: 1, expiry_grace_s: 1}
-)";
+leases: {ttl_s: )" +
+         std::to_string(ttl_s) + ", heartbeat_interval_s: " + std::to_string(interval_s) +
+         ", expiry_grace_s: " + std::to_string(grace_s) + "}\n";
 }
+
+std::string short_ttl_policy() { return ttl_policy(3, 1, 1); }
 
 // A TCP connection to the server from `source` (any 127.x.y.z is loopback on Linux), or -1.
 int connect_from(const char* source, int port) {
@@ -485,8 +493,12 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
   const int port = server.start();
   std::vector<int> idle;
   for (int i = 0; i < 8; ++i) idle.push_back(connect_from("127.0.0.3", port));
+  // the ninth: the oldest idle connection of the address gets 429 and closes, the newcomer is served
   const int extra = connect_from("127.0.0.3", port);
-  EXPECT_EQ(status_line(extra, 2000).rfind("HTTP/1.1 429", 0), 0u);
+  EXPECT_EQ(status_line(idle.front(), 2000).rfind("HTTP/1.1 429", 0), 0u);
+  const std::string health_request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_GT(::send(extra, health_request.data(), health_request.size(), MSG_NOSIGNAL), 0);
+  EXPECT_EQ(status_line(extra, 2000).rfind("HTTP/1.1 200", 0), 0u);
   ::close(extra);
   httplib::Client other("127.0.0.1", port);  // another address is served
   auto health = other.Get("/healthz");
@@ -507,6 +519,190 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
     }
   }
   server.stop();
+}
+
+// Issue 30, item 1: a connection that presented a valid token no longer counts against its address's cap,
+// so idle sockets from the same address cannot push it out; the idle ones make room among themselves.
+TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForIdleSocketsFromItsAddress) {
+  QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
+  ServerOptions options;
+  options.max_connections_per_client = 2;
+  QuotaServer server(service, options);
+  const int port = server.start();
+  // everything the server sent on `fd` within `timeout_ms`
+  auto drain = [](int fd, int timeout_ms) {
+    timeval timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    std::string text;
+    char chunk[4096];
+    for (ssize_t n; (n = ::recv(fd, chunk, sizeof(chunk), 0)) > 0;) text.append(chunk, static_cast<size_t>(n));
+    return text;
+  };
+  const std::string teams = "GET /v1/teams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\n\r\n";
+  const int trainer = connect_from("127.0.0.5", port);
+  ASSERT_GT(::send(trainer, teams.data(), teams.size(), MSG_NOSIGNAL), 0);
+  EXPECT_EQ(drain(trainer, 300).rfind("HTTP/1.1 200", 0), 0u);
+  std::vector<int> idle;
+  for (int i = 0; i < 5; ++i) idle.push_back(connect_from("127.0.0.5", port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int evicted = 0;
+  for (int fd : idle) {
+    char head[12] = {0};
+    if (::recv(fd, head, sizeof(head), MSG_DONTWAIT | MSG_PEEK) == 12 && std::string(head, 12) == "HTTP/1.1 429") {
+      ++evicted;
+    }
+  }
+  EXPECT_EQ(evicted, 3) << "five idle sockets under a cap of two";
+  // the trainer's kept-alive connection is still served
+  ASSERT_GT(::send(trainer, teams.data(), teams.size(), MSG_NOSIGNAL), 0);
+  EXPECT_EQ(drain(trainer, 300).rfind("HTTP/1.1 200", 0), 0u);
+  ::close(trainer);
+  for (int fd : idle) ::close(fd);
+  server.stop();
+}
+
+// A trainer on 127.0.0.1 that holds a lease of `policy` and heartbeats it every second for `run_ms`, each
+// heartbeat on a new connection (as through a proxy that does not pool); what it saw.
+struct TrainerRun {
+  int beats = 0, ok = 0, throttled = 0, refused = 0;
+  double worst_ms = 0;
+  bool granted_at_end = false;
+};
+
+template <typename Attack>
+TrainerRun heartbeat_under(const std::string& policy, ServerOptions options, int run_ms, Attack attack) {
+  QuotaService service(load_policy_from_string(policy, "ttl.yaml"), ServiceOptions{});
+  QuotaServer server(service, options);
+  const int port = server.start();
+  const httplib::Headers auth{{"Authorization", "Bearer alice-token"}};
+  int64_t id = 0;
+  {
+    httplib::Client client("127.0.0.1", port);
+    auto granted = client.Post("/v1/leases", auth, "{}", "application/json");
+    EXPECT_TRUE(granted && granted->status == 201);
+    if (!granted || granted->status != 201) return {};
+    id = json::parse(granted->body)["lease_id"].get<int64_t>();
+  }
+  std::atomic<bool> attacking{true};
+  std::thread attacker([&] { attack(port, attacking); });
+  TrainerRun run;
+  const auto start = Steady::now();
+  while (ms_since(start) < run_ms) {
+    const auto beat_start = Steady::now();
+    httplib::Client client("127.0.0.1", port);
+    client.set_connection_timeout(5, 0);
+    client.set_read_timeout(5, 0);
+    auto beat =
+        client.Post(("/v1/leases/" + std::to_string(id) + "/heartbeat").c_str(), auth, "{}", "application/json");
+    run.worst_ms = std::max(run.worst_ms, ms_since(beat_start));
+    ++run.beats;
+    if (!beat) {
+      ++run.refused;
+    } else if (beat->status == 429) {
+      ++run.throttled;
+    } else if (beat->status == 200 && json::parse(beat->body)["state"] == "granted") {
+      ++run.ok;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(0, 1000 - static_cast<int>(ms_since(beat_start)))));
+  }
+  attacking = false;
+  attacker.join();
+  service.inspect([&](const Engine& engine) {
+    run.granted_at_end = engine.find(id) != nullptr && engine.find(id)->state == LeaseState::kGranted;
+  });
+  server.stop();
+  return run;
+}
+
+// Issue 30, item 1: 100 wrong tokens a second from the address the trainers share. Before: the address was
+// blocked after 5 failures (growing to 60 s), every heartbeat got 429 and the 6 s-TTL lease expired.
+TEST(QuotaChaos, WrongTokensFromTheTrainersOwnAddressNeverThrottleTheTrainer) {
+  std::atomic<int> attacker_throttled{0};
+  const TrainerRun run =
+      heartbeat_under(ttl_policy(6, 2, 0), ServerOptions{}, 10000, [&](int port, std::atomic<bool>& attacking) {
+        httplib::Client client("127.0.0.1", port);
+        const httplib::Headers wrong{{"Authorization", "Bearer not-alice"}};
+        for (int i = 0; attacking; ++i) {
+          const auto sent = Steady::now();
+          auto answer = client.Post("/v1/leases/1/heartbeat", wrong, "{}", "application/json");
+          if (answer && answer->status == 429) ++attacker_throttled;
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::max(0, 10 - static_cast<int>(ms_since(sent)))));
+        }
+      });
+  EXPECT_GE(run.beats, 9);
+  EXPECT_EQ(run.throttled, 0) << "a valid token got 429";
+  EXPECT_EQ(run.ok, run.beats);
+  EXPECT_TRUE(run.granted_at_end) << "the lease expired";
+  EXPECT_GT(attacker_throttled.load(), 500) << "the wrong token was not throttled";
+}
+
+// Issue 30, item 1: 32 idle sockets from the trainers' address. Before: every further connection from it got
+// 429, heartbeats included, and the lease expired. Here 40 idle sockets, reopened as soon as one is closed.
+TEST(QuotaChaos, IdleSocketsFromTheTrainersAddressLeaveHeartbeatsAnswered) {
+  std::atomic<int> evicted{0};
+  const TrainerRun run =
+      heartbeat_under(ttl_policy(6, 2, 0), ServerOptions{}, 10000, [&](int port, std::atomic<bool>& attacking) {
+        std::vector<int> idle;
+        for (int i = 0; i < 40; ++i) idle.push_back(connect_from("127.0.0.1", port));
+        while (attacking) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          for (int& fd : idle) {
+            char head[12] = {0};
+            const ssize_t n = fd < 0 ? 0 : ::recv(fd, head, sizeof(head), MSG_DONTWAIT | MSG_PEEK);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;   // still open and silent
+            if (n == 12 && std::string(head, 12) == "HTTP/1.1 429") ++evicted;  // made room for a newcomer
+            if (fd >= 0) ::close(fd);
+            fd = connect_from("127.0.0.1", port);
+          }
+        }
+        for (int fd : idle) ::close(fd);
+      });
+  EXPECT_GE(run.beats, 9);
+  EXPECT_EQ(run.throttled + run.refused, 0) << "a heartbeat was refused for the address's idle sockets";
+  EXPECT_EQ(run.ok, run.beats);
+  EXPECT_TRUE(run.granted_at_end) << "the lease expired";
+  EXPECT_GT(evicted.load(), 0) << "the idle sockets were never capped";
+}
+
+// Issue 30, item 2: clients that pipeline requests and never read their answers. Before (the request gate),
+// each blocked write held a heartbeat worker for 10 s and a 6 s-TTL lease expired. Now libmicrohttpd writes
+// without blocking and a worker only builds the answer: four such clients, on the fast lane's routes too,
+// hold no worker.
+TEST(QuotaChaos, FourSlowReadersPipeliningLoseNoLease) {
+  ServerOptions options;
+  options.fast_threads = 4;
+  const TrainerRun run =
+      heartbeat_under(ttl_policy(6, 2, 0), options, 10000, [&](int port, std::atomic<bool>& attacking) {
+        std::vector<int> readers;
+        std::string batch;
+        for (int i = 0; i < 200; ++i) {
+          batch += "GET /no/such/endpoint/" + std::string(200, 'x') + " HTTP/1.1\r\nHost: x\r\n\r\n";
+          batch += "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+          batch += "POST /v1/leases/1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+        }
+        for (int i = 0; i < 4; ++i) {
+          const int fd = connect_from("127.0.0.1", port);
+          const int small = 1024;  // the answers back up at once
+          ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+          readers.push_back(fd);
+        }
+        while (attacking) {  // keep the pipes full; never read
+          for (int& fd : readers) {
+            if (fd < 0) continue;
+            const ssize_t sent = ::send(fd, batch.data(), batch.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {  // closed by the server: come back
+              ::close(fd);
+              fd = connect_from("127.0.0.1", port);
+            }
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        for (int fd : readers) ::close(fd);
+      });
+  EXPECT_GE(run.beats, 9);
+  EXPECT_EQ(run.ok, run.beats);
+  EXPECT_LT(run.worst_ms, 1000) << "slowest heartbeat";
+  EXPECT_TRUE(run.granted_at_end) << "the lease expired";
 }
 
 // Issue 15, failure 7: team-interns (base 2) held all 17 non-pool GPUs through 68 shared leases while counting
