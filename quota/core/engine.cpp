@@ -649,6 +649,35 @@ void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
           std::to_string(extended) + " lease(s) extended by it");
 }
 
+void Engine::clock_stepped(int64_t step_ms, int64_t now_ms) {
+  if (step_ms == 0) return;
+  const int64_t before_ms = now_ms - step_ms;  // the time now as the clock read before the step
+  auto moved = [&](int64_t t) { return t == 0 ? 0 : std::min(now_ms, t + step_ms); };
+  int count = 0;
+  for (auto& [id, lease] : leases_) {
+    const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
+    const bool waiting = lease.state == LeaseState::kQueued || lease.state == LeaseState::kPendingApproval;
+    const bool draining = lease.holds_gpus(before_ms) && !running;  // expired, its GPUs not returned yet
+    if (!running && !waiting && !draining) continue;
+    if (draining) {
+      lease.free_at_ms += step_ms;
+    } else {
+      lease.last_seen_ms = moved(lease.last_seen_ms);
+    }
+    if (running) {
+      lease.granted_ms = moved(lease.granted_ms);
+      lease.charged_until_ms = moved(lease.charged_until_ms);
+      if (lease.state == LeaseState::kRevoking) lease.deadline_ms += step_ms;
+    }
+    changes_.leases.insert(id);
+    ++count;
+  }
+  for (auto& [key, decayed] : fair_usage_) decayed.as_of_ms = moved(decayed.as_of_ms);
+  log(now_ms, "quotad", "clock.step", nullptr,
+      "the wall clock stepped by " + std::to_string(step_ms / 1000) + " s against the monotonic clock; the clocks of " +
+          std::to_string(count) + " live lease(s) moved with it");
+}
+
 std::string Engine::waiting_reason(int64_t lease_id, int64_t now_ms) const {
   const Lease* lease = find(lease_id);
   return lease != nullptr && lease->state == LeaseState::kQueued ? queue_reason(*lease, now_ms) : "";

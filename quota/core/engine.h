@@ -112,6 +112,11 @@ class Engine {
   // of running and queued leases and the deadlines of revoking ones move by that time, so nobody loses a lease
   // for quotad's own unavailability. Audited as `quotad.outage`.
   void credit_outage(int64_t from_ms, int64_t to_ms);
+  // The wall clock stepped by `step_ms` against the monotonic clock (an NTP correction, a hand-set date): the
+  // clocks of live leases (last seen, granted, charged until, deadlines, GPUs' return) move with it, so that
+  // expiry, deadlines and billing go by the time that really passed, not by the step. A time the step would put
+  // after `now_ms` is capped at it. Audited as `clock.step`.
+  void clock_stepped(int64_t step_ms, int64_t now_ms);
   // Queued lease ids in queue order, kept by every change (positions are index + 1).
   const std::vector<int64_t>& queue_ids() const { return queue_; }
   FairShare fair_share(const std::string& team, const std::string& user, int64_t now_ms) const;

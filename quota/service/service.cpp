@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -63,6 +65,11 @@ std::string optional_note(const std::string& body) {
 }  // namespace
 
 namespace {
+int64_t steady_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // The store could not take a write in time (another process holds its lock, a slow disk): nothing changed.
 class Unavailable : public std::runtime_error {
  public:
@@ -77,6 +84,10 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_(std::move(policy)),
       tracker_(policy_.waste_gpu_util_below, static_cast<int64_t>(policy_.waste_after_s) * 1000) {
   clock_ = options_.clock ? options_.clock : system_now_ms;
+  monotonic_ = options_.monotonic_clock ? options_.monotonic_clock : options_.clock ? options_.clock : steady_now_ms;
+  // After a restart the monotonic clock starts afresh: the stored leases' wall times are taken as they are
+  // (restore() gives running leases a fresh heartbeat clock); only a step back shows, below.
+  clock_offset_ms_ = clock_() - monotonic_();
   if (!options_.db_path.empty()) {
     store_ = std::make_unique<Store>(options_.db_path, options_.full_sync, options_.store_busy_timeout_ms);
     if (!options_.reload_per_call) {
@@ -88,10 +99,31 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
                              snapshot.next_grant_id);
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
+      // A wall clock set back while quotad was down leaves live leases seen "in the future": the step was at
+      // least that, and their clocks move back by it (else a dead job would keep its GPUs until then).
+      int64_t latest = now;
+      for (const auto& [id, lease] : engine_.leases()) {
+        if (!is_terminal(lease.state)) latest = std::max(latest, lease.last_seen_ms);
+      }
+      if (latest - now > options_.clock_step_after_ms) {
+        std::fprintf(stderr, "quotad: stored leases were seen %lld ms after the wall clock's now: it was set back\n",
+                     static_cast<long long>(latest - now));
+        engine_.clock_stepped(now - latest, now);
+      }
     }
   }
-  last_tick_ms_ = clock_();
+  last_tick_ms_ = monotonic_();
   publish_locked(Changes{}, true);
+}
+
+void QuotaService::follow_clock_locked() {
+  const int64_t wall = clock_();
+  const int64_t offset = wall - monotonic_();
+  const int64_t step = offset - std::exchange(clock_offset_ms_, offset);
+  if (std::abs(step) <= options_.clock_step_after_ms) return;  // drift and slewing are followed silently
+  std::fprintf(stderr, "quotad: the wall clock stepped by %lld ms against the monotonic clock\n",
+               static_cast<long long>(step));
+  engine_.clock_stepped(step, wall);
 }
 
 void QuotaService::reload_locked(int64_t now_ms) {
@@ -199,6 +231,8 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
   std::unique_lock<std::mutex> lock(mutex_);
   if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
   merge_beats_locked();
+  // before the checkpoint: a step is a fact, kept (and stored with the next write) even if this change fails
+  if (writes) follow_clock_locked();
   // Persist, then apply: the engine is kept as it was until the change is durable. A read-only call copies
   // nothing; should it change state after all, the change is still written before the answer. A write copies
   // the engine's records, not its policy and audit log.
@@ -235,6 +269,7 @@ void QuotaService::tick() {
     return;
   }
   int64_t now = 0;
+  int64_t now_monotonic = 0;
   std::vector<std::pair<std::string, int>> failures;
   {
     std::lock_guard<std::mutex> lock(auth_mutex_);
@@ -245,14 +280,15 @@ void QuotaService::tick() {
     locked(
         [&] {
           now = clock_();
+          now_monotonic = monotonic_();
           // failed authentications, one entry per address and tick rather than one per guess
           for (const auto& [address, count] : failures) {
             engine_.note(now, "quotad", "auth.failed",
                          std::to_string(count) + " failed or refused authentication(s) from " +
                              (address.empty() ? "(in process)" : address));
           }
-          const int64_t last = last_tick_ms_.load();
-          if (options_.outage_after_ms > 0 && now - last > options_.outage_after_ms) engine_.credit_outage(last, now);
+          const int64_t gap = now_monotonic - last_tick_ms_.load();
+          if (options_.outage_after_ms > 0 && gap > options_.outage_after_ms) engine_.credit_outage(now - gap, now);
           engine_.tick(now);
           engine_.prune(now, options_.keep_ended_ms);
           sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
@@ -265,7 +301,7 @@ void QuotaService::tick() {
     throw;
   }
   // only a tick that was saved moves the clock: a stalled store is quotad's outage too
-  last_tick_ms_ = now;
+  last_tick_ms_ = now_monotonic;
 }
 
 void QuotaService::flush_heartbeats() {

@@ -27,6 +27,13 @@ struct ServiceOptions {
   bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
   bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
+  // Milliseconds of a clock that never steps: expiry, billing and quotad's own outages go by its differences;
+  // wall time stays what is shown and stored. When empty: steady_clock with the system clock, `clock` itself when
+  // that is set (a scripted time has no steps to follow).
+  std::function<int64_t()> monotonic_clock;
+  // The wall clock moving by more than this against the monotonic one between two checks is a step (NTP, a
+  // hand-set date), not drift: the engine's lease clocks move with it (Engine::clock_stepped), audited and logged.
+  int64_t clock_step_after_ms = 30000;
   int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
   bool write_each_heartbeat = false;           // commit every heartbeat sample at once instead of batching (benchmarks)
   // How long a state change waits for the SQLite write lock (another process holding it) before it is answered
@@ -153,6 +160,8 @@ class QuotaService {
   ApiResponse read_locked(const std::function<ApiResponse()>& op) { return locked(op, false); }
   ApiResponse locked_local(const std::function<ApiResponse()>& op);
   void reload_locked(int64_t now_ms);
+  // Compares the wall clock with the monotonic clock since the last check; a step moves the engine's clocks.
+  void follow_clock_locked();
   // The heartbeats answered from the board since the last merge, into the engine and the tracker.
   void merge_beats_locked();
   // The board after a committed change: `changed` leases, every queued position, pruned leases dropped.
@@ -180,11 +189,13 @@ class QuotaService {
   Policy policy_;
   ServiceOptions options_;
   std::function<int64_t()> clock_;
-  std::mutex mutex_;  // the engine and the tracker
+  std::function<int64_t()> monotonic_;
+  int64_t clock_offset_ms_ = 0;  // wall minus monotonic at the last check (under mutex_)
+  std::mutex mutex_;             // the engine and the tracker
   std::mutex store_mutex_;
   Engine engine_;
   std::unique_ptr<Store> store_;
-  std::atomic<int64_t> last_tick_ms_{0};
+  std::atomic<int64_t> last_tick_ms_{0};  // monotonic
   std::atomic<std::chrono::steady_clock::rep> store_down_until_{
       0};                          // steady clock  // the last saved tick (the maintenance thread)
   mutable std::mutex beat_mutex_;  // the board and the pending samples; never held during I/O

@@ -1215,5 +1215,62 @@ TEST(EnginePinning, RandomPinnedRequestsKeepTheInvariants) {
   EXPECT_GT(granted_pinned, 20);
 }
 
+// Issue 30: a wall-clock step, as the service reports it (QuotaService follows the monotonic clock).
+Policy six_second_ttl_policy() {
+  Policy policy = testing::example_policy();
+  policy.ttl_s = 6;
+  policy.heartbeat_interval_s = 2;
+  return policy;
+}
+
+TEST(Engine, AClockStepBackMovesTheHeartbeatClocksSoExpiryStaysOnTime) {
+  Engine e(six_second_ttl_policy());
+  const int64_t t0 = kOutsideWindow;
+  const int64_t silent = e.acquire(req("team-robotics", "erin"), t0).lease_id;
+  const int64_t alive = e.acquire(req("team-robotics", "erin"), t0).lease_id;
+  e.heartbeat(silent, {}, t0 + 2000);
+  e.heartbeat(alive, {}, t0 + 2000);
+  const int64_t back = t0 + 3000 - 2 * kHour;  // 1 s later, the wall clock 2 h back
+  e.clock_stepped(-2 * kHour, back);
+  EXPECT_EQ(e.find(silent)->last_seen_ms, t0 + 2000 - 2 * kHour);
+  EXPECT_EQ(e.find(silent)->granted_ms, t0 - 2 * kHour);
+  EXPECT_TRUE(has_audit(e, "clock.step", 0));
+  for (int s = 1; s <= 5; ++s) {
+    e.heartbeat(alive, {}, back + s * 1000);
+    e.tick(back + s * 1000);
+  }
+  EXPECT_EQ(e.find(silent)->state, LeaseState::kGranted);  // silent for 6 s
+  e.heartbeat(alive, {}, back + 6000);
+  e.tick(back + 6000);
+  EXPECT_EQ(e.find(silent)->state, LeaseState::kExpired);  // 7 s
+  EXPECT_EQ(e.find(silent)->ended_ms, t0 + 8000 - 2 * kHour);
+  EXPECT_EQ(e.find(alive)->state, LeaseState::kGranted);
+  e.release(alive, Outcome::kCompleted, back + 7000);
+  EXPECT_NEAR(e.find(alive)->gpu_hours, 10.0 / 3600, 1e-12);  // t0 .. t0 + 10 s of real time
+  EXPECT_NEAR(e.find(silent)->gpu_hours, 8.0 / 3600, 1e-12);
+  expect_sound(e, back + 7000);
+}
+
+TEST(Engine, AClockStepForwardBillsNothingExtra) {
+  Engine e(six_second_ttl_policy());
+  const int64_t t0 = kInsideWindow;
+  const auto granted = e.acquire(req("team-cv", "alice", 8), t0);
+  ASSERT_EQ(granted.kind, Kind::kGranted);
+  for (int s = 1; s <= 3; ++s) {
+    e.heartbeat(granted.lease_id, {}, t0 + s * 1000);
+    e.tick(t0 + s * 1000);
+  }
+  const int64_t ahead = t0 + 4000 + 2 * kHour;
+  e.clock_stepped(2 * kHour, ahead);
+  for (int s = 0; s <= 2; ++s) {
+    e.heartbeat(granted.lease_id, {}, ahead + s * 1000);
+    e.tick(ahead + s * 1000);
+  }
+  EXPECT_EQ(e.find(granted.lease_id)->state, LeaseState::kGranted);
+  e.release(granted.lease_id, Outcome::kCompleted, ahead + 2000);
+  EXPECT_NEAR(e.find(granted.lease_id)->gpu_hours, 6.0 * 8 / 3600, 1e-12);
+  EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), 6.0 * 8 / 3600, 1e-12);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -429,5 +429,134 @@ TEST(QuotaRoutes, ReadmeListsTheRouteTable) {
   EXPECT_EQ(listed, table);
 }
 
+// Issue 30: the wall clock steps by `step_ms` while the monotonic clock runs on; the server ticks every second
+// (outage detection as the server sets it). ttl 6 s.
+struct SteppedClocks {
+  Clock wall;
+  Clock monotonic;
+  void advance(int64_t ms) {
+    *wall.t += ms;
+    *monotonic.t += ms;
+  }
+};
+
+Policy six_second_ttl_policy() {
+  Policy policy = testing::example_policy();
+  policy.ttl_s = 6;
+  policy.heartbeat_interval_s = 2;
+  return policy;
+}
+
+ServiceOptions stepped_options(const SteppedClocks& clocks) {
+  ServiceOptions o;
+  o.clock = clocks.wall.fn();
+  o.monotonic_clock = clocks.monotonic.fn();
+  o.outage_after_ms = 3000;
+  return o;
+}
+
+int count_audit(QuotaService& s, const std::string& action) {
+  int count = 0;
+  const json audit = s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
+  for (const json& entry : audit) {
+    count += entry["action"] == action ? 1 : 0;
+  }
+  return count;
+}
+
+TEST(QuotaService, AfterTheClockStepsBackALeaseWithoutHeartbeatsExpiresOnTime) {
+  SteppedClocks clocks;
+  QuotaService s(six_second_ttl_policy(), stepped_options(clocks));
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+  for (int i = 0; i < 3; ++i) {
+    clocks.advance(1000);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}")).status, 200);
+    s.tick();
+  }
+  *clocks.wall.t -= 2 * kHour;  // NTP steps the wall clock back; the job dies with it
+  for (int i = 0; i < 6; ++i) {
+    clocks.advance(1000);
+    s.tick();
+    ASSERT_EQ(s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["state"], "granted") << i + 1 << " s";
+  }
+  clocks.advance(1000);
+  s.tick();  // 7 s without a heartbeat, ttl 6 s
+  const json lease = s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body;
+  EXPECT_EQ(lease["state"], "expired");
+  EXPECT_EQ(count_audit(s, "clock.step"), 1);
+  EXPECT_EQ(count_audit(s, "quotad.outage"), 0);
+  EXPECT_TRUE(s.check_invariants().empty());
+}
+
+TEST(QuotaService, AfterTheClockStepsForwardAnEightGpuLeaseIsBilledItsRealSeconds) {
+  SteppedClocks clocks;
+  QuotaService s(six_second_ttl_policy(), stepped_options(clocks));
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s","gpus":8})")).status, 201);
+  auto beat_and_tick = [&] {
+    clocks.advance(1000);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}")).status, 200);
+    s.tick();
+  };
+  for (int i = 0; i < 3; ++i) beat_and_tick();
+  *clocks.wall.t += 2 * kHour;
+  for (int i = 0; i < 3; ++i) beat_and_tick();
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).status,
+            200);
+  const json lease = s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body;
+  EXPECT_EQ(lease["state"], "released");
+  // 6 s on 8 GPUs, not 2 h on 8 GPUs (16 GPU-hours)
+  EXPECT_NEAR(lease["gpu_hours"].get<double>(), 6.0 * 8 / 3600, 1e-9);
+  EXPECT_EQ(count_audit(s, "clock.step"), 1);
+  EXPECT_EQ(count_audit(s, "quotad.outage"), 0);
+}
+
+// A real outage (the monotonic clock moved too) is still credited, and slow drift is no step.
+TEST(QuotaService, AnOutageIsStillCreditedAndDriftIsNoStep) {
+  SteppedClocks clocks;
+  QuotaService s(six_second_ttl_policy(), stepped_options(clocks));
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+  clocks.advance(1000);
+  s.tick();
+  for (int i = 0; i < 40; ++i) {  // 1 s a tick of drift, 40 s in all: above the step threshold, never in one go
+    *clocks.wall.t += 1000;
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}")).status, 200);
+    s.tick();
+  }
+  clocks.advance(20000);  // quotad stalled for 20 s
+  s.tick();
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["state"], "granted");
+  EXPECT_EQ(count_audit(s, "clock.step"), 0);
+  EXPECT_EQ(count_audit(s, "quotad.outage"), 1);
+}
+
+// The monotonic clock starts afresh with each process: a wall clock set back while quotad was down shows only
+// in the store, as a live lease last seen after the new now.
+TEST(QuotaService, AClockSetBackWhileQuotadWasDownDoesNotKeepADeadJobsGpus) {
+  const std::string db = temp_db("clock_back");
+  SteppedClocks clocks;
+  ServiceOptions o = stepped_options(clocks);
+  o.db_path = db;
+  {
+    QuotaService s(six_second_ttl_policy(), o);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+    clocks.advance(1000);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}")).status, 200);
+    s.flush_heartbeats();
+    s.tick();
+  }
+  *clocks.wall.t -= 2 * kHour;  // and the job died while quotad was down
+  *clocks.monotonic.t = 0;      // a new process
+  QuotaService again(six_second_ttl_policy(), o);
+  for (int i = 0; i < 6; ++i) {
+    clocks.advance(1000);
+    again.tick();
+  }
+  EXPECT_EQ(again.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["state"], "granted");
+  clocks.advance(1000);
+  again.tick();
+  EXPECT_EQ(again.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["state"], "expired");
+  EXPECT_EQ(count_audit(again, "clock.step"), 1);
+}
+
 }  // namespace
 }  // namespace yolo8::quota
