@@ -86,6 +86,13 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
       engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
                              snapshot.next_grant_id);
+      // what restore() found against the inventory (leases ended, remapped or quarantined) is stored and audited
+      // before anything is served; a state still unsound after that is not served at all
+      store_->write(engine_, engine_.take_changes());
+      if (const std::vector<std::string> errors = engine_.check_invariants(now); !errors.empty()) {
+        throw StoreError(options_.db_path + ": the loaded state breaks an invariant: " + errors.front() + " (" +
+                         std::to_string(errors.size()) + " in all); see quotad repair-db");
+      }
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
     }
   }
