@@ -1002,7 +1002,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   fair_usage_.clear();
   int64_t latest = restart_now_ms;
   for (const auto& [id, lease] : leases_) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
-  check_loaded(latest, missing);
+  check_loaded(latest, std::move(missing));
   for (const auto& [key, hours] : usage_) {
     const auto user_it = policy_.users.find(key.first);
     const std::optional<MonthSpan> month = month_span(key.second);
@@ -1014,7 +1014,16 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   order_queue(latest);
 }
 
-void Engine::check_loaded(int64_t now_ms, const std::map<int64_t, std::vector<std::string>>& missing) {
+void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::string>> missing) {
+  // rows of an older quotad kept only indices: one beyond the inventory is a GPU it no longer has
+  for (auto& [id, lease] : leases_) {
+    auto beyond = std::remove_if(lease.devices.begin(), lease.devices.end(), [&](int device) {
+      if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size()) return false;
+      missing[id].push_back("gpu index " + std::to_string(device));
+      return true;
+    });
+    lease.devices.erase(beyond, lease.devices.end());
+  }
   std::vector<const Lease*> holder(policy_.gpus.size(), nullptr);  // the first loaded lease on each GPU
   auto conflict = [&](const Lease& lease) -> std::string {
     for (int device : lease.devices) {
@@ -1065,10 +1074,13 @@ void Engine::check_loaded(int64_t now_ms, const std::map<int64_t, std::vector<st
     Lease& lease = leases_.at(id);
     const std::vector<std::string>& gone = missing.at(id);
     std::set<std::string> nodes;
-    for (const auto& name : gone) nodes.insert(name.substr(0, name.rfind(':')));
+    for (const auto& name : gone) {
+      if (const size_t colon = name.rfind(':'); colon != std::string::npos) nodes.insert(name.substr(0, colon));
+    }
     std::string gone_text, nodes_text;
     for (const auto& name : gone) gone_text += (gone_text.empty() ? "" : ",") + name;
     for (const auto& node : nodes) nodes_text += (nodes_text.empty() ? "" : ",") + node;
+    nodes_text = nodes_text.empty() ? "its node" : "node " + nodes_text;
     // a renamed node: the UUIDs its trainer sees lead to the same GPUs under the new name, unless another lease
     // already holds them (then both would be granted the same physical GPUs)
     const Pin pin = pin_of(lease.req);
@@ -1080,11 +1092,11 @@ void Engine::check_loaded(int64_t now_ms, const std::map<int64_t, std::vector<st
       hold(lease);
       changes_.leases.insert(id);
       log(now_ms, "quotad", "lease.remapped", &lease,
-          "GPUs " + gone_text + " are no longer in the inventory (node " + nodes_text + " removed or renamed); " +
+          "GPUs " + gone_text + " are no longer in the inventory (" + nodes_text + " removed or renamed); " +
               "moved by the trainer's GPU UUIDs to " + describe_devices(lease));
       continue;
     }
-    const std::string reason = "GPUs " + gone_text + " are no longer in the inventory (node " + nodes_text +
+    const std::string reason = "GPUs " + gone_text + " are no longer in the inventory (" + nodes_text +
                                " removed or renamed); the lease ended at load";
     lease.devices.clear();  // none of its GPUs is counted any more
     if (lease.state == LeaseState::kExpired) {

@@ -248,7 +248,7 @@ class Engine {
                 const std::string& detail);
 
   // restore()'s check of the loaded leases; `missing`: per lease, the stored device ids the inventory lacks.
-  void check_loaded(int64_t now_ms, const std::map<int64_t, std::vector<std::string>>& missing);
+  void check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::string>> missing);
   // Why `req` names a node or GPU UUIDs the inventory contradicts; "" when it does not.
   std::string pin_refusal(const LeaseRequest& req) const;
   // GPUs the lease guarantees (the request's, before any per-job burst).

@@ -1288,6 +1288,25 @@ TEST(Engine, RestoreEndsLeasesWhoseNodeLeftTheInventoryAndNeverDoubleGrants) {
   expect_sound(after, t + 2 * kMinute);
 }
 
+// A row of an older quotad kept only GPU indices: one beyond a shrunken inventory ends the lease the same way
+// (before, the index reached the invariant check and the scheduler as it was).
+TEST(Engine, RestoreEndsALeaseWhoseStoredGpuIndexIsBeyondTheInventory) {
+  const int64_t t = kOutsideWindow;
+  Engine before(testing::example_policy());
+  const int64_t id = before.acquire(req("team-cv", "alice"), t).lease_id;
+  std::vector<Lease> rows = stored_leases(before);
+  rows.front().device_ids.clear();
+  rows.front().devices = {25};
+  Engine after(testing::example_policy());
+  after.restore(rows, {}, {}, {}, 1, t + kMinute);
+  ASSERT_NE(after.find(id), nullptr);
+  EXPECT_EQ(after.find(id)->state, LeaseState::kExpired);
+  const AuditEntry* entry = audit_of(after, "lease.expired", id);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_NE(entry->detail.find("gpu index 25"), std::string::npos) << entry->detail;
+  expect_sound(after, t + kMinute);
+}
+
 // node-c renamed node-d, same UUIDs: a lease whose trainer reported its UUIDs follows them to node-d, audited;
 // node-d's GPUs are not granted to anyone else on top of it.
 TEST(Engine, RestoreMovesALeaseToItsGpusByUuidAfterANodeRename) {
