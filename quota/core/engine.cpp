@@ -535,6 +535,17 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     return refuse(AcquireResult::Kind::kNotAllowed,
                   "justification: a critical (emergency) lease needs a justification");
   }
+  // the privileged channel is sized by policy: a member's emergency may take the pool's worth of GPUs (and revoke
+  // that many), not the cluster; an admin asking (or acting for the member) is the approval for more
+  if (const int asked = std::max(lease.gpus, req.max_gpus); critical && asked > policy_.critical_gpus_cap()) {
+    const auto by = policy_.users.find(requester(req));
+    if (by == policy_.users.end() || by->second.role != Role::kAdmin) {
+      return refuse(AcquireResult::Kind::kNotAllowed,
+                    "gpus: a critical request by " + requester(req) + " may take at most " +
+                        std::to_string(policy_.critical_gpus_cap()) + " GPUs (emergency.max_gpus_per_request), " +
+                        std::to_string(asked) + " asked; more needs an admin to make the request");
+    }
+  }
   const bool needs_approval = !critical && policy_.needs_approval(req.model);
   if (needs_approval && req.justification.empty()) {
     return refuse(AcquireResult::Kind::kNotAllowed,
@@ -978,6 +989,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   next_approval_ = 1;
   std::map<std::string, int> index_of;
   for (size_t i = 0; i < policy_.gpus.size(); ++i) index_of[policy_.gpus[i].id()] = static_cast<int>(i);
+  std::map<int64_t, std::vector<std::string>> missing;
   for (auto& lease : leases) {
     next_lease_ = std::max(next_lease_, lease.id + 1);
     if (!lease.device_ids.empty()) {
@@ -985,7 +997,11 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
       std::vector<int> mapped;
       for (const auto& name : lease.device_ids) {
         auto it = index_of.find(name);
-        if (it != index_of.end()) mapped.push_back(it->second);
+        if (it != index_of.end()) {
+          mapped.push_back(it->second);
+        } else {
+          missing[lease.id].push_back(name);
+        }
       }
       lease.devices = mapped;
       lease.device_ids.clear();
@@ -1015,6 +1031,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
   fair_usage_.clear();
   int64_t latest = restart_now_ms;
   for (const auto& [id, lease] : leases_) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
+  check_loaded(latest, std::move(missing));
   for (const auto& [key, hours] : usage_) {
     const auto user_it = policy_.users.find(key.first);
     const std::optional<MonthSpan> month = month_span(key.second);
@@ -1024,6 +1041,101 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
     add_fair_usage(policy_, fair_usage_, user_it->second.team, key.first, hours, start + (end - start) / 2);
   }
   order_queue(latest);
+}
+
+void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::string>> missing) {
+  // rows of an older quotad kept only indices: one beyond the inventory is a GPU it no longer has
+  for (auto& [id, lease] : leases_) {
+    auto beyond = std::remove_if(lease.devices.begin(), lease.devices.end(), [&](int device) {
+      if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size()) return false;
+      missing[id].push_back("gpu index " + std::to_string(device));
+      return true;
+    });
+    lease.devices.erase(beyond, lease.devices.end());
+  }
+  std::vector<const Lease*> holder(policy_.gpus.size(), nullptr);  // the first loaded lease on each GPU
+  auto conflict = [&](const Lease& lease) -> std::string {
+    for (int device : lease.devices) {
+      const Lease* first = holder[static_cast<size_t>(device)];
+      if (first != nullptr && (!first->shared || !lease.shared || !same_owner(*first, lease))) {
+        return "gpu " + policy_.gpus[static_cast<size_t>(device)].id() + " is already held by lease " +
+               std::to_string(first->id);
+      }
+    }
+    return "";
+  };
+  auto hold = [&](const Lease& lease) {
+    for (int device : lease.devices) {
+      if (holder[static_cast<size_t>(device)] == nullptr) holder[static_cast<size_t>(device)] = &lease;
+    }
+  };
+  std::vector<int64_t> orphans;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    Lease& lease = it->second;
+    const bool holds = lease.holds_gpus(now_ms);
+    const size_t want = lease.shared ? 1 : static_cast<size_t>(std::max(lease.gpus, 0));
+    std::string why;
+    if (lease.gpus < 1 || lease.gpus > policy_.total_gpus()) {
+      why = "gpus " + std::to_string(lease.gpus) + " is outside 1.." + std::to_string(policy_.total_gpus()) +
+            " (the inventory)";
+    } else if (holds && missing.count(lease.id) > 0) {
+      orphans.push_back(lease.id);  // after every sound lease has claimed its GPUs
+      ++it;
+      continue;
+    } else if (holds && lease.devices.size() != want) {
+      why = "holds " + std::to_string(lease.devices.size()) + " GPUs for gpus " + std::to_string(lease.gpus);
+    } else if (holds) {
+      why = conflict(lease);
+    }
+    if (why.empty()) {
+      if (holds) hold(lease);
+      ++it;
+      continue;
+    }
+    log(now_ms, "quotad", "lease.quarantined", &lease,
+        "lease row " + std::to_string(lease.id) + " (" + to_string(lease.state) + ") breaks an invariant: " + why +
+            "; moved to the quarantine table");
+    changes_.quarantined[lease.id] = Changes::Quarantined{why, now_ms};
+    if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
+    it = leases_.erase(it);
+  }
+  for (int64_t id : orphans) {
+    Lease& lease = leases_.at(id);
+    const std::vector<std::string>& gone = missing.at(id);
+    std::set<std::string> nodes;
+    for (const auto& name : gone) {
+      if (const size_t colon = name.rfind(':'); colon != std::string::npos) nodes.insert(name.substr(0, colon));
+    }
+    std::string gone_text, nodes_text;
+    for (const auto& name : gone) gone_text += (gone_text.empty() ? "" : ",") + name;
+    for (const auto& node : nodes) nodes_text += (nodes_text.empty() ? "" : ",") + node;
+    nodes_text = nodes_text.empty() ? "its node" : "node " + nodes_text;
+    // a renamed node: the UUIDs its trainer sees lead to the same GPUs under the new name, unless another lease
+    // already holds them (then both would be granted the same physical GPUs)
+    const Pin pin = pin_of(lease.req);
+    const size_t want = lease.shared ? 1 : static_cast<size_t>(lease.gpus);
+    Lease moved = lease;
+    moved.devices = pin.devices;
+    if (lease.state != LeaseState::kExpired && pin.by_uuid && pin.devices.size() == want && conflict(moved).empty()) {
+      lease.devices = pin.devices;
+      hold(lease);
+      changes_.leases.insert(id);
+      log(now_ms, "quotad", "lease.remapped", &lease,
+          "GPUs " + gone_text + " are no longer in the inventory (" + nodes_text + " removed or renamed); " +
+              "moved by the trainer's GPU UUIDs to " + describe_devices(lease));
+      continue;
+    }
+    const std::string reason = "GPUs " + gone_text + " are no longer in the inventory (" + nodes_text +
+                               " removed or renamed); the lease ended at load";
+    lease.devices.clear();  // none of its GPUs is counted any more
+    if (lease.state == LeaseState::kExpired) {
+      lease.free_at_ms = now_ms;
+      changes_.leases.insert(id);
+      log(now_ms, "quotad", "lease.orphaned", &lease, reason);
+    } else {
+      end_lease(lease, LeaseState::kExpired, Outcome::kNone, now_ms, now_ms, reason, "quotad");
+    }
+  }
 }
 
 void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {

@@ -90,8 +90,16 @@ struct Changes {
   std::set<std::pair<std::string, std::string>> usage;  // (user, month)
   std::set<int64_t> loans;
   std::set<int64_t> grants;
+  // Lease rows restore() found breaking an invariant (two leases on one GPU, more GPUs than the inventory): no
+  // longer in the engine; the store moves each row to its quarantine table with the reason (issue 30).
+  struct Quarantined {
+    std::string why;
+    int64_t at_ms = 0;
+  };
+  std::map<int64_t, Quarantined> quarantined;
   bool empty() const {
-    return leases.empty() && approvals.empty() && audit.empty() && usage.empty() && loans.empty() && grants.empty();
+    return leases.empty() && approvals.empty() && audit.empty() && usage.empty() && loans.empty() && grants.empty() &&
+           quarantined.empty();
   }
 };
 
@@ -208,6 +216,10 @@ class Engine {
   // Rebuilds state from storage.
   // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
   // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs.
+  // The loaded leases are checked against the current inventory (issue 30), each finding audited and left in
+  // take_changes() for the store: a lease on GPUs the inventory no longer has (a node removed or renamed) moves to
+  // the GPUs its trainer's UUIDs name where they are free, else it ends (expired, the node named); a row that
+  // breaks an invariant (more GPUs than the inventory, a GPU another lease already holds) is quarantined.
   void restore(std::vector<Lease> leases, std::vector<Approval> approvals, std::vector<AuditEntry> audit,
                std::map<std::pair<std::string, std::string>, double> usage, int64_t next_audit_seq,
                int64_t restart_now_ms);
@@ -240,6 +252,8 @@ class Engine {
   void log_team(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& team,
                 const std::string& detail);
 
+  // restore()'s check of the loaded leases; `missing`: per lease, the stored device ids the inventory lacks.
+  void check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::string>> missing);
   // Why `req` names a node or GPU UUIDs the inventory contradicts; "" when it does not.
   std::string pin_refusal(const LeaseRequest& req) const;
   // GPUs the lease guarantees (the request's, before any per-job burst).

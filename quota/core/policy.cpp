@@ -89,6 +89,10 @@ int Policy::emergency_pool_gpus() const {
   return static_cast<int>(std::ceil(emergency_pool_fraction * total_gpus() - 1e-9));
 }
 
+int Policy::critical_gpus_cap() const {
+  return emergency_max_gpus_per_request >= 0 ? emergency_max_gpus_per_request : emergency_pool_gpus();
+}
+
 std::vector<std::string> Policy::node_names() const {
   std::vector<std::string> names;
   for (const auto& gpu : gpus) {
@@ -277,6 +281,9 @@ void Policy::validate() const {
     fail("leases.heartbeat_interval_s", "must be > 0 and below ttl_s");
   }
   if (expiry_grace_s < 0) fail("leases.expiry_grace_s", "must be >= 0");
+  if (emergency_max_gpus_per_request < -1 || emergency_max_gpus_per_request > total_gpus()) {
+    fail("emergency.max_gpus_per_request", "must be within 0.." + std::to_string(total_gpus()) + " (the inventory)");
+  }
   if (min_runtime_s < 0) fail("preemption.min_runtime_s", "must be >= 0");
   if (preempt_grace_s < 0) fail("preemption.grace_s", "must be >= 0");
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
@@ -567,8 +574,8 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   policy.source = source;
   index_keys(context, root, "", policy.key_lines);
   context.keys(root, "",
-               {"inventory", "teams", "users", "emergency_pool", "defaults", "tiers", "leases", "preemption", "sharing",
-                "credits", "memory_table", "limits", "waste", "fair_share"});
+               {"inventory", "teams", "users", "emergency_pool", "emergency", "defaults", "tiers", "leases",
+                "preemption", "sharing", "credits", "memory_table", "limits", "waste", "fair_share"});
   // inventory
   const YAML::Node inv = root["inventory"];
   if (!inv.IsDefined()) context.fail(root, "inventory", "is required");
@@ -727,6 +734,17 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
         context.get<int>(section["heartbeat_interval_s"], "leases.heartbeat_interval_s", policy.heartbeat_interval_s);
     policy.expiry_grace_s = context.get<int>(section["expiry_grace_s"], "leases.expiry_grace_s", policy.expiry_grace_s);
   }
+  if (const YAML::Node section = root["emergency"]; section.IsDefined()) {
+    context.keys(section, "emergency", {"max_gpus_per_request"});
+    if (section["max_gpus_per_request"].IsDefined()) {
+      policy.emergency_max_gpus_per_request =
+          context.need<int>(section, "max_gpus_per_request", "emergency.max_gpus_per_request");
+      // -1 stands for "absent" in the struct; in the file every negative number is an error
+      if (policy.emergency_max_gpus_per_request < 0) {
+        context.fail(section["max_gpus_per_request"], "emergency.max_gpus_per_request", "must be >= 0");
+      }
+    }
+  }
   if (const YAML::Node section = root["preemption"]; section.IsDefined()) {
     context.keys(section, "preemption", {"min_runtime_s", "grace_s"});
     policy.min_runtime_s = context.get<int>(section["min_runtime_s"], "preemption.min_runtime_s", policy.min_runtime_s);
@@ -816,6 +834,7 @@ Policy local_policy(int gpu_count, double memory_gib, const std::string& user) {
   policy.unknown_models_need_approval = false;
   policy.monthly_gpu_hours = 0;
   policy.min_runtime_s = 0;
+  policy.emergency_max_gpus_per_request = policy.total_gpus();  // one workstation: its user may take all of it
   policy.sharing_enabled = true;
   return policy;
 }

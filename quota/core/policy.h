@@ -117,6 +117,9 @@ struct Policy {
   std::map<std::string, Team> teams;
   std::map<std::string, User> users;
   double emergency_pool_fraction = 0.15;
+  // emergency.max_gpus_per_request: the most GPUs a critical request by a non-admin may ask for; -1 (absent) is
+  // the pool's size, so one member's emergency can never revoke more than the pool would have held (issue 30)
+  int emergency_max_gpus_per_request = -1;
   // defaults for requests that declare nothing
   int default_gpus = 1;
   std::map<std::string, double> default_memory_gib;  // per model, for shared leases
@@ -168,6 +171,8 @@ struct Policy {
   bool has_gpu_uuids() const;
   // Whole GPUs kept for critical leases.
   int emergency_pool_gpus() const;
+  // The cap on a non-admin's critical request: emergency.max_gpus_per_request, else the emergency pool's size.
+  int critical_gpus_cap() const;
   double max_gpu_memory_gib() const;
   bool needs_approval(const std::string& model) const;
   const User* find_user_by_token(const std::string& token) const;

@@ -98,6 +98,14 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
       engine_.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
       engine_.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
                              snapshot.next_grant_id);
+      // what restore() found against the inventory (leases ended, remapped or quarantined) is audited and stored
+      // before anything is served. What check_invariants still finds comes from a policy edit the held leases
+      // predate (a bigger pool, a lower max_leases_per_gpu): new grants respect the policy and the held leases
+      // end in time, so it is audited rather than keeping quotad down.
+      for (const std::string& error : engine_.check_invariants(now)) {
+        engine_.note(now, "quotad", "state.unsound", "at load: " + error);
+      }
+      store_->write(engine_, engine_.take_changes());
       replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
       // A wall clock set back while quotad was down leaves live leases seen "in the future": the step was at
       // least that, and their clocks move back by it (else a dead job would keep its GPUs until then).

@@ -377,6 +377,19 @@ void Store::write(const Engine& engine, const Changes& changes) {
       if (sqlite3_step(head_row.get()) != SQLITE_DONE) fail("write the audit chain head");
       audit_head_ = std::to_string(changes.audit.back().seq) + " " + link;
     }
+    // rows the engine found breaking an invariant at load: kept whole in the quarantine table, out of leases
+    for (const auto& [id, quarantined] : changes.quarantined) {
+      Statement copy(prepare(
+          "INSERT INTO quarantine(source, row_id, body, error, moved_ms) SELECT 'leases', id, body, ?, ? FROM leases "
+          "WHERE id = ?"));
+      bind_text(copy.get(), 1, quarantined.why);
+      sqlite3_bind_int64(copy.get(), 2, quarantined.at_ms);
+      sqlite3_bind_int64(copy.get(), 3, id);
+      if (sqlite3_step(copy.get()) != SQLITE_DONE) fail("quarantine lease row");
+      Statement remove(prepare("DELETE FROM leases WHERE id = ?"));
+      sqlite3_bind_int64(remove.get(), 1, id);
+      if (sqlite3_step(remove.get()) != SQLITE_DONE) fail("remove quarantined lease row");
+    }
     if (!changes.leases.empty() || !changes.approvals.empty()) {
       // the id sequences, in the same transaction as the rows that use them
       Statement statement(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)"));

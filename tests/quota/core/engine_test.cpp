@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "quota/core/codec.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -1272,5 +1273,196 @@ TEST(Engine, AClockStepForwardBillsNothingExtra) {
   EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), 6.0 * 8 / 3600, 1e-12);
 }
 
+// ---- issue 30: the loaded state against the inventory, and the privileged channel's size ----
+
+// The engine's leases as the store keeps them (devices by "node:index"), for a restore under another policy.
+std::vector<Lease> stored_leases(const Engine& e) {
+  std::vector<Lease> out;
+  for (const auto& [id, lease] : e.leases()) out.push_back(lease_from_json(to_json(lease, e.policy())));
+  return out;
+}
+
+// The example policy with node `from` called `to` (its GPUs, UUIDs and memory unchanged).
+Policy renamed(const std::string& from, const std::string& to) {
+  Policy p = testing::example_policy();
+  for (auto& gpu : p.gpus) {
+    if (gpu.node == from) gpu.node = to;
+  }
+  for (auto& node : p.nodes) {
+    if (node.name == from) node.name = to;
+  }
+  return p;
+}
+
+// Non-critical GPUs held (the figure issue 30 saw at 21 of 17).
+int held_gpus(const Engine& e, int64_t now) {
+  std::set<int> held;
+  for (const auto& [id, lease] : e.leases()) {
+    if (lease.holds_gpus(now)) held.insert(lease.devices.begin(), lease.devices.end());
+  }
+  return static_cast<int>(held.size());
+}
+
+const AuditEntry* audit_of(const Engine& e, const std::string& action, int64_t lease_id) {
+  for (const auto& entry : e.audit()) {
+    if (entry.action == action && entry.lease_id == lease_id) return &entry;
+  }
+  return nullptr;
+}
+
+// node-b gone (here: replaced by node-z, which has no UUIDs to match): its leases end at load, audited with the
+// lease and the node, and node-z's GPUs are granted once, never on top of the old leases.
+TEST(Engine, RestoreEndsLeasesWhoseNodeLeftTheInventoryAndNeverDoubleGrants) {
+  const int64_t t = kOutsideWindow;
+  Engine before(testing::example_policy());
+  std::vector<int64_t> on_b;
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(before.acquire(req("team-cv", "alice"), t).kind, Kind::kGranted);
+  for (int i = 0; i < 6; ++i) {
+    const AcquireResult r = before.acquire(req("team-robotics", "erin"), t);
+    ASSERT_EQ(r.kind, Kind::kGranted);
+    if (before.policy().gpus[static_cast<size_t>(before.find(r.lease_id)->devices.front())].node == "node-b") {
+      on_b.push_back(r.lease_id);
+    }
+  }
+  ASSERT_FALSE(on_b.empty());
+  Engine after(renamed("node-b", "node-z"));
+  after.restore(stored_leases(before), {}, {}, {}, 1, t + kMinute);
+  for (int64_t id : on_b) {
+    const Lease* lease = after.find(id);
+    ASSERT_NE(lease, nullptr);
+    EXPECT_EQ(lease->state, LeaseState::kExpired) << "lease " << id << " still " << to_string(lease->state);
+    EXPECT_TRUE(lease->devices.empty());
+    const AuditEntry* entry = audit_of(after, "lease.expired", id);
+    ASSERT_NE(entry, nullptr) << "lease " << id << " ended without an audit entry";
+    EXPECT_NE(entry->detail.find("node node-b"), std::string::npos) << entry->detail;
+  }
+  const Changes changes = after.take_changes();
+  for (int64_t id : on_b) EXPECT_EQ(changes.leases.count(id), 1u) << "lease " << id << " not left for the store";
+  expect_sound(after, t + kMinute);
+  // fill the cluster again: nothing is counted twice
+  for (int i = 0; i < 20; ++i) after.acquire(req("team-robotics", "erin"), t + 2 * kMinute);
+  EXPECT_LE(held_gpus(after, t + 2 * kMinute), 17);
+  expect_sound(after, t + 2 * kMinute);
+}
+
+// A row of an older quotad kept only GPU indices: one beyond a shrunken inventory ends the lease the same way
+// (before, the index reached the invariant check and the scheduler as it was).
+TEST(Engine, RestoreEndsALeaseWhoseStoredGpuIndexIsBeyondTheInventory) {
+  const int64_t t = kOutsideWindow;
+  Engine before(testing::example_policy());
+  const int64_t id = before.acquire(req("team-cv", "alice"), t).lease_id;
+  std::vector<Lease> rows = stored_leases(before);
+  rows.front().device_ids.clear();
+  rows.front().devices = {25};
+  Engine after(testing::example_policy());
+  after.restore(rows, {}, {}, {}, 1, t + kMinute);
+  ASSERT_NE(after.find(id), nullptr);
+  EXPECT_EQ(after.find(id)->state, LeaseState::kExpired);
+  const AuditEntry* entry = audit_of(after, "lease.expired", id);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_NE(entry->detail.find("gpu index 25"), std::string::npos) << entry->detail;
+  expect_sound(after, t + kMinute);
+}
+
+// node-c renamed node-d, same UUIDs: a lease whose trainer reported its UUIDs follows them to node-d, audited;
+// node-d's GPUs are not granted to anyone else on top of it.
+TEST(Engine, RestoreMovesALeaseToItsGpusByUuidAfterANodeRename) {
+  const int64_t t = kOutsideWindow;
+  Engine before(testing::example_policy());
+  LeaseRequest r = req("team-robotics", "erin", 2, "yolov8n");
+  r.node = "node-c";
+  r.visible_devices = {before.policy().gpus[17].uuid, before.policy().gpus[18].uuid};
+  const AcquireResult granted = before.acquire(r, t);
+  ASSERT_EQ(granted.kind, Kind::kGranted) << granted.reason;
+  Engine after(renamed("node-c", "node-d"));
+  after.restore(stored_leases(before), {}, {}, {}, 1, t + kMinute);
+  const Lease* lease = after.find(granted.lease_id);
+  ASSERT_NE(lease, nullptr);
+  EXPECT_EQ(lease->state, LeaseState::kGranted);
+  EXPECT_EQ(lease->devices, (std::vector<int>{17, 18}));
+  const AuditEntry* entry = audit_of(after, "lease.remapped", granted.lease_id);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_NE(entry->detail.find("node-c"), std::string::npos) << entry->detail;
+  EXPECT_NE(entry->detail.find("node-d:1"), std::string::npos) << entry->detail;
+  expect_sound(after, t + kMinute);
+  for (int i = 0; i < 4; ++i) after.acquire(req("team-interns", "ivan", 1, "yolov8n"), t + 2 * kMinute);
+  for (const auto& [id, other] : after.leases()) {
+    if (id == granted.lease_id || !other.holds_gpus(t + 2 * kMinute)) continue;
+    for (int device : other.devices) EXPECT_TRUE(device != 17 && device != 18) << "lease " << id << " on " << device;
+  }
+  expect_sound(after, t + 2 * kMinute);
+}
+
+// Rows that parse but break invariants: a second lease on a GPU another lease holds, and gpus: 500. Each is
+// named, audited and set aside for the store's quarantine; the first holder keeps its GPU.
+TEST(Engine, RestoreQuarantinesRowsThatBreakInvariants) {
+  const int64_t t = kOutsideWindow;
+  Engine before(testing::example_policy());
+  const int64_t first = before.acquire(req("team-cv", "alice"), t).lease_id;
+  const int64_t second = before.acquire(req("team-cv", "bob"), t).lease_id;
+  const int64_t huge = before.acquire(req("team-robotics", "erin"), t).lease_id;
+  std::vector<Lease> rows = stored_leases(before);
+  for (auto& row : rows) {
+    if (row.id == second) row.device_ids = rows.front().device_ids;  // the same GPU as `first`
+    if (row.id == huge) row.gpus = 500;
+  }
+  Engine after(testing::example_policy());
+  after.restore(rows, {}, {}, {}, 1, t + kMinute);
+  ASSERT_NE(after.find(first), nullptr);
+  EXPECT_EQ(after.find(first)->state, LeaseState::kGranted);
+  EXPECT_EQ(after.find(second), nullptr);
+  EXPECT_EQ(after.find(huge), nullptr);
+  const AuditEntry* twice = audit_of(after, "lease.quarantined", second);
+  ASSERT_NE(twice, nullptr);
+  EXPECT_NE(twice->detail.find("already held by lease " + std::to_string(first)), std::string::npos) << twice->detail;
+  const AuditEntry* big = audit_of(after, "lease.quarantined", huge);
+  ASSERT_NE(big, nullptr);
+  EXPECT_NE(big->detail.find("gpus 500"), std::string::npos) << big->detail;
+  const Changes changes = after.take_changes();
+  ASSERT_EQ(changes.quarantined.size(), 2u);
+  EXPECT_EQ(changes.quarantined.count(second), 1u);
+  EXPECT_EQ(changes.quarantined.count(huge), 1u);
+  expect_sound(after, t + kMinute);
+}
+
+// The cluster busy with normal work (17 GPUs), a member asks for all 20 as critical: refused with the policy key
+// named, nothing revoked. An admin acting for the member is the documented way to more.
+TEST(Engine, AMembersCriticalRequestForTwentyGpusIsRefusedWithoutRevokingAnything) {
+  const int64_t t = kInsideWindow;
+  Engine e(testing::example_policy());
+  for (int i = 0; i < 14; ++i) ASSERT_EQ(e.acquire(req("team-cv", "alice"), t).kind, Kind::kGranted);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(e.acquire(req("team-robotics", "erin"), t).kind, Kind::kGranted);
+  const int64_t later = t + 20 * kMinute;  // every lease past the minimum runtime: all could be revoked
+  LeaseRequest c = req("team-robotics", "dave", 20);
+  c.priority = Priority::kCritical;
+  c.justification = "production regression";
+  const AcquireResult refused = e.acquire(c, later);
+  EXPECT_EQ(refused.kind, Kind::kNotAllowed);
+  EXPECT_NE(refused.reason.find("emergency.max_gpus_per_request"), std::string::npos) << refused.reason;
+  for (const auto& [id, lease] : e.leases()) EXPECT_EQ(lease.state, LeaseState::kGranted) << "lease " << id;
+  // within the cap (8 in the example policy) the member's emergency works as before
+  c.gpus = 8;
+  const AcquireResult small = e.acquire(c, later);
+  EXPECT_TRUE(small.kind == Kind::kGranted || small.kind == Kind::kQueued) << small.reason;
+  int revoking = 0;
+  for (const auto& [id, lease] : e.leases()) revoking += lease.state == LeaseState::kRevoking ? lease.gpus : 0;
+  EXPECT_LE(revoking, 8);
+  expect_sound(e, later);
+}
+
+TEST(Engine, AnAdminsCriticalRequestMayExceedTheCap) {
+  const int64_t t = kInsideWindow;
+  Engine e(testing::example_policy());
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(e.acquire(req("team-cv", "alice"), t).kind, Kind::kGranted);
+  LeaseRequest c = req("team-robotics", "dave", 12);
+  c.priority = Priority::kCritical;
+  c.justification = "production regression";
+  ASSERT_EQ(e.acquire(c, t).kind, Kind::kNotAllowed);
+  c.requested_by = "admin";
+  const AcquireResult allowed = e.acquire(c, t);
+  EXPECT_EQ(allowed.kind, Kind::kGranted) << allowed.reason;
+  EXPECT_TRUE(has_audit(e, "emergency.granted", allowed.lease_id));
+  expect_sound(e, t);
+}
 }  // namespace
 }  // namespace yolo8::quota

@@ -368,5 +368,25 @@ TEST(Policy, ExampleSharesGpusOnlyForSmallModels) {
   for (const auto& model : p.shared_models) EXPECT_TRUE(p.memory_table.has(model)) << model;
 }
 
+// issue 30: the privileged channel is sized by policy; absent it is the emergency pool (a member's emergency
+// takes no more than the pool would have held), and a bad value names the file, line and key.
+TEST(Policy, EmergencyMaxGpusPerRequestDefaultsToThePoolAndIsChecked) {
+  Policy absent = load_policy_from_string(minimal() + "emergency_pool: 0.25\n", "test.yaml");
+  EXPECT_EQ(absent.emergency_pool_gpus(), 1);
+  EXPECT_EQ(absent.critical_gpus_cap(), 1);
+  Policy set = load_policy_from_string(minimal() + "emergency: {max_gpus_per_request: 3}\n", "test.yaml");
+  EXPECT_EQ(set.critical_gpus_cap(), 3);
+  EXPECT_EQ(testing::example_policy().critical_gpus_cap(), 8);  // configs/quota-policy.yaml, the demo's job
+  std::string e = error_of(minimal() + "emergency: {max_gpus_per_request: -1}\n");
+  EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("emergency.max_gpus_per_request: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal() + "emergency: {max_gpus_per_request: 5}\n");
+  EXPECT_NE(e.find("emergency.max_gpus_per_request: must be within 0..4"), std::string::npos) << e;
+  e = error_of(minimal() + "emergency: {max_gpus: 2}\n");
+  EXPECT_NE(e.find("emergency.max_gpus: unknown key"), std::string::npos) << e;
+  // one workstation (local mode) has no pool: its user may still take every GPU
+  EXPECT_EQ(local_policy(2, 16, "me").critical_gpus_cap(), 2);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

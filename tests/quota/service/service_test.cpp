@@ -90,6 +90,61 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], static_cast<int64_t>(i) + 1);
 }
 
+// Issue 30: quotad restarted with node-b gone from the inventory (here: named node-z, without UUIDs to match).
+// Its leases end at start, audited and stored before anything is served: a second restart loads them ended,
+// and the cluster is granted again without counting a GPU twice. A member's critical request for all 20 GPUs is
+// refused with the policy key; nothing is revoked.
+TEST(QuotaService, ARestartWithoutANodeEndsItsLeasesAuditedAndStored) {
+  const std::string db = temp_db("node_gone");
+  Clock clock;
+  ServiceOptions o;
+  o.db_path = db;
+  o.clock = clock.fn();
+  std::vector<int64_t> on_b;
+  {
+    QuotaService s(testing::example_policy(), o);
+    for (int i = 0; i < 14; ++i) {
+      const ApiResponse r = s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})"));
+      ASSERT_EQ(r.status, 201);
+      if (r.body["lease"]["devices"][0].get<std::string>().rfind("node-b:", 0) == 0) on_b.push_back(r.body["lease_id"]);
+    }
+  }
+  ASSERT_FALSE(on_b.empty());
+  Policy renamed = testing::example_policy();
+  for (auto& gpu : renamed.gpus) {
+    if (gpu.node == "node-b") gpu.node = "node-z";
+  }
+  for (auto& node : renamed.nodes) {
+    if (node.name == "node-b") node.name = "node-z";
+  }
+  *clock.t += kMinute;
+  for (int restart = 0; restart < 2; ++restart) {
+    QuotaService s(renamed, o);
+    for (int64_t id : on_b) {
+      const json lease = s.handle(api_call("GET", "/v1/leases/" + std::to_string(id), "admin-token")).body;
+      EXPECT_EQ(lease["state"], "expired") << "restart " << restart << ", lease " << id;
+    }
+    EXPECT_TRUE(s.check_invariants().empty());
+  }
+  QuotaService s(renamed, o);
+  const json audit = s.handle(api_call("GET", "/v1/audit?limit=1000", "admin-token")).body["audit"];
+  int ended = 0;
+  for (const json& entry : audit) {
+    if (entry["action"] == "lease.expired" &&
+        entry["detail"].get<std::string>().find("node node-b") != std::string::npos) {
+      ++ended;
+    }
+  }
+  EXPECT_EQ(ended, static_cast<int>(on_b.size()));  // once each, stored, not again at the second restart
+  const ApiResponse critical = s.handle(
+      api_call("POST", "/v1/leases", "dave-token",
+               R"({"model":"yolov8s","gpus":20,"priority":"critical","justification":"production regression"})"));
+  EXPECT_EQ(critical.status, 403) << critical.body.dump();
+  EXPECT_NE(critical.body.dump().find("emergency.max_gpus_per_request"), std::string::npos) << critical.body.dump();
+  const json leases = s.handle(api_call("GET", "/v1/leases", "admin-token")).body["leases"];
+  for (const json& lease : leases) EXPECT_NE(lease["state"], "revoking") << lease.dump();
+}
+
 // Issue 15: after a restart where the newest leases ended long ago (so none is loaded into memory), the next
 // lease and approval ids still continue the sequence instead of overwriting old rows.
 TEST(QuotaService, IdsAreNeverReusedAfterOldLeasesLeaveMemory) {

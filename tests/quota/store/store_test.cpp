@@ -16,6 +16,7 @@ namespace yolo8::quota {
 namespace {
 
 using testing::kHour;
+using testing::kMinute;
 using testing::kMonday;
 
 using testing::temp_db;
@@ -122,6 +123,53 @@ TEST(QuotaStore, AnEndedEmergencyLeaseLoadsUntilItsReviewIsClosed) {
   engine.review_emergency(id, "admin", kMonday + 72 * kHour, "justified");
   store.write(engine, engine.take_changes());
   EXPECT_TRUE(store.load(kMonday + 72 * kHour, 24 * kHour, 0).leases.empty());
+}
+
+// issue 30: rows that parse but break invariants, edited into the database behind quotad's back (a second
+// lease on lease 1's GPU, a lease of 500 GPUs). After a restart each is in the quarantine table with why, gone
+// from the leases, audited; the first lease keeps its GPU; a second restart finds nothing more to do.
+TEST(QuotaStore, RowsThatBreakInvariantsAreQuarantinedAtLoadWithAnAuditEntry) {
+  const std::string path = temp_db("invariant_rows");
+  {
+    Engine engine(testing::example_policy());
+    LeaseRequest request;
+    request.team = "team-cv";
+    request.user = "alice";
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(engine.acquire(request, kMonday).kind, AcquireResult::Kind::kGranted);
+    Store store(path);
+    store.write(engine, engine.take_changes());
+  }
+  execute(path,
+          "UPDATE leases SET body = json_set(body, '$.devices', json_extract((SELECT body FROM leases WHERE id = 1), "
+          "'$.devices')) WHERE id = 2; UPDATE leases SET body = json_set(body, '$.gpus', 500) WHERE id = 3;");
+  const int64_t restart = kMonday + kMinute;
+  auto restart_once = [&] {
+    Store store(path);
+    Snapshot snapshot = store.load(restart, 24 * kHour, 100);
+    Engine engine(testing::example_policy());
+    engine.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
+                   std::move(snapshot.usage), snapshot.next_audit_seq, restart);
+    store.write(engine, engine.take_changes());
+    EXPECT_TRUE(engine.check_invariants(restart).empty());
+    return engine.leases().size();
+  };
+  EXPECT_EQ(restart_once(), 1u);
+  EXPECT_EQ(query_text(path, "SELECT COALESCE(group_concat(id), '') FROM leases"), "1");
+  EXPECT_EQ(query_text(path,
+                       "SELECT COALESCE(group_concat(row_id), '') FROM (SELECT row_id FROM quarantine WHERE source = "
+                       "'leases' ORDER BY row_id)"),
+            "2,3");
+  EXPECT_NE(query_text(path, "SELECT COALESCE(MAX(error), '') FROM quarantine WHERE row_id = 2")
+                .find("already held by lease 1"),
+            std::string::npos);
+  EXPECT_NE(query_text(path, "SELECT COALESCE(MAX(error), '') FROM quarantine WHERE row_id = 3").find("gpus 500"),
+            std::string::npos);
+  EXPECT_EQ(query_text(path,
+                       "SELECT COALESCE(group_concat(lease_id), '') FROM (SELECT lease_id FROM audit WHERE action = "
+                       "'lease.quarantined' ORDER BY lease_id)"),
+            "2,3");
+  EXPECT_EQ(restart_once(), 1u);  // nothing left to quarantine, nothing quarantined twice
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM quarantine"), "2");
 }
 
 // The message of the StoreError loading `path` throws; empty (and a test failure) when it loads.
