@@ -7,10 +7,14 @@
 namespace yolo8::quota {
 
 UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms) {
+  StoreReader reader(db_path);
+  return load_history(reader, policy, from_ms, to_ms);
+}
+
+UsageHistory load_history(StoreReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms) {
   UsageHistory history;
   history.from_ms = from_ms;
   history.to_ms = to_ms;
-  StoreReader reader(db_path);
   std::map<int64_t, size_t> index;  // lease id -> position in history.leases
   for (const Lease& lease : reader.leases_since(from_ms)) {
     if (lease.created_ms >= to_ms) continue;

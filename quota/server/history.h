@@ -6,6 +6,7 @@
 
 #include "quota/core/policy.h"
 #include "quota/core/recommend.h"
+#include "quota/store/store.h"
 
 namespace yolo8::quota {
 
@@ -13,5 +14,7 @@ namespace yolo8::quota {
 // cover inside the window and those below the policy's waste threshold. Throws std::runtime_error naming the
 // database when it cannot be read.
 UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms);
+// The same through a reader already open (the monthly report's).
+UsageHistory load_history(StoreReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms);
 
 }  // namespace yolo8::quota

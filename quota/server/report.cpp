@@ -290,7 +290,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     report.gpu_memory_sizes.assign(sizes.begin(), sizes.end());
     if (!policy->teams.empty()) {
       const int64_t until = std::min(to, report.generated_ms);
-      if (until > from) report.recommended = recommend(*policy, load_history(db_path, *policy, from, until)).teams;
+      if (until > from) report.recommended = recommend(*policy, load_history(reader, *policy, from, until)).teams;
     }
   }
   return report;

@@ -695,9 +695,11 @@ void salvage(sqlite3* from, sqlite3* into, const std::string& path, RepairReport
       if (!rows) break;  // the table is not there (older schema) or its root is unreadable
       const int columns = sqlite3_column_count(rows.get());
       std::string names, marks;
+      int newer = -1;  // the column of t.newer_column, if any
       for (int c = 1; c < columns; ++c) {
         names += std::string(c > 1 ? ", " : "") + sqlite3_column_name(rows.get(), c);
         marks += c > 1 ? ", ?" : "?";
+        if (t.newer_column != nullptr && std::string(sqlite3_column_name(rows.get(), c)) == t.newer_column) newer = c;
       }
       Statement insert = prepare_on(
           into, std::string("INSERT OR ") + t.conflict + " INTO " + t.table + "(" + names + ") VALUES (" + marks + ")");
@@ -706,15 +708,7 @@ void salvage(sqlite3* from, sqlite3* into, const std::string& path, RepairReport
       while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
         last_rowid = sqlite3_column_int64(rows.get(), 0);
         stride = 1;
-        if (t.newer_column != nullptr) {
-          const int newer = [&] {
-            for (int c = 1; c < columns; ++c) {
-              if (std::string(sqlite3_column_name(rows.get(), c)) == t.newer_column) return c;
-            }
-            return -1;
-          }();
-          if (newer > 0 && sqlite3_column_int64(rows.get(), newer) <= floor) continue;
-        }
+        if (newer > 0 && sqlite3_column_int64(rows.get(), newer) <= floor) continue;
         sqlite3_reset(insert.get());
         for (int c = 1; c < columns; ++c) sqlite3_bind_value(insert.get(), c, sqlite3_column_value(rows.get(), c));
         if (sqlite3_step(insert.get()) == SQLITE_DONE) ++copied;
@@ -1019,25 +1013,20 @@ std::map<std::pair<std::string, std::string>, double> StoreReader::usage(const s
   return out;
 }
 
-std::vector<Loan> StoreReader::loans() {
-  std::vector<Loan> out;
-  if (!has_table("loans")) return out;
-  Statement statement(prepare("SELECT id, body FROM loans ORDER BY id"));
-  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-    out.push_back(decode_row<Loan>(path_, "loans", statement.get(), &loan_from_json));
-  }
+// Every row of a ledger table (id, body), decoded; none where the database predates the table.
+template <typename Record>
+std::vector<Record> StoreReader::ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&)) {
+  std::vector<Record> out;
+  if (!has_table(table)) return out;
+  Statement statement(prepare((std::string("SELECT id, body FROM ") + table + " ORDER BY id").c_str()));
+  while (sqlite3_step(statement.get()) == SQLITE_ROW)
+    out.push_back(decode_row<Record>(path_, table, statement.get(), from_json));
   return out;
 }
 
-std::vector<CreditGrant> StoreReader::grants() {
-  std::vector<CreditGrant> out;
-  if (!has_table("grants")) return out;
-  Statement statement(prepare("SELECT id, body FROM grants ORDER BY id"));
-  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
-    out.push_back(decode_row<CreditGrant>(path_, "grants", statement.get(), &grant_from_json));
-  }
-  return out;
-}
+std::vector<Loan> StoreReader::loans() { return ledger_rows<Loan>("loans", &loan_from_json); }
+
+std::vector<CreditGrant> StoreReader::grants() { return ledger_rows<CreditGrant>("grants", &grant_from_json); }
 
 std::vector<AuditEntry> StoreReader::audit(const std::string& action, int64_t after_seq) {
   Statement statement(
@@ -1062,13 +1051,7 @@ std::vector<AuditEntry> StoreReader::audit(const std::string& action, int64_t af
 }
 
 AuditChainCheck verify_audit_chain(const std::string& db_path) {
-  sqlite3* raw = nullptr;
-  if (sqlite3_open_v2(db_path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    const std::string msg = raw ? sqlite3_errmsg(raw) : "out of memory";
-    sqlite3_close(raw);
-    throw StoreError(db_path + ": cannot open the quota database: " + msg);
-  }
-  std::unique_ptr<sqlite3, int (*)(sqlite3*)> db(raw, sqlite3_close);
+  const Connection db = open_connection(db_path, SQLITE_OPEN_READONLY);
   auto query = [&](const char* sql) {
     sqlite3_stmt* statement = nullptr;
     if (sqlite3_prepare_v2(db.get(), sql, -1, &statement, nullptr) != SQLITE_OK) {

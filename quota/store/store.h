@@ -1,5 +1,7 @@
 #pragma once
 // SQLite persistence of the engine: WAL mode, one transaction per state change, append-only audit.
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -193,6 +195,8 @@ class StoreReader {
  private:
   sqlite3_stmt* prepare(const char* sql);
   bool has_table(const char* table);
+  template <typename Record>
+  std::vector<Record> ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&));
 
   std::string path_;
   sqlite3* db_ = nullptr;

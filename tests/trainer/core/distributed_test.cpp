@@ -136,6 +136,30 @@ const std::vector<std::string> kWorkerArgs = {"--gtest_filter=DistributedWorker.
 // ---------------------------------------------------------------------------------------------------------
 // The rank processes.
 
+// yolov8n as the trainer runs it: channels-last, DFL frozen, in training mode; returns the trainable parameters.
+std::vector<torch::Tensor> as_the_trainer_runs_it(DetectionModel& model) {
+  to_channels_last(*model);
+  std::vector<torch::Tensor> trainable;
+  for (auto& item : model->named_parameters()) {
+    const bool frozen = item.key().find(".dfl") != std::string::npos;
+    item.value().set_requires_grad(!frozen);
+    if (!frozen) trainable.push_back(item.value());
+  }
+  model->train();
+  return trainable;
+}
+
+// Rank `rank`'s `local` images of a global batch drawn from `seed` (channels-last), and the labels of its images:
+// two boxes per image (image index, class, cx, cy, w, h).
+std::pair<torch::Tensor, torch::Tensor> rank_batch(uint64_t seed, int64_t local, int rank, int64_t imgsz) {
+  torch::Generator generator = torch::make_generator<torch::CPUGeneratorImpl>(seed);
+  const torch::Tensor images = torch::rand({2 * local, 3, imgsz, imgsz}, generator, torch::kFloat);
+  const torch::Tensor image_index = torch::arange(local, torch::kFloat).repeat_interleave(2).unsqueeze(1);
+  const torch::Tensor rest = torch::rand({2 * local, 5}, generator, torch::kFloat) * 0.4 + 0.3;
+  const torch::Tensor labels = torch::cat({image_index, rest.slice(1, 0, 1).round(), rest.slice(1, 1, 5)}, 1);
+  return {images.slice(0, rank * local, (rank + 1) * local).contiguous(torch::MemoryFormat::ChannelsLast), labels};
+}
+
 TEST(DistributedWorker, Run) {
   const char* mode_value = std::getenv("YOLO8_DDP_WORKER");
   if (mode_value == nullptr) GTEST_SKIP() << "only runs as a rank started by the Distributed tests";
@@ -168,28 +192,14 @@ TEST(DistributedWorker, Run) {
     torch::manual_seed(500 + rank);
     DetectionModel model = build_model("yolov8n.yaml", 2);
     context.broadcast_parameters(*model);
-    to_channels_last(*model);
-    std::vector<torch::Tensor> trainable;
-    for (auto& item : model->named_parameters()) {
-      const bool frozen = item.key().find(".dfl") != std::string::npos;
-      item.value().set_requires_grad(!frozen);
-      if (!frozen) trainable.push_back(item.value());
-    }
-    model->train();
+    const std::vector<torch::Tensor> trainable = as_the_trainer_runs_it(model);
     LossConfig loss_config;
     loss_config.nc = 2;
     DetectionLoss loss(loss_config);
     torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(0.01).momentum(0.9).nesterov(true));
     const int64_t local = 2;
     for (int step = 0; step < 3; ++step) {
-      torch::Generator generator = torch::make_generator<torch::CPUGeneratorImpl>(2000 + step);
-      const torch::Tensor images = torch::rand({2 * local, 3, 64, 64}, generator, torch::kFloat);
-      // Two boxes per image: image index, class, cx, cy, w, h.
-      const torch::Tensor image_index = torch::arange(local, torch::kFloat).repeat_interleave(2).unsqueeze(1);
-      const torch::Tensor rest = torch::rand({2 * local, 5}, generator, torch::kFloat) * 0.4 + 0.3;
-      const torch::Tensor labels = torch::cat({image_index, rest.slice(1, 0, 1).round(), rest.slice(1, 1, 5)}, 1);
-      const torch::Tensor x =
-          images.slice(0, rank * local, (rank + 1) * local).contiguous(torch::MemoryFormat::ChannelsLast);
+      const auto [x, labels] = rank_batch(2000 + step, local, rank, 64);
       const LossOutput out = loss(model->forward_maps(x), LossTargets::from_label_rows(labels));
       out.total.backward();
       context.average_gradients(trainable, GradReduction::kSum);
@@ -209,14 +219,7 @@ TEST(DistributedWorker, Run) {
     const auto run = [&](bool overlapped, std::vector<double>& window_ms) {
       torch::manual_seed(600);
       DetectionModel model = build_model("yolov8n.yaml", 2);
-      to_channels_last(*model);
-      std::vector<torch::Tensor> trainable;
-      for (auto& item : model->named_parameters()) {
-        const bool frozen = item.key().find(".dfl") != std::string::npos;
-        item.value().set_requires_grad(!frozen);
-        if (!frozen) trainable.push_back(item.value());
-      }
-      model->train();
+      const std::vector<torch::Tensor> trainable = as_the_trainer_runs_it(model);
       LossConfig loss_config;
       loss_config.nc = 2;
       DetectionLoss loss(loss_config);
@@ -226,13 +229,7 @@ TEST(DistributedWorker, Run) {
       for (int window = 0; window < 4; ++window) {
         const auto start = std::chrono::steady_clock::now();
         for (int micro = 0; micro < 2; ++micro) {
-          torch::Generator generator = torch::make_generator<torch::CPUGeneratorImpl>(3000 + 2 * window + micro);
-          const torch::Tensor images = torch::rand({2 * local, 3, 96, 96}, generator, torch::kFloat);
-          const torch::Tensor image_index = torch::arange(local, torch::kFloat).repeat_interleave(2).unsqueeze(1);
-          const torch::Tensor rest = torch::rand({2 * local, 5}, generator, torch::kFloat) * 0.4 + 0.3;
-          const torch::Tensor labels = torch::cat({image_index, rest.slice(1, 0, 1).round(), rest.slice(1, 1, 5)}, 1);
-          const torch::Tensor x =
-              images.slice(0, rank * local, (rank + 1) * local).contiguous(torch::MemoryFormat::ChannelsLast);
+          const auto [x, labels] = rank_batch(3000 + 2 * window + micro, local, rank, 96);
           const bool last = micro == 1;
           if (overlapped && last) reducer.before_final_backward(trainable);
           std::vector<torch::Tensor> saved;
