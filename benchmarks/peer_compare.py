@@ -27,9 +27,9 @@ README_BEGIN = "<!-- peer_compare:begin (benchmarks/peer_compare.sh rewrites thi
 README_END = "<!-- peer_compare:end -->"
 VAL_CASE_REL = "reference/ultralytics-8.0.232/val_case"
 
-FULL = dict(pipe_images=96, pipe_epochs=2, pipe_repeats=2, e2e_train=256, e2e_val=64, infer_copies=4,
+FULL = dict(pipe_images=160, pipe_epochs=2, pipe_repeats=2, e2e_train=256, e2e_val=64, infer_copies=4,
             infer_repeats=3, startup_repeats=5)
-QUICK = dict(pipe_images=32, pipe_epochs=1, pipe_repeats=1, e2e_train=64, e2e_val=16, infer_copies=1,
+QUICK = dict(pipe_images=64, pipe_epochs=2, pipe_repeats=1, e2e_train=64, e2e_val=16, infer_copies=1,
              infer_repeats=1, startup_repeats=2)
 QUICK_EPOCHS = 2
 
@@ -134,17 +134,23 @@ def table_rows(res):
     for key, label in (("val", "val"), ("predict", "predict")):
         i = res.get("inference", {}).get(key)
         if i:
+            same = ""
+            if key == "val" and None not in i["map50_95"].values():
+                same = (f"; mAP50-95 Ultralytics {i['map50_95']['ultralytics']:.6f}, yolo8 "
+                        f"{i['map50_95']['ours']:.6f}")
             rows.append((f"{label} at {i['imgsz']} px, batch {i['batch']}, {i['images']} images: images/s "
-                         f"(best of {i['repeats']}; {i['span']})",
+                         f"(best of {i['repeats']}; {i['span']}{same})",
                          fmt(i["ultralytics"], 2), fmt(i["ours"], 2), fmt_ratio(i.get("ratio"))))
     s = res.get("startup")
     if s:
         rows.append((f"start-up: launch → end of the first training step, s (median of {s['repeats']})",
                      fmt(s["ultralytics"], 2), fmt(s["ours"], 2), fmt_ratio(s.get("ratio"))))
-        rows.append(("yolo8 start-up with OMP_WAIT_POLICY unset (re-exec) − set (none), s: first step / `yolo8 version`",
-                     "", f"{fmt(s['reexec_first_step_s'], 3)} / {fmt(s['reexec_version_s'], 3)}", ""))
+        rows.append(("yolo8's OMP_WAIT_POLICY re-exec: start-up with it unset (re-exec) − set (none), s: first step "
+                     "/ `yolo8 version` wall / `yolo8 version` CPU", "",
+                     f"{fmt(s['reexec_first_step_s'], 3)} / {fmt(s['reexec_version_s'], 3)} / "
+                     f"{fmt(s.get('reexec_version_cpu_s'), 3)}", ""))
     if not peer:
-        rows = [(w, "peer not found", o, "—") for w, _u, o, _r in rows]
+        rows = [(w, "peer not found" if u else "", o, "—" if r else "") for w, u, o, r in rows]
     return rows
 
 
@@ -177,7 +183,7 @@ class Runner:
         self.log = open(self.work / "peer_compare.log", "w")
         self.threads = int(os.environ.get("YOLO8_THREADS") or subprocess.check_output(
             [sys.executable, str(REPO / "scripts/peer/cpu_share.py")], text=True).strip())
-        self.peer_reason = self.find_peer()
+        self.peer_reason = "--no-peer given" if args.no_peer else self.find_peer()
         self.peer = self.peer_reason is None
 
     def say(self, text):
@@ -431,7 +437,7 @@ class Runner:
         data = self.synth(self.work / "startup/ds", 64, 16, 160)  # 4 steps an epoch: step 1 prints a line
         first_line = r"^1/1 .* 1/4 \["
         runs = {"ours_reexec": [], "ours_no_reexec": [], "ultralytics": [], "version_reexec": [],
-                "version_no_reexec": []}
+                "version_no_reexec": [], "version_reexec_cpu": [], "version_no_reexec_cpu": []}
         args = ["model=yolov8n.yaml", f"data={data}", "imgsz=160", "epochs=1", "batch=16", f"workers={self.threads}"]
         for rep in range(c["startup_repeats"]):
             self.say(f"[4/4] start-up, repeat {rep + 1}/{c['startup_repeats']}")
@@ -441,7 +447,9 @@ class Runner:
                              f"startup_{key}_{rep}", env=self.env(omp), stop_on=first_line)
                 runs[key].append(self.first_step(r))
             for key, omp in (("version_reexec", None), ("version_no_reexec", "PASSIVE")):
-                runs[key].append(self.run([self.yolo8, "version"], f"{key}_{rep}", env=self.env(omp))["wall_s"])
+                r = self.run([self.yolo8, "version"], f"{key}_{rep}", env=self.env(omp))
+                runs[key].append(r["wall_s"])
+                runs[key + "_cpu"].append(r["cpu_s"])
             if self.peer:
                 r = self.run(self.peer_cmd(REPO / "scripts/peer/train_run.py", *args, "device=cpu", "plots=False",
                                            f"project={self.work / 'startup/peer'}", f"name=r{rep}"),
@@ -456,7 +464,8 @@ class Runner:
                 "ours_without_reexec": med["ours_no_reexec"],
                 "reexec_first_step_s": None if None in (med["ours_reexec"], med["ours_no_reexec"])
                 else med["ours_reexec"] - med["ours_no_reexec"],
-                "reexec_version_s": med["version_reexec"] - med["version_no_reexec"], "runs": runs}
+                "reexec_version_s": med["version_reexec"] - med["version_no_reexec"],
+                "reexec_version_cpu_s": med["version_reexec_cpu"] - med["version_no_reexec_cpu"], "runs": runs}
 
     def versions(self):
         v = {"yolo8": {}, "ultralytics": {}}
@@ -487,6 +496,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="few epochs and images: a smoke run of the whole path")
     ap.add_argument("--work", help="work folder (kept); default a temporary one, removed unless --keep")
     ap.add_argument("--keep", action="store_true", help="keep the temporary work folder")
+    ap.add_argument("--no-peer", action="store_true", help="our side only, as where the peer is not installed")
     ap.add_argument("--only", default="pipeline,end_to_end,inference,startup", help="comma list of sections")
     ap.add_argument("--json", default=str(REPO / "benchmarks/results/peer_compare.json"))
     ap.add_argument("--readme", default=str(REPO / "README.md"), help="README to rewrite ('' for none)")

@@ -8,7 +8,8 @@
 # Prints one table (workload | Ultralytics | yolo8 | ratio), writes benchmarks/results/peer_compare.json and
 # rewrites the README's table between its peer_compare markers. Without the peer (.venv/peer, installed from
 # scripts/locks/peer.txt by scripts/pyenv.sh peer; never installed here) it says so and gives our figures only.
-# Usage: benchmarks/peer_compare.sh [--quick] [--work DIR] [--keep] [--only pipeline,end_to_end,inference,startup]
+# Usage: benchmarks/peer_compare.sh [--quick] [--no-peer] [--work DIR] [--keep] [--only pipeline,end_to_end,inference,startup]
+#        [--json FILE] [--readme FILE|'']   (defaults: benchmarks/results/peer_compare.json, README.md)
 #   --quick: few images and 2 epochs (EPOCHS overrides), a smoke run of every path (a few minutes on 2 cores).
 # Env: EPOCHS, SEEDS, YOLO8_THREADS (default: the cores this process may use, as threads=0), BUILD_DIR (build),
 #      YOLO8_SHARED (../shared: holds reference/ultralytics-8.0.232/val_case for 3).

@@ -2,7 +2,7 @@
 usage: infer_bench.py val MODEL DATA_YAML IMGSZ BATCH WORKERS OUT_JSON
        infer_bench.py predict MODEL SOURCE_DIR IMGSZ OUT_JSON
 
-val: DetectionValidator (conf 0.001, iou 0.7, plots off), timed from its callback on_val_start to on_val_end: the
+val: DetectionValidator (conf 0.001, iou 0.7, rect as `yolo val`, plots off), timed from its callback on_val_start to on_val_end: the
 loop over the loader (decode + letterbox in its workers), preprocess, forward, NMS and the metrics, after its model
 warm-up. Ours (`yolo8 val`) prints the same span as "Speed: X ms per image (loading, inference, NMS)" (no warm-up).
 predict: the Python API's predict (batch 1, conf 0.25, save off) streamed over the folder; images/s between the
@@ -22,8 +22,10 @@ if mode == "val":
     from ultralytics.models.yolo.detect import DetectionValidator
 
     marks = {}
+    # rect=True as `yolo val` sets it (YOLO.val's custom args; DetectionValidator's own default is False): batches
+    # of one shape, padded to the stride, as ours.
     args = dict(model=model, data=data, imgsz=imgsz, batch=batch, conf=0.001, iou=0.7, device="cpu", workers=workers,
-                plots=False, split="val", project=str(__import__("pathlib").Path(out_json).parent / "peer_val"),
+                rect=True, plots=False, split="val", project=str(__import__("pathlib").Path(out_json).parent / "peer_val"),
                 name="val", exist_ok=True)
     validator = DetectionValidator(args=args)
     validator.add_callback("on_val_start", lambda _v: marks.setdefault("start", time.perf_counter()))

@@ -9,7 +9,8 @@ scale 0.5, augment=True, rect False; build_yolo_dataset(mode='train') and build_
 - WORKERS N: Ultralytics' InfiniteDataLoader with N worker processes, as training uses it (workers kept across
   epochs). CPU time = this process (time.process_time) + each worker's utime+stime read from /proc/PID/stat at the
   start and the end of the timed epochs, so prefetching shifts work in and out of the window about equally.
-One warm-up epoch (label cache, page cache, worker start) is not timed, as in ours.
+One warm-up epoch (label cache, page cache, worker start) is not timed, as in ours. With workers, up to
+2 x WORKERS batches are prefetched at either end of the window: give it many more batches than that.
 """
 import json
 import os

@@ -66,10 +66,10 @@ class TableWithoutPeer(unittest.TestCase):
             "reexec_version_s": 0.3}}
         rows = pc.table_rows(res)
         self.assertEqual(len(rows), 2)
-        for _w, peer, _o, r in rows:
-            self.assertEqual(peer, "peer not found")
-            self.assertEqual(r, "—")
-        self.assertEqual(rows[0][2], "1.50")
+        self.assertEqual(rows[0][1:], ("peer not found", "1.50", "—"))
+        # ours-only rows (the re-exec cost) stay without a peer figure or ratio
+        self.assertEqual((rows[1][1], rows[1][3]), ("", ""))
+        self.assertTrue(rows[1][2].startswith("0.400 / 0.300"))
 
 
 class ResultsCsv(unittest.TestCase):
