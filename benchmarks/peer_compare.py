@@ -397,14 +397,21 @@ class Runner:
                           f"workers={self.threads}", "plots=false", f"project={self.work / 'infer_runs'}",
                           "name=val", "exist_ok=true", *self.ours_threads_args()], f"ours_val_{rep}")
             text = [t for _, t in r["lines"]]
-            ms = next(float(m.group(1)) for t in text if (m := re.match(r"Speed: ([\d.]+) ms per image", t)))
-            val["ours"].append(1000.0 / ms)
-            val["ours_map"] = next(float(t.split()[-1]) for t in text if t.split()[:1] == ["all"])
+            # Parsed from yolo8 val's output: a changed line leaves the figure out (said so), it does not stop the run.
+            ms = next((float(m.group(1)) for t in text if (m := re.match(r"Speed: ([\d.]+) ms per image", t))), None)
+            if ms:
+                val["ours"].append(1000.0 / ms)
+            else:
+                self.say("  yolo8 val printed no 'Speed: X ms per image' line: no val figure of ours")
+            val["ours_map"] = next((float(t.split()[-1]) for t in text if t.split()[:1] == ["all"]), None)
             r = self.run(["stdbuf", "-oL", self.yolo8, "predict", f"model={model}", f"source={root / 'images/val'}",
                           "imgsz=640", "conf=0.25", "save=false", f"project={self.work / 'infer_runs'}",
                           "name=predict", "exist_ok=true", *self.ours_threads_args()], f"ours_predict_{rep}")
             stamps = [t for t, text in r["lines"] if re.search(r": \d+x\d+ \d+ detections$", text)]
-            pred["ours"].append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            if len(stamps) >= 2 and stamps[-1] > stamps[0]:
+                pred["ours"].append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            else:
+                self.say("  yolo8 predict printed no per-image lines ('FILE: HxW N detections'): no predict figure")
             if not self.peer:
                 continue
             out = self.work / f"peer_val_{rep}.json"
