@@ -4,6 +4,7 @@ import sys
 import unittest
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import peer_compare as pc  # noqa: E402
 
