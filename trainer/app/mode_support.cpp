@@ -8,7 +8,10 @@
 #endif
 
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "trainer/app/plots.h"
@@ -104,20 +107,55 @@ std::shared_ptr<const data::DatasetIndex> load_split(const data::DatasetSpec& sp
   return index;
 }
 
+torch::Tensor model_input(const torch::Tensor& images, const torch::Device& device, bool channels_last) {
+  const torch::Tensor on_device = images.to(device);
+  torch::Tensor input = torch::empty(
+      on_device.sizes(),
+      on_device.options()
+          .dtype(torch::kFloat)
+          .memory_format(channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
+  // The conversion into the final layout, then the same in-place division as before: the same values. One
+  // division over a strided uint8 source (div_out) is slower than copy_'s conversion plus div_.
+  input.copy_(on_device);
+  return input.div_(255.0);
+}
+
+std::string ValidationTimes::per_image() const {
+  const double per = 1000.0 / static_cast<double>(std::max<int64_t>(1, images));
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << waiting * per << " ms waiting for data, " << preprocess * per
+      << " ms preprocess, " << inference * per << " ms inference, " << postprocess * per << " ms postprocess per image";
+  return out.str();
+}
+
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
-// empty) receives the first batch's labels and predictions as mosaics.
-void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
-                    const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
-                    const std::string& prefix, const fs::path& plot_dir, const std::vector<std::string>& names) {
+// empty) receives the first batch's labels and predictions as mosaics. The loader's workers decode and letterbox
+// the next batches while this thread runs the model (`waiting` is what they did not hide).
+ValidationTimes run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
+                               const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
+                               const std::string& prefix, const fs::path& plot_dir,
+                               const std::vector<std::string>& names) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
   loader.start_epoch(0);
   ProgressBar bar(prefix, loader.num_batches());
+  ValidationTimes times;
   long done = 0;
-  while (auto batch = loader.next()) {
-    torch::Tensor images = batch->images.to(device).to(torch::kFloat).div_(255.0);
-    if (channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);
+  // A CUDA kernel runs after its launch returns: the stages are timed up to a synchronised point (the NMS copies
+  // the predictions to the host), so on a GPU `inference` is the launch and `postprocess` includes the wait.
+  auto mark = Clock::now();
+  const auto lap = [&mark](double& stage) {
+    const auto now = Clock::now();
+    stage += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  for (;;) {
+    std::optional<data::Batch> batch = loader.next();
+    lap(times.waiting);
+    if (!batch) break;
+    const torch::Tensor images = model_input(batch->images, device, channels_last);
+    lap(times.preprocess);
     DetectOutput output;
     {
       CudaAutocastGuard autocast(half && device.is_cuda());
@@ -125,8 +163,12 @@ void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionVa
     }
     output.pred = output.pred.to(torch::kFloat);
     for (auto& level : output.feats) level = level.to(torch::kFloat);
+    lap(times.inference);
     const std::vector<torch::Tensor> detections = validator.add_batch(
         output.pred, batch->labels, images.size(2), images.size(3), batch_geometry(*batch), batch->paths);
+    if (loss != nullptr) validator.add_loss(*loss, output.feats, batch->labels);
+    lap(times.postprocess);
+    times.images += static_cast<int64_t>(batch->paths.size());
     if (!plot_dir.empty() && batch->index == 0) {
       try_plot("validation mosaics", [&] {
         plot_batch_mosaic((plot_dir / "val_batch0_labels.jpg").string(), batch->images, batch->labels, names,
@@ -136,12 +178,13 @@ void run_validation(DetectionModel& model, data::DataLoader& loader, DetectionVa
                           names, batch->paths);
       });
     }
-    if (loss != nullptr) validator.add_loss(*loss, output.feats, batch->labels);
     bar.update(++done, "");
+    mark = Clock::now();          // plots and the bar are no stage of the model's
     if (stop_is_urgent()) break;  // a second signal: the checkpoint matters, the numbers do not
   }
   bar.finish("");
   model->train(was_training);
+  return times;
 }
 
 void write_text(const std::filesystem::path& path, const std::string& text) {

@@ -6,8 +6,10 @@
 #include <opencv2/imgproc.hpp>
 
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -61,12 +63,14 @@ int run_val(const Settings& settings) {
   const fs::path run_dir =
       make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
   const auto start = Clock::now();
-  app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val",
-                      settings.plots ? run_dir : fs::path(), names);
+  const app::ValidationTimes times =
+      app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val",
+                          settings.plots ? run_dir : fs::path(), names);
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())
-            << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS)\n";
+            << " ms per image at imgsz " << settings.loader.imgsz << " (loading, inference, NMS): " << times.per_image()
+            << "\n";
   if (settings.plots) {
     app::try_plot("validation curves", [&] {
       plot_validation(run_dir.string(), validator.results().per_class, validator.confusion().matrix(), names);
@@ -126,6 +130,71 @@ PredictModel open_weights_predict_model(const Settings& settings, const torch::D
   return predict;
 }
 
+// Where predict spent its time (seconds, all images); `reading` ran on the read-ahead threads, `waiting` is the
+// part of it the model's thread waited for.
+struct PredictTimes {
+  int64_t images = 0;
+  double reading = 0, waiting = 0, preprocess = 0, inference = 0, postprocess = 0, saving = 0;
+  std::string per_image() const {
+    const double per = 1000.0 / static_cast<double>(std::max<int64_t>(1, images));
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(1) << reading * per << " ms reading and letterboxing (" << waiting * per
+        << " ms not hidden), " << preprocess * per << " ms preprocess, " << inference * per << " ms inference, "
+        << postprocess * per << " ms postprocess, " << saving * per << " ms drawing and saving per image";
+    return out.str();
+  }
+};
+
+// One image read and letterboxed for `model` (BGR as read, and the model's RGB input); `image` is empty when the
+// file could not be read. Thread-safe: run_predict prepares the next images while the model runs.
+struct PreparedImage {
+  cv::Mat image;
+  cv::Mat rgb;  // out_h × out_w × 3 uint8
+  data::LetterboxInfo info;
+  int out_h = 0, out_w = 0;
+  double seconds = 0;  // reading and letterboxing, on the thread that did it
+};
+
+PreparedImage prepare_image(const std::string& file, const PredictModel& model, int target_h, int target_w) {
+  const int stride = model.stride;
+  const auto start = Clock::now();
+  PreparedImage prepared;
+  prepared.image = cv::imread(file, cv::IMREAD_COLOR);
+  const cv::Mat& image = prepared.image;
+  if (image.empty()) return prepared;
+  // Minimal padding to the stride, as the reference's predictor does for weights; imgsz=h,w bounds height and
+  // width apart. A static ONNX graph takes one size: the image is letterboxed to it (the reference does the same).
+  const double gain = std::min(static_cast<double>(target_h) / image.rows, static_cast<double>(target_w) / image.cols);
+  // Half to even, as Python's round() in the reference's LetterBox: 257 rows at gain 0.5 give 128, not 129 (which
+  // padded to 160 rows; Peer.UltralyticsOpensOurCheckpoints found it).
+  const int new_h = static_cast<int>(std::nearbyint(image.rows * gain));
+  const int new_w = static_cast<int>(std::nearbyint(image.cols * gain));
+  const int out_h = prepared.out_h =
+      model.fixed_height > 0 ? model.fixed_height : (new_h + stride - 1) / stride * stride;
+  const int out_w = prepared.out_w = model.fixed_width > 0 ? model.fixed_width : (new_w + stride - 1) / stride * stride;
+  data::LetterboxInfo& info = prepared.info;
+  cv::Mat boxed;
+  if (model.fixed_height > 0 || out_h > target_h || out_w > target_w) {  // a graph's size; imgsz off the stride
+    boxed = data::letterbox(image, out_h, out_w, true, &info);
+  } else {
+    // The reference resizes at imgsz's gain and pads only to the stride. Letterboxing to out_h x out_w would take
+    // that size's gain (257x320 into 128x160: 0.498, 159 columns, not 160): letterbox into imgsz, then cut the
+    // padding down to out_h x out_w, split as the reference splits it (one more row or column at the bottom/right).
+    const cv::Mat full = data::letterbox(image, target_h, target_w, true, &info);
+    const int top = static_cast<int>(std::nearbyint((out_h - info.new_h) / 2.0 - 0.1));
+    const int left = static_cast<int>(std::nearbyint((out_w - info.new_w) / 2.0 - 0.1));
+    boxed = full(cv::Rect(info.left - left, info.top - top, out_w, out_h));  // cvtColor copies it
+    // Boxes go back as the reference's scale_boxes maps them: with the padded size's gain and the padding that
+    // gain implies, not the resize gain (0.498 and 0 columns above, not 0.5).
+    info.ratio = std::min(static_cast<double>(out_h) / image.rows, static_cast<double>(out_w) / image.cols);
+    info.left = static_cast<int>(std::nearbyint((out_w - image.cols * info.ratio) / 2.0 - 0.1));
+    info.top = static_cast<int>(std::nearbyint((out_h - image.rows * info.ratio) / 2.0 - 0.1));
+  }
+  cv::cvtColor(boxed, prepared.rgb, cv::COLOR_BGR2RGB);
+  prepared.seconds = seconds_since(start);
+  return prepared;
+}
+
 }  // namespace
 
 int run_predict(const Settings& settings) {
@@ -135,7 +204,6 @@ int run_predict(const Settings& settings) {
                                  ? open_onnx_predict_model(settings.model)
                                  : open_weights_predict_model(settings, app::pick_device(settings));
   std::cout << "Predicting with " << model.description << "\n";
-  const int stride = model.stride;
   const fs::path run_dir =
       make_run_dir(project_dir(settings.project, settings.task), "predict", settings.name, settings.exist_ok);
   if (settings.save_txt) fs::create_directories(run_dir / "labels");
@@ -148,48 +216,52 @@ int run_predict(const Settings& settings) {
   const int target_w = settings.imgsz_hw.empty() ? settings.loader.imgsz : settings.imgsz_hw[1];
   const std::vector<std::string> files = list_images(settings.source);
   int64_t total_detections = 0;
+  // Images are read and letterboxed up to kReadAhead ahead, each on a thread of its own, while this thread runs
+  // the model on the current one; they are taken in file order, so the output is that of one after another.
+  constexpr size_t kReadAhead = 2;
+  std::deque<std::future<PreparedImage>> ahead;
+  size_t next_file = 0;
+  const auto read_ahead = [&] {
+    for (; ahead.size() < kReadAhead && next_file < files.size(); ++next_file) {
+      ahead.push_back(std::async(std::launch::async, prepare_image, std::cref(files[next_file]), std::cref(model),
+                                 target_h, target_w));
+    }
+  };
+  PredictTimes times;
+  const auto lap = [](Clock::time_point& since, double& stage) {
+    const auto now = Clock::now();
+    stage += std::chrono::duration<double>(now - since).count();
+    since = now;
+  };
+  const auto next_image = [&] {
+    read_ahead();
+    auto since = Clock::now();
+    PreparedImage prepared = ahead.front().get();
+    ahead.pop_front();
+    lap(since, times.waiting);
+    read_ahead();
+    times.reading += prepared.seconds;
+    return prepared;
+  };
   for (const std::string& file : files) {
-    const cv::Mat image = cv::imread(file, cv::IMREAD_COLOR);
+    PreparedImage prepared = next_image();
+    const cv::Mat& image = prepared.image;
     if (image.empty()) {
       std::cerr << "predict: skipping unreadable image " << file << "\n";
       continue;
     }
-    // Minimal padding to the stride, as the reference's predictor does for weights; imgsz=h,w bounds height and
-    // width apart. A static ONNX graph takes one size: the image is letterboxed to it (the reference does the same).
-    const double gain =
-        std::min(static_cast<double>(target_h) / image.rows, static_cast<double>(target_w) / image.cols);
-    // Half to even, as Python's round() in the reference's LetterBox: 257 rows at gain 0.5 give 128, not 129 (which
-    // padded to 160 rows; Peer.UltralyticsOpensOurCheckpoints found it).
-    const int new_h = static_cast<int>(std::nearbyint(image.rows * gain));
-    const int new_w = static_cast<int>(std::nearbyint(image.cols * gain));
-    const int out_h = model.fixed_height > 0 ? model.fixed_height : (new_h + stride - 1) / stride * stride;
-    const int out_w = model.fixed_width > 0 ? model.fixed_width : (new_w + stride - 1) / stride * stride;
-    data::LetterboxInfo info;
-    cv::Mat boxed;
-    if (model.fixed_height > 0 || out_h > target_h || out_w > target_w) {  // a graph's size; imgsz off the stride
-      boxed = data::letterbox(image, out_h, out_w, true, &info);
-    } else {
-      // The reference resizes at imgsz's gain and pads only to the stride. Letterboxing to out_h x out_w would take
-      // that size's gain (257x320 into 128x160: 0.498, 159 columns, not 160): letterbox into imgsz, then cut the
-      // padding down to out_h x out_w, split as the reference splits it (one more row or column at the bottom/right).
-      const cv::Mat full = data::letterbox(image, target_h, target_w, true, &info);
-      const int top = static_cast<int>(std::nearbyint((out_h - info.new_h) / 2.0 - 0.1));
-      const int left = static_cast<int>(std::nearbyint((out_w - info.new_w) / 2.0 - 0.1));
-      boxed = full(cv::Rect(info.left - left, info.top - top, out_w, out_h)).clone();
-      // Boxes go back as the reference's scale_boxes maps them: with the padded size's gain and the padding that
-      // gain implies, not the resize gain (0.498 and 0 columns above, not 0.5).
-      info.ratio = std::min(static_cast<double>(out_h) / image.rows, static_cast<double>(out_w) / image.cols);
-      info.left = static_cast<int>(std::nearbyint((out_w - image.cols * info.ratio) / 2.0 - 0.1));
-      info.top = static_cast<int>(std::nearbyint((out_h - image.rows * info.ratio) / 2.0 - 0.1));
-    }
-    cv::Mat rgb;
-    cv::cvtColor(boxed, rgb, cv::COLOR_BGR2RGB);
-    const torch::Tensor input = torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8)
-                                    .permute({0, 3, 1, 2})
-                                    .to(torch::kFloat)
-                                    .div_(255.0)
-                                    .contiguous();
+    const data::LetterboxInfo& info = prepared.info;
+    const int out_h = prepared.out_h, out_w = prepared.out_w;
+    // uint8 HWC converted straight into the float NCHW input, then divided: the values of .to(kFloat).div_(255)
+    // then .contiguous(), with one float copy fewer.
+    auto stage = Clock::now();
+    const cv::Mat& rgb = prepared.rgb;
+    torch::Tensor input = torch::empty({1, 3, rgb.rows, rgb.cols}, torch::kFloat);
+    input.copy_(torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8).permute({0, 3, 1, 2}));
+    input.div_(255.0);
+    lap(stage, times.preprocess);
     const torch::Tensor prediction = model.forward(input);
+    lap(stage, times.inference);
     torch::Tensor detections = non_max_suppression(prediction, nms)[0];
     if (!settings.classes.empty() && detections.size(0) > 0) {
       torch::Tensor keep = torch::zeros({detections.size(0)}, torch::kBool);
@@ -199,6 +271,8 @@ int run_predict(const Settings& settings) {
     const ImageGeometry geometry{
         image.rows, image.cols, info.ratio, info.ratio, static_cast<double>(info.left), static_cast<double>(info.top)};
     detections = boxes_to_original(detections, geometry);
+    lap(stage, times.postprocess);
+    ++times.images;
     total_detections += detections.size(0);
     cv::Mat drawn = image.clone();
     const int thickness = settings.line_width > 0
@@ -236,7 +310,9 @@ int run_predict(const Settings& settings) {
     }
     if (settings.save) cv::imwrite((run_dir / fs::path(file).filename()).string(), drawn);
     std::cout << file << ": " << out_h << "x" << out_w << " " << detections.size(0) << " detections\n";
+    lap(stage, times.saving);
   }
+  std::cout << "Speed: " << times.per_image() << "\n";
   std::cout << files.size() << " images, " << total_detections << " detections. Results saved to " << run_dir.string()
             << "\n";
   return kExitCompleted;

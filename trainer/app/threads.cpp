@@ -1,7 +1,5 @@
 #include "trainer/app/threads.h"
 
-#include <unistd.h>
-
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -39,11 +37,13 @@ void configure_determinism(bool deterministic) {
 
 int loader_workers(int requested, const CpuShare& share) { return std::max(0, std::min(requested, share.cores)); }
 
-void reexec_with_passive_openmp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-  // The exec failed (no /proc): run on with the runtime's own waiting.
+const char* default_openmp_wait_policy(const char* wait_policy, const char* spin_count) {
+  return wait_policy == nullptr && spin_count == nullptr ? "PASSIVE" : nullptr;
+}
+
+void set_default_openmp_wait_policy() {
+  const char* policy = default_openmp_wait_policy(std::getenv("OMP_WAIT_POLICY"), std::getenv("GOMP_SPINCOUNT"));
+  if (policy != nullptr) setenv("OMP_WAIT_POLICY", policy, 1);
 }
 
 }  // namespace yolo8

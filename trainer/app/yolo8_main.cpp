@@ -13,8 +13,9 @@
 #include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {
-  // Before the handlers: the exec would drop them. Idle compute threads then sleep instead of spinning.
-  yolo8::reexec_with_passive_openmp_wait(argv);
+  // Idle compute threads sleep instead of spinning: libgomp already read this default through openmp_wait.cpp's
+  // getenv; setting it makes it what child processes inherit.
+  yolo8::set_default_openmp_wait_policy();
   // Then: a SIGTERM during start-up must still end in a clean stop, not a killed process.
   yolo8::install_stop_signal_handlers();
   // LibTorch 2.x repeats some warnings on every call (see torch_warnings.h).

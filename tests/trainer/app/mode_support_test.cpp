@@ -1,5 +1,6 @@
 // How the trainer reads a split (app::load_split): the index with its report, and an input error naming the
-// split when no image is usable. (data::make_loader, an unused second entry point, was removed.)
+// split when no image is usable. (data::make_loader, an unused second entry point, was removed.) The validation
+// loop's model input (app::model_input).
 #include "trainer/app/mode_support.h"
 
 #include <unistd.h>
@@ -81,6 +82,22 @@ TEST(LoadSplit, NoUsableImageIsAnInputErrorNamingTheSplit) {
     EXPECT_NE(std::string(error.what()).find("split 'train'"), std::string::npos) << error.what();
   }
   fs::remove_all(dir);
+}
+
+// The model's input from a uint8 batch: the values of the two-step conversion it replaced, bit for bit, in the
+// layout asked for.
+TEST(ModelInput, SameValuesAsConvertingThenDividingInEitherLayout) {
+  torch::manual_seed(0);
+  const torch::Tensor images = torch::randint(0, 256, {3, 3, 40, 24}, torch::kUInt8);
+  const torch::Tensor expected = images.to(torch::kFloat).div_(255.0);
+  const torch::Tensor last = app::model_input(images, torch::kCPU, /*channels_last=*/true);
+  EXPECT_TRUE(last.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(last.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(last, expected.contiguous(torch::MemoryFormat::ChannelsLast)));
+  const torch::Tensor plain = app::model_input(images, torch::kCPU, /*channels_last=*/false);
+  EXPECT_TRUE(plain.is_contiguous());
+  EXPECT_TRUE(torch::equal(plain, expected));
+  EXPECT_EQ(plain[1][2][3][4].item<float>(), images[1][2][3][4].item<uint8_t>() / 255.0f);
 }
 
 }  // namespace
