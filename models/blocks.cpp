@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "models/bn_silu.h"
+
 namespace yolo8 {
 
 int64_t auto_pad(int64_t k, int64_t d) {
@@ -25,6 +27,12 @@ ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t p, int6
 
 torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
   torch::Tensor y = conv->forward(x);
+  if (!fused_ && act_ && bn->is_training() && bn->options.momentum().has_value() && bn->options.affine() &&
+      bn->options.track_running_stats() && batch_norm_silu_fusion() && batch_norm_silu_supported(y)) {
+    bn->num_batches_tracked += 1;  // as BatchNorm2d's training forward
+    return batch_norm_silu_train(y, bn->weight, bn->bias, bn->running_mean, bn->running_var, *bn->options.momentum(),
+                                 bn->options.eps());
+  }
   if (!fused_) y = bn->forward(y);
   return act_ ? torch::silu(y) : y;
 }

@@ -1,0 +1,236 @@
+#include "models/bn_silu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "models/bn_silu_kernels.h"
+
+namespace yolo8 {
+
+namespace {
+
+std::atomic<bool> g_fusion{true};
+
+// The layout of a 4-D tensor as the kernels see it: channels-last rows or contiguous planes.
+struct Layout {
+  bool channels_last = false;
+  int64_t n = 0, c = 0, s = 0;  // batch, channels, H*W
+  // Channels-last work is split into blocks of whole rows of about this many values; the split depends on the
+  // shape only, so sums are added in the same order whatever the thread count.
+  static constexpr int64_t kBlockValues = 16384;
+  int64_t rows() const { return n * s; }
+  int64_t rows_per_block() const { return std::max<int64_t>(1, kBlockValues / c); }
+  int64_t blocks() const { return (rows() + rows_per_block() - 1) / rows_per_block(); }
+};
+
+Layout layout_of(const torch::Tensor& x) {
+  Layout l;
+  l.channels_last = !x.is_contiguous() && x.is_contiguous(torch::MemoryFormat::ChannelsLast);
+  l.n = x.size(0);
+  l.c = x.size(1);
+  l.s = x.size(2) * x.size(3);
+  return l;
+}
+
+torch::Tensor dense(const torch::Tensor& t, const Layout& l) {
+  return t.contiguous(l.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous);
+}
+
+// Per-channel (Σ a, Σ b) over the batch, from per-block (channels-last) or per-plane partial sums added in order.
+template <typename RowsFn, typename PlaneFn>
+std::pair<std::vector<double>, std::vector<double>> channel_sums(const Layout& l, RowsFn rows_fn, PlaneFn plane_fn) {
+  const int64_t parts = l.channels_last ? l.blocks() : l.n;
+  std::vector<double> pa(static_cast<size_t>(parts * l.c), 0.0), pb(pa.size(), 0.0);
+  if (l.channels_last) {
+    const int64_t per = l.rows_per_block();
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t r0 = b * per;
+        rows_fn(r0, std::min(per, l.rows() - r0), pa.data() + b * l.c, pb.data() + b * l.c);
+      }
+    });
+  } else {
+    at::parallel_for(0, l.n * l.c, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) plane_fn(p, pa.data() + p, pb.data() + p);
+    });
+  }
+  std::vector<double> a(static_cast<size_t>(l.c), 0.0), b(a.size(), 0.0);
+  for (int64_t part = 0; part < parts; ++part) {
+    for (int64_t k = 0; k < l.c; ++k) {
+      a[k] += pa[part * l.c + k];
+      b[k] += pb[part * l.c + k];
+    }
+  }
+  return {a, b};
+}
+
+// Elementwise pass over every value, channels-last rows in blocks or contiguous planes.
+template <typename RowsFn, typename PlaneFn>
+void for_each_part(const Layout& l, RowsFn rows_fn, PlaneFn plane_fn) {
+  if (l.channels_last) {
+    const int64_t per = l.rows_per_block();
+    at::parallel_for(0, l.blocks(), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) rows_fn(b * per, std::min(per, l.rows() - b * per));
+    });
+  } else {
+    at::parallel_for(0, l.n * l.c, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) plane_fn(p);
+    });
+  }
+}
+
+struct Coefficients {
+  torch::Tensor alpha, beta;  // BN as x * alpha + beta, as ATen's CPU batch norm applies it
+};
+
+Coefficients coefficients(const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& mean,
+                          const torch::Tensor& invstd) {
+  torch::Tensor alpha = invstd * weight;
+  torch::Tensor beta = bias - mean * alpha;
+  return {alpha.contiguous(), beta.contiguous()};
+}
+
+class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
+ public:
+  // mean and invstd are the batch statistics of x (constants here; backward carries their dependence on x).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& mean,
+                               const torch::Tensor& invstd) {
+    const Layout l = layout_of(x);
+    const BnSiluKernels& kern = bn_silu_kernels();
+    const Coefficients k = coefficients(weight, bias, mean, invstd);
+    torch::Tensor y = torch::empty_like(x);
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const float* alpha = k.alpha.data_ptr<float>();
+    const float* beta = k.beta.data_ptr<float>();
+    for_each_part(
+        l, [&](int64_t r0, int64_t rows) { kern.rows_forward(xp + r0 * l.c, yp + r0 * l.c, rows, l.c, alpha, beta); },
+        [&](int64_t p) { kern.plane_forward(xp + p * l.s, yp + p * l.s, l.s, alpha[p % l.c], beta[p % l.c]); });
+    ctx->save_for_backward({x, weight, bias, mean, invstd});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor& mean = saved[3];
+    const torch::Tensor& invstd = saved[4];
+    const Layout l = layout_of(x);
+    const BnSiluKernels& kern = bn_silu_kernels();
+    const torch::Tensor gy = dense(grads[0], l);
+    const Coefficients k = coefficients(weight, saved[2], mean, invstd);
+    const float* xp = x.data_ptr<float>();
+    const float* gp = gy.data_ptr<float>();
+    const float* alpha = k.alpha.data_ptr<float>();
+    const float* beta = k.beta.data_ptr<float>();
+    const torch::Tensor mean_c = mean.contiguous();
+    const float* mp = mean_c.data_ptr<float>();
+    auto [sum_g, sum_gx] = channel_sums(
+        l,
+        [&](int64_t r0, int64_t rows, double* a, double* b) {
+          kern.rows_backward_sums(xp + r0 * l.c, gp + r0 * l.c, rows, l.c, alpha, beta, mp, a, b);
+        },
+        [&](int64_t p, double* a, double* b) {
+          const int64_t ch = p % l.c;
+          kern.plane_backward_sums(xp + p * l.s, gp + p * l.s, l.s, alpha[ch], beta[ch], mp[ch], a, b);
+        });
+    const auto count = static_cast<double>(l.n * l.s);
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+    const torch::Tensor grad_bias_d = torch::from_blob(sum_g.data(), {l.c}, opts).clone();
+    const torch::Tensor dot_d = torch::from_blob(sum_gx.data(), {l.c}, opts).clone();
+    const torch::Tensor invstd_f = invstd.contiguous();
+    // As ATen's batch norm backward: gx = (g - (x - mean) * dot * invstd² / n - Σg / n) * invstd * w.
+    const torch::Tensor proj = (dot_d.to(torch::kFloat) * invstd_f * invstd_f / count).contiguous();
+    const torch::Tensor grad_mean = (grad_bias_d / count).to(torch::kFloat).contiguous();
+    const torch::Tensor scale = (invstd_f * weight).contiguous();
+    torch::Tensor gx = torch::empty_like(x);
+    float* out = gx.data_ptr<float>();
+    const float* pp = proj.data_ptr<float>();
+    const float* gm = grad_mean.data_ptr<float>();
+    const float* sc = scale.data_ptr<float>();
+    for_each_part(
+        l,
+        [&](int64_t r0, int64_t rows) {
+          kern.rows_backward_input(xp + r0 * l.c, gp + r0 * l.c, out + r0 * l.c, rows, l.c, alpha, beta, mp, pp, gm,
+                                   sc);
+        },
+        [&](int64_t p) {
+          const int64_t ch = p % l.c;
+          kern.plane_backward_input(xp + p * l.s, gp + p * l.s, out + p * l.s, l.s, alpha[ch], beta[ch], mp[ch], pp[ch],
+                                    gm[ch], sc[ch]);
+        });
+    torch::Tensor grad_weight = (dot_d.to(torch::kFloat) * invstd_f).to(weight.scalar_type());
+    torch::Tensor grad_bias = grad_bias_d.to(weight.scalar_type());
+    return {gx, grad_weight, grad_bias, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+const BnSiluKernels& bn_silu_kernels() {
+  static const BnSiluKernels& chosen = [&]() -> const BnSiluKernels& {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw")) {
+      return bn_silu_kernels_avx512();
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return bn_silu_kernels_avx2();
+#endif
+    return bn_silu_kernels_base();
+  }();
+  return chosen;
+}
+
+void set_batch_norm_silu_fusion(bool enabled) { g_fusion.store(enabled); }
+bool batch_norm_silu_fusion() { return g_fusion.load(); }
+
+bool batch_norm_silu_supported(const torch::Tensor& x) {
+  return x.defined() && x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.numel() > 0;
+}
+
+torch::Tensor batch_norm_silu_train(const torch::Tensor& x_in, const torch::Tensor& weight, const torch::Tensor& bias,
+                                    torch::Tensor& running_mean, torch::Tensor& running_var, double momentum,
+                                    double eps) {
+  TORCH_CHECK(batch_norm_silu_supported(x_in), "batch_norm_silu_train: x must be a 4-D CPU float32 tensor");
+  const bool channels_last = !x_in.is_contiguous() && x_in.is_contiguous(torch::MemoryFormat::ChannelsLast);
+  const torch::Tensor x = x_in.is_contiguous() || channels_last ? x_in : x_in.contiguous();
+  const Layout l = layout_of(x);
+  TORCH_CHECK(weight.numel() == l.c && bias.numel() == l.c && running_mean.numel() == l.c && running_var.numel() == l.c,
+              "batch_norm_silu_train: weight, bias and running statistics must have ", l.c, " values");
+  const int64_t count = l.n * l.s;
+  TORCH_CHECK(count > 1, "batch_norm_silu_train: expected more than 1 value per channel when training");
+  torch::Tensor mean, invstd;
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor xd = x.detach();
+    const BnSiluKernels& kern = bn_silu_kernels();
+    const float* xp = xd.data_ptr<float>();
+    auto [sum, sq] = channel_sums(
+        l, [&](int64_t r0, int64_t rows, double* a, double* b) { kern.rows_stats(xp + r0 * l.c, rows, l.c, a, b); },
+        [&](int64_t p, double* a, double* b) { kern.plane_stats(xp + p * l.s, l.s, a, b); });
+    std::vector<float> m(static_cast<size_t>(l.c)), is(m.size()), unbiased(m.size());
+    for (int64_t k = 0; k < l.c; ++k) {
+      const double mu = sum[k] / static_cast<double>(count);
+      const double var = std::max(0.0, sq[k] / static_cast<double>(count) - mu * mu);
+      m[k] = static_cast<float>(mu);
+      is[k] = static_cast<float>(1.0 / std::sqrt(var + eps));
+      unbiased[k] = static_cast<float>(var * static_cast<double>(count) / static_cast<double>(count - 1));
+    }
+    mean = torch::from_blob(m.data(), {l.c}, torch::kFloat).clone();
+    invstd = torch::from_blob(is.data(), {l.c}, torch::kFloat).clone();
+    const torch::Tensor var_u = torch::from_blob(unbiased.data(), {l.c}, torch::kFloat);
+    running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
+    running_var.mul_(1.0 - momentum).add_(var_u.to(running_var.scalar_type()), momentum);
+  }
+  return BatchNormSilu::apply(x, weight, bias, mean, invstd);
+}
+
+}  // namespace yolo8

@@ -1,0 +1,24 @@
+#pragma once
+// BatchNorm (training mode, batch statistics) fused with SiLU, forward and backward in one pass each, for the
+// Conv block on CPU float32. Same maths as BatchNorm2d + SiLU; the BN output is recomputed in backward instead
+// of being kept, so the step holds one activation less per Conv and touches memory fewer times.
+#include <torch/torch.h>
+
+namespace yolo8 {
+
+// Whether ConvImpl uses the fused path in training mode (on by default; off gives the unfused ATen ops).
+void set_batch_norm_silu_fusion(bool enabled);
+bool batch_norm_silu_fusion();
+
+// True when batch_norm_silu_train accepts x: a 4-D CPU float32 tensor.
+bool batch_norm_silu_supported(const torch::Tensor& x);
+
+// silu(batch_norm(x)) on x's batch statistics (biased variance, eps), updating running_mean / running_var in
+// place with the unbiased variance and `momentum` as BatchNorm2d does (num_batches_tracked is the caller's).
+// x: B×C×H×W, contiguous or channels-last (the output keeps x's layout); weight, bias, running stats: (C).
+// Differentiable in x, weight and bias; deterministic for any thread count.
+torch::Tensor batch_norm_silu_train(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                    torch::Tensor& running_mean, torch::Tensor& running_var, double momentum,
+                                    double eps);
+
+}  // namespace yolo8

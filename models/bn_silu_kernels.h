@@ -1,0 +1,31 @@
+#pragma once
+// The fused BN+SiLU loops (models/bn_silu_kernels.inc), one table per instruction set. Channels-last data
+// is `rows` rows of c channels (per-channel arrays); contiguous data is one channel's plane of s values.
+// The *_sums functions add into their double outputs.
+#include <cstdint>
+
+namespace yolo8 {
+
+struct BnSiluKernels {
+  void (*rows_stats)(const float* x, int64_t rows, int64_t c, double* sum, double* sq);
+  void (*rows_forward)(const float* x, float* y, int64_t rows, int64_t c, const float* alpha, const float* beta);
+  void (*rows_backward_sums)(const float* x, const float* gy, int64_t rows, int64_t c, const float* alpha,
+                             const float* beta, const float* mean, double* sum_g, double* sum_gx);
+  void (*rows_backward_input)(const float* x, const float* gy, float* gx, int64_t rows, int64_t c, const float* alpha,
+                              const float* beta, const float* mean, const float* proj, const float* grad_mean,
+                              const float* scale);
+  void (*plane_stats)(const float* x, int64_t s, double* sum, double* sq);
+  void (*plane_forward)(const float* x, float* y, int64_t s, float alpha, float beta);
+  void (*plane_backward_sums)(const float* x, const float* gy, int64_t s, float alpha, float beta, float mean,
+                              double* sum_g, double* sum_gx);
+  void (*plane_backward_input)(const float* x, const float* gy, float* gx, int64_t s, float alpha, float beta,
+                               float mean, float proj, float grad_mean, float scale);
+};
+
+const BnSiluKernels& bn_silu_kernels_base();
+const BnSiluKernels& bn_silu_kernels_avx2();
+const BnSiluKernels& bn_silu_kernels_avx512();
+// The widest set this machine runs (AVX-512, AVX2+FMA, else baseline), chosen once.
+const BnSiluKernels& bn_silu_kernels();
+
+}  // namespace yolo8
