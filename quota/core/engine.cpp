@@ -620,12 +620,13 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
     result.reason = lease.reason;
     return result;
   }
-  lease.last_seen_ms = now_ms;
+  seen(lease, now_ms);
   if (lease.state == LeaseState::kQueued) {
     result.position = queue_position(lease_id);
     result.reason = queue_reason(lease, now_ms);
     return result;
   }
+  changes_.leases.insert(lease_id);  // the row keeps its last heartbeat (local mode reloads it at every call)
   merge_telemetry(lease.telemetry, telemetry);
   result.deadline_ms = lease.deadline_ms;
   result.reason = lease.reason;
@@ -636,7 +637,7 @@ void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || is_terminal(it->second.state)) return;
   Lease& lease = it->second;
-  lease.last_seen_ms = std::max(lease.last_seen_ms, seen_ms);
+  if (seen_ms > lease.last_seen_ms) seen(lease, seen_ms);
   if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) return;
   merge_telemetry(lease.telemetry, telemetry);
 }
@@ -694,11 +695,25 @@ std::string Engine::waiting_reason(int64_t lease_id, int64_t now_ms) const {
   return lease != nullptr && lease->state == LeaseState::kQueued ? queue_reason(*lease, now_ms) : "";
 }
 
+int64_t Engine::billable_until(const Lease& lease, int64_t until_ms) const {
+  return std::min(until_ms,
+                  std::max(lease.last_seen_ms, lease.granted_ms) + static_cast<int64_t>(policy_.ttl_s) * 1000);
+}
+
+void Engine::seen(Lease& lease, int64_t seen_ms) {
+  const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
+  // a gap longer than the ttl (an unreported clock step, a history without heartbeats) bills the ttl only:
+  // billed up to the cap now, the rest of the gap skipped
+  if (running && seen_ms > billable_until(lease, seen_ms)) charge(lease, seen_ms);
+  lease.last_seen_ms = seen_ms;
+}
+
 void Engine::charge(Lease& lease, int64_t until_ms) {
   if (lease.granted_ms == 0) return;
   const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
   if (until_ms <= from) return;
-  const double hours = static_cast<double>(until_ms - from) / 3.6e6 * lease.units(policy_);
+  const int64_t billed_until = billable_until(lease, until_ms);
+  const double hours = static_cast<double>(std::max<int64_t>(0, billed_until - from)) / 3.6e6 * lease.units(policy_);
   const auto key = std::make_pair(lease.req.user, month_key(until_ms));
   usage_[key] += hours;
   lease.gpu_hours += hours;
@@ -714,8 +729,9 @@ double Engine::used_gpu_hours(const std::string& user, const std::string& month,
   if (month == month_key(now_ms)) {
     for (const auto& [id, lease] : leases_) {
       if (lease.req.user == user && (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking)) {
-        used += static_cast<double>(std::max<int64_t>(0, now_ms - std::max(lease.charged_until_ms, lease.granted_ms))) /
-                3.6e6 * lease.units(policy_);
+        const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
+        used += static_cast<double>(std::max<int64_t>(0, billable_until(lease, now_ms) - from)) / 3.6e6 *
+                lease.units(policy_);
       }
     }
   }

@@ -112,6 +112,7 @@ class Engine {
   AcquireResult acquire(const LeaseRequest& req, int64_t now_ms);
   // The answer acquire() would give now for an existing lease (used for idempotent replays and polling).
   AcquireResult status_of(int64_t lease_id, int64_t now_ms) const;
+  // A heartbeat: last seen (a running lease's stored with it, so that local mode's reloads keep it), telemetry.
   HeartbeatResult heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms);
   // A heartbeat quotad answered from memory while the engine was busy: only the last-seen time (never moved
   // back) and the reported telemetry. Unknown or ended leases are ignored.
@@ -239,7 +240,12 @@ class Engine {
   void schedule(int64_t now_ms);
   void end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
                  const std::string& reason, const std::string& actor);
+  // Bills a running lease up to `until_ms`, each heartbeat interval capped at the ttl (billable_until): the
+  // lease could use its GPUs at most ttl after its last sign of life. Charged-until moves to `until_ms`.
   void charge(Lease& lease, int64_t until_ms);
+  int64_t billable_until(const Lease& lease, int64_t until_ms) const;
+  // A sign of life at `seen_ms` (a heartbeat, a poll): the gap before it billed at most the ttl.
+  void seen(Lease& lease, int64_t seen_ms);
   void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
            const std::string& detail);
   // Recomputes the queue order (and the fair-share factors in it); called once per change, read by the rest.

@@ -51,6 +51,17 @@ void UtilTracker::close(int64_t lease_id, int64_t end_ms) {
   close_run(util, end_ms);
 }
 
+void UtilTracker::clock_stepped(int64_t step_ms, int64_t now_ms) {
+  auto moved = [&](int64_t& t) {
+    if (t >= 0) t = std::min(now_ms, t + step_ms);
+  };
+  for (auto& [id, util] : leases_) {
+    moved(util.first_ts_ms);
+    moved(util.last_ts_ms);
+    moved(util.low_since_ms);
+  }
+}
+
 const LeaseUtil* UtilTracker::find(int64_t lease_id) const {
   auto it = leases_.find(lease_id);
   return it == leases_.end() ? nullptr : &it->second;

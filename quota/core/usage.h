@@ -32,6 +32,9 @@ class UtilTracker {
   void observe(int64_t lease_id, int64_t ts_ms, double gpu_util);
   // Closes the lease's current low run at `end_ms` (the lease ended).
   void close(int64_t lease_id, int64_t end_ms);
+  // The wall clock stepped by `step_ms` (Engine::clock_stepped): the samples' times move with it, so averages and
+  // low runs go by the time that passed; a time the step would put after `now_ms` is capped at it.
+  void clock_stepped(int64_t step_ms, int64_t now_ms);
   const LeaseUtil* find(int64_t lease_id) const;
   void forget(int64_t lease_id) { leases_.erase(lease_id); }
   const std::map<int64_t, LeaseUtil>& leases() const { return leases_; }

@@ -93,7 +93,10 @@ struct QuotaServer::Peer {
   int64_t close_at_ms = 0;  // refused: closed for good then
   bool refused = false;
   bool counted = true;  // against its address's cap: no valid token seen yet, not refused
-  uint64_t order = 0;   // accept order: the oldest is refused first
+  // Admitted beyond its address's cap (every other unauthenticated connection of the address had a request in
+  // flight): its first request is served only if it carries a valid token, else answered 429 and closed.
+  bool over_cap = false;
+  uint64_t order = 0;  // accept order: the oldest is refused first
   int served = 0;
 };
 
@@ -148,6 +151,11 @@ struct QuotaServer::Callbacks {
   }
 };
 
+std::string QuotaServer::over_cap_reason(const std::string& address) const {
+  return "too many unauthenticated connections from " + address + " (at most " +
+         std::to_string(options_.max_connections_per_client) + ")";
+}
+
 QuotaServer::QuotaServer(QuotaService& service, ServerOptions options)
     : service_(service), options_(std::move(options)), metrics_(service) {}
 
@@ -171,18 +179,21 @@ void QuotaServer::connection_started(MHD_Connection* connection, void** socket_c
     refuse_locked(ref, 503, "Service Unavailable", "quotad has too many open connections; retry shortly");
   } else if (from_address > options_.max_connections_per_client) {
     // The newcomer may be a trainer about to send its token; the oldest unauthenticated connection still
-    // waiting for a request (an idle socket of a flood) makes room. Only if every one of them has a request
-    // in flight is the newcomer refused.
+    // waiting for a request (an idle socket of a flood) makes room. If every one of them has a request in
+    // flight (answers a client does not read), the newcomer is admitted on probation: its request is served
+    // if it carries a valid token, else answered 429 (issue 30: a shared address never locks out a token).
     Peer* oldest = nullptr;
-    for (auto& [key, peer] : peers_) {
-      if (peer->counted && peer->deadline_ms != 0 && peer->address == ref.address &&
-          (oldest == nullptr || peer->order < oldest->order)) {
-        oldest = peer.get();
+    for (auto& [key, other] : peers_) {
+      if (other.get() != &ref && other->counted && other->deadline_ms != 0 && other->address == ref.address &&
+          (oldest == nullptr || other->order < oldest->order)) {
+        oldest = other.get();
       }
     }
-    refuse_locked(oldest != nullptr ? *oldest : ref, 429, "Too Many Requests",
-                  "too many unauthenticated connections from " + ref.address + " (at most " +
-                      std::to_string(options_.max_connections_per_client) + ")");
+    if (oldest != nullptr) {
+      refuse_locked(*oldest, 429, "Too Many Requests", over_cap_reason(ref.address));
+    } else {
+      ref.over_cap = true;
+    }
   }
 }
 
@@ -347,12 +358,21 @@ void QuotaServer::work(Lane& lane) {
     }
     // once per connection: a valid token takes it off its address's cap (the lookup runs here, not in
     // libmicrohttpd's one thread)
-    if (counted && !exchange->request.token.empty() && service_.accepts_token(exchange->request.token)) {
+    bool over_cap = false;
+    if (counted) {
+      const bool valid = !exchange->request.token.empty() && service_.accepts_token(exchange->request.token);
       std::lock_guard<std::mutex> lock(peers_mutex_);
-      if (Peer* peer = live_locked(exchange->peer); peer != nullptr) uncount_locked(*peer);
+      if (Peer* peer = live_locked(exchange->peer); peer != nullptr) {
+        if (valid) uncount_locked(*peer);
+        over_cap = !valid && peer->over_cap;
+        peer->over_cap = false;
+      }
     }
     try {
-      if (route != nullptr && route->access == RouteAccess::kPage) {
+      if (over_cap) {
+        exchange->answer = error_response(429, over_cap_reason(exchange->request.client_address));
+        exchange->answer.headers["Connection"] = "close";
+      } else if (route != nullptr && route->access == RouteAccess::kPage) {
         // the pages: names of teams, users and jobs and figures, never tokens
         if (route->pattern == "/metrics") {
           exchange->body = metrics_.text();

@@ -84,6 +84,7 @@ class QuotaServer {
   // Writes a plain error answer on a connection MHD has not answered (plain HTTP only), then half-closes it;
   // the watchdog closes it for good after a short drain. Called with peers_mutex_ held.
   void refuse_locked(Peer& peer, int status, const char* phrase, const std::string& reason);
+  std::string over_cap_reason(const std::string& address) const;
   void work(Lane& lane);
   void watch();
   int queue_answer(MHD_Connection* connection, Exchange& exchange);

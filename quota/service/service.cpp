@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -117,6 +118,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
         std::fprintf(stderr, "quotad: stored leases were seen %lld ms after the wall clock's now: it was set back\n",
                      static_cast<long long>(latest - now));
         engine_.clock_stepped(now - latest, now);
+        tracker_.clock_stepped(now - latest, now);
       }
     }
   }
@@ -132,6 +134,39 @@ void QuotaService::follow_clock_locked() {
   std::fprintf(stderr, "quotad: the wall clock stepped by %lld ms against the monotonic clock\n",
                static_cast<long long>(step));
   engine_.clock_stepped(step, wall);
+  tracker_.clock_stepped(step, wall);
+}
+
+namespace {
+// Which monotonic clock a local-mode process reads: steady_clock is CLOCK_MONOTONIC, one clock for every process
+// of the machine until it reboots (then it starts afresh: the boot id tells); an injected clock is its own.
+std::string monotonic_clock_id(bool injected) {
+  if (injected) return "injected";
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return "boot:" + id;
+}
+constexpr const char* kClockReferenceKey = "local_clock_reference";
+}  // namespace
+
+void QuotaService::follow_shared_clock_locked(int64_t now_ms) {
+  // Local mode's processes share one monotonic clock and the database: the offset of the wall clock against it
+  // is kept in meta, so a step is seen by whichever process calls first, and applied to the stored leases once.
+  const std::string clock_id = monotonic_clock_id(options_.monotonic_clock || options_.clock);
+  const int64_t offset = now_ms - monotonic_();
+  std::istringstream stored(store_->meta(kClockReferenceKey));
+  std::string stored_id;
+  int64_t stored_offset = 0;
+  if (stored >> stored_id >> stored_offset && stored_id == clock_id) {
+    const int64_t step = offset - stored_offset;
+    if (std::abs(step) > options_.clock_step_after_ms) {
+      std::fprintf(stderr, "quota: the wall clock stepped by %lld ms against the monotonic clock\n",
+                   static_cast<long long>(step));
+      engine_.clock_stepped(step, now_ms);
+    }
+  }
+  store_->set_meta(kClockReferenceKey, clock_id + " " + std::to_string(offset));
 }
 
 void QuotaService::reload_locked(int64_t now_ms) {
@@ -158,10 +193,13 @@ void QuotaService::merge_beats_locked() {
     beats.swap(unmerged_beats_);
   }
   for (const auto& beat : beats) {
-    engine_.touch(beat.lease_id, beat.telemetry, beat.ts_ms);
+    // received at a monotonic time: in the engine's frame, the wall time as of the last clock check (a step since
+    // is followed after the merge, moving these with the rest)
+    const int64_t seen_ms = beat.ts_ms + clock_offset_ms_;
+    engine_.touch(beat.lease_id, beat.telemetry, seen_ms);
     const Lease* lease = engine_.find(beat.lease_id);
     if (lease != nullptr && (lease->state == LeaseState::kGranted || lease->state == LeaseState::kRevoking)) {
-      tracker_.observe(beat.lease_id, beat.ts_ms, beat.telemetry.gpu_util);
+      tracker_.observe(beat.lease_id, seen_ms, beat.telemetry.gpu_util);
     }
   }
 }
@@ -205,6 +243,7 @@ ApiResponse QuotaService::locked_local(const std::function<ApiResponse()>& op) {
   try {
     const int64_t now = clock_();
     reload_locked(now);
+    follow_shared_clock_locked(now);  // before the tick: a step forward must not expire every lease
     engine_.tick(now);
     ApiResponse response = op();
     Changes changes = engine_.take_changes();
@@ -785,7 +824,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
         if (unmerged_beats_.size() >= options_.max_pending_heartbeats) {
           unmerged_beats_.erase(unmerged_beats_.begin());  // the engine lock is held for long: keep the newest
         }
-        unmerged_beats_.push_back(HeartbeatSample{id, now, telemetry});
+        unmerged_beats_.push_back(HeartbeatSample{id, monotonic_(), telemetry});
       }
       response = fill(result, now);
     }

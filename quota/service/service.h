@@ -162,6 +162,8 @@ class QuotaService {
   void reload_locked(int64_t now_ms);
   // Compares the wall clock with the monotonic clock since the last check; a step moves the engine's clocks.
   void follow_clock_locked();
+  // The same for local mode, whose processes share the store: the reference is kept in it (meta).
+  void follow_shared_clock_locked(int64_t now_ms);
   // The heartbeats answered from the board since the last merge, into the engine and the tracker.
   void merge_beats_locked();
   // The board after a committed change: `changed` leases, every queued position, pruned leases dropped.
@@ -201,7 +203,9 @@ class QuotaService {
   mutable std::mutex beat_mutex_;  // the board and the pending samples; never held during I/O
   std::map<int64_t, Beat> board_;
   std::vector<HeartbeatSample> pending_heartbeats_;  // for the store (batched)
-  std::vector<HeartbeatSample> unmerged_beats_;      // raw reports for the engine and the tracker
+  // Raw reports for the engine and the tracker, ts_ms on the monotonic clock (a wall step between a report and
+  // its merge must not move it twice, or not at all).
+  std::vector<HeartbeatSample> unmerged_beats_;
   std::atomic<uint64_t> heartbeats_total_{0};
   std::atomic<uint64_t> preemptions_total_{0};
   std::atomic<uint64_t> emergency_total_{0};

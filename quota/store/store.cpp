@@ -110,6 +110,13 @@ std::string Store::meta_value(const char* key) {
   return sqlite3_step(statement.get()) == SQLITE_ROW ? text(statement.get(), 0) : std::string();
 }
 
+void Store::set_meta(const std::string& key, const std::string& value) {
+  Statement statement(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)"));
+  bind_text(statement.get(), 1, key);
+  bind_text(statement.get(), 2, value);
+  if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write meta " + key);
+}
+
 std::string audit_chain_link(const std::string& previous_link, const AuditEntry& entry) {
   const nlohmann::json content = {entry.seq,      entry.ts_ms, entry.actor, entry.action,
                                   entry.lease_id, entry.team,  entry.detail};
@@ -228,6 +235,7 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
     Statement statement(
         prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms, gpu_util_source, "
                 "COALESCE(device_memory_used_gib, -1) FROM heartbeats WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
+    Statement seen(prepare("SELECT MAX(ts_ms) FROM heartbeats WHERE lease_id = ? AND ts_ms <= ?"));
     for (auto& lease : snapshot.leases) {
       if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
       sqlite3_reset(statement.get());
@@ -238,11 +246,18 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
         lease.telemetry.gpu_util = sqlite3_column_double(statement.get(), 2);
         lease.telemetry.memory_used_gib = sqlite3_column_double(statement.get(), 3);
         lease.telemetry.last_checkpoint_ms = sqlite3_column_int64(statement.get(), 4);
-        lease.last_seen_ms = std::max<int64_t>(lease.last_seen_ms, sqlite3_column_int64(statement.get(), 5));
         if (const unsigned char* source = sqlite3_column_text(statement.get(), 6)) {
           lease.telemetry.gpu_util_source = reinterpret_cast<const char*>(source);
         }
         lease.telemetry.device_memory_used_gib = sqlite3_column_double(statement.get(), 7);
+      }
+      // the last heartbeat up to now: one stored after now was received before the wall clock was set back, and
+      // the lease row's clocks already moved with that step (Engine::clock_stepped; local mode reloads each call)
+      sqlite3_reset(seen.get());
+      sqlite3_bind_int64(seen.get(), 1, lease.id);
+      sqlite3_bind_int64(seen.get(), 2, now_ms);
+      if (sqlite3_step(seen.get()) == SQLITE_ROW && sqlite3_column_type(seen.get(), 0) != SQLITE_NULL) {
+        lease.last_seen_ms = std::max<int64_t>(lease.last_seen_ms, sqlite3_column_int64(seen.get(), 0));
       }
     }
   }

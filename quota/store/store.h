@@ -78,6 +78,11 @@ class Store {
   void commit();
   void rollback();
 
+  // A value of the meta table, "" when absent; set_meta writes one (joining an open transaction). Local mode keeps
+  // its processes' shared clock reference there.
+  std::string meta(const std::string& key) { return meta_value(key.c_str()); }
+  void set_meta(const std::string& key, const std::string& value);
+
   std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
   int64_t count_heartbeats();
   // The memory peaks heartbeats reported with model, imgsz, batch, AMP, device and LibTorch version: one per run

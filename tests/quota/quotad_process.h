@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,8 +21,9 @@ namespace yolo8::test {
 class QuotadProcess {
  public:
   // Starts `quotad serve`; returns false (see the log) when it did not print its port within 10 s.
+  // `env`: "NAME=value" entries set for quotad only (LD_PRELOAD of libfaketime, ...).
   bool start(const std::string& policy, const std::string& db, const std::string& log,
-             const std::vector<std::string>& extra = {}) {
+             const std::vector<std::string>& extra = {}, const std::vector<std::string>& env = {}) {
     const std::string bin = std::string(kBinaryDir) + "/quota/quotad";
     std::filesystem::remove(log);
     pid_ = fork();
@@ -29,6 +31,10 @@ class QuotadProcess {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
+      for (const std::string& entry : env) {
+        const auto equals = entry.find('=');
+        ::setenv(entry.substr(0, equals).c_str(), entry.substr(equals + 1).c_str(), 1);
+      }
       std::vector<std::string> args = {bin, "serve", "--policy", policy, "--db", db, "--listen", "127.0.0.1:0"};
       args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;

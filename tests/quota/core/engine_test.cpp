@@ -797,6 +797,12 @@ Policy fair_policy() {
   return load_policy_from_string(yaml, "fair.yaml");
 }
 
+// A running lease's heartbeats every 30 s from `from_ms` until `to_ms` (billing goes by heartbeat intervals,
+// each capped at the ttl).
+void heartbeat_until(Engine& e, int64_t lease_id, int64_t from_ms, int64_t to_ms) {
+  for (int64_t t = from_ms + 30000; t < to_ms; t += 30000) e.heartbeat(lease_id, {}, t);
+}
+
 // Issue 19: within a priority, the team (and user) with less recent use against its share goes first; the
 // order turns as usage decays.
 TEST(Engine, FairShareOrdersTheQueueAndTheOrderTurnsAsUsageDecays) {
@@ -805,6 +811,7 @@ TEST(Engine, FairShareOrdersTheQueueAndTheOrderTurnsAsUsageDecays) {
   const int64_t t1 = t0 + 10 * kHour;
   const auto a1 = e.acquire(req("a", "ua"), t0);
   ASSERT_EQ(a1.kind, Kind::kGranted) << a1.reason;
+  heartbeat_until(e, a1.lease_id, t0, t1);
   e.release(a1.lease_id, Outcome::kCompleted, t1);  // team a: 10 GPU-hours, just now
   EXPECT_NEAR(e.fair_share("a", "ua", t1).team_gpu_hours, 10, 1e-9);
   EXPECT_NEAR(e.fair_share("a", "ua", t1 + 24 * kHour).team_gpu_hours, 5, 1e-9);  // one half-life later
@@ -834,6 +841,7 @@ TEST(Engine, FairShareOrdersTheQueueAndTheOrderTurnsAsUsageDecays) {
   // b then runs 4 GPU-hours two days later; three days after a's use, a's 10 have decayed to 1.25
   const int64_t t2 = t1 + 3 * 24 * kHour;
   const auto b1 = e.acquire(req("b", "ub"), t2 - 4 * kHour);
+  heartbeat_until(e, b1.lease_id, t2 - 4 * kHour, t2);
   e.release(b1.lease_id, Outcome::kCompleted, t2);
   EXPECT_GT(e.fair_share("a", "ua", t2).factor, e.fair_share("b", "ub", t2).factor);
   const auto [later_a, later_b, later_reason] = round(t2);
@@ -1271,6 +1279,44 @@ TEST(Engine, AClockStepForwardBillsNothingExtra) {
   e.release(granted.lease_id, Outcome::kCompleted, ahead + 2000);
   EXPECT_NEAR(e.find(granted.lease_id)->gpu_hours, 6.0 * 8 / 3600, 1e-12);
   EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), 6.0 * 8 / 3600, 1e-12);
+}
+
+// A forward step nobody reported (clock_stepped not called: a step between two checks, a process that started
+// after it) bills the gap up to the ttl only: 3 s before the step, the 6 s ttl, 2 s after it (16 GPU-hours
+// before billing was capped).
+TEST(Engine, AnUnreportedClockStepForwardBillsAtMostTheTtl) {
+  Engine e(six_second_ttl_policy());
+  const int64_t t0 = kInsideWindow;
+  const auto granted = e.acquire(req("team-cv", "alice", 8), t0);
+  ASSERT_EQ(granted.kind, Kind::kGranted);
+  for (int s = 1; s <= 3; ++s) e.heartbeat(granted.lease_id, {}, t0 + s * 1000);
+  const int64_t ahead = t0 + 3000 + 2 * kHour;
+  for (int s = 0; s <= 2; ++s) {
+    e.heartbeat(granted.lease_id, {}, ahead + s * 1000);
+    e.tick(ahead + s * 1000);
+  }
+  EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), (3 + 6 + 2) * 8.0 / 3600, 1e-12);
+  e.release(granted.lease_id, Outcome::kCompleted, ahead + 2000);
+  EXPECT_NEAR(e.find(granted.lease_id)->gpu_hours, (3 + 6 + 2) * 8.0 / 3600, 1e-12);
+}
+
+// Issue 30: billing goes by heartbeat intervals, each capped at the ttl (what the lease could have used: it holds
+// its GPUs at most ttl after its last heartbeat). One gap of 2 h between heartbeats bills 6 s, not 2 h; a
+// release long after the last heartbeat bills the ttl of that gap too.
+TEST(Engine, AHeartbeatGapOfTwoHoursBillsAtMostTheTtl) {
+  Engine e(six_second_ttl_policy());
+  const int64_t t0 = kOutsideWindow;
+  const auto lease = e.acquire(req("team-robotics", "erin"), t0);
+  ASSERT_EQ(lease.kind, Kind::kGranted);
+  e.heartbeat(lease.lease_id, {}, t0 + 2000);
+  e.heartbeat(lease.lease_id, {}, t0 + 2000 + 2 * kHour);  // no tick in between: the gap is seen whole
+  EXPECT_EQ(e.find(lease.lease_id)->state, LeaseState::kGranted);
+  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 6) / 3600.0, 1e-12);
+  e.heartbeat(lease.lease_id, {}, t0 + 4000 + 2 * kHour);
+  e.release(lease.lease_id, Outcome::kCompleted, t0 + 4000 + 4 * kHour);
+  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 6 + 2 + 6) / 3600.0, 1e-12);
+  EXPECT_NEAR(e.used_gpu_hours("erin", month_key(t0), t0 + 5 * kHour), (2 + 6 + 2 + 6) / 3600.0, 1e-12);
+  expect_sound(e, t0 + 5 * kHour);
 }
 
 // ---- issue 30: the loaded state against the inventory, and the privileged channel's size ----

@@ -561,6 +561,55 @@ TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForIdleSocketsFromItsAdd
   server.stop();
 }
 
+// Issue 30, item 6: when every unauthenticated connection of an address has an answer in flight (clients that
+// pipeline and never read), none is idle to make room. Before, the newcomer was refused at once, before it could
+// show its token: a trainer behind the proxy was locked out. Now it is admitted on probation: served with a valid
+// token, 429 without one.
+TEST(QuotaChaos, ANewcomerWithAValidTokenIsServedWhenTheAddressIsFullOfStuckAnswers) {
+  QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
+  ServerOptions options;
+  options.max_connections_per_client = 2;
+  QuotaServer server(service, options);
+  const int port = server.start();
+  std::string requests;
+  for (int i = 0; i < 900; ++i) requests += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";  // large answers
+  std::vector<int> stuck;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = connect_from("127.0.0.6", port);
+    const int small = 1024;  // the answers back up at once
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    const timeval timeout{0, 300000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    stuck.push_back(fd);
+  }
+  // pipeline whole requests, never read, until quotad stops reading them: its answers are stuck in the socket
+  std::vector<size_t> sent(stuck.size(), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (size_t i = 0; i < stuck.size(); ++i) {
+      const ssize_t n = ::send(stuck[i], requests.data() + sent[i], requests.size() - sent[i], MSG_NOSIGNAL);
+      if (n > 0) sent[i] += static_cast<size_t>(n);
+      progressed = progressed || (n > 0 && sent[i] < requests.size());
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // quotad answers until the sockets are full
+  auto ask = [&](const std::string& token) {
+    const int fd = connect_from("127.0.0.6", port);
+    const std::string request = "GET /v1/teams HTTP/1.1\r\nHost: x\r\n" +
+                                (token.empty() ? "" : "Authorization: Bearer " + token + "\r\n") +
+                                "Connection: close\r\n\r\n";
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const std::string line = status_line(fd, 2000);
+    ::close(fd);
+    return line;
+  };
+  EXPECT_EQ(ask("").rfind("HTTP/1.1 429", 0), 0u) << "no idle connection made room: the address is full";
+  EXPECT_EQ(ask("alice-token").rfind("HTTP/1.1 200", 0), 0u) << "a valid token on a full address";
+  EXPECT_EQ(ask("alice-token").rfind("HTTP/1.1 200", 0), 0u);
+  for (int fd : stuck) ::close(fd);
+  server.stop();
+}
+
 // A trainer on 127.0.0.1 that holds a lease of `policy` and heartbeats it every second for `run_ms`, each
 // heartbeat on a new connection (as through a proxy that does not pool); what it saw.
 struct TrainerRun {

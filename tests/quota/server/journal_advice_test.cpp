@@ -178,7 +178,8 @@ TEST(JournalAdvice, GpuCountsWithoutNeedlessDecimals) {
   EXPECT_EQ(gpus_text(0), "0");
 }
 
-// One lease: grant at `start`, heartbeats every 10 minutes with `telemetry`, release after `hours`.
+// One lease: grant at `start`, heartbeats every 30 s with `telemetry` (within the policy's 60 s ttl, which caps what
+// a gap between heartbeats bills), release after `hours`.
 int64_t run_lease(testing::ScriptedHistory& h, int64_t start, const std::string& token, const std::string& body,
                   double hours, const std::string& telemetry) {
   *h.clock = start;
@@ -188,7 +189,7 @@ int64_t run_lease(testing::ScriptedHistory& h, int64_t start, const std::string&
   const int64_t id = r.body["lease_id"].get<int64_t>();
   const std::string path = "/v1/leases/" + std::to_string(id);
   const int64_t end = start + static_cast<int64_t>(hours * static_cast<double>(kHour));
-  for (int64_t t = start; t < end; t += 10 * kMinute) {
+  for (int64_t t = start; t < end; t += kMinute / 2) {
     *h.clock = t;
     EXPECT_EQ(h.post(path + "/heartbeat", token, telemetry), 200);
   }

@@ -565,6 +565,78 @@ TEST(QuotaService, AfterTheClockStepsForwardAnEightGpuLeaseIsBilledItsRealSecond
   EXPECT_EQ(count_audit(s, "quotad.outage"), 0);
 }
 
+// Issue 30: the utilisation tracker follows a step too. A lease at 5 % utilisation heartbeats every second for
+// 3 s, the wall clock steps by ±2 h, 3 more: its samples cover 5 s and it has been low for 5 s (before the fix a
+// step forward counted 2 h of low time, and a step back dropped every later sample as out of order).
+TEST(QuotaService, AClockStepMovesTheUtilisationTrackersTimesToo) {
+  for (const int64_t step : {2 * kHour, -2 * kHour}) {
+    SteppedClocks clocks;
+    QuotaService s(six_second_ttl_policy(), stepped_options(clocks));
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+    auto beat_and_tick = [&] {
+      clocks.advance(1000);
+      ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", R"({"gpu_util":0.05})")).status,
+                200);
+      s.tick();
+    };
+    for (int i = 0; i < 3; ++i) beat_and_tick();
+    *clocks.wall.t += step;
+    for (int i = 0; i < 3; ++i) beat_and_tick();
+    s.observe([&](const ServiceView& view) {
+      const LeaseUtil* util = view.tracker.find(1);
+      ASSERT_NE(util, nullptr);
+      EXPECT_EQ(util->samples, 6) << "step " << step;
+      EXPECT_EQ(util->covered_ms, 5000) << "step " << step;
+      EXPECT_EQ(util->low_ms(view.now_ms), 5000) << "step " << step;
+      EXPECT_EQ(util->last_ts_ms, view.now_ms) << "step " << step;
+    });
+    EXPECT_EQ(count_audit(s, "clock.step"), 1);
+  }
+}
+
+// Issue 30: local mode (each call reloads the shared database) follows a step too, once for all its processes:
+// the wall clock's offset against the monotonic clock is kept in the database. Before, a step forward expired
+// every lease at the next call (2 h without a heartbeat), and after a step back a dead job's lease stayed 2 h.
+TEST(QuotaService, LocalModeFollowsAClockStepOnceAcrossItsProcesses) {
+  for (const int64_t step : {2 * kHour, -2 * kHour}) {
+    SteppedClocks clocks;
+    ServiceOptions o = stepped_options(clocks);
+    o.db_path = temp_db(step > 0 ? "local_step_forward" : "local_step_back");
+    o.reload_per_call = true;
+    QuotaService first(six_second_ttl_policy(), o);
+    QuotaService second(six_second_ttl_policy(), o);  // another trainer's process on the same workstation
+    ASSERT_EQ(first.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s","gpus":8})")).status,
+              201);
+    ASSERT_EQ(second.handle(api_call("POST", "/v1/leases", "erin-token", R"({"model":"yolov8s"})")).status, 201);
+    auto beat = [&](QuotaService& s, int64_t id, const std::string& token) {
+      return s.handle(api_call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", token, "{}"))
+          .body["state"]
+          .get<std::string>();
+    };
+    for (int i = 0; i < 3; ++i) {
+      clocks.advance(1000);
+      ASSERT_EQ(beat(first, 1, "alice-token"), "granted");
+      ASSERT_EQ(beat(second, 2, "erin-token"), "granted");
+    }
+    *clocks.wall.t += step;  // lease 2's job dies with the step
+    for (int i = 1; i <= 6; ++i) {
+      clocks.advance(1000);
+      ASSERT_EQ(beat(i % 2 == 0 ? first : second, 1, "alice-token"), "granted") << "step " << step << ", " << i;
+      EXPECT_EQ(second.handle(api_call("GET", "/v1/leases/2", "erin-token")).body["state"], "granted")
+          << "step " << step << ", silent for " << i << " s";
+    }
+    clocks.advance(1000);
+    EXPECT_EQ(beat(second, 1, "alice-token"), "granted");
+    EXPECT_EQ(first.handle(api_call("GET", "/v1/leases/2", "erin-token")).body["state"], "expired")
+        << "step " << step << ", silent for 7 s, ttl 6 s";
+    const json released =
+        first.handle(api_call("POST", "/v1/leases/1/release", "alice-token", R"({"outcome":"completed"})")).body;
+    EXPECT_EQ(released["state"], "released");
+    EXPECT_NEAR(released["gpu_hours"].get<double>(), 10.0 * 8 / 3600, 1e-9) << "step " << step;  // 10 real s
+    EXPECT_EQ(count_audit(first, "clock.step"), 1) << "step " << step;
+  }
+}
+
 // A real outage (the monotonic clock moved too) is still credited, and slow drift is no step.
 TEST(QuotaService, AnOutageIsStillCreditedAndDriftIsNoStep) {
   SteppedClocks clocks;
