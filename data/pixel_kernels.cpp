@@ -1,11 +1,11 @@
-#include "data/hsv.h"
+#include "data/pixel_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define YOLO8_HSV_AVX512 1
+#define YOLO8_PIXEL_AVX512 1
 #endif
 
 namespace yolo8::data {
@@ -53,7 +53,12 @@ void bgr_to_hsv_tables_scalar(const uint8_t* bgr, uint8_t* hsv, int64_t n, const
   }
 }
 
-#ifdef YOLO8_HSV_AVX512
+void mirror_row_scalar(uint8_t* row, int64_t n) {
+  for (int64_t a = 0, b = n - 1; a < b; ++a, --b)
+    for (int c = 0; c < 3; ++c) std::swap(row[3 * a + c], row[3 * b + c]);
+}
+
+#ifdef YOLO8_PIXEL_AVX512
 
 // GCC 12 takes the intrinsics' deliberately undefined pass-through operands (`__m512i __Y = __Y`) for uninitialised.
 #pragma GCC diagnostic push
@@ -293,9 +298,66 @@ YOLO8_AVX512_TARGET int64_t augment_hsv_avx512(uint8_t* bgr, int64_t n, const Hs
   return i;
 }
 
+namespace {
+
+// Byte shuffles that reverse the order of 64 pixels held in three registers (bytes keep their order within a pixel).
+struct MirrorIndices {
+  alignas(64) uint8_t pair[3][64];   // output register q, lane l <- byte (mod 128) of the first two registers
+  alignas(64) uint8_t third[3][64];  // ... or of the third one
+  uint64_t from_third[3] = {0, 0, 0};
+  MirrorIndices() {
+    for (int q = 0; q < 3; ++q)
+      for (int l = 0; l < 64; ++l) {
+        const int at = 64 * q + l, from = 3 * (63 - at / 3) + at % 3;
+        pair[q][l] = static_cast<uint8_t>(from & 127);
+        third[q][l] = static_cast<uint8_t>(from >= 128 ? from - 128 : 0);
+        if (from >= 128) from_third[q] |= uint64_t{1} << l;
+      }
+  }
+};
+
+struct Mirror {
+  __m512i pair[3], third[3];
+  __mmask64 from_third[3];
+  YOLO8_AVX512_TARGET Mirror() {
+    static const MirrorIndices ix;
+    for (int q = 0; q < 3; ++q) {
+      pair[q] = _mm512_load_si512(ix.pair[q]);
+      third[q] = _mm512_load_si512(ix.third[q]);
+      from_third[q] = ix.from_third[q];
+    }
+  }
+  // Loads the 64 pixels at `from` and stores them reversed at `to` (which may be `from`).
+  YOLO8_AVX512_TARGET void load(const uint8_t* from, __m512i a[3]) const {
+    a[0] = _mm512_loadu_si512(from);
+    a[1] = _mm512_loadu_si512(from + 64);
+    a[2] = _mm512_loadu_si512(from + 128);
+  }
+  YOLO8_AVX512_TARGET void store_reversed(uint8_t* to, const __m512i a[3]) const {
+    for (int q = 0; q < 3; ++q)
+      _mm512_storeu_si512(to + 64 * q, _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(a[0], pair[q], a[1]),
+                                                                    from_third[q], third[q], a[2]));
+  }
+};
+
+}  // namespace
+
+YOLO8_AVX512_TARGET void mirror_row_avx512(uint8_t* row, int64_t n) {
+  const Mirror m;
+  int64_t left = 0, right = n - 64;  // pixel indices of the two blocks swapped next
+  for (; left + 64 <= right; left += 64, right -= 64) {
+    __m512i a[3], b[3];
+    m.load(row + 3 * left, a);
+    m.load(row + 3 * right, b);
+    m.store_reversed(row + 3 * left, b);
+    m.store_reversed(row + 3 * right, a);
+  }
+  mirror_row_scalar(row + 3 * left, right + 64 - left);
+}
+
 #pragma GCC diagnostic pop
 
-bool hsv_avx512_supported() {
+bool avx512_vbmi_supported() {
   static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
   return supported;
@@ -308,7 +370,8 @@ void bgr_to_hsv_tables_avx512(const uint8_t* bgr, uint8_t* hsv, int64_t n, const
 }
 int64_t hsv_to_bgr_avx512(const uint8_t*, uint8_t*, int64_t) { return 0; }
 int64_t augment_hsv_avx512(uint8_t*, int64_t, const HsvTables&) { return 0; }
-bool hsv_avx512_supported() { return false; }
+void mirror_row_avx512(uint8_t* row, int64_t n) { mirror_row_scalar(row, n); }
+bool avx512_vbmi_supported() { return false; }
 
 #endif
 

@@ -1,5 +1,6 @@
-// The HSV kernels (BGR -> HSV with the gain tables, HSV -> BGR, both fused) against OpenCV's conversions.
-#include "data/hsv.h"
+// The pixel kernels against the OpenCV calls they replace: HSV (BGR -> HSV with the gain tables, HSV -> BGR, both
+// fused) against cv::cvtColor, the row mirror against cv::flip.
+#include "data/pixel_kernels.h"
 
 #include <gtest/gtest.h>
 #include <opencv2/core.hpp>
@@ -69,7 +70,7 @@ TEST(DataHsvKernel, ScalarEqualsOpenCvOnEveryColour) {
 }
 
 TEST(DataHsvKernel, Avx512EqualsOpenCvOnEveryColour) {
-  if (!hsv_avx512_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
   const cv::Mat all = every_colour();
   for (uint64_t seed : {3, 4}) {
     const HsvTables t = random_tables(seed);
@@ -81,7 +82,7 @@ TEST(DataHsvKernel, Avx512EqualsOpenCvOnEveryColour) {
 
 // HSV -> BGR on every HSV value with a hue below 180 (the only hues the tables produce), rows a multiple of 64 wide.
 TEST(DataHsvKernel, Avx512BackEqualsOpenCvOnEveryHsv) {
-  if (!hsv_avx512_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
   cv::Mat all(2880, 4096, CV_8UC3);
   for (int i = 0; i < 180 * 65536; ++i) {
     uint8_t* p = all.data + 3 * static_cast<size_t>(i);
@@ -114,7 +115,7 @@ TEST(DataHsvKernel, FusedEqualsRecipeAcrossWidths) {
 
 // Lengths around the 64-pixel step: the last pixels go through the portable kernel, nothing is written past n.
 TEST(DataHsvKernel, Avx512TailsAndBounds) {
-  if (!hsv_avx512_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
   cv::Mat img(1, 300, CV_8UC3);
   cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
   const HsvTables t = random_tables(7);
@@ -147,6 +148,42 @@ TEST(DataHsvKernel, AugmentOnViewEqualsRecipe) {
   cv::Mat outside_then = outside.clone();
   outside_then(cv::Rect(3, 2, 130, 90)).setTo(cv::Scalar::all(0));
   EXPECT_EQ(cv::norm(outside_now, outside_then, cv::NORM_INF), 0);  // the margin untouched
+}
+
+// Reversing rows in place equals cv::flip around the vertical axis, for widths around the 64-pixel step (the
+// middle of a row, under 128 pixels, is reversed one pixel at a time), on a strided view.
+TEST(DataMirrorKernel, EqualsCvFlipAcrossWidths) {
+  for (int width : {1, 2, 63, 64, 65, 127, 128, 129, 191, 255, 320, 640, 643}) {
+    cv::Mat buffer(9, width + 5, CV_8UC3);
+    cv::randu(buffer, cv::Scalar::all(0), cv::Scalar::all(256));
+    cv::Mat view = buffer(cv::Rect(2, 1, width, 7));
+    cv::Mat want;
+    cv::flip(view, want, 1);
+    const cv::Mat before = buffer.clone();
+    cv::Mat scalar = view.clone();
+    for (int r = 0; r < scalar.rows; ++r) mirror_row_scalar(scalar.ptr<uint8_t>(r), width);
+    EXPECT_EQ(cv::norm(scalar, want, cv::NORM_INF), 0) << "width " << width;
+    if (!avx512_vbmi_supported()) continue;
+    for (int r = 0; r < view.rows; ++r) mirror_row_avx512(view.ptr<uint8_t>(r), width);
+    EXPECT_EQ(cv::norm(view, want, cv::NORM_INF), 0) << "width " << width;
+    cv::Mat outside = buffer.clone(), outside_before = before.clone();
+    outside(cv::Rect(2, 1, width, 7)).setTo(cv::Scalar::all(0));
+    outside_before(cv::Rect(2, 1, width, 7)).setTo(cv::Scalar::all(0));
+    EXPECT_EQ(cv::norm(outside, outside_before, cv::NORM_INF), 0) << "width " << width;  // nothing else written
+  }
+}
+
+// flip_lr (which the rectangular training batches use) still equals cv::flip and moves the boxes.
+TEST(DataMirrorKernel, FlipLrEqualsCvFlip) {
+  cv::Mat img(31, 200, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
+  cv::Mat want;
+  cv::flip(img, want, 1);
+  std::vector<PixBox> boxes = {{1.f, 10.f, 2.f, 30.f, 20.f}};
+  flip_lr(img, boxes);
+  EXPECT_EQ(cv::norm(img, want, cv::NORM_INF), 0);
+  EXPECT_FLOAT_EQ(boxes[0].x1, 170.f);
+  EXPECT_FLOAT_EQ(boxes[0].x2, 190.f);
 }
 
 }  // namespace
