@@ -58,6 +58,14 @@ void mirror_row_scalar(uint8_t* row, int64_t n) {
     for (int c = 0; c < 3; ++c) std::swap(row[3 * a + c], row[3 * b + c]);
 }
 
+void split_rgb_scalar(const uint8_t* bgr, int64_t n, uint8_t* r, uint8_t* g, uint8_t* b) {
+  for (int64_t i = 0; i < n; ++i, bgr += 3) {
+    b[i] = bgr[0];
+    g[i] = bgr[1];
+    r[i] = bgr[2];
+  }
+}
+
 #ifdef YOLO8_PIXEL_AVX512
 
 // GCC 12 takes the intrinsics' deliberately undefined pass-through operands (`__m512i __Y = __Y`) for uninitialised.
@@ -298,6 +306,19 @@ YOLO8_AVX512_TARGET int64_t augment_hsv_avx512(uint8_t* bgr, int64_t n, const Hs
   return i;
 }
 
+YOLO8_AVX512_TARGET void split_rgb_avx512(const uint8_t* bgr, int64_t n, uint8_t* r, uint8_t* g, uint8_t* b) {
+  const Kernel k(HsvTables{});
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64, bgr += 192) {
+    __m512i plane[3];
+    k.load(bgr, plane);
+    _mm512_storeu_si512(b + i, plane[0]);
+    _mm512_storeu_si512(g + i, plane[1]);
+    _mm512_storeu_si512(r + i, plane[2]);
+  }
+  split_rgb_scalar(bgr, n - i, r + i, g + i, b + i);
+}
+
 namespace {
 
 // Byte shuffles that reverse the order of 64 pixels held in three registers (bytes keep their order within a pixel).
@@ -371,6 +392,9 @@ void bgr_to_hsv_tables_avx512(const uint8_t* bgr, uint8_t* hsv, int64_t n, const
 int64_t hsv_to_bgr_avx512(const uint8_t*, uint8_t*, int64_t) { return 0; }
 int64_t augment_hsv_avx512(uint8_t*, int64_t, const HsvTables&) { return 0; }
 void mirror_row_avx512(uint8_t* row, int64_t n) { mirror_row_scalar(row, n); }
+void split_rgb_avx512(const uint8_t* bgr, int64_t n, uint8_t* r, uint8_t* g, uint8_t* b) {
+  split_rgb_scalar(bgr, n, r, g, b);
+}
 bool avx512_vbmi_supported() { return false; }
 
 #endif

@@ -1,7 +1,8 @@
 #pragma once
 // Vector kernels of the augmentation on BGR uint8 pixels, each equal bit for bit to the OpenCV calls it replaces.
 // HSV: BGR -> HSV (OpenCV's 8-bit algorithm, hue range 180) with the three gain tables applied on the way out,
-// HSV -> BGR, and both fused. Mirror: a row reversed in place (cv::flip around the vertical axis).
+// HSV -> BGR, and both fused. Mirror: a row reversed in place (cv::flip around the vertical axis). Split: BGR pixels
+// into RGB planes (cv::split).
 #include <cstdint>
 
 namespace yolo8::data {
@@ -33,5 +34,9 @@ int64_t augment_hsv_avx512(uint8_t* bgr, int64_t n, const HsvTables& t);
 // one (0.55 ms at 640x640, more than the resize before it); the vector kernel does 64 at a time.
 void mirror_row_scalar(uint8_t* row, int64_t n);
 void mirror_row_avx512(uint8_t* row, int64_t n);
+
+// n BGR pixels into three planes r, g, b (the batch tensor's RGB channels): cv::split with the planes swapped.
+void split_rgb_scalar(const uint8_t* bgr, int64_t n, uint8_t* r, uint8_t* g, uint8_t* b);
+void split_rgb_avx512(const uint8_t* bgr, int64_t n, uint8_t* r, uint8_t* g, uint8_t* b);
 
 }  // namespace yolo8::data

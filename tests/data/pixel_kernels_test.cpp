@@ -1,5 +1,6 @@
 // The pixel kernels against the OpenCV calls they replace: HSV (BGR -> HSV with the gain tables, HSV -> BGR, both
-// fused) against cv::cvtColor, the row mirror against cv::flip.
+// fused) against cv::cvtColor, the row mirror against cv::flip, the
+// RGB split against cv::split.
 #include "data/pixel_kernels.h"
 
 #include <gtest/gtest.h>
@@ -170,6 +171,31 @@ TEST(DataMirrorKernel, EqualsCvFlipAcrossWidths) {
     outside(cv::Rect(2, 1, width, 7)).setTo(cv::Scalar::all(0));
     outside_before(cv::Rect(2, 1, width, 7)).setTo(cv::Scalar::all(0));
     EXPECT_EQ(cv::norm(outside, outside_before, cv::NORM_INF), 0) << "width " << width;  // nothing else written
+  }
+}
+
+// Splitting into RGB planes equals cv::split with the planes swapped, around the 64-pixel step.
+TEST(DataSplitKernel, EqualsCvSplit) {
+  for (int n : {0, 1, 63, 64, 65, 640, 703}) {
+    cv::Mat img(1, std::max(n, 1), CV_8UC3);
+    cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
+    cv::Mat want[3];
+    cv::split(img, want);
+    const bool vector = avx512_vbmi_supported();
+    for (int kernel = 0; kernel < (vector ? 2 : 1); ++kernel) {
+      std::vector<uint8_t> planes(3 * static_cast<size_t>(n) + 1, 0xAB);
+      uint8_t* p = planes.data();
+      if (kernel == 0)
+        split_rgb_scalar(img.data, n, p, p + n, p + 2 * n);
+      else
+        split_rgb_avx512(img.data, n, p, p + n, p + 2 * n);
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(p[i], want[2].data[i]) << "n " << n << " kernel " << kernel;
+        ASSERT_EQ(p[n + i], want[1].data[i]) << "n " << n << " kernel " << kernel;
+        ASSERT_EQ(p[2 * n + i], want[0].data[i]) << "n " << n << " kernel " << kernel;
+      }
+      EXPECT_EQ(planes.back(), 0xAB) << "n " << n << " kernel " << kernel;
+    }
   }
 }
 
