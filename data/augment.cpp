@@ -128,6 +128,7 @@ void flip_pixels(cv::Mat& img, bool lr, bool ud) {
 // Where each tile lands on the 2s x 2s canvas.
 struct Placement {
   cv::Rect dst, src;
+  cv::Rect quadrant;  // the canvas quarter around the centre that dst lies in (dst may leave part of it unfilled)
 };
 
 // Draws the centre, places the tiles as the reference does and shifts/clips their boxes to the canvas.
@@ -179,6 +180,7 @@ void mosaic_plan(const Tile tiles[4], int s, Rng& rng, Placement pl[4], std::vec
       y2b = std::min(y2a - y1a, h);
     }
     pl[i].dst = cv::Rect(x1a, y1a, std::max(0, x2a - x1a), std::max(0, y2a - y1a));
+    pl[i].quadrant = cv::Rect(i % 2 ? xc : 0, i < 2 ? 0 : yc, i % 2 ? s2 - xc : xc, i < 2 ? yc : s2 - yc);
     pl[i].src = cv::Rect(x1b, y1b, std::max(0, x2b - x1b), std::max(0, y2b - y1b));
     const float padw = static_cast<float>(x1a - x1b), padh = static_cast<float>(y1a - y1b);
     for (PixBox b : *tiles[i].boxes) {
@@ -194,10 +196,19 @@ void mosaic_plan(const Tile tiles[4], int s, Rng& rng, Placement pl[4], std::vec
 // Renders only `roi` of the canvas: fill 114, then the parts of the tiles inside it.
 void mosaic_render(const Tile tiles[4], const Placement pl[4], const cv::Rect& roi, cv::Mat& canvas) {
   canvas.create(roi.height, roi.width, CV_8UC3);
-  // Tiles never overlap: when their parts add up to the region, no fill is needed.
-  int64_t covered = 0;
-  for (int i = 0; i < 4; ++i) covered += (pl[i].dst & roi).area();
-  if (covered < static_cast<int64_t>(roi.area())) canvas.setTo(cv::Scalar::all(114));
+  // Fill 114 only where no tile lands: in each quarter, the bands above and below its tile and beside it (writing
+  // the whole region first cost 0.1 ms at 640).
+  for (int i = 0; i < 4; ++i) {
+    const cv::Rect q = pl[i].quadrant & roi;
+    if (q.empty()) continue;
+    const cv::Rect t = pl[i].dst & q;
+    const cv::Rect gaps[4] = {t.empty() ? q : cv::Rect(q.x, q.y, q.width, t.y - q.y),
+                              t.empty() ? cv::Rect() : cv::Rect(q.x, t.br().y, q.width, q.br().y - t.br().y),
+                              t.empty() ? cv::Rect() : cv::Rect(q.x, t.y, t.x - q.x, t.height),
+                              t.empty() ? cv::Rect() : cv::Rect(t.br().x, t.y, q.br().x - t.br().x, t.height)};
+    for (const cv::Rect& g : gaps)
+      if (!g.empty()) canvas(g - roi.tl()).setTo(cv::Scalar::all(114));
+  }
   for (int i = 0; i < 4; ++i) {
     const cv::Rect inter = pl[i].dst & roi;
     if (inter.empty()) continue;
