@@ -20,6 +20,7 @@
 
 #include "data/image_io.h"
 #include "data/loader.h"
+#include "data/pixel_kernels.h"
 #include "data/synth.h"
 
 namespace {
@@ -69,7 +70,14 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
   Rng rng(1);
   cv::Mat canvas, warped;
   std::vector<PixBox> bx;
-  double t_fused = 0, t_general = 0, t_mosaic = 0, t_warp = 0, t_hsv = 0, t_tensor = 0;
+  double t_fused = 0, t_general = 0, t_mosaic = 0, t_warp = 0, t_hsv = 0, t_hsv_recipe = 0, t_tensor = 0;
+  cv::Mat hsv_input, hsv_work;
+  uint8_t lut[768];
+  for (int x = 0; x < 256; ++x) {
+    lut[x] = static_cast<uint8_t>(x * 179 / 255);
+    lut[256 + x] = static_cast<uint8_t>(255 - x);
+    lut[512 + x] = static_cast<uint8_t>(x / 2);
+  }
   // The same draws with a rotation too small to see: the general warpAffine path instead of the resize.
   AugmentConfig rotated = aug;
   rotated.degrees = 1e-6;
@@ -95,24 +103,45 @@ std::vector<std::pair<std::string, double>> profile(const DatasetIndex& idx, int
     t1 = thread_cpu();
     random_perspective(full, bx2, aug, -imgsz / 2, rng, warped2, (i & 1) != 0);
     t_warp += (thread_cpu() - t1);
+    // The unfused recipe on a copy of the same image first (cvtColor, three tables, cvtColor), for comparison.
+    warped.copyTo(hsv_input);
+    t1 = thread_cpu();
+    cv::cvtColor(hsv_input, hsv_work, cv::COLOR_BGR2HSV);
+    for (int r = 0; r < hsv_work.rows; ++r) {
+      uint8_t* p = hsv_work.ptr<uint8_t>(r);
+      for (int x = 0; x < hsv_work.cols; ++x, p += 3) {
+        p[0] = lut[p[0]];
+        p[1] = lut[256 + p[1]];
+        p[2] = lut[512 + p[2]];
+      }
+    }
+    cv::cvtColor(hsv_work, hsv_input, cv::COLOR_HSV2BGR);
+    t_hsv_recipe += (thread_cpu() - t1);
     t1 = thread_cpu();
     augment_hsv(warped, aug.hsv_h, aug.hsv_s, aug.hsv_v, rng);
     t_hsv += (thread_cpu() - t1);
     t1 = thread_cpu();
     const size_t plane = static_cast<size_t>(imgsz) * imgsz;
     uint8_t* d = dst.data_ptr<uint8_t>();
-    cv::Mat planes[3] = {cv::Mat(imgsz, imgsz, CV_8UC1, d + 2 * plane), cv::Mat(imgsz, imgsz, CV_8UC1, d + plane),
-                         cv::Mat(imgsz, imgsz, CV_8UC1, d)};
-    cv::split(warped, planes);
+    if (avx512_vbmi_supported()) {  // as the loader's copy_to_planes
+      for (int r = 0; r < imgsz; ++r)
+        split_rgb_avx512(warped.ptr<uint8_t>(r), imgsz, d + r * imgsz, d + plane + r * imgsz,
+                         d + 2 * plane + r * imgsz);
+    } else {
+      cv::Mat planes[3] = {cv::Mat(imgsz, imgsz, CV_8UC1, d + 2 * plane), cv::Mat(imgsz, imgsz, CV_8UC1, d + plane),
+                           cv::Mat(imgsz, imgsz, CV_8UC1, d)};
+      cv::split(warped, planes);
+    }
     t_tensor += (thread_cpu() - t1);
   }
   out.emplace_back("mosaic + perspective + flip (fused)", t_fused * 1e3 / n);
-  out.emplace_back("HSV (cvtColor + LUT)", t_hsv * 1e3 / n);
+  out.emplace_back("HSV (augment_hsv)", t_hsv * 1e3 / n);
   out.emplace_back("to CHW RGB tensor", t_tensor * 1e3 / n);
   // Not part of the pipeline (summed apart by the caller): the unfused steps the fused one replaces.
   out.emplace_back("[for comparison] fused, general warpAffine", t_general * 1e3 / n);
   out.emplace_back("[for comparison] full mosaic canvas", t_mosaic * 1e3 / n);
   out.emplace_back("[for comparison] then its resize + flip", t_warp * 1e3 / n);
+  out.emplace_back("[for comparison] HSV as cvtColor + tables", t_hsv_recipe * 1e3 / n);
   return out;
 }
 

@@ -76,7 +76,8 @@ void random_perspective(const cv::Mat& in, std::vector<PixBox>& boxes, const Aug
 void mosaic_perspective(const Tile tiles[4], int imgsz, const AugmentConfig& cfg, Rng& rng, cv::Mat& canvas,
                         cv::Mat& out, std::vector<PixBox>& boxes, bool flip_lr = false, bool flip_ud = false);
 
-// HSV gains through three lookup tables, in place.
+// HSV gains through three lookup tables, in place: cv::cvtColor to HSV, the tables, cv::cvtColor back, bit for bit
+// (on CPUs with AVX-512 VBMI in one vector pass, data/pixel_kernels.h).
 void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rng);
 
 void flip_lr(cv::Mat& img, std::vector<PixBox>& boxes);

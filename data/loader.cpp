@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "data/image_io.h"
+#include "data/pixel_kernels.h"
 
 namespace yolo8::data {
 namespace fs = std::filesystem;
@@ -112,6 +113,13 @@ void letterbox_boxes(std::vector<PixBox>& boxes, const LetterboxInfo& lb, int w,
 // BGR HWC -> RGB planes of the batch tensor, in one pass.
 void copy_to_planes(const cv::Mat& img, uint8_t* dst) {
   const size_t plane = static_cast<size_t>(img.rows) * img.cols;
+  if (img.type() == CV_8UC3 && avx512_vbmi_supported()) {
+    for (int r = 0; r < img.rows; ++r) {
+      const size_t at = static_cast<size_t>(r) * img.cols;
+      split_rgb_avx512(img.ptr<uint8_t>(r), img.cols, dst + at, dst + plane + at, dst + 2 * plane + at);
+    }
+    return;
+  }
   cv::Mat planes[3] = {cv::Mat(img.rows, img.cols, CV_8UC1, dst + 2 * plane),
                        cv::Mat(img.rows, img.cols, CV_8UC1, dst + plane), cv::Mat(img.rows, img.cols, CV_8UC1, dst)};
   cv::split(img, planes);

@@ -248,6 +248,48 @@ TEST(DataPerspective, ExtremeScalesStayInsideTheImage) {
   }
 }
 
+// The canvas is filled with 114 exactly where no tile lands: a reused canvas full of another colour keeps none of it,
+// for tiles smaller than the quarters (gaps on every side) and larger (none).
+TEST(DataMosaic, FillCoversEveryGapOfAReusedCanvas) {
+  const int s = 64;
+  const cv::Vec3b colours[4] = {{200, 10, 10}, {10, 200, 10}, {10, 10, 200}, {200, 200, 10}};
+  const cv::Vec3b stale(7, 7, 7), fill(114, 114, 114);
+  for (int size : {20, 47, 64, 110}) {
+    cv::Mat imgs[4];
+    std::vector<PixBox> no_boxes;
+    Tile tiles[4];
+    for (int i = 0; i < 4; ++i) {
+      imgs[i] = cv::Mat(size - 3 * i, size + 5 * i, CV_8UC3, cv::Scalar(colours[i]));
+      tiles[i] = {&imgs[i], &no_boxes};
+    }
+    for (uint64_t seed = 0; seed < 30; ++seed) {
+      cv::Mat canvas(2 * s, 2 * s, CV_8UC3, cv::Scalar(stale));
+      Rng rng(seed);
+      std::vector<PixBox> boxes;
+      mosaic4(tiles, s, rng, canvas, boxes);
+      int64_t filled = 0, tiled = 0, other = 0;
+      for (int y = 0; y < canvas.rows; ++y)
+        for (int x = 0; x < canvas.cols; ++x) {
+          const cv::Vec3b p = canvas.at<cv::Vec3b>(y, x);
+          if (p == fill)
+            ++filled;
+          else if (p == colours[0] || p == colours[1] || p == colours[2] || p == colours[3])
+            ++tiled;
+          else
+            ++other;
+        }
+      EXPECT_EQ(other, 0) << "size " << size << " seed " << seed;
+      EXPECT_EQ(filled + tiled, 4 * s * s);
+      if (size >= 110) {
+        EXPECT_EQ(filled, 0) << "seed " << seed;  // every tile larger than any quarter (at most 1.5 s): no gaps
+      }
+      if (size <= 20) {
+        EXPECT_GT(filled, 0) << "seed " << seed;
+      }
+    }
+  }
+}
+
 // The table loop equals the reference recipe: BGR->HSV, cv::LUT with the three gains, HSV->BGR.
 // The fused mosaic + warp (partial canvas) equals building the whole canvas and warping it.
 TEST(DataMosaic, FusedEqualsCanvasThenWarp) {
