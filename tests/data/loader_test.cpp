@@ -3,6 +3,7 @@
 #include "data/loader.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -474,3 +475,21 @@ TEST(DataLoader, ShardOrderDealsAnEpochEvenlyAcrossRanks) {
 
 }  // namespace
 }  // namespace yolo8::data
+
+#ifdef __GLIBC__
+// A 64 MiB block (over glibc's largest mmap threshold) freed and allocated again must come from the heap, not
+// from a fresh mapping whose pages the kernel zero-fills at every batch.
+TEST(DataHeap, LargeBuffersComeFromTheHeapNotFreshMappings) {
+  yolo8::data::keep_large_buffers_in_heap();
+  const size_t mapped_before = mallinfo2().hblkhd;
+  constexpr size_t kBytes = size_t{64} << 20;
+  for (int round = 0; round < 2; ++round) {
+    auto* block = static_cast<volatile char*>(std::malloc(kBytes));
+    ASSERT_NE(block, nullptr);
+    block[0] = 1;
+    block[kBytes - 1] = 1;
+    EXPECT_LT(mallinfo2().hblkhd, mapped_before + kBytes) << "round " << round;
+    std::free(const_cast<char*>(block));
+  }
+}
+#endif
