@@ -77,6 +77,17 @@ class Unavailable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 constexpr int kRetryAfterS = 2;
+
+// Which monotonic clock a local-mode process reads: steady_clock is CLOCK_MONOTONIC, one clock for every process
+// of the machine until it reboots (then it starts afresh: the boot id tells); an injected clock is its own.
+std::string monotonic_clock_id(bool injected) {
+  if (injected) return "injected";
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return "boot:" + id;
+}
+constexpr const char* kClockReferenceKey = "local_clock_reference";
 }  // namespace
 
 QuotaService::QuotaService(Policy policy, ServiceOptions options)
@@ -89,6 +100,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
   // After a restart the monotonic clock starts afresh: the stored leases' wall times are taken as they are
   // (restore() gives running leases a fresh heartbeat clock); only a step back shows, below.
   clock_offset_ms_ = clock_() - monotonic_();
+  local_clock_id_ = monotonic_clock_id(options_.monotonic_clock || options_.clock);
   if (!options_.db_path.empty()) {
     store_ = std::make_unique<Store>(options_.db_path, options_.full_sync, options_.store_busy_timeout_ms);
     if (!options_.reload_per_call) {
@@ -137,28 +149,14 @@ void QuotaService::follow_clock_locked() {
   tracker_.clock_stepped(step, wall);
 }
 
-namespace {
-// Which monotonic clock a local-mode process reads: steady_clock is CLOCK_MONOTONIC, one clock for every process
-// of the machine until it reboots (then it starts afresh: the boot id tells); an injected clock is its own.
-std::string monotonic_clock_id(bool injected) {
-  if (injected) return "injected";
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return "boot:" + id;
-}
-constexpr const char* kClockReferenceKey = "local_clock_reference";
-}  // namespace
-
 void QuotaService::follow_shared_clock_locked(int64_t now_ms) {
   // Local mode's processes share one monotonic clock and the database: the offset of the wall clock against it
   // is kept in meta, so a step is seen by whichever process calls first, and applied to the stored leases once.
-  const std::string clock_id = monotonic_clock_id(options_.monotonic_clock || options_.clock);
   const int64_t offset = now_ms - monotonic_();
   std::istringstream stored(store_->meta(kClockReferenceKey));
   std::string stored_id;
   int64_t stored_offset = 0;
-  if (stored >> stored_id >> stored_offset && stored_id == clock_id) {
+  if (stored >> stored_id >> stored_offset && stored_id == local_clock_id_) {
     const int64_t step = offset - stored_offset;
     if (std::abs(step) > options_.clock_step_after_ms) {
       std::fprintf(stderr, "quota: the wall clock stepped by %lld ms against the monotonic clock\n",
@@ -166,7 +164,7 @@ void QuotaService::follow_shared_clock_locked(int64_t now_ms) {
       engine_.clock_stepped(step, now_ms);
     }
   }
-  store_->set_meta(kClockReferenceKey, clock_id + " " + std::to_string(offset));
+  store_->set_meta(kClockReferenceKey, local_clock_id_ + " " + std::to_string(offset));
 }
 
 void QuotaService::reload_locked(int64_t now_ms) {

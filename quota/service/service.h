@@ -193,6 +193,7 @@ class QuotaService {
   std::function<int64_t()> clock_;
   std::function<int64_t()> monotonic_;
   int64_t clock_offset_ms_ = 0;  // wall minus monotonic at the last check (under mutex_)
+  std::string local_clock_id_;   // which monotonic clock local mode's stored offset refers to (set once)
   std::mutex mutex_;             // the engine and the tracker
   std::mutex store_mutex_;
   Engine engine_;

@@ -252,13 +252,11 @@ int run_predict(const Settings& settings) {
     }
     const data::LetterboxInfo& info = prepared.info;
     const int out_h = prepared.out_h, out_w = prepared.out_w;
-    // uint8 HWC converted straight into the float NCHW input, then divided: the values of .to(kFloat).div_(255)
-    // then .contiguous(), with one float copy fewer.
     auto stage = Clock::now();
     const cv::Mat& rgb = prepared.rgb;
-    torch::Tensor input = torch::empty({1, 3, rgb.rows, rgb.cols}, torch::kFloat);
-    input.copy_(torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8).permute({0, 3, 1, 2}));
-    input.div_(255.0);
+    const torch::Tensor input = app::model_input(
+        torch::from_blob(rgb.data, {1, rgb.rows, rgb.cols, 3}, torch::kUInt8).permute({0, 3, 1, 2}), torch::kCPU,
+        /*channels_last=*/false);
     lap(stage, times.preprocess);
     const torch::Tensor prediction = model.forward(input);
     lap(stage, times.inference);

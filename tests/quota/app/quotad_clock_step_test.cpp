@@ -65,7 +65,9 @@ class QuotadUnderFaketime : public ::testing::Test {
     client_->set_read_timeout(5, 0);
   }
   void TearDown() override {
-    if (!library_.empty()) EXPECT_TRUE(quotad_.stop());
+    if (!library_.empty()) {
+      EXPECT_TRUE(quotad_.stop());
+    }
   }
   // libfaketime rereads the file at every clock call (FAKETIME_NO_CACHE): the step happens on the rename.
   void set_offset(const std::string& offset) {

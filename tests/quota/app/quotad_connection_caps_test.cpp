@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/quota/loopback_util.h"
 #include "tests/quota/quota_test_util.h"
 #include "tests/quota/quotad_process.h"
 
@@ -22,6 +23,7 @@ namespace yolo8::quota {
 namespace {
 
 using nlohmann::json;
+using testing::connect_from;
 
 const char* kPolicy = R"(
 inventory:
@@ -34,24 +36,6 @@ teams:
 credits: {monthly_gpu_hours: 0}
 leases: {ttl_s: 6, heartbeat_interval_s: 2, expiry_grace_s: 0}
 )";
-
-// A TCP connection to quotad from `source` (any 127.x.y.z is loopback on Linux), or -1.
-int connect_from(const std::string& source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  inet_pton(AF_INET, source.c_str(), &local.sin_addr);
-  sockaddr_in remote{};
-  remote.sin_family = AF_INET;
-  remote.sin_port = htons(static_cast<uint16_t>(port));
-  remote.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // The status line quotad sent on `fd` unasked (a refusal), without waiting; "" when it sent nothing yet.
 std::string refusal(int fd) {

@@ -21,6 +21,7 @@
 #include "quota/server/http_server.h"
 #include "quota/server/status_page.h"
 #include "quota/service/service.h"
+#include "tests/quota/loopback_util.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -28,6 +29,7 @@ namespace {
 
 using nlohmann::json;
 using testing::api_call;
+using testing::connect_from;
 using testing::kHour;
 using testing::kMonday;
 using testing::temp_db;
@@ -336,27 +338,6 @@ leases: {ttl_s: )" +
 }
 
 std::string short_ttl_policy() { return ttl_policy(3, 1, 1); }
-
-// A TCP connection to the server from `source` (any 127.x.y.z is loopback on Linux), or -1.
-int connect_from(const char* source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  inet_pton(AF_INET, source, &local.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  sockaddr_in remote{};
-  remote.sin_family = AF_INET;
-  remote.sin_port = htons(static_cast<uint16_t>(port));
-  remote.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // What the server answered on `fd` (the status line), waiting at most `timeout_ms`.
 std::string status_line(int fd, int timeout_ms) {
