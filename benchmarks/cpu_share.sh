@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training on a shared CPU: the old sizing (threads = the host's cores, OpenMP's default spinning) against the new
-# default (threads=0: the affinity / cgroup share, idle OpenMP threads waiting passively), each alone and beside a
+# Training on a shared CPU: the old sizing (threads = the host's cores) against the default (threads=0: the affinity /
+# cgroup share), with libgomp's own waiting (the default) and with OMP_WAIT_POLICY=PASSIVE, each alone, beside a
 # fixed competing load (one busy-looping process), and inside a one-core affinity (taskset) with that load.
 # Usage: benchmarks/cpu_share.sh [IMGSZ=160] [EPOCHS=2] [IMAGES=64]   (after scripts/setup.sh)
 # Prints a table and writes benchmarks/results/cpu_share.json.
@@ -47,41 +47,50 @@ stop_load() {
   load_pid=
 }
 
-# Old: the host's core count and libgomp's default spin (GOMP_SPINCOUNT=300000 is its default when
-# OMP_WAIT_POLICY is unset; setting it also keeps yolo8 from switching to passive waiting).
-old=(env GOMP_SPINCOUNT=300000 --)
-new=(env --)
+# Three configurations: the old sizing (threads = the host's cores), and the default share (threads=0) with
+# libgomp's own waiting (a short spin, then sleep) and with OMP_WAIT_POLICY=PASSIVE (sleep at once).
+configs=(host_cores share_spin share_passive)
+declare -A prefix_of=([host_cores]="env -u OMP_WAIT_POLICY --" [share_spin]="env -u OMP_WAIT_POLICY --"
+                      [share_passive]="env OMP_WAIT_POLICY=PASSIVE --")
+declare -A threads_of=([host_cores]="threads=$host_cores" [share_spin]="threads=0" [share_passive]="threads=0")
 declare -A t
-t[old_idle]=$(run old_idle "${old[@]}" threads="$host_cores")
-t[new_idle]=$(run new_idle "${new[@]}")
+for c in "${configs[@]}"; do
+  read -r -a prefix <<<"${prefix_of[$c]}"
+  t[${c}_idle]=$(run "${c}_idle" "${prefix[@]}" "${threads_of[$c]}")
+done
 start_load
-t[old_load]=$(run old_load "${old[@]}" threads="$host_cores")
-t[new_load]=$(run new_load "${new[@]}")
+for c in "${configs[@]}"; do
+  read -r -a prefix <<<"${prefix_of[$c]}"
+  t[${c}_load]=$(run "${c}_load" "${prefix[@]}" "${threads_of[$c]}")
+done
 # One core of affinity (as a cpuset would give), the competing load on that core too.
 stop_load
 taskset -c 0 sh -c 'while :; do :; done' &
 load_pid=$!
-t[old_pinned]=$(run old_pinned taskset -c 0 "${old[@]}" threads="$host_cores")
-t[new_pinned]=$(run new_pinned taskset -c 0 "${new[@]}")
+for c in "${configs[@]}"; do
+  read -r -a prefix <<<"${prefix_of[$c]}"
+  t[${c}_pinned]=$(run "${c}_pinned" taskset -c 0 "${prefix[@]}" "${threads_of[$c]}")
+done
 stop_load
-chosen=$(grep -m1 '^CPU:' "$work/new_load.log" || true)
+chosen=$(grep -m1 '^CPU:' "$work/share_spin_load.log" || true)
 
-python3 - "$imgsz" "$epochs" "$images" "$host_cores" "$chosen" \
-  "${t[old_idle]}" "${t[old_load]}" "${t[old_pinned]}" "${t[new_idle]}" "${t[new_load]}" "${t[new_pinned]}" <<'PY'
+args=()
+for c in "${configs[@]}"; do args+=("${t[${c}_idle]}" "${t[${c}_load]}" "${t[${c}_pinned]}"); done
+python3 - "$imgsz" "$epochs" "$images" "$host_cores" "$chosen" "${args[@]}" <<'PY'
 import json, sys
 imgsz, epochs, images, host = (int(x) for x in sys.argv[1:5])
 chosen = sys.argv[5]
-old_idle, old_load, old_pinned, new_idle, new_load, new_pinned = (float(x) for x in sys.argv[6:12])
-rows = [("before: threads=%d, OpenMP spinning" % host, old_idle, old_load, old_pinned),
-        ("after: threads=0 (CPU share), passive waiting", new_idle, new_load, new_pinned)]
-print(f"{'sizing':<48} {'idle s':>8} {'+1 busy core s':>15} {'slowdown':>9} {'1-core taskset s':>17}")
-for name, idle, load, pinned in rows:
-    print(f"{name:<48} {idle:>8.1f} {load:>15.1f} {load / idle:>8.2f}x {pinned:>17.1f}")
-print(f"new default chose: {chosen}")
-result = {"imgsz": imgsz, "epochs": epochs, "images": images, "host_cores": host, "new_default": chosen,
-          "before": {"threads": host, "idle_s": old_idle, "loaded_s": old_load, "slowdown": old_load / old_idle,
-                     "one_core_affinity_loaded_s": old_pinned},
-          "after": {"threads": "0 (share)", "idle_s": new_idle, "loaded_s": new_load, "slowdown": new_load / new_idle,
-                    "one_core_affinity_loaded_s": new_pinned}}
+times = [float(x) for x in sys.argv[6:]]
+names = [("host_cores", "threads=%d (the host's cores), libgomp's waiting" % host),
+         ("share_spin", "threads=0 (CPU share), libgomp's waiting (default)"),
+         ("share_passive", "threads=0 (CPU share), OMP_WAIT_POLICY=PASSIVE")]
+print(f"{'configuration':<52} {'idle s':>8} {'+1 busy core s':>15} {'slowdown':>9} {'1-core taskset s':>17}")
+result = {"imgsz": imgsz, "epochs": epochs, "images": images, "host_cores": host, "default_chose": chosen}
+for k, (key, name) in enumerate(names):
+    idle, load, pinned = times[3 * k:3 * k + 3]
+    print(f"{name:<52} {idle:>8.1f} {load:>15.1f} {load / idle:>8.2f}x {pinned:>17.1f}")
+    result[key] = {"label": name, "idle_s": idle, "loaded_s": load, "slowdown": load / idle,
+                   "one_core_affinity_loaded_s": pinned}
+print(f"threads=0 chose: {chosen}")
 json.dump(result, open("benchmarks/results/cpu_share.json", "w"), indent=2)
 PY

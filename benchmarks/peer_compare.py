@@ -145,10 +145,6 @@ def table_rows(res):
     if s:
         rows.append((f"start-up: launch → end of the first training step, s (median of {s['repeats']})",
                      fmt(s["ultralytics"], 2), fmt(s["ours"], 2), fmt_ratio(s.get("ratio"))))
-        rows.append(("yolo8's OMP_WAIT_POLICY re-exec: start-up with it unset (re-exec) − set (none), s: first step "
-                     "/ `yolo8 version` wall / `yolo8 version` CPU", "",
-                     f"{fmt(s['reexec_first_step_s'], 3)} / {fmt(s['reexec_version_s'], 3)} / "
-                     f"{fmt(s.get('reexec_version_cpu_s'), 3)}", ""))
     if not peer:
         rows = [(w, "peer not found" if u else "", o, "—" if r else "") for w, u, o, r in rows]
     return rows
@@ -158,7 +154,8 @@ def render_table(res):
     rows = table_rows(res)
     m = res["machine"]
     head = (f"{res['date']}, {m['cpu']}, {m['cores']} cores, {res['threads']} compute threads both sides, "
-            f"mode {res['mode']}; yolo8 {res['versions']['yolo8']['yolo8']} (LibTorch "
+            f"OpenMP waiting {m.get('openmp_wait', '-')} both sides, mode {res['mode']}; "
+            f"yolo8 {res['versions']['yolo8']['yolo8']} (LibTorch "
             f"{res['versions']['yolo8']['libtorch']}, OpenCV {res['versions']['yolo8']['opencv']}) vs Ultralytics "
             f"{res['versions']['ultralytics'].get('ultralytics', '-')} (torch "
             f"{res['versions']['ultralytics'].get('torch', '-')}, OpenCV "
@@ -205,15 +202,12 @@ class Runner:
             return "import ultralytics failed: " + probe.stderr.strip().splitlines()[-1]
         return None
 
-    def env(self, omp=None):
+    def env(self):
+        # OMP_WAIT_POLICY / GOMP_SPINCOUNT of the caller reach both sides alike (unset: libgomp's default for both).
         env = dict(os.environ)
         env["YOLO8_THREADS"] = str(self.threads) if hasattr(self, "threads") else env.get("YOLO8_THREADS", "")
         if not env["YOLO8_THREADS"]:
             env.pop("YOLO8_THREADS")
-        env.pop("OMP_WAIT_POLICY", None)
-        env.pop("GOMP_SPINCOUNT", None)
-        if omp:
-            env["OMP_WAIT_POLICY"] = omp
         env.setdefault("YOLO_CONFIG_DIR", str(self.work / "peer_config"))
         return env
 
@@ -443,20 +437,14 @@ class Runner:
         c = self.cfg
         data = self.synth(self.work / "startup/ds", 64, 16, 160)  # 4 steps an epoch: step 1 prints a line
         first_line = r"^1/1 .* 1/4 \["
-        runs = {"ours_reexec": [], "ours_no_reexec": [], "ultralytics": [], "version_reexec": [],
-                "version_no_reexec": [], "version_reexec_cpu": [], "version_no_reexec_cpu": []}
+        runs = {"ours": [], "ultralytics": []}
         args = ["model=yolov8n.yaml", f"data={data}", "imgsz=160", "epochs=1", "batch=16", f"workers={self.threads}"]
         for rep in range(c["startup_repeats"]):
             self.say(f"[4/4] start-up, repeat {rep + 1}/{c['startup_repeats']}")
-            for key, omp in (("ours_reexec", None), ("ours_no_reexec", "PASSIVE")):
-                r = self.run(["stdbuf", "-oL", self.yolo8, "train", *args, "quota=off", "plots=false",
-                              f"project={self.work / 'startup/ours'}", f"name={key}{rep}", *self.ours_threads_args()],
-                             f"startup_{key}_{rep}", env=self.env(omp), stop_on=first_line)
-                runs[key].append(self.first_step(r))
-            for key, omp in (("version_reexec", None), ("version_no_reexec", "PASSIVE")):
-                r = self.run([self.yolo8, "version"], f"{key}_{rep}", env=self.env(omp))
-                runs[key].append(r["wall_s"])
-                runs[key + "_cpu"].append(r["cpu_s"])
+            r = self.run(["stdbuf", "-oL", self.yolo8, "train", *args, "quota=off", "plots=false",
+                          f"project={self.work / 'startup/ours'}", f"name=r{rep}", *self.ours_threads_args()],
+                         f"startup_ours_{rep}", stop_on=first_line)
+            runs["ours"].append(self.first_step(r))
             if self.peer:
                 r = self.run(self.peer_cmd(REPO / "scripts/peer/train_run.py", *args, "device=cpu", "plots=False",
                                            f"project={self.work / 'startup/peer'}", f"name=r{rep}"),
@@ -466,13 +454,8 @@ class Runner:
         return {"repeats": c["startup_repeats"], "set": "yolo8 data synth train=64 val=16 imgsz=160 seed=0",
                 "span": "launch to the end of the first training step (ours: its first progress line, read "
                         "line-buffered through stdbuf; Ultralytics: on_train_batch_end, both timed by this script)",
-                "ours": med["ours_reexec"], "ultralytics": med["ultralytics"],
-                "ratio": ratio(med["ours_reexec"], med["ultralytics"], False),
-                "ours_without_reexec": med["ours_no_reexec"],
-                "reexec_first_step_s": None if None in (med["ours_reexec"], med["ours_no_reexec"])
-                else med["ours_reexec"] - med["ours_no_reexec"],
-                "reexec_version_s": med["version_reexec"] - med["version_no_reexec"],
-                "reexec_version_cpu_s": med["version_reexec_cpu"] - med["version_no_reexec_cpu"], "runs": runs}
+                "ours": med["ours"], "ultralytics": med["ultralytics"],
+                "ratio": ratio(med["ours"], med["ultralytics"], False), "runs": runs}
 
     def versions(self):
         v = {"yolo8": {}, "ultralytics": {}}
@@ -494,8 +477,11 @@ class Runner:
 def machine():
     text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = re.search(r"Model name:\s+(.+)", text)
+    flags = re.search(r"Flags:\s+(.+)", text)
+    openmp = ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if os.environ.get(k))
     return {"cpu": model.group(1).strip() if model else platform.processor(), "cores": os.cpu_count(),
-            "kernel": platform.release()}
+            "kernel": platform.release(), "openmp_wait": openmp or "libgomp's default (unset)",
+            "bf16_instructions": bool(flags and re.search(r"\b(avx512_bf16|amx_bf16)\b", flags.group(1)))}
 
 
 def main(argv=None):

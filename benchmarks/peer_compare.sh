@@ -4,7 +4,7 @@
 #   2. end to end: yolov8n from scratch, 160 px, batch 16, EPOCHS (40) with validation, SEEDS (2) seeds each side,
 #      interleaved: wall time launch to exit and final mAP50-95, mean and min-max;
 #   3. val (batch 16) and predict (batch 1) throughput at 640, the same Ultralytics weights and photos;
-#   4. start-up: launch to the first training step, and what yolo8's OMP_WAIT_POLICY re-exec costs.
+#   4. start-up: launch to the first training step.
 # Prints one table (workload | Ultralytics | yolo8 | ratio), writes benchmarks/results/peer_compare.json and
 # rewrites the README's table between its peer_compare markers. Without the peer (.venv/peer, installed from
 # scripts/locks/peer.txt by scripts/pyenv.sh peer; never installed here) it says so and gives our figures only.

@@ -13,8 +13,8 @@
 #   offline switch of its own; YOLO_OFFLINE is read only by later releases, set here for them).
 # - Threads as our trainer's threads=0 picks them: YOLO8_THREADS if set, else the cores this process may use
 #   (affinity and cgroup quota, scripts/peer/cpu_share.py), as OMP_NUM_THREADS and MKL_NUM_THREADS, which set
-#   torch's intra-op threads; OMP_WAIT_POLICY=PASSIVE unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (as yolo8
-#   does). Give Ultralytics' `workers=` yourself when timing: its default is 8 loader processes.
+#   torch's intra-op threads. OMP_WAIT_POLICY / GOMP_SPINCOUNT pass through as set (unset: libgomp's default, as
+#   for yolo8). Give Ultralytics' `workers=` yourself when timing: its default is 8 loader processes.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 (( $# )) || { echo "usage: scripts/peer.sh COMMAND [ARGS...]" >&2; exit 2; }
@@ -25,7 +25,6 @@ threads=${YOLO8_THREADS:-0}
 [[ $threads =~ ^[0-9]+$ ]] || { echo "peer.sh: YOLO8_THREADS must be a whole number, got '$threads'" >&2; exit 2; }
 (( threads > 0 )) || threads=$("$py" "$repo/scripts/peer/cpu_share.py")
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads YOLO8_THREADS=$threads
-[[ -n ${OMP_WAIT_POLICY:-} || -n ${GOMP_SPINCOUNT:-} ]] || export OMP_WAIT_POLICY=PASSIVE
 
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 export YOLO_CONFIG_DIR=${YOLO_CONFIG_DIR:-$repo/build/peer/config}

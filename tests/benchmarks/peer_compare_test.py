@@ -63,14 +63,10 @@ class AccuracyVerdict(unittest.TestCase):
 class TableWithoutPeer(unittest.TestCase):
     def test_no_ratio_and_says_so(self):
         res = {"peer": {"available": False}, "startup": {
-            "repeats": 1, "ultralytics": None, "ours": 1.5, "ratio": None, "reexec_first_step_s": 0.4,
-            "reexec_version_s": 0.3}}
+            "repeats": 1, "ultralytics": None, "ours": 1.5, "ratio": None}}
         rows = pc.table_rows(res)
-        self.assertEqual(len(rows), 2)
+        self.assertEqual(len(rows), 1)
         self.assertEqual(rows[0][1:], ("peer not found", "1.50", "—"))
-        # ours-only rows (the re-exec cost) stay without a peer figure or ratio
-        self.assertEqual((rows[1][1], rows[1][3]), ("", ""))
-        self.assertTrue(rows[1][2].startswith("0.400 / 0.300"))
 
 
 class ResultsCsv(unittest.TestCase):

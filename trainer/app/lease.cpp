@@ -228,7 +228,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   quota::Telemetry context;
   context.model = request.model;
   context.imgsz = request.imgsz;
-  context.amp = settings.amp && uses_gpu ? 1 : 0;  // AMP is CUDA-only here
+  context.amp = settings.amp && uses_gpu ? 1 : 0;  // GPU memory context: CPU runs hold no lease
   context.device_name = device_name;
   context.libtorch = TORCH_VERSION;  // learned tables are per LibTorch version (its kernels and allocator)
   const double interval_s = std::max(1, lease.heartbeat_interval_s);  // as the client paces them

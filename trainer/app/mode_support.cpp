@@ -158,7 +158,8 @@ ValidationTimes run_validation(DetectionModel& model, data::DataLoader& loader, 
     lap(times.preprocess);
     DetectOutput output;
     {
-      CudaAutocastGuard autocast(half && device.is_cuda());
+      // Validation stays float32 on CPU: its mAP is compared with float32 references.
+      AutocastGuard autocast(device.type(), half && device.is_cuda());
       output = model->forward(images);
     }
     output.pred = output.pred.to(torch::kFloat);

@@ -124,7 +124,7 @@ PredictModel open_weights_predict_model(const Settings& settings, const torch::D
   const bool half = settings.half && device.is_cuda();
   predict.forward = [model, device, half](const torch::Tensor& input) mutable {
     torch::NoGradGuard no_grad;
-    CudaAutocastGuard autocast(half);
+    AutocastGuard autocast(device.type(), half);
     return model->predict(input.to(device)).to(torch::kCPU, torch::kFloat);
   };
   return predict;

@@ -87,7 +87,8 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
   table.source = "yolo8 profile at imgsz " + std::to_string(settings.loader.imgsz) +
                  (device.is_cuda() ? "" : " (CPU: the instrumented allocator's count)");
   table.provenance.device = device_name(device);
-  table.provenance.precision = settings.amp && device.is_cuda() ? "amp" : "float32";  // AMP is CUDA-only here
+  table.provenance.precision =
+      settings.amp && device.is_cuda() ? "amp" : "float32";  // profiles time the float32 step on CPU
   table.provenance.libtorch = TORCH_VERSION;
   table.provenance.date = date;
   std::string json = "[";

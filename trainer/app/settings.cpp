@@ -91,7 +91,7 @@ const std::vector<Entry>& entries() {
       {"cos_lr", YOLO8_FIELD(optim.cos_lr), "cosine learning-rate schedule instead of linear"},
       {"close_mosaic", YOLO8_FIELD(augment.close_mosaic), "turn mosaic off for the last N epochs"},
       {"resume", YOLO8_FIELD(resume), "false, true (latest run), auto (this name's run if resumable), or PATH/last.pt"},
-      {"amp", YOLO8_FIELD(amp), "automatic mixed precision on CUDA"},
+      {"amp", YOLO8_FIELD(amp), "mixed precision: float16 on CUDA, bfloat16 on CPUs with native bfloat16"},
       {"fraction", YOLO8_FIELD(loader.fraction), "fraction of the training set to use"},
       {"profile", YOLO8_FIELD(profile), "profile speeds during training (not implemented: must be false)"},
       {"freeze", YOLO8_FIELD(freeze), "freeze the first N layers, or a list of layer indices 0,3,5"},

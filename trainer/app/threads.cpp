@@ -37,13 +37,4 @@ void configure_determinism(bool deterministic) {
 
 int loader_workers(int requested, const CpuShare& share) { return std::max(0, std::min(requested, share.cores)); }
 
-const char* default_openmp_wait_policy(const char* wait_policy, const char* spin_count) {
-  return wait_policy == nullptr && spin_count == nullptr ? "PASSIVE" : nullptr;
-}
-
-void set_default_openmp_wait_policy() {
-  const char* policy = default_openmp_wait_policy(std::getenv("OMP_WAIT_POLICY"), std::getenv("GOMP_SPINCOUNT"));
-  if (policy != nullptr) setenv("OMP_WAIT_POLICY", policy, 1);
-}
-
 }  // namespace yolo8

@@ -26,14 +26,4 @@ void configure_determinism(bool deterministic);
 // `workers` capped to the CPU share: loader threads beyond it only wait for a core.
 int loader_workers(int requested, const CpuShare& share);
 
-// Idle OpenMP threads that spin take the CPU a neighbour (or our own loader) needs on a shared node, so yolo8 runs
-// them with OMP_WAIT_POLICY=PASSIVE unless the user chose: the policy to use given the two variables libgomp reads
-// (nullptr for unset), "PASSIVE" when neither is set, nullptr when the user's choice stands.
-const char* default_openmp_wait_policy(const char* wait_policy, const char* spin_count);
-
-// Sets OMP_WAIT_POLICY to default_openmp_wait_policy of the environment, for the child processes (data-parallel
-// ranks) and for anything that reads it later. libgomp reads it once, when it is loaded, before main(): the yolo8
-// executable answers its getenv with the same default (trainer/app/openmp_wait.cpp), so no re-exec is needed.
-void set_default_openmp_wait_policy();
-
 }  // namespace yolo8

@@ -307,7 +307,7 @@ void TrainingRun::build_training_core() {
   config.channels_last = settings_.channels_last;
   config.freeze_layers = freeze_layer_indices(settings_.freeze);
   config.device = device_;
-  config.amp = settings_.amp && device_.is_cuda();
+  config.amp = settings_.amp;  // the core decides where it applies (autocast_applies)
   // `auto` was resolved when the run began; a resume (even with another batch) trains with that choice. Files
   // written before the choice was stored hold an empty name and resolve again.
   if (!resumed_optimizer_.name.empty()) config.optimizer_choice = resumed_optimizer_;
@@ -382,7 +382,8 @@ void TrainingRun::prepare_outputs() {
                   << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
                   << core_->schedule().accumulate() << " to nbs " << settings_.optim.nbs << "), " << settings_.epochs
                   << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
-                  << (core_->autocast() ? " with AMP" : "") << "\n";
+                  << (core_->autocast() ? (device_.is_cuda() ? " with AMP (float16)" : " with AMP (bfloat16)") : "")
+                  << "\n";
   time_limit_s_ = settings_.time * 3600.0;
   train_start_ = Clock::now();
   run_meter_ = std::make_unique<MemoryMeter>(device_);

@@ -7,16 +7,12 @@
 #include "trainer/app/cli.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/settings.h"
-#include "trainer/app/threads.h"
 #include "trainer/app/torch_warnings.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {
-  // Idle compute threads sleep instead of spinning: libgomp already read this default through openmp_wait.cpp's
-  // getenv; setting it makes it what child processes inherit.
-  yolo8::set_default_openmp_wait_policy();
-  // Then: a SIGTERM during start-up must still end in a clean stop, not a killed process.
+  // First: a SIGTERM during start-up must still end in a clean stop, not a killed process.
   yolo8::install_stop_signal_handlers();
   // LibTorch 2.x repeats some warnings on every call (see torch_warnings.h).
   yolo8::print_each_torch_warning_once();

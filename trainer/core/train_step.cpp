@@ -46,7 +46,7 @@ TrainingCore::TrainingCore(DetectionModel model, DetectionModel ema_model, const
       model_(std::move(model)),
       ema_model_(std::move(ema_model)),
       scaler_(scaler_config(config)),
-      autocast_(config.amp && config.device.is_cuda()) {
+      autocast_(autocast_applies(config.amp, config.device.type())) {
   model_->to(config_.device);
   ema_model_->to(config_.device);
   if (config_.channels_last) {
@@ -106,10 +106,10 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
     const torch::Tensor chunk_images = prepare_images(chunks > 1 ? images.slice(0, first, last) : images);
     std::vector<torch::Tensor> feats;
     {
-      CudaAutocastGuard autocast(autocast_);
+      AutocastGuard autocast(config_.device.type(), autocast_);
       feats = model_->forward_maps(chunk_images);
     }
-    // The loss (assigner, IoU, DFL) runs in float32 on float16 head outputs.
+    // The loss (assigner, IoU, DFL) runs in float32 on float16 / bfloat16 head outputs.
     if (autocast_) {
       for (auto& feat : feats) feat = feat.to(torch::kFloat);
     }

@@ -22,7 +22,8 @@
 
 namespace yolo8 {
 
-// Whether the loss is scaled (GradScaler): kAuto exactly when the forward runs under autocast (amp on CUDA);
+// Whether the loss is scaled (GradScaler): kAuto exactly when the forward runs under float16 autocast (amp on CUDA;
+// bfloat16 on CPU has float32's range and needs none);
 // kOn on any device (a float32 run then takes the mixed-precision step, inf/NaN skips included); kOff never.
 enum class LossScaling { kAuto, kOn, kOff };
 
@@ -38,7 +39,8 @@ struct TrainCoreConfig {
   bool channels_last = true;
   std::vector<int64_t> freeze_layers;  // indices of model.N whose parameters stay fixed
   torch::Device device = torch::kCPU;
-  // Mixed precision: forward under autocast. Only on CUDA; ignored on other devices.
+  // Mixed precision: forward under autocast, float16 on CUDA, bfloat16 on a CPU with native bfloat16 (autocast.h);
+  // ignored elsewhere.
   bool amp = false;
   LossScaling loss_scaling = LossScaling::kAuto;
   GradScalerConfig grad_scaler;  // `enabled` follows loss_scaling
@@ -77,7 +79,7 @@ class TrainingCore {
   DetectionModel& ema_model() { return ema_model_; }
   ModelEma& ema() { return *ema_; }
   GradScaler& grad_scaler() { return scaler_; }
-  // True when the forward runs under CUDA autocast.
+  // True when the forward runs under autocast (CUDA float16 or CPU bfloat16).
   bool autocast() const { return autocast_; }
   torch::optim::Optimizer& optimizer() { return *built_.optimizer; }
   TrainSchedule& schedule() { return *schedule_; }

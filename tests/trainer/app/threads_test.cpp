@@ -50,29 +50,5 @@ TEST(Determinism, CpuResultsAreTheSameBitsEitherWay) {
   EXPECT_TRUE(torch::equal(a, b));
 }
 
-// Passive waiting unless the user chose a policy or a spin count (trainer/app/threads.h).
-TEST(OpenmpWait, PassiveOnlyWhenNeitherVariableIsSet) {
-  EXPECT_STREQ(default_openmp_wait_policy(nullptr, nullptr), "PASSIVE");
-  EXPECT_EQ(default_openmp_wait_policy("ACTIVE", nullptr), nullptr);
-  EXPECT_EQ(default_openmp_wait_policy(nullptr, "300000"), nullptr);
-  EXPECT_EQ(default_openmp_wait_policy("", nullptr), nullptr);
-}
-
-TEST(OpenmpWait, SetDefaultWritesTheEnvironmentForChildProcessesAndKeepsAUserChoice) {
-  unsetenv("OMP_WAIT_POLICY");
-  unsetenv("GOMP_SPINCOUNT");
-  set_default_openmp_wait_policy();
-  ASSERT_NE(std::getenv("OMP_WAIT_POLICY"), nullptr);
-  EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "PASSIVE");
-  setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
-  set_default_openmp_wait_policy();
-  EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "ACTIVE");
-  unsetenv("OMP_WAIT_POLICY");
-  setenv("GOMP_SPINCOUNT", "1000", 1);
-  set_default_openmp_wait_policy();
-  EXPECT_EQ(std::getenv("OMP_WAIT_POLICY"), nullptr);
-  unsetenv("GOMP_SPINCOUNT");
-}
-
 }  // namespace
 }  // namespace yolo8

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "trainer/core/auto_batch.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/synthetic_step.h"
@@ -244,18 +245,39 @@ TEST(TrainStepAmp, ScaledRunResumesMidAccumulationBitwise) {
   for (const auto& item : ea) EXPECT_TRUE(torch::equal(item.value(), eb[item.key()])) << item.key();
 }
 
-// amp asks for CUDA autocast; on CPU the step is today's float32 step with no scaler.
-TEST(TrainStepAmp, AmpOnCpuIsThePlainStep) {
+// amp on a CPU with native bfloat16 runs the forward under bfloat16 autocast (no scaler: bfloat16 has float32's
+// range); the losses agree with float32 to bfloat16's precision and the weights move differently. Elsewhere the
+// step is the float32 one, bit for bit.
+TEST(TrainStepAmp, AmpOnCpuIsBfloat16WhereTheCpuHasItElseThePlainStep) {
   TrainingCore plain = make_core(4);
   TrainingCore amp = make_core(4, /*scale_loss=*/false, /*amp=*/true);
   EXPECT_FALSE(amp.grad_scaler().enabled());
-  EXPECT_FALSE(amp.autocast());
+  EXPECT_EQ(amp.autocast(), cpu_has_native_bfloat16());
   const SyntheticBatch batch = synthetic_batch(4, 64, 3, 3, 5);
-  plain.step(0, 0, batch.images, batch.labels);
-  amp.step(0, 0, batch.images, batch.labels);
+  const StepOutcome a = plain.step(0, 0, batch.images, batch.labels);
+  const StepOutcome b = amp.step(0, 0, batch.images, batch.labels);
   const auto pa = plain.model()->parameters();
   const auto pb = amp.model()->parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  bool all_equal = true;
+  for (size_t i = 0; i < pa.size(); ++i) all_equal = all_equal && torch::equal(pa[i], pb[i]);
+  if (!cpu_has_native_bfloat16()) {
+    EXPECT_TRUE(all_equal);
+    return;
+  }
+  EXPECT_FALSE(all_equal);
+  EXPECT_TRUE(torch::isfinite(b.loss_items).all().item<bool>());
+  EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items, 3e-2, 1e-3)) << a.loss_items << " vs " << b.loss_items;
+}
+
+// The decision alone: CUDA always (in CUDA builds), a CPU only with native bfloat16, nothing without amp.
+TEST(TrainStepAmp, AutocastAppliesWhereTheHardwareComputesInLowPrecision) {
+  EXPECT_FALSE(autocast_applies(false, c10::DeviceType::CPU, true));
+  EXPECT_TRUE(autocast_applies(true, c10::DeviceType::CPU, true));
+  EXPECT_FALSE(autocast_applies(true, c10::DeviceType::CPU, false));
+#ifdef YOLO8_WITH_CUDA
+  EXPECT_TRUE(autocast_applies(true, c10::DeviceType::CUDA, false));
+#endif
+  EXPECT_FALSE(autocast_applies(false, c10::DeviceType::CUDA, true));
 }
 
 // ---------------------------------------------------------------------------------------------------------
