@@ -54,23 +54,23 @@ declare -A prefix_of=([host_cores]="env -u OMP_WAIT_POLICY --" [share_spin]="env
                       [share_passive]="env OMP_WAIT_POLICY=PASSIVE --")
 declare -A threads_of=([host_cores]="threads=$host_cores" [share_spin]="threads=0" [share_passive]="threads=0")
 declare -A t
-for c in "${configs[@]}"; do
-  read -r -a prefix <<<"${prefix_of[$c]}"
-  t[${c}_idle]=$(run "${c}_idle" "${prefix[@]}" "${threads_of[$c]}")
-done
+# measure SITUATION [PREFIX...]: every configuration once, under PREFIX (taskset) in SITUATION.
+measure() {
+  local situation=$1 c prefix
+  shift
+  for c in "${configs[@]}"; do
+    read -r -a prefix <<<"${prefix_of[$c]}"
+    t[${c}_$situation]=$(run "${c}_$situation" "$@" "${prefix[@]}" "${threads_of[$c]}")
+  done
+}
+measure idle
 start_load
-for c in "${configs[@]}"; do
-  read -r -a prefix <<<"${prefix_of[$c]}"
-  t[${c}_load]=$(run "${c}_load" "${prefix[@]}" "${threads_of[$c]}")
-done
+measure load
 # One core of affinity (as a cpuset would give), the competing load on that core too.
 stop_load
 taskset -c 0 sh -c 'while :; do :; done' &
 load_pid=$!
-for c in "${configs[@]}"; do
-  read -r -a prefix <<<"${prefix_of[$c]}"
-  t[${c}_pinned]=$(run "${c}_pinned" taskset -c 0 "${prefix[@]}" "${threads_of[$c]}")
-done
+measure pinned taskset -c 0
 stop_load
 chosen=$(grep -m1 '^CPU:' "$work/share_spin_load.log" || true)
 

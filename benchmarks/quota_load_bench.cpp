@@ -2,9 +2,7 @@
 // store on. Compares, in one run, batched heartbeat commits (quotad's default) against a commit per heartbeat,
 // and (issue 15) measures heartbeats while 200 slow-drip connections and a queue of 1,000 requests are present;
 // (issue 29) the batched run once more over HTTPS, with a CA and certificate the benchmark makes (openssl CLI).
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,9 +25,11 @@
 #include "quota/server/http_server.h"
 #include "quota/service/service.h"
 #include "quota/store/store.h"
+#include "tests/quota/loopback_util.h"
 
 using namespace yolo8::quota;
 using nlohmann::json;
+using yolo8::quota::testing::connect_from;  // from 127.0.1.x: many addresses, so the per-address cap admits them all
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -79,25 +79,6 @@ int64_t resident_mib() {
     if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) / 1024;
   }
   return 0;
-}
-
-// A connection from loopback address `source` (127.0.1.x: spread over addresses, so the per-address limit
-// admits them all and the gate itself must cope), or -1.
-int connect_from(const std::string& source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  inet_pton(AF_INET, source.c_str(), &local.sin_addr);
-  sockaddr_in remote{};
-  remote.sin_family = AF_INET;
-  remote.sin_port = htons(static_cast<uint16_t>(port));
-  remote.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // A keep-alive client of the benchmark's quotad; over HTTPS when `tls_dir` holds ca.pem.

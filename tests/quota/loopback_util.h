@@ -1,5 +1,6 @@
 #pragma once
-// Loopback sockets for the tests that drive quotad's HTTP front from chosen source addresses.
+// Loopback sockets from chosen source addresses, for the tests and benchmarks/quota_load_bench that drive
+// quotad's HTTP front.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
