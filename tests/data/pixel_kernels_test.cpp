@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "data/augment.h"
@@ -70,20 +72,43 @@ TEST(DataHsvKernel, ScalarEqualsOpenCvOnEveryColour) {
   EXPECT_EQ(cv::norm(got, reference(all, t), cv::NORM_INF), 0);
 }
 
-TEST(DataHsvKernel, Avx512EqualsOpenCvOnEveryColour) {
-  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+// The vector kernels of each instruction set, tested where this CPU runs them.
+struct HsvIsa {
+  const char* name;
+  bool (*supported)();
+  void (*to_hsv)(const uint8_t*, uint8_t*, int64_t, const HsvTables&);
+  int64_t (*back)(const uint8_t*, uint8_t*, int64_t);
+  int64_t (*fused)(uint8_t*, int64_t, const HsvTables&);
+};
+
+void PrintTo(const HsvIsa& isa, std::ostream* out) { *out << isa.name; }
+
+class DataHsvVector : public ::testing::TestWithParam<HsvIsa> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().supported()) GTEST_SKIP() << "this CPU has no " << GetParam().name;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Isa, DataHsvVector,
+                         ::testing::Values(HsvIsa{"Avx512Vbmi", avx512_vbmi_supported, bgr_to_hsv_tables_avx512,
+                                                  hsv_to_bgr_avx512, augment_hsv_avx512},
+                                           HsvIsa{"Avx2Fma", avx2_fma_supported, bgr_to_hsv_tables_avx2,
+                                                  hsv_to_bgr_avx2, augment_hsv_avx2}),
+                         [](const ::testing::TestParamInfo<HsvIsa>& isa) { return std::string(isa.param.name); });
+
+TEST_P(DataHsvVector, EqualsOpenCvOnEveryColour) {
   const cv::Mat all = every_colour();
   for (uint64_t seed : {3, 4}) {
     const HsvTables t = random_tables(seed);
     cv::Mat got(all.size(), CV_8UC3);
-    bgr_to_hsv_tables_avx512(all.data, got.data, static_cast<int64_t>(all.total()), t);
+    GetParam().to_hsv(all.data, got.data, static_cast<int64_t>(all.total()), t);
     EXPECT_EQ(cv::norm(got, reference(all, t), cv::NORM_INF), 0) << "seed " << seed;
   }
 }
 
 // HSV -> BGR on every HSV value with a hue below 180 (the only hues the tables produce), rows a multiple of 64 wide.
-TEST(DataHsvKernel, Avx512BackEqualsOpenCvOnEveryHsv) {
-  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+TEST_P(DataHsvVector, BackEqualsOpenCvOnEveryHsv) {
   cv::Mat all(2880, 4096, CV_8UC3);
   for (int i = 0; i < 180 * 65536; ++i) {
     uint8_t* p = all.data + 3 * static_cast<size_t>(i);
@@ -93,9 +118,48 @@ TEST(DataHsvKernel, Avx512BackEqualsOpenCvOnEveryHsv) {
   }
   cv::Mat want, got(all.size(), CV_8UC3);
   cv::cvtColor(all, want, cv::COLOR_HSV2BGR);
-  ASSERT_EQ(hsv_to_bgr_avx512(all.data, got.data, static_cast<int64_t>(all.total())),
-            static_cast<int64_t>(all.total()));
+  ASSERT_EQ(GetParam().back(all.data, got.data, static_cast<int64_t>(all.total())), static_cast<int64_t>(all.total()));
   EXPECT_EQ(cv::norm(got, want, cv::NORM_INF), 0);
+}
+
+// Lengths around the vector step: the last pixels go through the portable kernel, nothing is written past n.
+TEST_P(DataHsvVector, TailsAndBounds) {
+  cv::Mat img(1, 300, CV_8UC3);
+  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
+  const HsvTables t = random_tables(7);
+  for (int n : {0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 300}) {
+    std::vector<uint8_t> got(3 * 300 + 64, 0xAB), want(3 * 300 + 64, 0xAB);
+    GetParam().to_hsv(img.data, got.data(), n, t);
+    bgr_to_hsv_tables_scalar(img.data, want.data(), n, t);
+    EXPECT_EQ(got, want) << "n " << n;
+    EXPECT_EQ(got[3 * n], 0xAB) << "n " << n;
+  }
+}
+
+// The fused pass converts the leading multiple of 64 pixels in place, equal to the recipe there, and leaves the rest
+// of the row as it was.
+TEST_P(DataHsvVector, FusedConvertsTheLeadingMultipleOf64) {
+  const HsvTables t = random_tables(9);
+  for (int width : {1, 32, 63, 64, 65, 96, 127, 128, 200, 640}) {
+    cv::Mat img(3, width, CV_8UC3);
+    cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
+    cv::Mat got = img.clone();
+    int64_t done = 0;
+    for (int r = 0; r < got.rows; ++r) done = GetParam().fused(got.ptr<uint8_t>(r), width, t);
+    ASSERT_EQ(done, width / 64 * 64) << "width " << width;
+    if (done == 0) {
+      EXPECT_EQ(cv::norm(got, img, cv::NORM_INF), 0) << "width " << width;
+      continue;
+    }
+    const cv::Rect head(0, 0, static_cast<int>(done), img.rows);
+    cv::Mat expected;
+    cv::cvtColor(reference(img(head).clone(), t), expected, cv::COLOR_HSV2BGR);
+    EXPECT_EQ(cv::norm(got(head), expected, cv::NORM_INF), 0) << "width " << width;
+    if (done < width) {
+      const cv::Rect tail(static_cast<int>(done), 0, width - static_cast<int>(done), img.rows);
+      EXPECT_EQ(cv::norm(got(tail), img(tail), cv::NORM_INF), 0) << "width " << width;
+    }
+  }
 }
 
 // The fused pass (both conversions, the tables between) equals the recipe on images of every width around the
@@ -111,21 +175,6 @@ TEST(DataHsvKernel, FusedEqualsRecipeAcrossWidths) {
     cv::Mat expected;
     cv::cvtColor(reference(img, gain_tables(r0, r1, r2)), expected, cv::COLOR_HSV2BGR);
     EXPECT_EQ(cv::norm(got, expected, cv::NORM_INF), 0) << "width " << width;
-  }
-}
-
-// Lengths around the 64-pixel step: the last pixels go through the portable kernel, nothing is written past n.
-TEST(DataHsvKernel, Avx512TailsAndBounds) {
-  if (!avx512_vbmi_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
-  cv::Mat img(1, 300, CV_8UC3);
-  cv::randu(img, cv::Scalar::all(0), cv::Scalar::all(256));
-  const HsvTables t = random_tables(7);
-  for (int n : {0, 1, 63, 64, 65, 127, 128, 129, 200, 300}) {
-    std::vector<uint8_t> got(3 * 300 + 64, 0xAB), want(3 * 300 + 64, 0xAB);
-    bgr_to_hsv_tables_avx512(img.data, got.data(), n, t);
-    bgr_to_hsv_tables_scalar(img.data, want.data(), n, t);
-    EXPECT_EQ(got, want) << "n " << n;
-    EXPECT_EQ(got[3 * n], 0xAB) << "n " << n;
   }
 }
 
