@@ -515,8 +515,8 @@ void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rn
   thread_local cv::Mat hsv;
   // The widest fused kernel this CPU runs (AVX-512 VBMI, else AVX2 + FMA), chosen once.
   static const auto fused = avx512_vbmi_supported() ? augment_hsv_avx512
-                            : avx2_fma_supported()   ? augment_hsv_avx2
-                                                     : nullptr;
+                            : avx2_fma_supported()  ? augment_hsv_avx2
+                                                    : nullptr;
   if (img.type() == CV_8UC3 && fused != nullptr) {
     // Both conversions and the tables in one vector pass in place, equal to the recipe below bit for bit
     // (tests/data/pixel_kernels_test.cpp): at 640x640, 0.37 instead of 1.5 ms with AVX-512 on a Zen 4, and 3.4 instead
@@ -527,7 +527,8 @@ void augment_hsv(cv::Mat& img, double hgain, double sgain, double vgain, Rng& rn
     const int rest = img.cols - static_cast<int>(done);
     if (rest > 0) {
       hsv.create(img.rows, rest, CV_8UC3);
-      for (int r = 0; r < img.rows; ++r) bgr_to_hsv_tables_scalar(img.ptr<uchar>(r) + 3 * done, hsv.ptr<uchar>(r), rest, t);
+      for (int r = 0; r < img.rows; ++r)
+        bgr_to_hsv_tables_scalar(img.ptr<uchar>(r) + 3 * done, hsv.ptr<uchar>(r), rest, t);
       cv::Mat tail = img(cv::Rect(static_cast<int>(done), 0, rest, img.rows));
       cv::cvtColor(hsv, tail, cv::COLOR_HSV2BGR);
     }

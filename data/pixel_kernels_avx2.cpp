@@ -76,9 +76,9 @@ struct Kernel {
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
     const __m128i q2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32));
     for (int c = 0; c < 3; ++c) {
-      const __m128i plane = _mm_or_si128(
-          _mm_or_si128(_mm_shuffle_epi8(q0, split[c][0]), _mm_shuffle_epi8(q1, split[c][1])),
-          _mm_shuffle_epi8(q2, split[c][2]));
+      const __m128i plane =
+          _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(q0, split[c][0]), _mm_shuffle_epi8(q1, split[c][1])),
+                       _mm_shuffle_epi8(q2, split[c][2]));
       lo.c[c] = _mm256_cvtepu8_epi32(plane);
       hi.c[c] = _mm256_cvtepu8_epi32(_mm_srli_si128(plane, 8));
     }
@@ -91,9 +91,9 @@ struct Kernel {
       plane[c] = _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
     }
     for (int q = 0; q < 3; ++q) {
-      const __m128i x = _mm_or_si128(
-          _mm_or_si128(_mm_shuffle_epi8(plane[0], merge[q][0]), _mm_shuffle_epi8(plane[1], merge[q][1])),
-          _mm_shuffle_epi8(plane[2], merge[q][2]));
+      const __m128i x =
+          _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(plane[0], merge[q][0]), _mm_shuffle_epi8(plane[1], merge[q][1])),
+                       _mm_shuffle_epi8(plane[2], merge[q][2]));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16 * q), x);
     }
   }
@@ -157,12 +157,12 @@ YOLO8_AVX2_TARGET inline Lanes8 back(const Lanes8& hsv) {
   const __m256 s0 = sector_is(sector, 0), s1 = sector_is(sector, 1), s2 = sector_is(sector, 2);
   const __m256 s3 = sector_is(sector, 3), s4 = sector_is(sector, 4), s5 = sector_is(sector, 5);
   // Sectors 0..5: b = tab 1 1 3 0 0 2, g = tab 3 0 0 2 1 1, r = tab 0 2 1 1 3 0.
-  const __m256 b = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab2, s5), tab3, s2), tab1,
-                                    _mm256_or_ps(s0, s1));
-  const __m256 g = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab1, _mm256_or_ps(s4, s5)), tab2, s3),
-                                    tab3, s0);
-  const __m256 r = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab3, s4), tab1, _mm256_or_ps(s2, s3)),
-                                    tab2, s1);
+  const __m256 b =
+      _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab2, s5), tab3, s2), tab1, _mm256_or_ps(s0, s1));
+  const __m256 g =
+      _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab1, _mm256_or_ps(s4, s5)), tab2, s3), tab3, s0);
+  const __m256 r =
+      _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(tab0, tab3, s4), tab1, _mm256_or_ps(s2, s3)), tab2, s1);
   const __m256 k255 = _mm256_set1_ps(255.0f);
   return {{to_byte_range(_mm256_cvttps_epi32(_mm256_mul_ps(b, k255))),
            to_byte_range(_mm256_cvttps_epi32(_mm256_mul_ps(g, k255))),

@@ -171,6 +171,25 @@ def reference(nc, images, work, curves, stable_ties=False):
     return out
 
 
+def val_case_figures(validator, correct, stable_ties=False):
+    """The validator's figures from its own stats (recomputed: get_stats may run again), numpy's argsort as given."""
+    saved_np = metrics_module.np
+    if stable_ties:
+        metrics_module.np = StableArgsortNumpy()
+    try:
+        validator.get_stats()
+        stats = [torch.cat(x, 0).cpu().numpy() for x in zip(*validator.stats)]
+        tp, fp = ap_per_class(*stats, names={})[:2]
+    finally:
+        metrics_module.np = saved_np
+    box = validator.metrics.box
+    return {"correct": correct, "computed": True, "nt_per_class": validator.nt_per_class.tolist(), "mp": float(box.mp),
+            "mr": float(box.mr), "map50": float(box.map50), "map": float(box.map),
+            "fitness": float(validator.metrics.fitness), "classes": [int(c) for c in box.ap_class_index],
+            "p": box.p.tolist(), "r": box.r.tolist(), "f1": box.f1.tolist(), "ap": box.all_ap.tolist(),
+            "tp": tp.tolist(), "fp": fp.tolist()}
+
+
 def val_case(case_dir, work, out_json):
     data_dir = work / "val_case"
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -195,21 +214,21 @@ def val_case(case_dir, work, out_json):
     DetectionValidator._process_batch = process_batch
     # Every image of the case has labels and detections, so each one went through _process_batch.
     assert len(seen) == validator.seen, (len(seen), validator.seen)
-    box = validator.metrics.box
-    stats = [torch.cat(x, 0).cpu().numpy() for x in zip(*validator.stats)]
-    tp, fp = ap_per_class(*stats, names={})[:2]
-    expected = {"correct": [image.pop("correct") for image in seen], "computed": True,
-                "nt_per_class": validator.nt_per_class.tolist(), "mp": float(box.mp), "mr": float(box.mr),
-                "map50": float(box.map50), "map": float(box.map), "fitness": float(validator.metrics.fitness),
-                "classes": [int(c) for c in box.ap_class_index], "p": box.p.tolist(), "r": box.r.tolist(),
-                "f1": box.f1.tolist(), "ap": box.all_ap.tolist(), "tp": tp.tolist(), "fp": fp.tolist()}
+    correct = [image.pop("correct") for image in seen]
+    case = {"seed": -1, "nc": len(validator.names), "images": seen,
+            "expected": val_case_figures(validator, correct)}
     conf = np.concatenate([np.array(image["detections"], dtype=np.float32).reshape(-1, 6)[:, 4] for image in seen])
-    assert len(np.unique(conf)) == len(conf), "tied confidences: the reference's AP would follow numpy's sort"
+    if len(np.unique(conf)) < len(conf):
+        # Tied confidences (this CPU's float sums made some equal): the reference's AP follows numpy's sort, so the
+        # case also carries its figures with ties in input order, as the random cases do (StableArgsortNumpy).
+        case["expected_stable_ties"] = val_case_figures(validator, correct, stable_ties=True)
     doc = {"generator": "scripts/peer/metrics_parity.py --val-case", "ultralytics": ultralytics.__version__,
-           "cases": [{"seed": -1, "nc": len(validator.names), "images": seen, "expected": expected}]}
+           "cases": [case]}
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"val case: {len(seen)} images, mAP50 {box.map50:.9f}, mAP50-95 {box.map:.9f} -> {out_json}")
+    figures = case["expected"]
+    print(f"val case: {len(seen)} images, mAP50 {figures['map50']:.9f}, mAP50-95 {figures['map']:.9f}, "
+          f"{len(conf) - len(np.unique(conf))} tied confidences -> {out_json}")
 
 
 def main():

@@ -518,6 +518,7 @@ void TrainingRun::record_step_and_agree_on_stop(int64_t epoch, int64_t ni) {
 int TrainingRun::stop_inside_epoch(int64_t epoch, int64_t i, int64_t ni) {
   const auto stop_start = Clock::now();
   save(last_pt_, epoch, i + 1, ni + 1, true, true);
+  checkpoints_.wait();
   dist_.barrier();
   console_->out() << "Stopped (" << to_string(pending_stop_) << ") in epoch " << epoch + 1 << " after batch " << i + 1
                   << "; checkpoint " << last_pt_.string() << " written in " << std::fixed << std::setprecision(2)
@@ -617,6 +618,7 @@ void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, st
 }
 
 void TrainingRun::save_epoch_checkpoints(int64_t epoch, bool improved) {
+  checkpoints_.wait();  // the previous epoch's files: at most one epoch pending, and its error surfaces here
   const int64_t global_iteration = (epoch + 1) * batches_per_epoch_;
   save(last_pt_, epoch + 1, 0, global_iteration, true, false);
   if (improved) save(best_pt_, epoch + 1, 0, global_iteration, false, false);
@@ -627,6 +629,7 @@ void TrainingRun::save_epoch_checkpoints(int64_t epoch, bool improved) {
 }
 
 int TrainingRun::stop_at_epoch_end(int64_t epoch) {
+  checkpoints_.wait();
   dist_.barrier();
   console_->out() << "Stopped (" << to_string(pending_stop_) << ") at the end of epoch " << epoch + 1 << "; checkpoint "
                   << last_pt_.string() << " written " << std::fixed << std::setprecision(2)
@@ -642,6 +645,7 @@ int TrainingRun::finish() {
     return kExitCompleted;
   }
   // Final validation of best.pt with the per-class table.
+  checkpoints_.wait();
   if (settings_.save && fs::exists(best_pt_)) {
     console_->out() << "\nValidating " << best_pt_.string() << "\n";
     LoadedModel best = load_any_model(best_pt_.string());
@@ -697,7 +701,12 @@ void TrainingRun::save(const fs::path& path, int64_t epoch, int64_t iteration_in
   sources.optimizer = with_optimizer ? &core.optimizer() : nullptr;
   sources.include_grads = with_grads;
   sources.ultralytics = app::ultralytics_view(meta_);
-  save_checkpoint(path.string(), state, sources);
+  // Encoded here, from the state as it is now; written (and fsynced) on the writer's thread while training goes on.
+  checkpoints_.write(path.string(), encode_checkpoint(state, sources));
+}
+
+// The lease's telemetry says when the last checkpoint reached the disk (on the writer's thread).
+void TrainingRun::note_checkpoint_written() {
   lease_->telemetry().last_checkpoint_ms.store(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
@@ -727,6 +736,7 @@ void TrainingRun::report_cost(const std::string& outcome) {
 }
 
 int TrainingRun::exit_after_stop() {
+  checkpoints_.wait();
   const bool timed_out = pending_stop_ == StopReason::kTimeLimit;
   lease_->release(timed_out ? quota::Outcome::kCompleted : quota::Outcome::kPreempted);
   report_cost(timed_out ? "completed" : "preempted");

@@ -24,6 +24,7 @@
 #include "trainer/app/run_dir.h"
 #include "trainer/app/settings.h"
 #include "trainer/core/auto_batch.h"
+#include "trainer/core/checkpoint_writer.h"
 #include "trainer/core/distributed.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/stop_signal.h"
@@ -97,6 +98,7 @@ class TrainingRun {
 
   void save(const std::filesystem::path& path, int64_t epoch, int64_t iteration_in_epoch, int64_t global_iteration,
             bool with_optimizer, bool with_grads);
+  void note_checkpoint_written();
   void report_cost(const std::string& outcome);
   // Releases the lease and writes the cost for a signal or time-limit stop; returns the exit code.
   int exit_after_stop();
@@ -154,6 +156,9 @@ class TrainingRun {
   // that rank 0's heartbeat reports every rank's device; null on CPU, in one process, or without NVML.
   std::unique_ptr<Nvml> rank_nvml_;
   std::string rank_nvml_device_;
+  // Checkpoints go to disk on this writer's thread; the run waits for it where a file must be there. Last, so that
+  // it is the first destroyed: its callback reads lease_.
+  CheckpointWriter checkpoints_{[this](const std::string&) { note_checkpoint_written(); }};
 };
 
 }  // namespace yolo8
