@@ -6,7 +6,9 @@
 
 namespace yolo8 {
 
-// Whether ConvImpl uses the fused path in training mode (on by default; off gives the unfused ATen ops).
+// Whether ConvImpl uses the fused path in training mode (off gives the unfused ATen ops). By default on where the
+// AVX-512 loops run and off elsewhere, where they were measured slower than ATen's (bn_silu.cpp); the setting
+// overrides that for the whole process.
 void set_batch_norm_silu_fusion(bool enabled);
 bool batch_norm_silu_fusion();
 

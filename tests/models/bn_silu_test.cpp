@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "models/blocks.h"
+#include "models/bn_silu_kernels.h"
 
 namespace yolo8 {
 namespace {
@@ -71,6 +72,19 @@ void expect_matches_unfused(torch::MemoryFormat format, int64_t n, int64_t c, in
   EXPECT_LE(rel_diff(got.running_var, ref.running_var), 1e-6);
   // The running statistics did move (the comparison above is not between two untouched buffers).
   EXPECT_GT(rel_diff(got.running_var, bn->running_var), 1e-3);
+}
+
+// The fusion is the default only where its AVX-512 loops run: with AVX2 it was measured slower than ATen's ops.
+TEST(BatchNormSilu, OnByDefaultOnlyWithTheAvx512Loops) {
+  EXPECT_EQ(batch_norm_silu_fusion(), &bn_silu_kernels() == &bn_silu_kernels_avx512());
+  {
+    FusionSetting on(true);
+    EXPECT_TRUE(batch_norm_silu_fusion());
+  }
+  {
+    FusionSetting off(false);
+    EXPECT_FALSE(batch_norm_silu_fusion());
+  }
 }
 
 TEST(BatchNormSilu, ChannelsLastMatchesBatchNorm2dAndSilu) {
