@@ -163,6 +163,11 @@ DataLoader::DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderC
       ram_cache_.resize(records_.size());
     }
   }
+  if (train_ && cfg_.cache != CacheMode::kRam) {
+    recent_capacity_ = std::min(
+        {records_.size(), static_cast<size_t>(8) * static_cast<size_t>(cfg_.batch), static_cast<size_t>(1000)});
+    recent_.resize(records_.size());
+  }
   const int hw_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers_ = std::min(cfg_.workers, hw_threads);
 }
@@ -215,6 +220,10 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (!ram_cache_[i].empty()) return {ram_cache_[i], records_[i].height, records_[i].width};
   }
+  if (recent_capacity_ > 0) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (!recent_[i].img.empty()) return recent_[i];
+  }
   const auto& rec = records_[i];
   Loaded out;
   std::string disk;
@@ -245,6 +254,17 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
   if (cfg_.cache == CacheMode::kRam) {
     std::lock_guard<std::mutex> lock(cache_mu_);
     ram_cache_[i] = out.img;
+  }
+  if (recent_capacity_ > 0) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (recent_[i].img.empty()) {  // another worker may have decoded it meanwhile
+      recent_[i] = out;
+      recent_order_.push_back(i);
+      if (recent_order_.size() > recent_capacity_) {
+        recent_[recent_order_.front()] = Loaded{};
+        recent_order_.pop_front();
+      }
+    }
   }
   return out;
 }

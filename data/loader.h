@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -99,6 +100,11 @@ class DataLoader {
 
   mutable std::mutex cache_mu_;
   mutable std::vector<cv::Mat> ram_cache_;
+  // Training without cache=ram keeps the images it decoded last, min(images, 8 x batch, 1000) of them, as the
+  // reference's loader does: on a set of a few hundred images most of an epoch then needs no decode.
+  size_t recent_capacity_ = 0;
+  mutable std::vector<Loaded> recent_;       // by record; an empty img when not held
+  mutable std::deque<size_t> recent_order_;  // records held, oldest first
 
   // Epoch state shared with the workers.
   mutable std::mutex mu_;

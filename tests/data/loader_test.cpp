@@ -165,6 +165,36 @@ TEST(DataLoader, CachesGiveTheSameBatches) {
   expect_same(ref, run_epoch(disk, 0));  // second pass served from the files
 }
 
+// Training keeps the last min(images, 8 x batch, 1000) decoded images, as the reference's loader does: with the
+// files gone, an epoch whose images are all held still gives the batches of a loader that reads them, and one
+// whose loader holds fewer than the set (batch 2: 16 of 24) has to read and names the missing file.
+TEST(DataLoader, TrainingKeepsTheLastDecodedImages) {
+  for (const int batch : {8, 2}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const auto dir = scratch_dir("recent_images_b" + std::to_string(batch));
+    auto idx = index_of(synthesize_dataset(dir, 24, 2, 128, 7).yaml_path, "train");
+    LoaderConfig cfg;
+    cfg.imgsz = 96;
+    cfg.batch = batch;
+    cfg.workers = 2;
+    DataLoader reader(idx, cfg, AugmentConfig{}, true);
+    const auto ref = run_epoch(reader, 1);
+    DataLoader holder(idx, cfg, AugmentConfig{}, true);
+    run_epoch(holder, 0);
+    for (const auto& record : idx->records) fs::remove(record.image);
+    if (batch == 8) {
+      expect_same(ref, run_epoch(holder, 1));
+    } else {
+      try {
+        run_epoch(holder, 1);
+        ADD_FAILURE() << "the epoch read no file: more images held than 8 x batch";
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(DataLoader, CloseMosaic) {
   auto idx = index_of(synth_yaml(), "train");
   LoaderConfig cfg;
