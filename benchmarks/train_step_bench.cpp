@@ -1,7 +1,8 @@
 // Bare training step of yolov8n on synthetic tensors, phase by phase: forward, loss, backward, optimizer, EMA.
 // Usage: train_step_bench [imgsz=320] [batch=16] [steps=5] [labels=8 (per image)] [nc=80] [model=yolov8n.yaml]
 //        [threads=0 (all cores)] [layout=both|contiguous|channels_last]
-//        [fusion=on|off|both (BN+SiLU fused in training)] [--json PATH]
+//        [fusion=on|off|both (BN+SiLU fused in training)] [amp=off|on (bfloat16 autocast forward, as training on
+//        a CPU with native bfloat16)] [--json PATH]
 // Each phase is timed in process CPU time (all threads; the figure to compare on a shared machine) and wall time.
 // Compares contiguous vs channels-last layouts in one run (ratios, not absolute times, are the point).
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 
 #include "models/bn_silu.h"
 #include "models/yolo.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/train_step.h"
 #ifdef YOLO8_BENCH_HEAP_TUNING
 #include "data/loader.h"
@@ -60,9 +62,9 @@ int main(int argc, char** argv) {
 #ifdef YOLO8_BENCH_HEAP_TUNING
   yolo8::data::keep_large_buffers_in_heap();  // as in training, where the loader sets it
 #endif
-  std::map<std::string, std::string> args{{"imgsz", "320"},          {"batch", "16"},    {"steps", "5"},
-                                          {"model", "yolov8n.yaml"}, {"labels", "8"},    {"nc", "80"},
-                                          {"threads", "0"},          {"layout", "both"}, {"fusion", "on"}};
+  std::map<std::string, std::string> args{
+      {"imgsz", "320"}, {"batch", "16"},  {"steps", "5"},     {"model", "yolov8n.yaml"}, {"labels", "8"},
+      {"nc", "80"},     {"threads", "0"}, {"layout", "both"}, {"fusion", "on"},          {"amp", "off"}};
   std::string json_path = "benchmarks/results/train_step.json";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
   const int64_t imgsz = std::stoll(args["imgsz"]), batch = std::stoll(args["batch"]), steps = std::stoll(args["steps"]);
   const int64_t nc = std::stoll(args["nc"]);
   const int threads = std::stoi(args["threads"]);
+  const bool amp = args["amp"] == "on";
   torch::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
   torch::manual_seed(0);
   const torch::Tensor images = torch::randint(0, 255, {batch, 3, imgsz, imgsz}).to(torch::kUInt8);
@@ -88,10 +91,11 @@ int main(int argc, char** argv) {
   report["labels_per_image"] = std::stoll(args["labels"]);
   report["nc"] = nc;
   report["threads"] = torch::get_num_threads();
-  std::printf("%s imgsz %lld batch %lld, %lld labels per image, nc %lld, %d threads, %lld timed steps\n",
+  report["amp_bfloat16"] = amp;
+  std::printf("%s imgsz %lld batch %lld, %lld labels per image, nc %lld, %d threads, %lld timed steps%s\n",
               args["model"].c_str(), static_cast<long long>(imgsz), static_cast<long long>(batch),
               std::stoll(args["labels"]), static_cast<long long>(nc), torch::get_num_threads(),
-              static_cast<long long>(steps));
+              static_cast<long long>(steps), amp ? ", bfloat16 autocast forward" : "");
   std::printf("CPU ms per step (wall ms in brackets)\n");
   std::printf("%-22s %17s %17s %17s %17s %17s %17s\n", "variant", "forward", "loss", "backward", "optim", "ema",
               "step");
@@ -138,7 +142,14 @@ int main(int argc, char** argv) {
       };
       PhaseTimer timer;
       const torch::Tensor input = core.prepare_images(images);
-      const auto feats = core.model()->forward_maps(input);
+      std::vector<torch::Tensor> feats;
+      {
+        yolo8::AutocastGuard autocast(torch::kCPU, amp);
+        feats = core.model()->forward_maps(input);
+      }
+      if (amp) {
+        for (auto& feat : feats) feat = feat.to(torch::kFloat);
+      }
       add("forward", timer.lap());
       const auto loss = core.loss()(feats, yolo8::LossTargets::from_label_rows(labels));
       add("loss", timer.lap());
