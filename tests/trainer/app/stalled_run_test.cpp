@@ -93,11 +93,13 @@ TEST(StalledRun, UtilisationDropsToZeroWithinAnIntervalAndSigtermStillExits75) {
   const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_stalled_run_" + std::to_string(getpid()));
   fs::remove_all(root);
   fs::create_directories(root);
-  data::synthesize_dataset((root / "ds").string(), 16, 4, 64, 13);
+  // 48 images, batch 4: the loader keeps the last 32 decoded (8 x batch), so every epoch reads at least 16 again.
+  data::synthesize_dataset((root / "ds").string(), 48, 4, 64, 13);
   test::QuotadProcess quotad;
   ASSERT_TRUE(quotad.start_in(root, kPolicy)) << read_text(root / "quotad.log");
   const fs::path log = root / "train.log";
-  // Many short epochs: every epoch reads every image again, so the stall comes within one epoch of the swap.
+  // Many short epochs, each reading images the loader no longer holds: the swapped image leaves the held ones
+  // within an epoch or two and is read again, and the stall comes.
   const pid_t child = test::spawn_yolo8(
       {"train", "data=" + (root / "ds" / "data.yaml").string(), "model=yolov8n.yaml", "imgsz=64", "batch=4",
        "epochs=1000", "workers=1", "threads=1", "device=cpu", "val=false", "plots=false", "quota=" + quotad.url(),
