@@ -159,15 +159,15 @@ DataLoader::DataLoader(const std::shared_ptr<const DatasetIndex>& index, LoaderC
       cache_note_ = "cache=ram needs " + std::to_string(static_cast<int64_t>(need / (1 << 20))) + " MiB (+50%), " +
                     std::to_string(static_cast<int64_t>(avail / (1 << 20))) + " MiB available: not caching";
       cfg_.cache = CacheMode::kNone;
-    } else {
-      ram_cache_.resize(records_.size());
     }
   }
-  if (train_ && cfg_.cache != CacheMode::kRam) {
-    recent_capacity_ = std::min(
+  if (cfg_.cache == CacheMode::kRam) {
+    held_capacity_ = records_.size();
+  } else if (train_) {
+    held_capacity_ = std::min(
         {records_.size(), static_cast<size_t>(8) * static_cast<size_t>(cfg_.batch), static_cast<size_t>(1000)});
-    recent_.resize(records_.size());
   }
+  if (held_capacity_ > 0) held_.resize(records_.size());
   const int hw_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers_ = std::min(cfg_.workers, hw_threads);
 }
@@ -216,13 +216,9 @@ std::vector<size_t> DataLoader::epoch_order(int64_t epoch) const {
 
 DataLoader::Loaded DataLoader::load_image(size_t i) const {
   const bool augment = train_;
-  if (cfg_.cache == CacheMode::kRam) {
+  if (held_capacity_ > 0) {
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (!ram_cache_[i].empty()) return {ram_cache_[i], records_[i].height, records_[i].width};
-  }
-  if (recent_capacity_ > 0) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (!recent_[i].img.empty()) return recent_[i];
+    if (!held_[i].img.empty()) return held_[i];
   }
   const auto& rec = records_[i];
   Loaded out;
@@ -251,18 +247,14 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
   out.img = resize_long_side(img, cfg_.imgsz);
   if (!out.img.isContinuous()) out.img = out.img.clone();
   if (cfg_.cache == CacheMode::kDisk) write_disk_cache(disk, out.img, out.h0, out.w0);
-  if (cfg_.cache == CacheMode::kRam) {
+  if (held_capacity_ > 0) {
     std::lock_guard<std::mutex> lock(cache_mu_);
-    ram_cache_[i] = out.img;
-  }
-  if (recent_capacity_ > 0) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (recent_[i].img.empty()) {  // another worker may have decoded it meanwhile
-      recent_[i] = out;
-      recent_order_.push_back(i);
-      if (recent_order_.size() > recent_capacity_) {
-        recent_[recent_order_.front()] = Loaded{};
-        recent_order_.pop_front();
+    if (held_[i].img.empty()) {  // another worker may have decoded it meanwhile
+      held_[i] = out;
+      held_order_.push_back(i);
+      if (held_order_.size() > held_capacity_) {
+        held_[held_order_.front()] = Loaded{};
+        held_order_.pop_front();
       }
     }
   }

@@ -98,13 +98,13 @@ class DataLoader {
   std::vector<size_t> rect_order_;
   std::vector<std::pair<int, int>> batch_shapes_;
 
+  // Decoded images held in memory: all of them with cache=ram; otherwise, for training, the last min(images,
+  // 8 x batch, 1000) decoded, as the reference's loader does, so that on a set of a few hundred images most of an
+  // epoch needs no decode. 0: none held (validation without cache=ram).
   mutable std::mutex cache_mu_;
-  mutable std::vector<cv::Mat> ram_cache_;
-  // Training without cache=ram keeps the images it decoded last, min(images, 8 x batch, 1000) of them, as the
-  // reference's loader does: on a set of a few hundred images most of an epoch then needs no decode.
-  size_t recent_capacity_ = 0;
-  mutable std::vector<Loaded> recent_;       // by record; an empty img when not held
-  mutable std::deque<size_t> recent_order_;  // records held, oldest first
+  size_t held_capacity_ = 0;
+  mutable std::vector<Loaded> held_;       // by record; an empty img when not held
+  mutable std::deque<size_t> held_order_;  // records held, oldest first
 
   // Epoch state shared with the workers.
   mutable std::mutex mu_;

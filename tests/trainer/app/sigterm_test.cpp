@@ -98,7 +98,7 @@ TEST(Sigterm, TenRandomStopsThenSameWeightsAsUninterrupted) {
   const double straight_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - straight_start).count();
 
   // Ten stops have to come before the chain completes, and a launch trains for at most its delay: the delays scale
-  // with the uninterrupted run (3.5 s on a fast CPU, where 0.2-1.2 s let six launches finish it).
+  // with the uninterrupted run (3.5 s on a fast CPU, where 0.2-1.2 s let 4-7 launches finish it).
   std::mt19937 random(1234);
   std::uniform_real_distribution<double> delay(0.2, 0.2 + straight_s / 25);
   const fs::path last = root / "runs" / "chain" / "weights" / "last.pt";
