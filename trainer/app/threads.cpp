@@ -37,4 +37,8 @@ void configure_determinism(bool deterministic) {
 
 int loader_workers(int requested, const CpuShare& share) { return std::max(0, std::min(requested, share.cores)); }
 
+bool encode_checkpoints_in_background(bool on_gpu, int compute_threads, const CpuShare& share) {
+  return on_gpu || compute_threads < share.cores;
+}
+
 }  // namespace yolo8

@@ -26,4 +26,11 @@ void configure_determinism(bool deterministic);
 // `workers` capped to the CPU share: loader threads beyond it only wait for a core.
 int loader_workers(int requested, const CpuShare& share);
 
+// Whether checkpoints are encoded on the checkpoint writer's thread, while training goes on, rather than on the
+// training thread: only where a core is free for it, on a GPU or with fewer compute threads than cores. With a
+// compute thread on every core, a third busy thread preempts them inside their OpenMP regions (one then waits at
+// the barrier for the other): yolov8n on 2 cores and 2 threads trained no faster with the 60-130 ms an epoch of
+// encoding moved off its thread.
+bool encode_checkpoints_in_background(bool on_gpu, int compute_threads, const CpuShare& share);
+
 }  // namespace yolo8

@@ -113,6 +113,7 @@ std::optional<int> TrainingRun::set_up_phases() {
   // Data parallel when RANK/WORLD_SIZE say so; rank 0 validates, saves, plots and holds the lease.
   dist_ = DistributedContext::from_env(device_);
   is_main_ = dist_.is_main();
+  encode_in_background_ = encode_checkpoints_in_background(device_.is_cuda(), threads.threads, threads.share);
 
   load_datasets();
   throw_if_stop_requested("checking the dataset");
@@ -701,8 +702,14 @@ void TrainingRun::save(const fs::path& path, int64_t epoch, int64_t iteration_in
   sources.optimizer = with_optimizer ? &core.optimizer() : nullptr;
   sources.include_grads = with_grads;
   sources.ultralytics = app::ultralytics_view(meta_);
-  // Encoded here, from the state as it is now; written (and fsynced) on the writer's thread while training goes on.
-  checkpoints_.write(path.string(), encode_checkpoint(state, sources));
+  // Written and fsynced on the writer's thread while training goes on; encoded there too from a copy of the state
+  // as it is now where a core is free for it, else here (threads.h).
+  if (encode_in_background_) {
+    auto snapshot = std::make_shared<const CheckpointSnapshot>(snapshot_checkpoint(state, sources));
+    checkpoints_.write(path.string(), [snapshot] { return encode_snapshot(*snapshot); });
+  } else {
+    checkpoints_.write(path.string(), encode_checkpoint(state, sources));
+  }
 }
 
 // The lease's telemetry says when the last checkpoint reached the disk (on the writer's thread).

@@ -119,7 +119,8 @@ class TrainingRun {
   torch::Device device_ = torch::kCPU;
   DistributedContext dist_;
   bool is_main_ = true;
-  double lease_gib_ = 0.0;  // memory per GPU granted by the quota service (0: none)
+  bool encode_in_background_ = false;  // checkpoints encoded on the writer's thread (threads.h)
+  double lease_gib_ = 0.0;             // memory per GPU granted by the quota service (0: none)
   data::DatasetSpec spec_;
   std::vector<std::string> names_;
   int64_t nc_ = 0;

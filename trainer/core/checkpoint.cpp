@@ -56,11 +56,16 @@ std::string utc_now() {
 GenericDict new_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 // Pickling reads CPU bytes in place; only device tensors need a host copy.
-torch::Tensor for_saving(const torch::Tensor& t) { return t.device().is_cpu() ? t.detach() : t.detach().cpu(); }
+// `copy`: the caller may change the tensor afterwards (a snapshot); a CUDA tensor's host copy is one already. The
+// layout stays (a channels-last weight too): a resumed gradient must have its parameter's.
+torch::Tensor for_saving(const torch::Tensor& t, bool copy) {
+  if (!t.device().is_cpu()) return t.detach().cpu();
+  return copy ? t.detach().clone() : t.detach();
+}
 
-GenericDict tensor_dict(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+GenericDict tensor_dict(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, bool copy) {
   GenericDict d(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& [name, t] : tensors) d.insert(name, for_saving(t));
+  for (const auto& [name, t] : tensors) d.insert(name, for_saving(t, copy));
   return d;
 }
 
@@ -158,6 +163,43 @@ void load_tensors(const GenericDict& stored, const torch::nn::Module& module, co
   }
 }
 
+// A CPU tensor's values in row-major order, as contiguous() would lay them out: the last dimension in a loop per
+// element type, the others counted as an odometer.
+template <typename Element>
+void copy_row_major(const torch::Tensor& t, Element* out) {
+  const int64_t dims = t.dim();
+  const int64_t row = t.size(dims - 1), step = t.stride(dims - 1);
+  const auto* base = static_cast<const Element*>(t.data_ptr());
+  std::vector<int64_t> index(static_cast<size_t>(dims - 1), 0);
+  int64_t offset = 0;  // in elements, of the current row's first value
+  for (Element* const end = out + t.numel(); out != end; out += row) {
+    for (int64_t i = 0; i < row; ++i) out[i] = base[offset + i * step];
+    for (int64_t d = dims - 2; d >= 0; --d) {
+      if (++index[d] < t.size(d)) {
+        offset += t.stride(d);
+        break;
+      }
+      offset -= (t.size(d) - 1) * t.stride(d);
+      index[d] = 0;
+    }
+  }
+}
+
+std::vector<char> row_major_bytes(const torch::Tensor& t) {
+  std::vector<char> out(t.nbytes());
+  if (t.numel() == 0) return out;
+  switch (t.element_size()) {
+    case 1: copy_row_major(t, reinterpret_cast<uint8_t*>(out.data())); break;
+    case 2: copy_row_major(t, reinterpret_cast<uint16_t*>(out.data())); break;
+    case 4: copy_row_major(t, reinterpret_cast<uint32_t*>(out.data())); break;
+    case 8: copy_row_major(t, reinterpret_cast<uint64_t*>(out.data())); break;
+    default:
+      throw std::invalid_argument("checkpoint: no row-major copy for elements of " + std::to_string(t.element_size()) +
+                                  " bytes");
+  }
+  return out;
+}
+
 // A 64-bit hash over the stored tensor bytes: a flipped bit inside tensor data would otherwise load silently.
 class ContentHash {
  public:
@@ -174,10 +216,16 @@ class ContentHash {
     mix(tail ^ (static_cast<uint64_t>(n) << 56));
   }
   void add(const std::string& s) { add(s.data(), s.size()); }
+  // Over the values in row-major order, whatever the layout. No ATen kernel: a snapshot is hashed on the checkpoint
+  // writer's thread, where one would start a second OpenMP team beside the training's.
   void add(const torch::Tensor& t) {
-    const auto c = t.contiguous();
-    add(std::string(c10::toString(c.scalar_type())) + c10::str(c.sizes()));
-    add(c.data_ptr(), c.nbytes());
+    add(std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes()));
+    if (t.is_contiguous()) {
+      add(t.data_ptr(), t.nbytes());
+      return;
+    }
+    const std::vector<char> bytes = row_major_bytes(t);
+    add(bytes.data(), bytes.size());
   }
   void add(const GenericDict& d) {
     for (const auto& e : d) {
@@ -313,8 +361,7 @@ YAML::Node parse_yaml(const std::string& text, const char* what) {
 }
 
 // The file: our state under `yolo8`, then the keys Ultralytics reads (see checkpoint.h).
-std::vector<char> write_archive(const GenericDict& root, const CheckpointState& state,
-                                const CheckpointSources& sources) {
+std::vector<char> write_archive(const GenericDict& root, const CheckpointState& state, const UltralyticsView& view) {
   pickle::Writer w;
   w.empty_dict();
   w.string("yolo8");
@@ -329,12 +376,11 @@ std::vector<char> write_archive(const GenericDict& root, const CheckpointState& 
   }
   w.set_item();
 
-  const UltralyticsView& view = sources.ultralytics;
   if (!view.model_yaml.empty()) {
     const YAML::Node yaml = parse_yaml(view.model_yaml, "the model yaml");
     if (!yaml.IsMap() || !yaml["nc"]) throw std::invalid_argument("encode_checkpoint: the model yaml has no nc");
     // As Ultralytics' final best.pt: without optimizer state `model` holds the EMA weights and `ema` is None.
-    const bool training_file = sources.optimizer != nullptr;
+    const bool training_file = root.contains("optimizer");
     w.string("model");
     write_ultralytics_model(w, view, yaml, (training_file || !ema_memo) ? *model_memo : *ema_memo);
     w.set_item();
@@ -346,8 +392,8 @@ std::vector<char> write_archive(const GenericDict& root, const CheckpointState& 
     }
     w.set_item();
     w.string("updates");
-    if (sources.ema != nullptr) {
-      w.integer(sources.ema->updates());
+    if (root.contains("ema_updates")) {
+      w.integer(root.at("ema_updates").toInt());
     } else {
       w.none();
     }
@@ -458,9 +504,8 @@ std::optional<c10::IValue> read_own_state(const std::vector<char>& bytes, const 
   }
 }
 
-}  // namespace
-
-std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
+// The `yolo8` dict without its checksum; `copy` detaches it from the training objects (see snapshot_checkpoint).
+GenericDict state_dict_of(const CheckpointState& state, const CheckpointSources& sources, bool copy) {
   if (sources.model == nullptr) throw std::invalid_argument("encode_checkpoint: a model is required");
   auto root = new_dict();
   root.insert("format", std::string(kCheckpointFormat));
@@ -496,16 +541,16 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
     root.insert("grad_scaler", scaler);
   }
 
-  root.insert("model", tensor_dict(state_tensors(*sources.model)));
+  root.insert("model", tensor_dict(state_tensors(*sources.model), copy));
   if (sources.include_grads) {
     std::vector<std::pair<std::string, torch::Tensor>> grads;
     for (const auto& p : sources.model->named_parameters(true)) {
       if (p.value().grad().defined()) grads.emplace_back(p.key(), p.value().grad());
     }
-    root.insert("grads", tensor_dict(grads));
+    root.insert("grads", tensor_dict(grads, copy));
   }
   if (sources.ema != nullptr) {
-    root.insert("ema", tensor_dict(state_tensors(sources.ema->module())));
+    root.insert("ema", tensor_dict(state_tensors(sources.ema->module()), copy));
     root.insert("ema_updates", sources.ema->updates());
   }
   if (sources.optimizer != nullptr) {
@@ -530,8 +575,31 @@ std::vector<char> encode_checkpoint(const CheckpointState& state, const Checkpoi
   c10::Dict<std::string, std::string> streams;
   for (const auto& [k, v] : state.rng.streams) streams.insert(k, v);
   root.insert("rng_streams", streams);
+  return root;
+}
+
+std::vector<char> encode_root(GenericDict root, const CheckpointState& state, const UltralyticsView& view) {
   root.insert("checksum", content_hash(root));
-  return write_archive(root, state, sources);
+  return write_archive(root, state, view);
+}
+
+}  // namespace
+
+std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
+  return encode_root(state_dict_of(state, sources, /*copy=*/false), state, sources.ultralytics);
+}
+
+CheckpointSnapshot snapshot_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
+  CheckpointSnapshot snapshot;
+  snapshot.state = state;
+  snapshot.root = state_dict_of(state, sources, /*copy=*/true);
+  snapshot.ultralytics = sources.ultralytics;
+  return snapshot;
+}
+
+// A copy of the dict: encoding adds the checksum, and the snapshot may be encoded again.
+std::vector<char> encode_snapshot(const CheckpointSnapshot& snapshot) {
+  return encode_root(snapshot.root.copy(), snapshot.state, snapshot.ultralytics);
 }
 
 CheckpointState decode_checkpoint(const std::vector<char>& bytes, const CheckpointTargets& targets,

@@ -73,6 +73,17 @@ struct CheckpointTargets {
 
 // Serialises to bytes (the file content) and back.
 std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources);
+
+// encode_checkpoint in two halves, so that a run encodes on another thread while it trains on: the snapshot copies
+// what the file stores out of the training objects as they are now (every tensor, the optimizer's archive), and
+// encoding it reads nothing else. encode_snapshot(snapshot_checkpoint(s, x)) gives encode_checkpoint(s, x)'s bytes.
+struct CheckpointSnapshot {
+  CheckpointState state;
+  c10::impl::GenericDict root{c10::StringType::get(), c10::AnyType::get()};  // the `yolo8` dict, checksum aside
+  UltralyticsView ultralytics;
+};
+CheckpointSnapshot snapshot_checkpoint(const CheckpointState& state, const CheckpointSources& sources);
+std::vector<char> encode_snapshot(const CheckpointSnapshot& snapshot);
 CheckpointState decode_checkpoint(const std::vector<char>& bytes, const CheckpointTargets& targets,
                                   const std::string& origin = "<memory>");
 

@@ -1,5 +1,6 @@
 #include "trainer/core/checkpoint_writer.h"
 
+#include <memory>
 #include <utility>
 
 #include "trainer/core/checkpoint.h"
@@ -19,9 +20,14 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::write(std::string path, std::vector<char> bytes) {
+  auto held = std::make_shared<std::vector<char>>(std::move(bytes));
+  write(std::move(path), [held] { return std::move(*held); });
+}
+
+void CheckpointWriter::write(std::string path, std::function<std::vector<char>()> encode) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(File{std::move(path), std::move(bytes)});
+    queue_.push_back(File{std::move(path), std::move(encode)});
   }
   work_.notify_one();
 }
@@ -48,12 +54,13 @@ void CheckpointWriter::run() {
     lock.unlock();
     std::exception_ptr failure;
     try {
-      write_file_atomic(file.path, file.bytes.data(), file.bytes.size());
+      const std::vector<char> bytes = file.encode();
+      write_file_atomic(file.path, bytes.data(), bytes.size());
       if (on_written_) on_written_(file.path);
     } catch (...) {
       failure = std::current_exception();
     }
-    file.bytes = {};
+    file.encode = nullptr;  // what it holds (bytes, a snapshot) goes now, not at the next file
     lock.lock();
     writing_ = false;
     if (failure && !error_) error_ = failure;

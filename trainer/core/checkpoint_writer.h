@@ -1,9 +1,10 @@
 #pragma once
-// Writes encoded checkpoints on a thread of its own, in the order given, each with write_file_atomic: the training
-// loop encodes the state (a consistent snapshot, on its own thread) and goes on while the disk takes the bytes and
-// the fsyncs. A run waits for it where a file must be on disk: before the next epoch's files (so at most one epoch's
-// files are ever pending, and a write error surfaces one epoch later at most), before reading a file back, before
-// saying that a checkpoint was written, and before it exits.
+// Writes checkpoints on a thread of its own, in the order given, each with write_file_atomic: the training loop
+// hands over bytes, or a snapshot of its state to encode (snapshot_checkpoint: taken on the loop's thread, so it is
+// consistent), and goes on while this thread encodes and the disk takes the bytes and the fsyncs. A run waits for it
+// where a file must be on disk: before the next epoch's files (so at most one epoch's files are ever pending, and a
+// write error surfaces one epoch later at most), before reading a file back, before saying that a checkpoint was
+// written, and before it exits.
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -27,6 +28,8 @@ class CheckpointWriter {
 
   // Queues `bytes` to replace `path` atomically.
   void write(std::string path, std::vector<char> bytes);
+  // The same with the bytes `encode` returns, called on the writer's thread; what it throws fails that file.
+  void write(std::string path, std::function<std::vector<char>()> encode);
   // Blocks until every file given so far is on disk (or failed); rethrows the first failure since the last wait,
   // after which the writer takes files again.
   void wait();
@@ -36,7 +39,7 @@ class CheckpointWriter {
  private:
   struct File {
     std::string path;
-    std::vector<char> bytes;
+    std::function<std::vector<char>()> encode;
   };
   void run();
 

@@ -9,6 +9,19 @@
 namespace yolo8 {
 namespace {
 
+// Checkpoints are encoded in the background only where a core is free for the writer's thread.
+TEST(EncodeCheckpointsInBackground, OnlyWithACoreFreeOfComputeThreads) {
+  CpuShare share;
+  share.cores = 2;
+  EXPECT_FALSE(encode_checkpoints_in_background(false, 2, share));
+  EXPECT_FALSE(encode_checkpoints_in_background(false, 3, share));
+  EXPECT_TRUE(encode_checkpoints_in_background(false, 1, share));
+  EXPECT_TRUE(encode_checkpoints_in_background(true, 2, share));
+  share.cores = 16;
+  EXPECT_TRUE(encode_checkpoints_in_background(false, 8, share));
+  EXPECT_FALSE(encode_checkpoints_in_background(false, 16, share));
+}
+
 // What deterministic=true means (trainer/app/threads.h), read back from LibTorch's context.
 TEST(Determinism, TrueTurnsOnDeterministicKernelsAndTheCublasWorkspaceWithoutTheNanFill) {
   unsetenv("CUBLAS_WORKSPACE_CONFIG");

@@ -19,6 +19,7 @@
 #include "trainer/core/optimizer.h"
 #include "trainer/core/rng_state.h"
 #include "trainer/core/schedule.h"
+#include "trainer/core/train_step.h"
 
 namespace yolo8 {
 namespace {
@@ -360,6 +361,52 @@ TEST_F(CheckpointFiles, UltralyticsKeysSitBesideOurState) {
   EXPECT_EQ(decode_checkpoint(last, targets).epoch, 3);
   expect_modules_bitwise(*a.net, *b.net);
   expect_modules_bitwise(a.ema->module(), b.ema->module());
+}
+
+// A snapshot is what the run hands to the writer's thread: it must encode to the bytes the objects gave when it
+// was taken, however far training has gone on since, and as often as it is encoded.
+TEST_F(CheckpointFiles, SnapshotEncodesAsTheStateWasWhenTaken) {
+  MiniRun a("AdamW", 11);
+  for (int64_t ni = 0; ni < 4; ++ni) a.iterate(0, ni);
+  CheckpointState st;
+  st.epoch = 1;
+  st.settings_text = "meta";
+  st.date = "2026-12-02T15:00:00Z";
+  st.version = "test";
+  st.rng = capture_torch_rng();
+  CheckpointSources sources{a.net.get(), a.ema.get(), a.built.optimizer.get()};
+  sources.include_grads = true;
+  sources.ultralytics.model_yaml = "nc: 2\nscale: n\nhead:\n  - [[15, 18, 21], 1, Detect, [nc]]\n";
+  sources.ultralytics.names = {"cat", "dog"};
+  sources.ultralytics.train_args_yaml = "imgsz: 64\n";
+  a.iterate(0, 4);  // gradients accumulated, not yet stepped
+  const std::vector<char> then = encode_checkpoint(st, sources);
+  const CheckpointSnapshot snapshot = snapshot_checkpoint(st, sources);
+  for (int64_t ni = 5; ni < 12; ++ni) a.iterate(0, ni);  // weights, EMA, moments and gradients all move on
+  ASSERT_NE(encode_checkpoint(st, sources), then);
+  EXPECT_EQ(encode_snapshot(snapshot), then);
+  EXPECT_EQ(encode_snapshot(snapshot), then);
+}
+
+// The content checksum is over the values in row-major order: a channels-last weight hashes as its contiguous copy
+// did, so files written while the hash still reordered with contiguous() keep loading.
+TEST_F(CheckpointFiles, ChecksumIsTheSameInEitherLayout) {
+  MiniRun a("SGD", 3);
+  CheckpointState st;
+  st.date = "2026-12-02T15:00:00Z";
+  st.version = "test";
+  CheckpointSources sources{a.net.get(), a.ema.get()};
+  const auto checksum = [&] {
+    const pickle::ValuePtr root = read_with_our_reader(encode_checkpoint(st, sources));
+    return root->get("yolo8")->get("checksum")->i;
+  };
+  const int64_t contiguous = checksum();
+  to_channels_last(*a.net);
+  to_channels_last(a.ema->module());
+  ASSERT_FALSE(a.net->conv->weight.is_contiguous());
+  EXPECT_EQ(checksum(), contiguous);
+  a.net->conv->weight.data()[0][1][2][0] += 1.0f;  // and it still sees a changed value
+  EXPECT_NE(checksum(), contiguous);
 }
 
 TEST_F(CheckpointFiles, MismatchesNameWhatDiffers) {

@@ -1,5 +1,6 @@
 // CheckpointWriter: files reach the disk in order on the writer's thread, write() does not wait for the disk,
-// wait() and the destructor do, and a failed write surfaces at the next wait().
+// wait() and the destructor do, a file given as an encoder is encoded on the writer's thread, and a failed write or
+// encoding surfaces at the next wait().
 #include "trainer/core/checkpoint_writer.h"
 
 #include <unistd.h>
@@ -11,7 +12,9 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace yolo8 {
@@ -100,6 +103,32 @@ TEST(CheckpointWriter, AFailedWriteSurfacesAtTheNextWait) {
   writer.write((dir.path / "last.pt").string(), bytes_of("again"));
   EXPECT_NO_THROW(writer.wait());
   EXPECT_EQ(read(dir.path / "last.pt"), "again");
+}
+
+// The training loop hands over a snapshot to encode: the encoding runs on the writer's thread, in the files' order,
+// and what it throws fails that file only, at the next wait(), with the encoder's message.
+TEST(CheckpointWriter, EncodersRunOnTheWritersThreadAndTheirErrorsSurfaceAtTheNextWait) {
+  TempDir dir("encode");
+  CheckpointWriter writer;
+  std::thread::id encoded_on;
+  writer.write((dir.path / "last.pt").string(), [&encoded_on] {
+    encoded_on = std::this_thread::get_id();
+    return bytes_of("encoded");
+  });
+  writer.write((dir.path / "best.pt").string(),
+               []() -> std::vector<char> { throw std::runtime_error("snapshot could not be encoded"); });
+  writer.write((dir.path / "epoch1.pt").string(), bytes_of("after"));
+  try {
+    writer.wait();
+    FAIL() << "wait() did not throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("could not be encoded"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(encoded_on, std::thread::id());
+  EXPECT_NE(encoded_on, std::this_thread::get_id());
+  EXPECT_EQ(read(dir.path / "last.pt"), "encoded");
+  EXPECT_FALSE(fs::exists(dir.path / "best.pt"));
+  EXPECT_EQ(read(dir.path / "epoch1.pt"), "after");
 }
 
 }  // namespace
