@@ -262,9 +262,16 @@ void write_yaml(Writer& w, const YAML::Node& node) {
   }
 }
 
+// A zip record's headers, its name and its padding to the 64-byte alignment take less than this.
+constexpr size_t kArchiveOverheadPerRecord = 512;
+
 std::vector<char> save_archive(const std::string& pickle_bytes,
                                const std::vector<std::pair<std::string, torch::Tensor>>& storages) {
+  // Reserved once: growing a checkpoint-sized buffer step by step copied it about once more, into fresh pages.
+  size_t bound = pickle_bytes.size() + kArchiveOverheadPerRecord * (storages.size() + 8);
+  for (const auto& entry : storages) bound += entry.second.nbytes();
   std::vector<char> out;
+  out.reserve(bound);
   caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, size_t n) -> size_t {
     const char* p = static_cast<const char*>(data);
     out.insert(out.end(), p, p + n);
