@@ -505,7 +505,7 @@ std::optional<c10::IValue> read_own_state(const std::vector<char>& bytes, const 
 }
 
 // The `yolo8` dict without its checksum; `copy` detaches it from the training objects (see snapshot_checkpoint).
-GenericDict state_dict_of(const CheckpointState& state, const CheckpointSources& sources, bool copy) {
+GenericDict yolo8_dict_of(const CheckpointState& state, const CheckpointSources& sources, bool copy) {
   if (sources.model == nullptr) throw std::invalid_argument("encode_checkpoint: a model is required");
   auto root = new_dict();
   root.insert("format", std::string(kCheckpointFormat));
@@ -586,13 +586,13 @@ std::vector<char> encode_root(GenericDict root, const CheckpointState& state, co
 }  // namespace
 
 std::vector<char> encode_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
-  return encode_root(state_dict_of(state, sources, /*copy=*/false), state, sources.ultralytics);
+  return encode_root(yolo8_dict_of(state, sources, /*copy=*/false), state, sources.ultralytics);
 }
 
 CheckpointSnapshot snapshot_checkpoint(const CheckpointState& state, const CheckpointSources& sources) {
   CheckpointSnapshot snapshot;
   snapshot.state = state;
-  snapshot.root = state_dict_of(state, sources, /*copy=*/true);
+  snapshot.root = yolo8_dict_of(state, sources, /*copy=*/true);
   snapshot.ultralytics = sources.ultralytics;
   return snapshot;
 }

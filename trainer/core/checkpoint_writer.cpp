@@ -1,6 +1,7 @@
 #include "trainer/core/checkpoint_writer.h"
 
 #include <memory>
+#include <stdexcept>
 #include <utility>
 
 #include "trainer/core/checkpoint.h"
@@ -43,6 +44,15 @@ size_t CheckpointWriter::pending() const {
   return queue_.size() + (writing_ ? 1 : 0);
 }
 
+// The bytes of a queued file; an encoder's failure names the file, as a failed write does.
+std::vector<char> CheckpointWriter::encoded(File& file) {
+  try {
+    return file.encode();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot encode checkpoint " + file.path + ": " + e.what());
+  }
+}
+
 void CheckpointWriter::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -54,7 +64,7 @@ void CheckpointWriter::run() {
     lock.unlock();
     std::exception_ptr failure;
     try {
-      const std::vector<char> bytes = file.encode();
+      const std::vector<char> bytes = encoded(file);
       write_file_atomic(file.path, bytes.data(), bytes.size());
       if (on_written_) on_written_(file.path);
     } catch (...) {

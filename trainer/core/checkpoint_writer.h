@@ -41,6 +41,7 @@ class CheckpointWriter {
     std::string path;
     std::function<std::vector<char>()> encode;
   };
+  static std::vector<char> encoded(File& file);
   void run();
 
   std::function<void(const std::string&)> on_written_;

@@ -106,7 +106,7 @@ TEST(CheckpointWriter, AFailedWriteSurfacesAtTheNextWait) {
 }
 
 // The training loop hands over a snapshot to encode: the encoding runs on the writer's thread, in the files' order,
-// and what it throws fails that file only, at the next wait(), with the encoder's message.
+// and what it throws fails that file only, at the next wait(), naming the file with the encoder's message.
 TEST(CheckpointWriter, EncodersRunOnTheWritersThreadAndTheirErrorsSurfaceAtTheNextWait) {
   TempDir dir("encode");
   CheckpointWriter writer;
@@ -123,6 +123,7 @@ TEST(CheckpointWriter, EncodersRunOnTheWritersThreadAndTheirErrorsSurfaceAtTheNe
     FAIL() << "wait() did not throw";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("could not be encoded"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("best.pt"), std::string::npos) << e.what();
   }
   EXPECT_NE(encoded_on, std::thread::id());
   EXPECT_NE(encoded_on, std::this_thread::get_id());
