@@ -21,18 +21,42 @@ void NmsConfig::validate() const {
 
 namespace {
 
-constexpr int64_t kBlock = 512;
+// torch::minimum / maximum: NaN wins, so that a NaN box suppresses nothing and is suppressed by nothing.
+template <typename T>
+T minimum(T a, T b) {
+  return a != a ? a : (b != b ? b : (b < a ? b : a));
+}
+template <typename T>
+T maximum(T a, T b) {
+  return a != a ? a : (b != b ? b : (a < b ? b : a));
+}
 
-// IoU with the same float operations as torchvision's CPU kernel, so thresholds flip identically.
-// The caller compares in double, as that kernel does (float IoU against a double threshold).
-torch::Tensor pairwise_iou_tv(const torch::Tensor& a, const torch::Tensor& area_a, const torch::Tensor& b,
-                              const torch::Tensor& area_b) {
-  auto ac = a.unsqueeze(1).unbind(-1);
-  auto bc = b.unsqueeze(0).unbind(-1);
-  auto w = (torch::minimum(ac[2], bc[2]) - torch::maximum(ac[0], bc[0])).clamp_min(0);
-  auto h = (torch::minimum(ac[3], bc[3]) - torch::maximum(ac[1], bc[1])).clamp_min(0);
-  auto inter = w * h;
-  return inter / (area_a.unsqueeze(1) + area_b.unsqueeze(0) - inter);
+// Greedy NMS over boxes (x1, y1, x2, y2) sorted by score, best first: a box is kept when no box kept before it
+// overlaps it by more than the threshold. The IoU is torchvision's CPU kernel's, operation for operation (float,
+// against a double threshold), so that thresholds flip identically; nms.cpp is compiled without contracting a*b+c,
+// which would round differently. Each box meets the kept ones only, and the walk ends at max_keep: the IoU matrix
+// of every pair in a block, in tensor ops, was most of a validation's postprocessing. Returns sorted positions.
+template <typename T>
+std::vector<int64_t> greedy_nms(const T* boxes, int64_t n, double iou_thres, int64_t max_keep) {
+  std::vector<int64_t> kept;
+  std::vector<T> kept_area;
+  for (int64_t i = 0; i < n && static_cast<int64_t>(kept.size()) < max_keep; ++i) {
+    const T* b = boxes + 4 * i;
+    const T area = (b[2] - b[0]) * (b[3] - b[1]);
+    bool suppressed = false;
+    for (size_t k = 0; k < kept.size() && !suppressed; ++k) {
+      const T* a = boxes + 4 * kept[k];
+      const T w = std::max(minimum(a[2], b[2]) - maximum(a[0], b[0]), T(0));
+      const T h = std::max(minimum(a[3], b[3]) - maximum(a[1], b[1]), T(0));
+      const T inter = w * h;
+      const T iou = inter / (kept_area[k] + area - inter);
+      suppressed = static_cast<double>(iou) > iou_thres;
+    }
+    if (suppressed) continue;
+    kept.push_back(i);
+    kept_area.push_back(area);
+  }
+  return kept;
 }
 
 }  // namespace
@@ -47,43 +71,16 @@ torch::Tensor nms_boxes(const torch::Tensor& boxes_in, const torch::Tensor& scor
   if (n == 0) return torch::empty({0}, long_opts.device(boxes_in.device()));
   if (max_keep <= 0) max_keep = n;
 
-  auto boxes = boxes_in.detach().to(torch::kCPU).contiguous();
+  auto boxes = boxes_in.detach().to(torch::kCPU);
   auto scores = scores_in.detach().to(torch::kCPU);
   auto order = std::get<1>(torch::sort(scores, /*stable=*/true, 0, /*descending=*/true));
-  auto sorted = boxes.index({order});
-  auto c = sorted.unbind(1);
-  auto areas = (c[2] - c[0]) * (c[3] - c[1]);
-
+  auto sorted = boxes.index({order}).contiguous();
   std::vector<int64_t> kept;  // positions in sorted order
-  torch::Tensor kept_boxes = sorted.new_empty({0, 4});
-  torch::Tensor kept_areas = areas.new_empty({0});
-  for (int64_t start = 0; start < n && static_cast<int64_t>(kept.size()) < max_keep; start += kBlock) {
-    const auto len = std::min(kBlock, n - start);
-    auto blk = sorted.narrow(0, start, len);
-    auto blk_area = areas.narrow(0, start, len);
-    // Suppressed by boxes kept in earlier blocks.
-    auto suppressed = torch::zeros({len}, torch::kBool);
-    if (kept_boxes.size(0) > 0) {
-      suppressed = (pairwise_iou_tv(kept_boxes, kept_areas, blk, blk_area).to(torch::kDouble) > iou_thres).any(0);
-    }
-    // Sequential greedy pass inside the block.
-    auto over = (pairwise_iou_tv(blk, blk_area, blk, blk_area).to(torch::kDouble) > iou_thres).contiguous();
-    auto over_a = over.accessor<bool, 2>();
-    auto sup = suppressed.contiguous();
-    auto sup_a = sup.accessor<bool, 1>();
-    std::vector<int64_t> blk_kept;
-    for (int64_t i = 0; i < len && static_cast<int64_t>(kept.size() + blk_kept.size()) < max_keep; ++i) {
-      if (sup_a[i]) continue;
-      blk_kept.push_back(i);
-      for (int64_t j = i + 1; j < len; ++j) {
-        if (over_a[i][j]) sup_a[j] = true;
-      }
-    }
-    if (blk_kept.empty()) continue;
-    auto idx = torch::tensor(blk_kept, long_opts);
-    kept_boxes = torch::cat({kept_boxes, blk.index({idx})});
-    kept_areas = torch::cat({kept_areas, blk_area.index({idx})});
-    for (auto i : blk_kept) kept.push_back(start + i);
+  if (sorted.scalar_type() == torch::kDouble) {
+    kept = greedy_nms(sorted.data_ptr<double>(), n, iou_thres, max_keep);
+  } else {
+    sorted = sorted.to(torch::kFloat);
+    kept = greedy_nms(sorted.data_ptr<float>(), n, iou_thres, max_keep);
   }
   auto kept_t = torch::tensor(kept, long_opts);
   return order.index({kept_t}).to(boxes_in.device());
