@@ -117,6 +117,7 @@ PredictModel open_weights_predict_model(const Settings& settings, const torch::D
   DetectionModel model = loaded.model;
   model->to(device);
   model->eval();
+  model->fuse();  // BN folded into the convolutions, as Ultralytics' predictor loads weights: one pass less a layer
   PredictModel predict;
   predict.names = loaded.names;
   predict.stride = static_cast<int>(model->max_stride());
