@@ -46,6 +46,7 @@ int run_val(const Settings& settings) {
   DetectionModel model = loaded.model;
   model->to(device);
   model->eval();
+  model->fuse();  // as Ultralytics' validator loads weights (AutoBackend fuse=True)
   if (settings.channels_last) to_channels_last(*model);
   const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
   const int stride = static_cast<int>(model->max_stride());

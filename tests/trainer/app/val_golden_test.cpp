@@ -193,7 +193,10 @@ TEST_F(ValGolden, PredictionsAndMetricsMatch) {
   EXPECT_GE(static_cast<double>(total.matched), 0.99 * static_cast<double>(total.reference));
   EXPECT_EQ(total.ours, total.matched) << "detections the reference does not have";
 
-  // The metrics through the loop `yolo8 val` runs (app::run_validation), not this test's.
+  // The metrics through the loop `yolo8 val` runs (app::run_validation), not this test's, with the model as it
+  // loads weights: BN folded into the convolutions (the detections above are the unfused model's, as a training
+  // run's validation sees it).
+  model->fuse();
   DetectionValidator val_mode_validator(4, {"circle", "rectangle", "triangle", "scratch"}, config);
   auto val_loader = make_loader(model);
   app::run_validation(model, *val_loader, val_mode_validator, nullptr, torch::kCPU, false, false, "val");
