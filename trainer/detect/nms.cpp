@@ -35,7 +35,8 @@ T maximum(T a, T b) {
 // overlaps it by more than the threshold. The IoU is torchvision's CPU kernel's, operation for operation (float,
 // against a double threshold), so that thresholds flip identically; nms.cpp is compiled without contracting a*b+c,
 // which would round differently. Each box meets the kept ones only, and the walk ends at max_keep: the IoU matrix
-// of every pair in a block, in tensor ops, was most of a validation's postprocessing. Returns sorted positions.
+// of every pair in a block, in tensor ops, took most of NMS's time at validation's conf 0.001 (nms_bench). Returns
+// sorted positions.
 template <typename T>
 std::vector<int64_t> greedy_nms(const T* boxes, int64_t n, double iou_thres, int64_t max_keep) {
   std::vector<int64_t> kept;
