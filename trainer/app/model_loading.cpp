@@ -97,6 +97,12 @@ bool is_training_checkpoint(const std::string& path) {
   return checkpoint_readable(path);
 }
 
+void prepare_for_inference(DetectionModel& model, const torch::Device& device) {
+  model->to(device);
+  model->eval();
+  model->fuse();
+}
+
 LoadedModel load_any_model(const std::string& spec, int64_t nc_override) {
   if (!is_training_checkpoint(spec)) return as_input_error([&] { return load_model(spec, nc_override); });
   const CheckpointState state = load_checkpoint(spec);

@@ -27,6 +27,11 @@ class DataError : public std::runtime_error {
 // state-dict file or a model YAML (fresh weights).
 LoadedModel load_any_model(const std::string& spec, int64_t nc_override = 0);
 
+// Loaded weights made ready for inference (val, predict, a run's final validation of best.pt): on `device`, in eval
+// mode, BN folded into the convolutions, as Ultralytics' AutoBackend(fuse=True) loads weights. A training run's
+// per-epoch validation takes the EMA model as it is, as Ultralytics' does.
+void prepare_for_inference(DetectionModel& model, const torch::Device& device);
+
 // True when `path` is a checkpoint written by yolo8's trainer.
 bool is_training_checkpoint(const std::string& path);
 

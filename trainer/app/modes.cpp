@@ -44,9 +44,7 @@ int run_val(const Settings& settings) {
   LoadedModel loaded = load_any_model(settings.model, static_cast<int64_t>(names.size()));
   if (!loaded.names.empty() && !settings.loader.single_cls) names = loaded.names;
   DetectionModel model = loaded.model;
-  model->to(device);
-  model->eval();
-  model->fuse();  // as Ultralytics' validator loads weights (AutoBackend fuse=True)
+  prepare_for_inference(model, device);
   if (settings.channels_last) to_channels_last(*model);
   const auto index = app::load_split(spec, settings.split, settings, settings.verbose);
   const int stride = static_cast<int>(model->max_stride());
@@ -116,9 +114,7 @@ std::vector<std::string> list_images(const std::string& source) {
 PredictModel open_weights_predict_model(const Settings& settings, const torch::Device& device) {
   LoadedModel loaded = load_any_model(settings.model);
   DetectionModel model = loaded.model;
-  model->to(device);
-  model->eval();
-  model->fuse();  // BN folded into the convolutions, as Ultralytics' predictor loads weights: one pass less a layer
+  prepare_for_inference(model, device);
   PredictModel predict;
   predict.names = loaded.names;
   predict.stride = static_cast<int>(model->max_stride());

@@ -650,9 +650,7 @@ int TrainingRun::finish() {
   if (settings_.save && fs::exists(best_pt_)) {
     console_->out() << "\nValidating " << best_pt_.string() << "\n";
     LoadedModel best = load_any_model(best_pt_.string());
-    best.model->to(device_);
-    best.model->eval();
-    best.model->fuse();  // as `yolo8 val` and Ultralytics' final validation load weights
+    prepare_for_inference(best.model, device_);
     if (settings_.channels_last) to_channels_last(*best.model);
     ValConfig val_config;
     val_config.single_cls = settings_.loader.single_cls;

@@ -76,7 +76,7 @@ torch::Tensor nms_boxes(const torch::Tensor& boxes_in, const torch::Tensor& scor
   auto scores = scores_in.detach().to(torch::kCPU);
   auto order = std::get<1>(torch::sort(scores, /*stable=*/true, 0, /*descending=*/true));
   auto sorted = boxes.index({order}).contiguous();
-  std::vector<int64_t> kept;  // positions in sorted order
+  std::vector<int64_t> kept;  // positions in sorted order; half-precision boxes are compared in float
   if (sorted.scalar_type() == torch::kDouble) {
     kept = greedy_nms(sorted.data_ptr<double>(), n, iou_thres, max_keep);
   } else {

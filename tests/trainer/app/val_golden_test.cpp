@@ -196,7 +196,7 @@ TEST_F(ValGolden, PredictionsAndMetricsMatch) {
   // The metrics through the loop `yolo8 val` runs (app::run_validation), not this test's, with the model as it
   // loads weights: BN folded into the convolutions (the detections above are the unfused model's, as a training
   // run's validation sees it).
-  model->fuse();
+  prepare_for_inference(model, torch::kCPU);
   DetectionValidator val_mode_validator(4, {"circle", "rectangle", "triangle", "scratch"}, config);
   auto val_loader = make_loader(model);
   app::run_validation(model, *val_loader, val_mode_validator, nullptr, torch::kCPU, false, false, "val");
