@@ -28,9 +28,12 @@ struct Layout {
   int64_t blocks() const { return (rows() + rows_per_block() - 1) / rows_per_block(); }
 };
 
+// bfloat16 is accepted in channels-last memory only (batch_norm_silu_supported), which is rows even where it is
+// also contiguous (1×1 planes).
 Layout layout_of(const torch::Tensor& x) {
   Layout l;
-  l.channels_last = !x.is_contiguous() && x.is_contiguous(torch::MemoryFormat::ChannelsLast);
+  l.channels_last =
+      x.scalar_type() == torch::kBFloat16 || (!x.is_contiguous() && x.is_contiguous(torch::MemoryFormat::ChannelsLast));
   l.n = x.size(0);
   l.c = x.size(1);
   l.s = x.size(2) * x.size(3);
@@ -40,6 +43,12 @@ Layout layout_of(const torch::Tensor& x) {
 torch::Tensor dense(const torch::Tensor& t, const Layout& l) {
   return t.contiguous(l.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous);
 }
+
+// The bits of a bfloat16 tensor's values, as the bfloat16 loops take them.
+const uint16_t* bf16_bits(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
+}
+uint16_t* bf16_bits(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()); }
 
 // Per-channel (Σ a, Σ b) over the batch, from per-block (channels-last) or per-plane partial sums added in order.
 template <typename RowsFn, typename PlaneFn>
@@ -102,16 +111,25 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
                                const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& mean,
                                const torch::Tensor& invstd) {
     const Layout l = layout_of(x);
-    const BnSiluKernels& kern = bn_silu_kernels();
     const Coefficients k = coefficients(weight, bias, mean, invstd);
     torch::Tensor y = torch::empty_like(x);
-    const float* xp = x.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
     const float* alpha = k.alpha.data_ptr<float>();
     const float* beta = k.beta.data_ptr<float>();
-    for_each_part(
-        l, [&](int64_t r0, int64_t rows) { kern.rows_forward(xp + r0 * l.c, yp + r0 * l.c, rows, l.c, alpha, beta); },
-        [&](int64_t p) { kern.plane_forward(xp + p * l.s, yp + p * l.s, l.s, alpha[p % l.c], beta[p % l.c]); });
+    if (x.scalar_type() == torch::kBFloat16) {
+      const BnSiluBf16Kernels& kern = *bn_silu_bf16_kernels();
+      const uint16_t* xp = bf16_bits(x);
+      uint16_t* yp = bf16_bits(y);
+      for_each_part(
+          l, [&](int64_t r0, int64_t rows) { kern.rows_forward(xp + r0 * l.c, yp + r0 * l.c, rows, l.c, alpha, beta); },
+          [](int64_t) {});
+    } else {
+      const BnSiluKernels& kern = bn_silu_kernels();
+      const float* xp = x.data_ptr<float>();
+      float* yp = y.data_ptr<float>();
+      for_each_part(
+          l, [&](int64_t r0, int64_t rows) { kern.rows_forward(xp + r0 * l.c, yp + r0 * l.c, rows, l.c, alpha, beta); },
+          [&](int64_t p) { kern.plane_forward(xp + p * l.s, yp + p * l.s, l.s, alpha[p % l.c], beta[p % l.c]); });
+    }
     ctx->save_for_backward({x, weight, bias, mean, invstd});
     return y;
   }
@@ -124,23 +142,34 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
     const torch::Tensor& mean = saved[3];
     const torch::Tensor& invstd = saved[4];
     const Layout l = layout_of(x);
-    const BnSiluKernels& kern = bn_silu_kernels();
-    const torch::Tensor gy = dense(grads[0], l);
+    const bool bf16 = x.scalar_type() == torch::kBFloat16;
+    const torch::Tensor gy = dense(grads[0].to(x.scalar_type()), l);
     const Coefficients k = coefficients(weight, saved[2], mean, invstd);
-    const float* xp = x.data_ptr<float>();
-    const float* gp = gy.data_ptr<float>();
     const float* alpha = k.alpha.data_ptr<float>();
     const float* beta = k.beta.data_ptr<float>();
     const torch::Tensor mean_c = mean.contiguous();
     const float* mp = mean_c.data_ptr<float>();
+    const BnSiluKernels& kern = bn_silu_kernels();
+    const BnSiluBf16Kernels* kern16 = bf16 ? bn_silu_bf16_kernels() : nullptr;
+    // bfloat16: the gradient at the BN output, kept in float by the first pass for the second
+    torch::Tensor g_bn_buffer = bf16 ? torch::empty({x.numel()}, torch::kFloat) : torch::Tensor();
+    float* g_bn = bf16 ? g_bn_buffer.data_ptr<float>() : nullptr;
     auto [sum_g, sum_gx] = channel_sums(
         l,
         [&](int64_t r0, int64_t rows, double* a, double* b) {
-          kern.rows_backward_sums(xp + r0 * l.c, gp + r0 * l.c, rows, l.c, alpha, beta, mp, a, b);
+          const int64_t at = r0 * l.c;
+          if (bf16) {
+            kern16->rows_backward_sums(bf16_bits(x) + at, bf16_bits(gy) + at, rows, l.c, alpha, beta, mp, a, b,
+                                       g_bn + at);
+          } else {
+            kern.rows_backward_sums(x.data_ptr<float>() + at, gy.data_ptr<float>() + at, rows, l.c, alpha, beta, mp, a,
+                                    b);
+          }
         },
         [&](int64_t p, double* a, double* b) {
           const int64_t ch = p % l.c;
-          kern.plane_backward_sums(xp + p * l.s, gp + p * l.s, l.s, alpha[ch], beta[ch], mp[ch], a, b);
+          kern.plane_backward_sums(x.data_ptr<float>() + p * l.s, gy.data_ptr<float>() + p * l.s, l.s, alpha[ch],
+                                   beta[ch], mp[ch], a, b);
         });
     const auto count = static_cast<double>(l.n * l.s);
     const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
@@ -152,21 +181,33 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
     const torch::Tensor grad_mean = (grad_bias_d / count).to(torch::kFloat).contiguous();
     const torch::Tensor scale = (invstd_f * weight).contiguous();
     torch::Tensor gx = torch::empty_like(x);
-    float* out = gx.data_ptr<float>();
     const float* pp = proj.data_ptr<float>();
     const float* gm = grad_mean.data_ptr<float>();
     const float* sc = scale.data_ptr<float>();
-    for_each_part(
-        l,
-        [&](int64_t r0, int64_t rows) {
-          kern.rows_backward_input(xp + r0 * l.c, gp + r0 * l.c, out + r0 * l.c, rows, l.c, alpha, beta, mp, pp, gm,
-                                   sc);
-        },
-        [&](int64_t p) {
-          const int64_t ch = p % l.c;
-          kern.plane_backward_input(xp + p * l.s, gp + p * l.s, out + p * l.s, l.s, alpha[ch], beta[ch], mp[ch], pp[ch],
-                                    gm[ch], sc[ch]);
-        });
+    if (bf16) {
+      for_each_part(
+          l,
+          [&](int64_t r0, int64_t rows) {
+            const int64_t at = r0 * l.c;
+            kern16->rows_backward_input(bf16_bits(x) + at, g_bn + at, bf16_bits(gx) + at, rows, l.c, mp, pp, gm, sc);
+          },
+          [](int64_t) {});
+    } else {
+      const float* xp = x.data_ptr<float>();
+      const float* gp = gy.data_ptr<float>();
+      float* out = gx.data_ptr<float>();
+      for_each_part(
+          l,
+          [&](int64_t r0, int64_t rows) {
+            kern.rows_backward_input(xp + r0 * l.c, gp + r0 * l.c, out + r0 * l.c, rows, l.c, alpha, beta, mp, pp, gm,
+                                     sc);
+          },
+          [&](int64_t p) {
+            const int64_t ch = p % l.c;
+            kern.plane_backward_input(xp + p * l.s, gp + p * l.s, out + p * l.s, l.s, alpha[ch], beta[ch], mp[ch],
+                                      pp[ch], gm[ch], sc[ch]);
+          });
+    }
     torch::Tensor grad_weight = (dot_d.to(torch::kFloat) * invstd_f).to(weight.scalar_type());
     torch::Tensor grad_bias = grad_bias_d.to(weight.scalar_type());
     return {gx, grad_weight, grad_bias, torch::Tensor(), torch::Tensor()};
@@ -189,6 +230,18 @@ const BnSiluKernels& bn_silu_kernels() {
   return chosen;
 }
 
+const BnSiluBf16Kernels* bn_silu_bf16_kernels() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const BnSiluBf16Kernels* chosen =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16")
+          ? &bn_silu_bf16_kernels_avx512()
+          : nullptr;
+  return chosen;
+#else
+  return nullptr;
+#endif
+}
+
 // Measured with train_step_bench fusion=both (yolov8n, channels-last, 2 threads): the AVX-512 loops took 8% off
 // the step's CPU time at 640 px on an AMD Zen 4 (even at 160); the AVX2 loops made it slower on an AMD Zen 1 (wall
 // 667 against 556 ms at 160 px batch 16, 5.55 against 5.15 s at 640 px batch 8), so there ATen's ops stay.
@@ -206,15 +259,21 @@ bool batch_norm_silu_fusion() {
 }
 
 bool batch_norm_silu_supported(const torch::Tensor& x) {
-  return x.defined() && x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.numel() > 0;
+  if (!x.defined() || x.dim() != 4 || !x.device().is_cpu() || x.numel() == 0) return false;
+  if (x.scalar_type() == torch::kFloat) return true;
+  return x.scalar_type() == torch::kBFloat16 && bn_silu_bf16_kernels() != nullptr && x.size(1) % 16 == 0 &&
+         x.is_contiguous(torch::MemoryFormat::ChannelsLast);
 }
 
 torch::Tensor batch_norm_silu_train(const torch::Tensor& x_in, const torch::Tensor& weight, const torch::Tensor& bias,
                                     torch::Tensor& running_mean, torch::Tensor& running_var, double momentum,
                                     double eps) {
-  TORCH_CHECK(batch_norm_silu_supported(x_in), "batch_norm_silu_train: x must be a 4-D CPU float32 tensor");
+  TORCH_CHECK(batch_norm_silu_supported(x_in),
+              "batch_norm_silu_train: x must be a 4-D CPU float32 tensor, or bfloat16 in channels-last memory with a "
+              "multiple of 16 channels on a CPU with AVX512-BF16");
   const bool channels_last = !x_in.is_contiguous() && x_in.is_contiguous(torch::MemoryFormat::ChannelsLast);
   const torch::Tensor x = x_in.is_contiguous() || channels_last ? x_in : x_in.contiguous();
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
   const Layout l = layout_of(x);
   TORCH_CHECK(weight.numel() == l.c && bias.numel() == l.c && running_mean.numel() == l.c && running_var.numel() == l.c,
               "batch_norm_silu_train: weight, bias and running statistics must have ", l.c, " values");
@@ -225,10 +284,16 @@ torch::Tensor batch_norm_silu_train(const torch::Tensor& x_in, const torch::Tens
     torch::NoGradGuard no_grad;
     const torch::Tensor xd = x.detach();
     const BnSiluKernels& kern = bn_silu_kernels();
-    const float* xp = xd.data_ptr<float>();
     auto [sum, sq] = channel_sums(
-        l, [&](int64_t r0, int64_t rows, double* a, double* b) { kern.rows_stats(xp + r0 * l.c, rows, l.c, a, b); },
-        [&](int64_t p, double* a, double* b) { kern.plane_stats(xp + p * l.s, l.s, a, b); });
+        l,
+        [&](int64_t r0, int64_t rows, double* a, double* b) {
+          if (bf16) {
+            bn_silu_bf16_kernels()->rows_stats(bf16_bits(xd) + r0 * l.c, rows, l.c, a, b);
+          } else {
+            kern.rows_stats(xd.data_ptr<float>() + r0 * l.c, rows, l.c, a, b);
+          }
+        },
+        [&](int64_t p, double* a, double* b) { kern.plane_stats(xd.data_ptr<float>() + p * l.s, l.s, a, b); });
     std::vector<float> m(static_cast<size_t>(l.c)), is(m.size()), unbiased(m.size());
     for (int64_t k = 0; k < l.c; ++k) {
       const double mu = sum[k] / static_cast<double>(count);

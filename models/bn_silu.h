@@ -1,6 +1,7 @@
 #pragma once
 // BatchNorm (training mode, batch statistics) fused with SiLU, forward and backward in one pass each, for the
-// Conv block on CPU float32. Same maths as BatchNorm2d + SiLU; the BN output is recomputed in backward instead
+// Conv block on CPU: float32, and the bfloat16 of autocast (channels-last, on CPUs with AVX512-BF16, computed in
+// float). Same maths as BatchNorm2d + SiLU; the BN output is recomputed in backward instead
 // of being kept, so the step holds one activation less per Conv and touches memory fewer times.
 #include <torch/torch.h>
 
@@ -12,7 +13,8 @@ namespace yolo8 {
 void set_batch_norm_silu_fusion(bool enabled);
 bool batch_norm_silu_fusion();
 
-// True when batch_norm_silu_train accepts x: a 4-D CPU float32 tensor.
+// True when batch_norm_silu_train accepts x: a 4-D CPU float32 tensor, or bfloat16 in channels-last memory with a
+// multiple of 16 channels where the CPU has AVX512-BF16 (elsewhere ATen's bfloat16 ops run).
 bool batch_norm_silu_supported(const torch::Tensor& x);
 
 // silu(batch_norm(x)) on x's batch statistics (biased variance, eps), updating running_mean / running_var in

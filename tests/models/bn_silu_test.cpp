@@ -74,6 +74,55 @@ void expect_matches_unfused(torch::MemoryFormat format, int64_t n, int64_t c, in
   EXPECT_GT(rel_diff(got.running_var, bn->running_var), 1e-3);
 }
 
+// Under bfloat16 autocast the Conv's output is bfloat16: the fused loops read and write bfloat16 and compute in
+// float. Against the float32 ops on the same bfloat16 values they are within bfloat16's rounding, and no further
+// from them than ATen's own bfloat16 BatchNorm2d + SiLU are.
+void expect_bfloat16_within_rounding(int64_t n, int64_t c, int64_t h, int64_t w) {
+  torch::manual_seed(11);
+  const auto format = torch::MemoryFormat::ChannelsLast;
+  const torch::Tensor x = (torch::randn({n, c, h, w}) * 2.5 + 1.5).to(torch::kBFloat16).contiguous(format);
+  const torch::Tensor g = torch::randn({n, c, h, w}).to(torch::kBFloat16).contiguous(format);
+  ASSERT_TRUE(batch_norm_silu_supported(x));
+  const auto bn = random_bn(c);
+  const Pass exact = run(false, x.to(torch::kFloat), g.to(torch::kFloat), bn);
+  const Pass aten = run(false, x, g, bn);
+  const Pass got = run(true, x, g, bn);
+  ASSERT_EQ(got.y.scalar_type(), torch::kBFloat16);
+  ASSERT_EQ(got.gx.scalar_type(), torch::kBFloat16);
+  ASSERT_EQ(got.gw.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(got.y.is_contiguous(format));
+  EXPECT_TRUE(got.gx.is_contiguous(format));
+  constexpr double kRounding = 1.0 / 256;  // bfloat16 keeps 8 significant bits
+  const auto err = [&](const torch::Tensor& a, const torch::Tensor& b) { return rel_diff(a.to(torch::kFloat), b); };
+  EXPECT_LE(err(got.y, exact.y), kRounding);
+  EXPECT_LE(err(got.gx, exact.gx), kRounding);
+  EXPECT_LE(err(got.y, exact.y), err(aten.y, exact.y) * 1.01);
+  EXPECT_LE(err(got.gx, exact.gx), err(aten.gx, exact.gx) * 1.01);
+  // The sums come from the same bfloat16 inputs, kept in float over 16 rows and in double beyond.
+  EXPECT_LE(err(got.gw, exact.gw), 1e-4);
+  EXPECT_LE(err(got.gb, exact.gb), 1e-4);
+  EXPECT_LE(err(got.gw, exact.gw), err(aten.gw, exact.gw) * 1.01);
+  EXPECT_LE(rel_diff(got.running_mean, exact.running_mean), 1e-6);
+  EXPECT_LE(rel_diff(got.running_var, exact.running_var), 1e-6);
+}
+
+TEST(BatchNormSilu, Bfloat16ChannelsLastWithinRounding) {
+  if (bn_silu_bf16_kernels() == nullptr) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  expect_bfloat16_within_rounding(4, 32, 13, 11);  // rows not a multiple of the 16-row float sums
+  expect_bfloat16_within_rounding(2, 256, 2, 3);
+  expect_bfloat16_within_rounding(3, 16, 1, 1);  // 1x1 planes: contiguous and channels-last alike
+}
+
+// ATen's ops keep what the loops do not take: contiguous bfloat16, or channels not a multiple of 16.
+TEST(BatchNormSilu, Bfloat16OnlyInChannelsLastRowsOfWholeVectors) {
+  const torch::Tensor x = torch::randn({2, 32, 4, 4}).to(torch::kBFloat16);
+  EXPECT_FALSE(batch_norm_silu_supported(x));
+  EXPECT_FALSE(batch_norm_silu_supported(
+      torch::randn({2, 24, 4, 4}).to(torch::kBFloat16).contiguous(torch::MemoryFormat::ChannelsLast)));
+  EXPECT_EQ(batch_norm_silu_supported(x.contiguous(torch::MemoryFormat::ChannelsLast)),
+            bn_silu_bf16_kernels() != nullptr);
+}
+
 // The fusion is the default only where its AVX-512 loops run: with AVX2 it was measured slower than ATen's ops.
 TEST(BatchNormSilu, OnByDefaultOnlyWithTheAvx512Loops) {
   EXPECT_EQ(batch_norm_silu_fusion(), &bn_silu_kernels() == &bn_silu_kernels_avx512());
