@@ -93,15 +93,34 @@ void for_each_part(const Layout& l, RowsFn rows_fn, PlaneFn plane_fn) {
   }
 }
 
+// Per-channel values in plain loops: a tensor op each was ~20 ATen calls per Conv and step, on the main thread.
+// The file is compiled without contraction (models/CMakeLists.txt), so each line rounds as the float tensor op it
+// replaces did.
+const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
 struct Coefficients {
-  torch::Tensor alpha, beta;  // BN as x * alpha + beta, as ATen's CPU batch norm applies it
+  std::vector<float> alpha, beta;  // BN as x * alpha + beta, as ATen's CPU batch norm applies it
 };
 
 Coefficients coefficients(const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& mean,
                           const torch::Tensor& invstd) {
-  torch::Tensor alpha = invstd * weight;
-  torch::Tensor beta = bias - mean * alpha;
-  return {alpha.contiguous(), beta.contiguous()};
+  const int64_t c = weight.numel();
+  Coefficients k{std::vector<float>(static_cast<size_t>(c)), std::vector<float>(static_cast<size_t>(c))};
+  const float *w = floats(weight), *b = floats(bias), *m = floats(mean), *is = floats(invstd);
+  for (int64_t i = 0; i < c; ++i) {
+    k.alpha[i] = is[i] * w[i];
+    const float shift = m[i] * k.alpha[i];
+    k.beta[i] = b[i] - shift;
+  }
+  return k;
+}
+
+// A float tensor of c values from doubles or floats.
+template <typename T>
+torch::Tensor float_tensor(const std::vector<T>& values) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(values.size())}, torch::kFloat);
+  std::copy(values.begin(), values.end(), t.data_ptr<float>());
+  return t;
 }
 
 class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
@@ -113,8 +132,8 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
     const Layout l = layout_of(x);
     const Coefficients k = coefficients(weight, bias, mean, invstd);
     torch::Tensor y = torch::empty_like(x);
-    const float* alpha = k.alpha.data_ptr<float>();
-    const float* beta = k.beta.data_ptr<float>();
+    const float* alpha = k.alpha.data();
+    const float* beta = k.beta.data();
     if (x.scalar_type() == torch::kBFloat16) {
       const BnSiluBf16Kernels& kern = *bn_silu_bf16_kernels();
       const uint16_t* xp = bf16_bits(x);
@@ -145,10 +164,9 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
     const bool bf16 = x.scalar_type() == torch::kBFloat16;
     const torch::Tensor gy = dense(grads[0].to(x.scalar_type()), l);
     const Coefficients k = coefficients(weight, saved[2], mean, invstd);
-    const float* alpha = k.alpha.data_ptr<float>();
-    const float* beta = k.beta.data_ptr<float>();
-    const torch::Tensor mean_c = mean.contiguous();
-    const float* mp = mean_c.data_ptr<float>();
+    const float* alpha = k.alpha.data();
+    const float* beta = k.beta.data();
+    const float* mp = floats(mean);
     const BnSiluKernels& kern = bn_silu_kernels();
     const BnSiluBf16Kernels* kern16 = bf16 ? bn_silu_bf16_kernels() : nullptr;
     // bfloat16: the gradient at the BN output, kept in float by the first pass for the second
@@ -172,18 +190,23 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
                                    beta[ch], mp[ch], a, b);
         });
     const auto count = static_cast<double>(l.n * l.s);
-    const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
-    const torch::Tensor grad_bias_d = torch::from_blob(sum_g.data(), {l.c}, opts).clone();
-    const torch::Tensor dot_d = torch::from_blob(sum_gx.data(), {l.c}, opts).clone();
-    const torch::Tensor invstd_f = invstd.contiguous();
-    // As ATen's batch norm backward: gx = (g - (x - mean) * dot * invstd² / n - Σg / n) * invstd * w.
-    const torch::Tensor proj = (dot_d.to(torch::kFloat) * invstd_f * invstd_f / count).contiguous();
-    const torch::Tensor grad_mean = (grad_bias_d / count).to(torch::kFloat).contiguous();
-    const torch::Tensor scale = (invstd_f * weight).contiguous();
+    // As ATen's batch norm backward: gx = (g - (x - mean) * dot * invstd² / n - Σg / n) * invstd * w, each product
+    // rounded to float as the tensor ops did.
+    const float* is = floats(invstd);
+    std::vector<float> proj(static_cast<size_t>(l.c)), grad_mean(proj.size()), grad_weight(proj.size()),
+        grad_bias(proj.size());
+    for (int64_t ch = 0; ch < l.c; ++ch) {
+      const auto dot = static_cast<float>(sum_gx[ch]);
+      const float dot_invstd = dot * is[ch];
+      proj[ch] = dot_invstd * is[ch] / static_cast<float>(count);
+      grad_mean[ch] = static_cast<float>(sum_g[ch] / count);
+      grad_weight[ch] = dot_invstd;
+      grad_bias[ch] = static_cast<float>(sum_g[ch]);
+    }
     torch::Tensor gx = torch::empty_like(x);
-    const float* pp = proj.data_ptr<float>();
-    const float* gm = grad_mean.data_ptr<float>();
-    const float* sc = scale.data_ptr<float>();
+    const float* pp = proj.data();
+    const float* gm = grad_mean.data();
+    const float* sc = alpha;  // invstd * w
     if (bf16) {
       for_each_part(
           l,
@@ -208,9 +231,7 @@ class BatchNormSilu : public torch::autograd::Function<BatchNormSilu> {
                                       pp[ch], gm[ch], sc[ch]);
           });
     }
-    torch::Tensor grad_weight = (dot_d.to(torch::kFloat) * invstd_f).to(weight.scalar_type());
-    torch::Tensor grad_bias = grad_bias_d.to(weight.scalar_type());
-    return {gx, grad_weight, grad_bias, torch::Tensor(), torch::Tensor()};
+    return {gx, float_tensor(grad_weight), float_tensor(grad_bias), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -277,6 +298,9 @@ torch::Tensor batch_norm_silu_train(const torch::Tensor& x_in, const torch::Tens
   const Layout l = layout_of(x);
   TORCH_CHECK(weight.numel() == l.c && bias.numel() == l.c && running_mean.numel() == l.c && running_var.numel() == l.c,
               "batch_norm_silu_train: weight, bias and running statistics must have ", l.c, " values");
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat && bias.scalar_type() == torch::kFloat && weight.is_contiguous() &&
+                  bias.is_contiguous(),
+              "batch_norm_silu_train: weight and bias must be contiguous float32");
   const int64_t count = l.n * l.s;
   TORCH_CHECK(count > 1, "batch_norm_silu_train: expected more than 1 value per channel when training");
   torch::Tensor mean, invstd;
@@ -302,8 +326,8 @@ torch::Tensor batch_norm_silu_train(const torch::Tensor& x_in, const torch::Tens
       is[k] = static_cast<float>(1.0 / std::sqrt(var + eps));
       unbiased[k] = static_cast<float>(var * static_cast<double>(count) / static_cast<double>(count - 1));
     }
-    mean = torch::from_blob(m.data(), {l.c}, torch::kFloat).clone();
-    invstd = torch::from_blob(is.data(), {l.c}, torch::kFloat).clone();
+    mean = float_tensor(m);
+    invstd = float_tensor(is);
     const torch::Tensor var_u = torch::from_blob(unbiased.data(), {l.c}, torch::kFloat);
     running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
     running_var.mul_(1.0 - momentum).add_(var_u.to(running_var.scalar_type()), momentum);
