@@ -1,10 +1,33 @@
 #include "models/detect.h"
 
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 namespace yolo8 {
+
+namespace {
+
+// CPU autocast's state through the per-device calls of LibTorch 2.4+; before those, CPU autocast is never on
+// (trainer/core/autocast.cpp).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
+// Turns CPU autocast off for a scope and back on after it (it was on: cpu_autocast_enabled()).
+struct CpuAutocastOff {
+  CpuAutocastOff() { at::autocast::set_autocast_enabled(at::kCPU, false); }
+  ~CpuAutocastOff() { at::autocast::set_autocast_enabled(at::kCPU, true); }
+  CpuAutocastOff(const CpuAutocastOff&) = delete;
+  CpuAutocastOff& operator=(const CpuAutocastOff&) = delete;
+};
+#else
+bool cpu_autocast_enabled() { return false; }
+struct CpuAutocastOff {};
+#endif
+
+}  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> make_anchors(const std::vector<torch::Tensor>& feats,
                                                      const torch::Tensor& strides, double offset) {
@@ -56,12 +79,21 @@ std::vector<torch::Tensor> DetectImpl::forward_maps(const std::vector<torch::Ten
     throw std::invalid_argument("Detect: expected " + std::to_string(nl()) + " inputs, got " +
                                 std::to_string(feats.size()));
   }
+  const bool float_outputs = !is_training() && cpu_autocast_enabled();
   std::vector<torch::Tensor> out;
   out.reserve(feats.size());
   for (size_t i = 0; i < feats.size(); ++i) {
-    out.push_back(torch::cat({box_[i]->forward(feats[i]), cls_[i]->forward(feats[i])}, 1));
+    out.push_back(torch::cat({branch(box_[i], feats[i], float_outputs), branch(cls_[i], feats[i], float_outputs)}, 1));
   }
   return out;
+}
+
+torch::Tensor DetectImpl::branch(torch::nn::Sequential& seq, const torch::Tensor& x, bool float_output) {
+  if (!float_output) return seq->forward(x);
+  torch::Tensor h = seq->ptr<ConvImpl>(0)->forward(x);
+  h = seq->ptr<ConvImpl>(1)->forward(h);
+  const CpuAutocastOff float32;
+  return seq->ptr<torch::nn::Conv2dImpl>(2)->forward(h.to(torch::kFloat));
 }
 
 torch::Tensor DetectImpl::decode(const std::vector<torch::Tensor>& maps) {

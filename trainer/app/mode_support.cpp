@@ -158,8 +158,7 @@ ValidationTimes run_validation(DetectionModel& model, data::DataLoader& loader, 
     lap(times.preprocess);
     DetectOutput output;
     {
-      // Validation stays float32 on CPU: its mAP is compared with float32 references.
-      AutocastGuard autocast(device.type(), half && device.is_cuda());
+      AutocastGuard autocast(device.type(), half && autocast_applies(true, device.type()));
       output = model->forward(images);
     }
     output.pred = output.pred.to(torch::kFloat);

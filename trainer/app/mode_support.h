@@ -72,8 +72,9 @@ struct ValidationTimes {
 };
 
 // Runs a model (eval mode) over a loader; `loss` adds the validation loss when given; `plot_dir` (when not
-// empty) receives the first batch's labels and predictions as mosaics. `half`: the forward pass under CUDA
-// autocast (the reference validates in half precision on GPUs); NMS and metrics stay float32.
+// empty) receives the first batch's labels and predictions as mosaics. `half`: the forward pass under autocast
+// where it applies (autocast.h): float16 on CUDA, bfloat16 on a CPU with native bfloat16, where Detect's output
+// convolutions stay float32 (detect.h); NMS and metrics stay float32.
 ValidationTimes run_validation(DetectionModel& model, data::DataLoader& loader, DetectionValidator& validator,
                                const DetectionLoss* loss, const torch::Device& device, bool channels_last, bool half,
                                const std::string& prefix, const std::filesystem::path& plot_dir = {},

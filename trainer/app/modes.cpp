@@ -63,8 +63,8 @@ int run_val(const Settings& settings) {
       make_run_dir(project_dir(settings.project, settings.task), "val", settings.name, settings.exist_ok);
   const auto start = Clock::now();
   const app::ValidationTimes times =
-      app::run_validation(model, loader, validator, nullptr, device, settings.channels_last, settings.half, "val",
-                          settings.plots ? run_dir : fs::path(), names);
+      app::run_validation(model, loader, validator, nullptr, device, settings.channels_last,
+                          settings.half && device.is_cuda(), "val", settings.plots ? run_dir : fs::path(), names);
   const double seconds = seconds_since(start);
   std::cout << validator.table();
   std::cout << "Speed: " << std::fixed << std::setprecision(1) << 1000.0 * seconds / std::max<int64_t>(1, loader.size())

@@ -611,8 +611,10 @@ void TrainingRun::validate_epoch(bool final_epoch, DetectionResults& metrics, st
   ValConfig val_config;
   val_config.single_cls = settings_.loader.single_cls;
   DetectionValidator validator(nc_, names_, val_config);
+  // Under autocast as the training forward (float16 on CUDA as the reference validates during training, bfloat16 on
+  // a CPU that has it); the final validation of best.pt below is float32 on CPU.
   app::run_validation(core_->ema_model(), *val_loader_, validator, &core_->loss(), device_, settings_.channels_last,
-                      settings_.amp, "      val");
+                      core_->autocast(), "      val");
   metrics = validator.results();
   val_loss = validator.mean_loss();
   console_->out() << validator.table();
@@ -656,8 +658,9 @@ int TrainingRun::finish() {
     val_config.single_cls = settings_.loader.single_cls;
     val_config.save_json = settings_.save_json;
     DetectionValidator validator(nc_, names_, val_config);
-    app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last, settings_.amp,
-                        "      val", settings_.plots ? run_dir_ : fs::path(), names_);
+    app::run_validation(best.model, *val_loader_, validator, nullptr, device_, settings_.channels_last,
+                        settings_.amp && device_.is_cuda(), "      val", settings_.plots ? run_dir_ : fs::path(),
+                        names_);
     console_->out() << validator.table();
     if (settings_.save_json) validator.write_json((run_dir_ / "predictions.json").string());
     if (settings_.plots) {
