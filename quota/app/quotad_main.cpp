@@ -333,6 +333,10 @@ int main(int argc, char** argv) {
                            (table.provenance.libtorch.empty() ? "unknown" : table.provenance.libtorch) + ", " +
                            table.provenance.date)
                               .c_str());
+        if (table.process_overhead_gib >= 0) {
+          std::printf("  process_overhead_gib %.2f: the measured per-process GPU memory beyond the allocator's cap\n",
+                      table.process_overhead_gib);
+        }
       };
       if (policy_path.empty() && check_table.empty()) {
         std::fprintf(stderr, "quotad check-policy: give a policy file or --memory-table FILE\n");
@@ -352,6 +356,10 @@ int main(int argc, char** argv) {
                                   : ("UUIDs " + uuids).c_str());
       }
       if (!policy.memory_table.models.empty()) describe(policy.memory_table);
+      // which overhead shared placement counts: the memory table's measured figure or the policy's default
+      if (policy.sharing_enabled) {
+        std::printf("  shared GPUs: each lease takes its share plus %s\n", policy.describe_shared_overhead().c_str());
+      }
       return 0;
     }
     if (*table_cmd) {
@@ -383,7 +391,28 @@ int main(int argc, char** argv) {
       const std::time_t seconds = static_cast<std::time_t>(now / 1000);
       char day[16];
       std::strftime(day, sizeof(day), "%Y-%m-%d", std::gmtime(&seconds));
-      const std::string text = observed_table_yaml(by_table.begin()->second, day);
+      // heartbeats' peaks say nothing of the per-process overhead (`yolo8 profile` measures it): a table being
+      // replaced keeps its figure when it was measured on the same device
+      double overhead = -1;
+      const std::string& device = by_table.begin()->second.front().device;
+      if (!table_out.empty() && std::filesystem::exists(table_out)) {
+        try {
+          const MemoryTable previous = load_memory_table(table_out);
+          if (previous.process_overhead_gib >= 0 &&
+              (previous.provenance.device.empty() || previous.provenance.device == device)) {
+            overhead = previous.process_overhead_gib;
+            std::fprintf(stderr, "quotad memory-table: kept process_overhead_gib %.2f from %s\n", overhead,
+                         table_out.c_str());
+          } else if (previous.process_overhead_gib >= 0) {
+            std::fprintf(
+                stderr, "quotad memory-table: dropped process_overhead_gib %.2f of %s: measured on %s, not %s\n",
+                previous.process_overhead_gib, table_out.c_str(), previous.provenance.device.c_str(), device.c_str());
+          }
+        } catch (const PolicyError&) {
+          // not a memory table: replaced as before
+        }
+      }
+      const std::string text = observed_table_yaml(by_table.begin()->second, day, overhead);
       if (by_table.begin()->second.front().libtorch.empty()) {
         std::fprintf(stderr,
                      "quotad memory-table: these runs did not report their LibTorch version (trainers before it "

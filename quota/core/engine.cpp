@@ -365,8 +365,10 @@ std::string Engine::queue_reason(const Lease& lease, int64_t now_ms) const {
                            ? user_cap_reason(state, ask, lease.id, placement ? &*placement : nullptr)
                            : "";
   if (reason.empty()) {
-    reason = "no free GPU fits " + (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared)"
-                                                 : std::to_string(lease.gpus) + " whole GPU(s)");
+    reason = "no free GPU fits " +
+             (lease.shared ? fixed_text(lease.memory_gib) + " GiB (shared, plus " +
+                                 fixed_text(policy_.shared_overhead_gib(), 2) + " GiB per-process overhead)"
+                           : std::to_string(lease.gpus) + " whole GPU(s)");
     if (const Pin pin = pin_of(lease.req); !pin.devices.empty()) {
       reason += pin_spills(pin, lease.gpus) ? " with all of " : " on ";
       reason += pin.text + (pin.by_uuid    ? " (the GPUs the trainer sees)"
@@ -495,7 +497,11 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   }
   // admission: the estimated memory must fit what a GPU (or the share) offers
   double admitted_gib = 0;
-  const std::string memory_row = policy_.memory_table.describe_row(req.model);
+  std::string memory_row = policy_.memory_table.describe_row(req.model);
+  // a shared lease is placed by its share plus the per-process overhead: the answer says which figure was used
+  if (lease.shared && !memory_row.empty()) {
+    memory_row += "; a shared GPU also holds " + policy_.describe_shared_overhead() + " beyond the share";
+  }
   const Pin pin = pin_of(req);
   // the memory a pinned whole-GPU lease can get: the largest pinned GPU, or the smallest when it takes them all
   double pinned_gib = pin.devices.empty() ? policy_.max_gpu_memory_gib() : 0;
@@ -504,6 +510,15 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
     pinned_gib = pinned_gib == 0               ? gib
                  : pin_spills(pin, lease.gpus) ? std::min(pinned_gib, gib)
                                                : std::max(pinned_gib, gib);
+  }
+  // a share that does not fit any GPU it may go on once the overhead is added would wait forever: refused now
+  if (const double room = pinned_gib - policy_.shared_overhead_gib(); lease.shared && lease.memory_gib > room + kEps) {
+    return refuse(AcquireResult::Kind::kAdmissionRefused,
+                  "memory_gib: a shared lease of " + fixed_text(lease.memory_gib) + " GiB plus " +
+                      policy_.describe_shared_overhead() + " does not fit the " + fixed_text(pinned_gib) +
+                      " GiB of the largest GPU" + (pin.devices.empty() ? "" : " of " + pin.text) +
+                      "; ask for at most " + fixed_text(std::max(0.0, std::floor(room * 100) / 100), 2) +
+                      " GiB, or a whole GPU");
   }
   if (policy_.memory_table.has(req.model)) {
     const double avail = lease.shared ? lease.memory_gib : pinned_gib;
@@ -939,8 +954,8 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
                          std::to_string(first->id) + " and " + std::to_string(id) + " of different teams share it");
       }
       if (first == nullptr) first = &lease;
-      used[static_cast<size_t>(device)] +=
-          lease.shared ? lease.memory_gib : policy_.gpus[static_cast<size_t>(device)].memory_gib;
+      used[static_cast<size_t>(device)] += lease.shared ? lease.memory_gib + policy_.shared_overhead_gib()
+                                                        : policy_.gpus[static_cast<size_t>(device)].memory_gib;
       count[static_cast<size_t>(device)] += 1;
       whole[static_cast<size_t>(device)] += lease.shared ? 0 : 1;
       if (lease.req.priority != Priority::kCritical) non_critical[static_cast<size_t>(device)] = true;
@@ -950,7 +965,7 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
     const auto& gpu = policy_.gpus[device];
     if (used[device] > gpu.memory_gib + kEps) {
       errors.push_back("gpu " + gpu.id() + ": leases hold " + fixed_text(used[device]) + " GiB of " +
-                       fixed_text(gpu.memory_gib));
+                       fixed_text(gpu.memory_gib) + " (shared leases counted with their per-process overhead)");
     }
     if (whole[device] > 0 && count[device] > 1) errors.push_back("gpu " + gpu.id() + ": a whole-GPU lease shares it");
     if (count[device] > policy_.max_leases_per_gpu) errors.push_back("gpu " + gpu.id() + ": too many shared leases");

@@ -47,7 +47,8 @@ std::vector<ObservedRow> fit_observed(const std::vector<MemoryObservation>& obse
   return rows;
 }
 
-std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date) {
+std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date,
+                                double process_overhead_gib) {
   int samples = 0;
   for (const auto& row : rows) {
     if (row.device != rows.front().device || row.amp != rows.front().amp || row.libtorch != rows.front().libtorch) {
@@ -76,6 +77,7 @@ std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std:
     out << YAML::Key << "date" << YAML::Value << YAML::DoubleQuoted << date;
     out << YAML::EndMap;
   }
+  if (process_overhead_gib >= 0) out << YAML::Key << "process_overhead_gib" << YAML::Value << process_overhead_gib;
   out << YAML::Key << "models" << YAML::Value << YAML::BeginMap;
   for (const auto& row : rows) {
     out << YAML::Key << row.model << YAML::Value << YAML::Flow << YAML::BeginMap;

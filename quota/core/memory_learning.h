@@ -35,7 +35,10 @@ std::vector<ObservedRow> fit_observed(const std::vector<MemoryObservation>& obse
 
 // The memory-table YAML (source, reference_imgsz, provenance, models) of the rows for one device, precision and
 // LibTorch version (named in the provenance unless the observations did not say it); `date` is YYYY-MM-DD.
+// `process_overhead_gib` (>= 0) is written as the table's process_overhead_gib: heartbeats' peaks say nothing of
+// it, so it is carried from the table `yolo8 profile` measured; < 0 leaves the key out.
 // Throws std::invalid_argument when `rows` mix devices, precisions or LibTorch versions.
-std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date);
+std::string observed_table_yaml(const std::vector<ObservedRow>& rows, const std::string& date,
+                                double process_overhead_gib = -1);
 
 }  // namespace yolo8::quota

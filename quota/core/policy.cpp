@@ -60,19 +60,28 @@ double MemoryTable::estimate_gib(const std::string& model, int imgsz, int batch_
   return it->second.fixed_gib + it->second.per_image_gib * scale * batch_per_gpu;
 }
 
+namespace {
+// "yolo8 profile, NVIDIA H200, float32, LibTorch 2.1.2, 2026-11-30": where a table's figures come from.
+std::string table_origin(const MemoryTable& table) {
+  std::string from = table.source.empty() ? "unknown source" : table.source;
+  const MemoryProvenance& provenance = table.provenance;
+  if (!provenance.device.empty()) from += ", " + provenance.device;
+  if (!provenance.precision.empty()) from += ", " + provenance.precision;
+  if (!provenance.libtorch.empty()) from += ", LibTorch " + provenance.libtorch;
+  if (!provenance.date.empty()) from += ", " + provenance.date;
+  return from;
+}
+
+std::string table_name(const MemoryTable& table) { return table.file.empty() ? std::string("(built in)") : table.file; }
+}  // namespace
+
 std::string MemoryTable::describe_row(const std::string& model) const {
   auto it = models.find(model);
   if (it == models.end()) return "";
   char figures[96];
   std::snprintf(figures, sizeof(figures), "%.3f GiB + %.4f GiB per image at 640", it->second.fixed_gib,
                 it->second.per_image_gib);
-  std::string from = source.empty() ? "unknown source" : source;
-  if (!provenance.device.empty()) from += ", " + provenance.device;
-  if (!provenance.precision.empty()) from += ", " + provenance.precision;
-  if (!provenance.libtorch.empty()) from += ", LibTorch " + provenance.libtorch;
-  if (!provenance.date.empty()) from += ", " + provenance.date;
-  return "memory table " + (file.empty() ? std::string("(built in)") : file) + " row " + model + ": " + figures + " (" +
-         from + ")";
+  return "memory table " + table_name(*this) + " row " + model + ": " + figures + " (" + table_origin(*this) + ")";
 }
 
 int MemoryTable::max_batch(const std::string& model, int imgsz, double memory_gib) const {
@@ -103,6 +112,21 @@ std::vector<std::string> Policy::node_names() const {
 
 bool Policy::has_gpu_uuids() const {
   return std::any_of(gpus.begin(), gpus.end(), [](const Gpu& gpu) { return !gpu.uuid.empty(); });
+}
+
+double Policy::shared_overhead_gib() const {
+  return memory_table.process_overhead_gib >= 0 ? memory_table.process_overhead_gib : process_overhead_gib;
+}
+
+std::string Policy::describe_shared_overhead() const {
+  char figure[48];
+  std::snprintf(figure, sizeof(figure), "%.2f GiB per process", shared_overhead_gib());
+  if (memory_table.process_overhead_gib >= 0) {
+    return std::string(figure) + " (measured: memory table " + table_name(memory_table) + " process_overhead_gib, " +
+           table_origin(memory_table) + ")";
+  }
+  return std::string(figure) + " (sharing.process_overhead_gib" +
+         (key_lines.count("sharing.process_overhead_gib") ? "" : ", a default until measured on the GPU") + ")";
 }
 
 double Policy::max_gpu_memory_gib() const {
@@ -287,6 +311,11 @@ void Policy::validate() const {
   if (min_runtime_s < 0) fail("preemption.min_runtime_s", "must be >= 0");
   if (preempt_grace_s < 0) fail("preemption.grace_s", "must be >= 0");
   if (max_leases_per_gpu < 1) fail("sharing.max_leases_per_gpu", "must be >= 1");
+  finite_at_least(process_overhead_gib, 0, "sharing.process_overhead_gib");
+  // -1 stands for "the table does not say"; the loader refuses every negative number in the file
+  if (memory_table.process_overhead_gib != -1) {
+    finite_at_least(memory_table.process_overhead_gib, 0, "memory_table.process_overhead_gib");
+  }
   finite_at_least(monthly_gpu_hours, 0, "credits.monthly_gpu_hours");
   finite_at_least(loan_gpu_hours, 0, "credits.loan_gpu_hours");
   if (loan_applications_per_month < 0) fail("credits.loan_applications_per_month", "must be >= 0 (0: no applications)");
@@ -454,9 +483,13 @@ std::vector<std::string> string_list(const YamlContext& context, const YAML::Nod
 
 MemoryTable parse_memory_table(const YamlContext& context, const YAML::Node& root) {
   MemoryTable table;
-  context.keys(root, "", {"models", "reference_imgsz", "note", "source", "provenance"});
+  context.keys(root, "", {"models", "reference_imgsz", "note", "source", "provenance", "process_overhead_gib"});
   table.file = context.source;
   if (root["source"].IsDefined()) table.source = context.get<std::string>(root["source"], "source", "");
+  if (const YAML::Node overhead = root["process_overhead_gib"]; overhead.IsDefined()) {
+    table.process_overhead_gib = context.need<double>(root, "process_overhead_gib", "process_overhead_gib");
+    if (!(table.process_overhead_gib >= 0)) context.fail(overhead, "process_overhead_gib", "must be >= 0");
+  }
   if (const YAML::Node from = root["provenance"]; from.IsDefined()) {
     context.keys(from, "provenance", {"device", "precision", "libtorch", "date"});
     table.provenance.device = context.get<std::string>(from["device"], "provenance.device", "");
@@ -751,11 +784,13 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     policy.preempt_grace_s = context.get<int>(section["grace_s"], "preemption.grace_s", policy.preempt_grace_s);
   }
   if (const YAML::Node section = root["sharing"]; section.IsDefined()) {
-    context.keys(section, "sharing", {"enabled", "max_leases_per_gpu", "models"});
+    context.keys(section, "sharing", {"enabled", "max_leases_per_gpu", "models", "process_overhead_gib"});
     if (section["models"].IsDefined()) policy.shared_models = string_list(context, section["models"], "sharing.models");
     policy.sharing_enabled = context.get<bool>(section["enabled"], "sharing.enabled", false);
     policy.max_leases_per_gpu =
         context.get<int>(section["max_leases_per_gpu"], "sharing.max_leases_per_gpu", policy.max_leases_per_gpu);
+    policy.process_overhead_gib = context.get<double>(section["process_overhead_gib"], "sharing.process_overhead_gib",
+                                                      policy.process_overhead_gib);
   }
   if (const YAML::Node section = root["credits"]; section.IsDefined()) {
     context.keys(section, "credits",

@@ -98,6 +98,10 @@ struct MemoryTable {
   std::string source;  // "estimate", "yolo8 profile ...", "observed ..."
   MemoryProvenance provenance;
   std::map<std::string, MemoryEstimate> models;
+  // GPU memory a training process holds beyond its allocator's cap (the CUDA context and library workspaces), as
+  // `yolo8 profile` measured it on the GPU: the process's memory as nvidia-smi shows it minus the allocator's
+  // reserved bytes. -1: the table does not say (the policy's sharing.process_overhead_gib applies).
+  double process_overhead_gib = -1;
   // Names the row used for `model` (file, figures, provenance), for the admission answer; "" when absent.
   std::string describe_row(const std::string& model) const;
   bool has(const std::string& model) const { return models.count(model) > 0; }
@@ -139,6 +143,15 @@ struct Policy {
   bool sharing_enabled = false;
   int max_leases_per_gpu = 4;
   std::vector<std::string> shared_models;  // models that may ask for a shared lease; empty = any model
+  // sharing.process_overhead_gib: what each process on a shared GPU holds beyond its share, which caps only its
+  // caching allocator. A documented default until measured on the GPU: the CUDA context and library workspaces
+  // the allocator cap does not cover (about 0.5-1 GiB per process).
+  double process_overhead_gib = 0.75;
+  // The overhead placement adds to every shared lease on a GPU: the memory table's measured figure where it has
+  // one, else sharing.process_overhead_gib.
+  double shared_overhead_gib() const;
+  // That figure and where it comes from, for `quotad check-policy` and the admission answer.
+  std::string describe_shared_overhead() const;
   // Why `model` may not hold a shared lease of `lease_gpus` GPUs under this policy; "" when it may.
   std::string shared_refusal(const std::string& model, int lease_gpus) const;
   // credits, GPU-hours per member per month; 0 disables credits

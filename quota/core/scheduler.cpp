@@ -128,6 +128,9 @@ std::optional<std::vector<int>> place(const ClusterState& state, const Ask& ask,
                                       const std::set<int64_t>& ignore) {
   const Policy& policy = state.policy;
   const size_t gpu_count = policy.gpus.size();
+  // a shared lease's share caps only its process's caching allocator: the CUDA context and library workspaces
+  // come on top, so each shared lease occupies its share plus this, and the card is never overcommitted
+  const double overhead = policy.shared_overhead_gib();
   std::vector<double> used(gpu_count, 0);
   std::vector<int> count(gpu_count, 0);
   std::vector<bool> whole(gpu_count, false), non_critical(gpu_count, false), foreign(gpu_count, false);
@@ -139,7 +142,7 @@ std::optional<std::vector<int>> place(const ClusterState& state, const Ask& ask,
       // a GPU belongs to one team (or to the emergency pool) at a time: shared leases of different teams never
       // share it, so that every GPU counts against exactly one team's quota
       foreign[gpu] = foreign[gpu] || !same_owner(holder, ask);
-      used[gpu] += holder.shared ? holder.memory_gib : policy.gpus[gpu].memory_gib;
+      used[gpu] += holder.shared ? holder.memory_gib + overhead : policy.gpus[gpu].memory_gib;
       count[gpu] += 1;
       whole[gpu] = whole[gpu] || !holder.shared;
       non_critical[gpu] = non_critical[gpu] || holder.req.priority != Priority::kCritical;
@@ -154,7 +157,7 @@ std::optional<std::vector<int>> place(const ClusterState& state, const Ask& ask,
     for (size_t device = 0; device < gpu_count; ++device) {
       const double free = policy.gpus[device].memory_gib - used[device];
       if (!allowed[device] || whole[device] || foreign[device] || count[device] >= policy.max_leases_per_gpu ||
-          free + kEps < ask.memory_gib) {
+          free + kEps < ask.memory_gib + overhead) {
         continue;
       }
       // pack: prefer GPUs already shared, then the tightest fit

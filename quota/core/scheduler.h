@@ -50,7 +50,8 @@ double held_gpus(const ClusterState& state, const std::function<bool(const Lease
                  const std::set<int64_t>& ignore = {});
 double team_units(const ClusterState& state, const std::string& team);
 // Where `ask` (of lease `self`, which holds nothing while it waits) fits now, the leases in `ignore` gone; the
-// GPUs (indices into Policy::gpus), or none.
+// GPUs (indices into Policy::gpus), or none. On a shared GPU every lease occupies its share plus the per-process
+// overhead (Policy::shared_overhead_gib), and together they stay within the GPU's memory.
 std::optional<std::vector<int>> place(const ClusterState& state, const Ask& ask, int64_t self,
                                       const std::set<int64_t>& ignore = {});
 // GPUs `ask` would add to its team's count on `devices`: 0 for a shared lease joining a GPU its team holds.

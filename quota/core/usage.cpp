@@ -117,7 +117,8 @@ std::vector<TeamView> team_views(const Policy& policy, const Engine& engine, int
     for (const auto& [id, lease] : engine.leases()) {
       if (lease.req.team != status.name || !running(lease)) continue;
       if (lease.shared) {
-        view.memory_allocated_gib += lease.memory_gib;
+        // what the lease takes of its card, as placement counts it: the share and the process's overhead
+        view.memory_allocated_gib += lease.memory_gib + policy.shared_overhead_gib();
       } else {
         for (int device : lease.devices) {
           if (device >= 0 && static_cast<size_t>(device) < policy.gpus.size()) {

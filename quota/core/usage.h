@@ -67,7 +67,7 @@ std::vector<WasteEntry> waste_list(const Policy& policy, const Engine& engine, c
 // Per-team live figures shared by /metrics and the status page.
 struct TeamView {
   TeamStatus status;
-  double memory_allocated_gib = 0;  // memory the team's running leases hold (whole GPUs count their size)
+  double memory_allocated_gib = 0;  // what its running leases hold: whole GPUs, shares plus the process overhead
   double memory_used_gib = 0;       // reported peak per GPU times GPUs, leases that report it
   double gpu_util = -1;             // units-weighted mean of the latest reports; -1 when none
   double gpu_hours_month = 0;       // charged this month (UTC), running leases included

@@ -181,7 +181,9 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
              [](const TeamView& team) { return team.status.limit_now; });
   team_gauge("quotad_team_in_burst_window", "1 while a burst window of the team is open.",
              [](const TeamView& team) { return team.status.in_burst_window ? 1.0 : 0.0; });
-  team_gauge("quotad_team_memory_allocated_gib", "GPU memory held by the team's running leases, in GiB.",
+  team_gauge("quotad_team_memory_allocated_gib",
+             "GPU memory held by the team's running leases (whole GPUs their size, shared leases their share plus "
+             "the per-process overhead), in GiB.",
              [](const TeamView& team) { return team.memory_allocated_gib; });
   team_gauge("quotad_team_memory_used_gib",
              "GPU memory the team's running leases report using (peak per GPU x GPUs), in GiB.",

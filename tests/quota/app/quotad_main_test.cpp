@@ -90,6 +90,66 @@ TEST(QuotadMemoryTable, OneTablePerLibtorchVersionNamedInItsProvenance) {
   EXPECT_NE(read_text(err).find("did not report their LibTorch version"), std::string::npos) << read_text(err);
 }
 
+// check-policy says which per-process overhead shared placement counts (the policy's default, or the memory
+// table's measured figure), and a learned table written over a measured one keeps the figure of its device.
+TEST(QuotadMemoryTable, TheProcessOverheadIsNamedByCheckPolicyAndKeptByTheLearnedTable) {
+  const std::string db = testing::temp_db("memory_table_overhead");
+  const std::string out = db + ".out", err = db + ".err", table = db + ".yaml", policy = db + ".policy.yaml";
+  ASSERT_EQ(quotad("check-policy " + testing::example_policy_path(), out, err), 0) << read_text(err);
+  EXPECT_NE(read_text(out).find("shared GPUs: each lease takes its share plus 0.75 GiB per process "
+                                "(sharing.process_overhead_gib, a default until measured on the GPU)"),
+            std::string::npos)
+      << read_text(out);
+
+  const std::string measured =
+      "source: yolo8 profile\nprovenance: {device: NVIDIA L4, precision: float32, date: \"2026-12-01\"}\n"
+      "process_overhead_gib: 0.6\nmodels:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: 0.2}\n";
+  std::ofstream(table) << measured;
+  std::string text = read_text(testing::example_policy_path());
+  const std::string key = "memory_table: memory-table.yaml";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "memory_table: " + table);
+  std::ofstream(policy) << text;
+  ASSERT_EQ(quotad("check-policy " + policy, out, err), 0) << read_text(err);
+  EXPECT_NE(read_text(out).find("process_overhead_gib 0.60: the measured per-process GPU memory"), std::string::npos)
+      << read_text(out);
+  EXPECT_NE(read_text(out).find("shared GPUs: each lease takes its share plus 0.60 GiB per process (measured: memory "
+                                "table " +
+                                table + " process_overhead_gib, yolo8 profile, NVIDIA L4, float32, 2026-12-01)"),
+            std::string::npos)
+      << read_text(out);
+
+  {
+    Store store(db);
+    Telemetry beat;
+    beat.model = "yolov8n";
+    beat.imgsz = 640;
+    beat.amp = 0;
+    beat.device_name = "NVIDIA L4";
+    beat.libtorch = "2.5.1";
+    for (const int batch : {8, 32}) {
+      beat.batch = batch;
+      beat.memory_used_gib = 0.5 + 0.2 * batch;
+      store.write_heartbeats({{batch, 1000 * batch, beat}});
+    }
+  }
+  ASSERT_EQ(quotad("memory-table --observed --db " + db + " --out " + table, "/dev/null", err), 0) << read_text(err);
+  EXPECT_NE(read_text(err).find("kept process_overhead_gib 0.60 from " + table), std::string::npos) << read_text(err);
+  EXPECT_DOUBLE_EQ(load_memory_table(table).process_overhead_gib, 0.6);
+  EXPECT_NE(load_memory_table(table).source.find("observed"), std::string::npos);
+  // measured on another device: not this device's overhead, so left out, and the command says so
+  std::string other = measured;
+  other.replace(other.find("NVIDIA L4"), 9, "NVIDIA H200");
+  std::ofstream(table) << other;
+  ASSERT_EQ(quotad("memory-table --observed --db " + db + " --out " + table, "/dev/null", err), 0) << read_text(err);
+  EXPECT_NE(read_text(err).find("dropped process_overhead_gib 0.60 of " + table +
+                                ": measured on NVIDIA H200, not "
+                                "NVIDIA L4"),
+            std::string::npos)
+      << read_text(err);
+  EXPECT_DOUBLE_EQ(load_memory_table(table).process_overhead_gib, -1);
+}
+
 // Issue 29: --tls-cert and --tls-key go together, and a file that is no PEM is refused naming the flag and the
 // file, before anything is served.
 TEST(QuotadServe, TlsFlagsComeTogetherAndMustNamePemFiles) {

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <random>
 #include <set>
 #include <tuple>
 
 #include "quota/core/codec.h"
+#include "quota/core/usage.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -452,12 +454,12 @@ TEST(Engine, SharedLeasesNeverExceedGpuMemory) {
   for (int i = 0; i < 4; ++i) {
     auto r = req("team-cv", "alice", 1, "yolov8n");
     r.shared = true;
-    r.memory_gib = 6;
+    r.memory_gib = 5;
     auto g = e.acquire(r, kOutsideWindow);
     ASSERT_EQ(g.kind, Kind::kGranted);
     devices.push_back(e.find(g.lease_id)->devices.at(0));
   }
-  // packed: all four 6 GiB shares on one 24 GiB GPU (best fit)
+  // packed: all four 5 GiB shares, each with the 0.75 GiB per-process overhead, on one 24 GiB GPU (best fit)
   EXPECT_TRUE(std::all_of(devices.begin(), devices.end(), [&](int d) { return d == devices[0]; }));
   EXPECT_NEAR(e.team_units("team-cv", kOutsideWindow), 1.0, 1e-9);
   auto r = req("team-cv", "alice", 1, "yolov8n");
@@ -468,6 +470,91 @@ TEST(Engine, SharedLeasesNeverExceedGpuMemory) {
   EXPECT_NE(e.find(fifth.lease_id)->devices.at(0), devices[0]);  // at most 4 leases per GPU
   EXPECT_DOUBLE_EQ(e.policy().gpus.at(static_cast<size_t>(devices[0])).memory_gib, 24);
   expect_sound(e, kOutsideWindow);
+}
+
+// Four 6 GiB shares sum to a 24 GiB card, but each process also holds its CUDA context and library workspaces:
+// the fourth goes to another GPU, and the queue reason names the overhead when none is left.
+TEST(Engine, SharedLeasesLeaveRoomForThePerProcessOverhead) {
+  Engine e(testing::example_policy());
+  std::map<int, int> per_device;
+  for (int i = 0; i < 4; ++i) {
+    auto r = req("team-cv", "alice", 1, "yolov8n");
+    r.shared = true;
+    r.memory_gib = 6;
+    r.node = "node-c";  // the 24 GiB GPUs
+    auto g = e.acquire(r, kOutsideWindow);
+    ASSERT_EQ(g.kind, Kind::kGranted) << g.reason;
+    ++per_device[e.find(g.lease_id)->devices.at(0)];
+  }
+  ASSERT_EQ(per_device.size(), 2u);
+  // 3 x 6.75 = 20.25 of 24 GiB; a fourth would need 27
+  EXPECT_EQ(std::max(per_device.begin()->second, per_device.rbegin()->second), 3);
+  expect_sound(e, kOutsideWindow);
+  // a share that fills a 24 GiB GPU alone waits for one, and the reason says what it needs beyond the share
+  auto big = req("team-cv", "alice", 1, "yolov8n");
+  big.shared = true;
+  big.memory_gib = 23;  // 23.75 GiB with the overhead: node-c's two free GPUs
+  big.node = "node-c";
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(e.acquire(big, kOutsideWindow).kind, Kind::kGranted);
+  auto waits = e.acquire(big, kOutsideWindow);
+  ASSERT_EQ(waits.kind, Kind::kQueued) << waits.reason;
+  EXPECT_NE(waits.reason.find("no free GPU fits 23.0 GiB (shared, plus 0.75 GiB per-process overhead) on node-c"),
+            std::string::npos)
+      << waits.reason;
+  expect_sound(e, kOutsideWindow);
+  // the memory the team holds (quotad_team_memory_allocated_gib, the status page) counts the overhead too
+  for (const TeamView& team : team_views(e.policy(), e, kOutsideWindow)) {
+    if (team.status.name == "team-cv") {
+      EXPECT_DOUBLE_EQ(team.memory_allocated_gib, 4 * 6.75 + 2 * 23.75);
+    }
+  }
+}
+
+// A share that no GPU can hold with the overhead would wait forever: refused at once, naming the overhead's
+// source and the largest share that fits; the admission answer says which overhead placement counts.
+TEST(Engine, SharedAdmissionCountsThePerProcessOverhead) {
+  Engine e(testing::example_policy());
+  auto r = req("team-cv", "alice", 1, "yolov8n");
+  r.shared = true;
+  r.memory_gib = 79.5;  // 80.25 GiB with the overhead
+  auto refused = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(refused.kind, Kind::kAdmissionRefused) << refused.reason;
+  EXPECT_NE(refused.reason.find("memory_gib: a shared lease of 79.5 GiB plus 0.75 GiB per process "
+                                "(sharing.process_overhead_gib, a default until measured on the GPU) does not fit "
+                                "the 80.0 GiB of the largest GPU; ask for at most 79.25 GiB, or a whole GPU"),
+            std::string::npos)
+      << refused.reason;
+  r.node = "node-c";
+  refused = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(refused.kind, Kind::kAdmissionRefused) << refused.reason;
+  // pinned to a node: against that node's GPUs
+  r.memory_gib = 23.5;
+  refused = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(refused.kind, Kind::kAdmissionRefused) << refused.reason;
+  EXPECT_NE(refused.reason.find("the 24.0 GiB of the largest GPU of node-c; ask for at most 23.25 GiB"),
+            std::string::npos)
+      << refused.reason;
+  r.node.clear();
+  r.memory_gib = 79.25;
+  auto granted = e.acquire(r, kOutsideWindow);
+  ASSERT_EQ(granted.kind, Kind::kGranted) << granted.reason;
+  EXPECT_NE(granted.memory_row.find("memory table "), std::string::npos) << granted.memory_row;
+  EXPECT_NE(granted.memory_row.find("; a shared GPU also holds 0.75 GiB per process (sharing.process_overhead_gib, "
+                                    "a default until measured on the GPU) beyond the share"),
+            std::string::npos)
+      << granted.memory_row;
+  // a measured figure in the memory table is the one used, and named
+  Policy measured = testing::example_policy();
+  measured.memory_table.process_overhead_gib = 0.5;
+  Engine m(measured);
+  r.memory_gib = 79.5;
+  auto fits = m.acquire(r, kOutsideWindow);
+  ASSERT_EQ(fits.kind, Kind::kGranted) << fits.reason;
+  EXPECT_NE(fits.memory_row.find("0.50 GiB per process (measured: memory table "), std::string::npos)
+      << fits.memory_row;
+  // whole-GPU leases are as before: no overhead in their answer
+  EXPECT_EQ(e.acquire(req("team-cv", "alice", 1, "yolov8n"), kOutsideWindow).memory_row.find("per process"),
+            std::string::npos);
 }
 
 TEST(Engine, CreditsChargedFromServerTimeWithLoan) {

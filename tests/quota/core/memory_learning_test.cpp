@@ -90,5 +90,20 @@ TEST(MemoryLearning, TableLoadsAsThePolicysMemoryTable) {
   EXPECT_THROW(observed_table_yaml(mixed, "2026-11-30"), std::invalid_argument);
 }
 
+// The per-process overhead `yolo8 profile` measured is not learned from heartbeats: a learned table carries the
+// figure it is given, and it loads back; without one the key is left out and the policy's figure applies.
+TEST(MemoryLearning, TheProcessOverheadRoundTripsThroughTheTable) {
+  const auto rows =
+      fit_observed({seen("yolov8n", "NVIDIA H200", 640, 8, 2.3), seen("yolov8n", "NVIDIA H200", 640, 32, 7.3)});
+  const std::string path = ::testing::TempDir() + "/learned-table-overhead.yaml";
+  const std::string with = observed_table_yaml(rows, "2026-12-01", 0.62);
+  std::ofstream(path) << with;
+  EXPECT_DOUBLE_EQ(load_memory_table(path).process_overhead_gib, 0.62) << with;
+  const std::string without = observed_table_yaml(rows, "2026-12-01");
+  EXPECT_EQ(without.find("process_overhead_gib"), std::string::npos) << without;
+  std::ofstream(path) << without;
+  EXPECT_DOUBLE_EQ(load_memory_table(path).process_overhead_gib, -1);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -388,5 +388,71 @@ TEST(Policy, EmergencyMaxGpusPerRequestDefaultsToThePoolAndIsChecked) {
   EXPECT_EQ(local_policy(2, 16, "me").critical_gpus_cap(), 2);
 }
 
+// sharing.process_overhead_gib: what each process on a shared GPU holds beyond its share; 0.75 GiB until
+// measured, and a memory table's measured process_overhead_gib overrides it. Bad values name the key.
+TEST(PolicyValidation, TheProcessOverheadOfSharedLeasesIsReadCheckedAndOverriddenByTheMemoryTable) {
+  const Policy fallback = load_policy_from_string(minimal(), "test.yaml");
+  EXPECT_DOUBLE_EQ(fallback.process_overhead_gib, 0.75);
+  EXPECT_DOUBLE_EQ(fallback.shared_overhead_gib(), 0.75);
+  EXPECT_EQ(fallback.describe_shared_overhead(),
+            "0.75 GiB per process (sharing.process_overhead_gib, a default until measured on the GPU)");
+  const Policy set =
+      load_policy_from_string(minimal() + "sharing: {enabled: true, process_overhead_gib: 1.5}\n", "test.yaml");
+  EXPECT_DOUBLE_EQ(set.shared_overhead_gib(), 1.5);
+  EXPECT_EQ(set.describe_shared_overhead(), "1.50 GiB per process (sharing.process_overhead_gib)");
+  std::string e = error_of(minimal() + "sharing:\n  process_overhead_gib: -0.5\n");
+  EXPECT_NE(e.find("test.yaml:12: sharing.process_overhead_gib: must be >= 0"), std::string::npos) << e;
+  e = error_of(minimal() + "sharing:\n  process_overhead_gib: .nan\n");
+  EXPECT_NE(e.find("test.yaml:12: sharing.process_overhead_gib: must be a finite number"), std::string::npos) << e;
+  e = error_of(minimal() + "sharing:\n  process_overhead_gib: lots\n");
+  EXPECT_NE(e.find("test.yaml:12: sharing.process_overhead_gib: has the wrong type"), std::string::npos) << e;
+
+  // the table `yolo8 profile` measured on the GPU: its figure is the one placement counts
+  const std::string table_path = ::testing::TempDir() + "/overhead-table.yaml";
+  const std::string rows = "models:\n  yolov8n: {fixed_gib: 0.5, per_image_gib: 0.21}\n";
+  std::ofstream(table_path) << "source: yolo8 profile\nprovenance: {device: NVIDIA H200, date: \"2026-12-01\"}\n"
+                               "process_overhead_gib: 0.62\n" +
+                                   rows;
+  const Policy measured = load_policy_from_string(
+      minimal() + "sharing: {enabled: true, process_overhead_gib: 1.5}\n" + "memory_table: " + table_path + "\n",
+      "test.yaml");
+  EXPECT_DOUBLE_EQ(measured.memory_table.process_overhead_gib, 0.62);
+  EXPECT_DOUBLE_EQ(measured.shared_overhead_gib(), 0.62);
+  EXPECT_EQ(measured.describe_shared_overhead(), "0.62 GiB per process (measured: memory table " + table_path +
+                                                     " process_overhead_gib, yolo8 profile, NVIDIA H200, 2026-12-01)");
+  // a table without the key leaves the policy's figure in force
+  std::ofstream(table_path) << rows;
+  EXPECT_DOUBLE_EQ(load_memory_table(table_path).process_overhead_gib, -1);
+  EXPECT_DOUBLE_EQ(
+      load_policy_from_string(minimal() + "memory_table: " + table_path + "\n", "test.yaml").shared_overhead_gib(),
+      0.75);
+  const auto table_error = [&](const std::string& text) {
+    std::ofstream(table_path) << text;
+    try {
+      load_memory_table(table_path);
+    } catch (const PolicyError& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  e = table_error("process_overhead_gib: -1\n" + rows);
+  EXPECT_NE(e.find(table_path + ":1: process_overhead_gib: must be >= 0"), std::string::npos) << e;
+  e = table_error("process_overhead_gib: .inf\n" + rows);
+  EXPECT_NE(e.find(table_path + ":1: process_overhead_gib: must be a finite number"), std::string::npos) << e;
+  // a policy built in code is checked by validate(), naming the key
+  Policy coded = fallback;
+  coded.process_overhead_gib = -1;
+  try {
+    coded.validate();
+    ADD_FAILURE() << "no PolicyError";
+  } catch (const PolicyError& error) {
+    EXPECT_NE(std::string(error.what()).find("sharing.process_overhead_gib: must be >= 0"), std::string::npos)
+        << error.what();
+  }
+  coded = fallback;
+  coded.memory_table.process_overhead_gib = -2;
+  EXPECT_THROW(coded.validate(), PolicyError);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

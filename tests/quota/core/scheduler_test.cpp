@@ -122,8 +122,9 @@ std::string describe(const Decision& decision) {
   return text;
 }
 
-// Every GPU within its memory, a whole lease alone on its GPUs, one owner (a team or the pool) per GPU, at
-// most max_leases_per_gpu leases and no more non-critical GPUs than the pool leaves.
+// Every GPU within its memory (a shared lease counting its share plus the per-process overhead), a whole lease
+// alone on its GPUs, one owner (a team or the pool) per GPU, at most max_leases_per_gpu leases and no more
+// non-critical GPUs than the pool leaves.
 std::vector<std::string> gpu_errors(const ClusterState& state) {
   std::vector<std::string> errors;
   const size_t gpus = state.policy.gpus.size();
@@ -138,7 +139,8 @@ std::vector<std::string> gpu_errors(const ClusterState& state) {
     }
     for (int device : lease.devices) {
       const auto gpu = static_cast<size_t>(device);
-      memory[gpu] += lease.shared ? lease.memory_gib : state.policy.gpus[gpu].memory_gib;
+      memory[gpu] +=
+          lease.shared ? lease.memory_gib + state.policy.shared_overhead_gib() : state.policy.gpus[gpu].memory_gib;
       ++count[gpu];
       whole[gpu] += lease.shared ? 0 : 1;
       const bool critical = lease.req.priority == Priority::kCritical;
@@ -327,6 +329,85 @@ TEST(Scheduler, PreemptionRulesApplyInTheDocumentedOrder) {
   facts.running = false;
   EXPECT_EQ(preemption_rule(facts), PreemptionRule::kNotRunning);
   EXPECT_FALSE(allows_preemption(PreemptionRule::kNoRule));
+}
+
+// One 80 GiB GPU that one team may share with up to 8 leases (so only memory limits them), no pool.
+Policy one_shared_gpu() {
+  Policy policy;
+  policy.gpus = {Gpu{"node", 0, 80, ""}};
+  policy.emergency_pool_fraction = 0;
+  policy.sharing_enabled = true;
+  policy.max_leases_per_gpu = 8;
+  Team team;
+  team.name = "team";
+  team.base = team.burst = 1;
+  policy.teams[team.name] = team;
+  return policy;
+}
+
+// `count` queued shared requests of `share_gib` each.
+std::map<int64_t, Lease> queued_shares(int count, double share_gib) {
+  std::map<int64_t, Lease> leases;
+  for (int64_t id = 1; id <= count; ++id) {
+    Lease lease;
+    lease.id = id;
+    lease.req.team = "team";
+    lease.req.user = "user";
+    lease.req.model = "yolov8n";
+    lease.req.gpus = 1;
+    lease.req.shared = lease.shared = true;
+    lease.req.memory_gib = lease.memory_gib = share_gib;
+    lease.created_ms = kMonday + id;
+    leases.emplace(id, lease);
+  }
+  return leases;
+}
+
+// How many of `count` shares of `share_gib` one pass grants on the 80 GiB GPU.
+size_t shares_granted(const Policy& policy, int count, double share_gib) {
+  const Inventory inventory(policy);
+  const std::map<int64_t, Lease> leases = queued_shares(count, share_gib);
+  const FairUsage usage;
+  const Decision decision = schedule(ClusterState{policy, inventory, leases, usage, kMonday});
+  return static_cast<size_t>(std::count_if(decision.steps.begin(), decision.steps.end(),
+                                           [](const Decision::Step& step) { return step.kind == Kind::kGrant; }));
+}
+
+// A share caps only its process's allocator; the CUDA context and library workspaces come on top, so a GPU
+// takes shares only while the shares plus one overhead each fit its memory.
+TEST(Scheduler, SharedLeasesOccupyTheirSharePlusThePerProcessOverhead) {
+  const Policy policy = one_shared_gpu();
+  EXPECT_DOUBLE_EQ(policy.shared_overhead_gib(), 0.75);  // the documented default
+  EXPECT_EQ(shares_granted(policy, 4, 19), 4u);          // 4 x 19.75 = 79 GiB
+  EXPECT_EQ(shares_granted(policy, 5, 16), 4u);          // 5 x 16.75 = 83.75 GiB: the fifth waits
+  EXPECT_EQ(shares_granted(policy, 5, 15.25), 5u);       // 5 x 16 = 80 GiB exactly
+  // place() alone: four 16 GiB shares on the GPU leave 13 GiB, not the 16.75 a fifth needs
+  std::map<int64_t, Lease> leases = queued_shares(5, 16);
+  for (int64_t id = 1; id <= 4; ++id) {
+    leases.at(id).state = LeaseState::kGranted;
+    leases.at(id).devices = {0};
+  }
+  const Inventory inventory(policy);
+  const FairUsage usage;
+  const ClusterState state{policy, inventory, leases, usage, kMonday};
+  EXPECT_FALSE(place(state, ask_of(state, leases.at(5)), 5).has_value());
+  EXPECT_TRUE(gpu_errors(state).empty());
+  // without any overhead the five would fill the card exactly (what placement counted before)
+  Policy none = policy;
+  none.process_overhead_gib = 0;
+  EXPECT_EQ(shares_granted(none, 5, 16), 5u);
+}
+
+// A memory table that carries a measured overhead overrides the policy's default in placement.
+TEST(Scheduler, TheMemoryTablesMeasuredOverheadOverridesThePolicys) {
+  Policy policy = one_shared_gpu();
+  policy.memory_table.process_overhead_gib = 0.25;
+  EXPECT_DOUBLE_EQ(policy.shared_overhead_gib(), 0.25);
+  EXPECT_EQ(shares_granted(policy, 5, 15.75), 5u);  // 5 x 16 = 80
+  policy.memory_table.process_overhead_gib = 2;
+  EXPECT_EQ(shares_granted(policy, 4, 19), 3u);   // 4 x 21 = 84
+  policy.memory_table.process_overhead_gib = -1;  // the table does not say: the policy's 0.75
+  EXPECT_EQ(shares_granted(policy, 4, 19), 4u);
 }
 
 TEST(Scheduler, TheRefusalCacheKeyHasEveryFieldOfTheAsk) {
