@@ -60,6 +60,9 @@ struct Telemetry {
   std::string gpu_util_source;  // "nvml" (the devices' own figure), "busy_time" (share of time in steps), "" unsaid
   double memory_used_gib = -1;  // peak per GPU
   double device_memory_used_gib = -1;  // NVML: memory in use on the busiest leased device, every process's
+  // NVML per process: this process's memory on its leased device as nvidia-smi's process list shows it, the CUDA
+  // context included (on a shared GPU the device figure above is every lease's sum)
+  double process_memory_used_gib = -1;
   int64_t last_checkpoint_ms = 0;
   // What the peak was measured with, so that quotad can learn the memory table from real runs
   // (`quotad memory-table --observed`); empty / -1 = not reported.

@@ -95,6 +95,7 @@ json to_json(const Telemetry& telemetry) {
            {"last_checkpoint_ms", telemetry.last_checkpoint_ms}};
   if (!telemetry.gpu_util_source.empty()) out["gpu_util_source"] = telemetry.gpu_util_source;
   if (telemetry.device_memory_used_gib >= 0) out["device_memory_used_gib"] = telemetry.device_memory_used_gib;
+  if (telemetry.process_memory_used_gib >= 0) out["process_memory_used_gib"] = telemetry.process_memory_used_gib;
   if (!telemetry.model.empty()) out["model"] = telemetry.model;
   if (telemetry.imgsz > 0) out["imgsz"] = telemetry.imgsz;
   if (telemetry.batch > 0) out["batch"] = telemetry.batch;
@@ -219,6 +220,7 @@ Telemetry telemetry_from_json(const json& body) {
   telemetry.last_checkpoint_ms = field<int64_t>(body, "last_checkpoint_ms", 0);
   telemetry.gpu_util_source = bounded(body, "gpu_util_source", 16);
   telemetry.device_memory_used_gib = field<double>(body, "device_memory_used_gib", -1);
+  telemetry.process_memory_used_gib = field<double>(body, "process_memory_used_gib", -1);
   if (telemetry.gpu_util > 1.0 + 1e-9) throw RequestError("gpu_util: a fraction within 0..1");
   if (!telemetry.gpu_util_source.empty() && telemetry.gpu_util_source != "nvml" &&
       telemetry.gpu_util_source != "busy_time") {
@@ -293,6 +295,7 @@ Lease lease_from_json(const json& record) {
     lease.telemetry.memory_used_gib = telemetry.value("memory_used_gib", -1.0);
     lease.telemetry.gpu_util_source = telemetry.value("gpu_util_source", "");
     lease.telemetry.device_memory_used_gib = telemetry.value("device_memory_used_gib", -1.0);
+    lease.telemetry.process_memory_used_gib = telemetry.value("process_memory_used_gib", -1.0);
     lease.telemetry.last_checkpoint_ms = telemetry.value("last_checkpoint_ms", int64_t{0});
     // what the peak was measured with: written by to_json, so a restart keeps it (the journal's advice and the
     // learned memory table read it)

@@ -120,6 +120,7 @@ void merge_telemetry(Telemetry& into, const Telemetry& from) {
   if (from.gpu_util >= 0) into.gpu_util = from.gpu_util;
   if (!from.gpu_util_source.empty()) into.gpu_util_source = from.gpu_util_source;
   if (from.device_memory_used_gib >= 0) into.device_memory_used_gib = from.device_memory_used_gib;
+  if (from.process_memory_used_gib >= 0) into.process_memory_used_gib = from.process_memory_used_gib;
   if (from.memory_used_gib >= 0) into.memory_used_gib = from.memory_used_gib;
   if (from.last_checkpoint_ms > 0) into.last_checkpoint_ms = from.last_checkpoint_ms;
   merge_memory_context(into, from);

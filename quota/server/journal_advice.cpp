@@ -29,6 +29,9 @@ std::string job_evidence(const ReportJob& job) {
     text += "; peak " + fixed_text(job.peak_memory_gib, 1) + " GiB of " + fixed_text(job.memory_gib, 0) + " GiB" +
             (job.shared ? " shared" : " per GPU");
   }
+  if (const std::string on_gpu = device_memory_text(job.process_memory_gib, job.device_memory_gib); !on_gpu.empty()) {
+    text += "; on the GPU " + on_gpu;
+  }
   if (job.batch > 0) text += "; batch " + std::to_string(job.batch) + " per GPU";
   if (job.imgsz > 0) text += " at " + std::to_string(job.imgsz) + " px";
   return text;

@@ -188,6 +188,8 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     job.may_share = policy != nullptr && policy->shared_refusal(lease.req.model, 1).empty();
     job.memory_gib = lease.memory_gib;
     job.peak_memory_gib = lease.telemetry.memory_used_gib;
+    job.process_memory_gib = lease.telemetry.process_memory_used_gib;
+    job.device_memory_gib = lease.telemetry.device_memory_used_gib;
     job.batch = lease.telemetry.batch;
     job.imgsz = lease.telemetry.imgsz > 0 ? lease.telemetry.imgsz : lease.req.imgsz;
     if (auto it = cur.util.find(id); it != cur.util.end()) {

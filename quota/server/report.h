@@ -36,6 +36,8 @@ struct ReportJob {
   bool may_share = false;  // the policy lets this model hold a one-GPU shared lease
   double memory_gib = 0;
   double peak_memory_gib = -1;
+  double process_memory_gib = -1;  // NVML: the trainer's process on its GPU, the CUDA context included
+  double device_memory_gib = -1;   // NVML: every process's on that GPU (on a shared GPU, every lease's)
   int batch = -1, imgsz = -1;
 };
 

@@ -27,6 +27,12 @@ std::string html_escape(const std::string& text) {
   return out;
 }
 
+std::string device_memory_text(double process_gib, double device_gib) {
+  const std::string device = device_gib >= 0 ? "device " + fixed_text(device_gib, 1) + " GiB" : "";
+  if (process_gib < 0) return device;
+  return "process " + fixed_text(process_gib, 1) + " GiB" + (device.empty() ? "" : " of " + device);
+}
+
 std::string format_duration_ms(int64_t ms) {
   const int64_t seconds = std::max<int64_t>(0, ms / 1000);
   std::ostringstream stream;
@@ -134,7 +140,7 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
     html << "<div class=\"scroll\"><table "
             "id=\"leases\"><tr><th>lease</th><th>team</th><th>user</th><th>job</th><th>model</th>"
          << "<th>GPUs</th><th>state</th><th>running for</th><th>utilisation now</th><th>mean</th>"
-         << "<th>memory (GiB)</th></tr>\n";
+         << "<th>memory peak (GiB)</th><th>on the GPU</th></tr>\n";
     for (const Lease* lease : running) {
       const LeaseUtil* util = tracker.find(lease->id);
       html << "<tr><td class=\"n\">" << lease->id << "</td><td>" << html_escape(lease->req.team) << "</td><td>"
@@ -147,7 +153,11 @@ std::string render_status_page(const Policy& policy, const Engine& engine, const
            << percent(lease->telemetry.gpu_util) << "</td><td class=\"n\">"
            << percent(util != nullptr && util->samples > 0 ? util->avg_util() : -1) << "</td><td class=\"n\">"
            << (lease->telemetry.memory_used_gib >= 0 ? fixed_text(lease->telemetry.memory_used_gib, 1) : "&ndash;")
-           << "</td></tr>\n";
+           << "</td><td>";
+      // NVML's figures: the process's own where the trainer sends it (on a shared GPU the device's is everyone's)
+      const std::string on_gpu =
+          device_memory_text(lease->telemetry.process_memory_used_gib, lease->telemetry.device_memory_used_gib);
+      html << (on_gpu.empty() ? "&ndash;" : on_gpu) << "</td></tr>\n";
     }
     html << "</table></div>\n";
   }

@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS usage (
   user TEXT NOT NULL, month TEXT NOT NULL, gpu_hours REAL NOT NULL, PRIMARY KEY (user, month));
 CREATE TABLE IF NOT EXISTS heartbeats (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
-  memory_used_gib REAL, last_checkpoint_ms INTEGER, gpu_util_source TEXT, device_memory_used_gib REAL);
+  memory_used_gib REAL, last_checkpoint_ms INTEGER, gpu_util_source TEXT, device_memory_used_gib REAL,
+  process_memory_used_gib REAL);
 CREATE INDEX IF NOT EXISTS heartbeats_lease ON heartbeats(lease_id, ts_ms);
 CREATE TABLE IF NOT EXISTS memory_observations (
   lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT NULL, imgsz INTEGER NOT NULL,
@@ -93,12 +94,16 @@ bool Store::has_column(const std::string& table, const std::string& column) {
   return false;
 }
 
-// Databases written before heartbeats said where their utilisation came from gain the two columns, and those
-// written before memory observations named their LibTorch version gain that one (NULL in old rows).
+// Databases written before heartbeats said where their utilisation came from gain the two columns, those written
+// before heartbeats carried the process's own GPU memory gain that one, and those written before memory
+// observations named their LibTorch version gain that one (NULL in old rows).
 void Store::add_newer_columns() {
   if (!has_column("heartbeats", "gpu_util_source")) {
     exec("ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT");
     exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
+  }
+  if (!has_column("heartbeats", "process_memory_used_gib")) {
+    exec("ALTER TABLE heartbeats ADD COLUMN process_memory_used_gib REAL");
   }
   if (!has_column("memory_observations", "libtorch")) exec("ALTER TABLE memory_observations ADD COLUMN libtorch TEXT");
   if (!has_column("audit", "chain")) exec("ALTER TABLE audit ADD COLUMN chain TEXT");  // issue 30: the hash chain
@@ -234,7 +239,8 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
   {
     Statement statement(
         prepare("SELECT step, epoch, gpu_util, memory_used_gib, last_checkpoint_ms, ts_ms, gpu_util_source, "
-                "COALESCE(device_memory_used_gib, -1) FROM heartbeats WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
+                "COALESCE(device_memory_used_gib, -1), COALESCE(process_memory_used_gib, -1) FROM heartbeats "
+                "WHERE lease_id = ? ORDER BY ts_ms DESC LIMIT 1"));
     Statement seen(prepare("SELECT MAX(ts_ms) FROM heartbeats WHERE lease_id = ? AND ts_ms <= ?"));
     for (auto& lease : snapshot.leases) {
       if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
@@ -250,6 +256,7 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
           lease.telemetry.gpu_util_source = reinterpret_cast<const char*>(source);
         }
         lease.telemetry.device_memory_used_gib = sqlite3_column_double(statement.get(), 7);
+        lease.telemetry.process_memory_used_gib = sqlite3_column_double(statement.get(), 8);
       }
       // the last heartbeat up to now: one stored after now was received before the wall clock was set back, and
       // the lease row's clocks already moved with that step (Engine::clock_stepped; local mode reloads each call)
@@ -470,7 +477,8 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
   try {
     Statement statement(
         prepare("INSERT INTO heartbeats(lease_id, ts_ms, step, epoch, gpu_util, memory_used_gib, "
-                "last_checkpoint_ms, gpu_util_source, device_memory_used_gib) VALUES (?,?,?,?,?,?,?,?,?)"));
+                "last_checkpoint_ms, gpu_util_source, device_memory_used_gib, process_memory_used_gib) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)"));
     for (const auto& sample : samples) {
       sqlite3_reset(statement.get());
       sqlite3_bind_int64(statement.get(), 1, sample.lease_id);
@@ -487,6 +495,7 @@ void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
         sqlite3_bind_text(statement.get(), 8, source.c_str(), static_cast<int>(source.size()), SQLITE_TRANSIENT);
       }
       sqlite3_bind_double(statement.get(), 9, sample.telemetry.device_memory_used_gib);
+      sqlite3_bind_double(statement.get(), 10, sample.telemetry.process_memory_used_gib);
       if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write heartbeat");
     }
     // The peaks quotad learns its memory table from (quotad memory-table --observed). A run keeps one row per

@@ -116,6 +116,38 @@ TEST(QuotaCodec, ALeaseRecordKeepsItsTelemetrysMemoryContext) {
   EXPECT_TRUE(back.telemetry.is_memory_observation());
 }
 
+// On a shared GPU the device's memory is every lease's sum: the heartbeat also carries the trainer's own
+// process's (NVML per PID), through the wire, the lease record and the merge of later heartbeats.
+TEST(QuotaCodec, TelemetryCarriesTheProcesssOwnGpuMemory) {
+  const Telemetry beat = telemetry_from_json(json{{"device_memory_used_gib", 30.5}, {"process_memory_used_gib", 7.25}});
+  EXPECT_DOUBLE_EQ(beat.process_memory_used_gib, 7.25);
+  EXPECT_DOUBLE_EQ(telemetry_from_json(to_json(beat)).process_memory_used_gib, 7.25);
+  Lease lease;
+  lease.id = 4;
+  lease.state = LeaseState::kGranted;
+  lease.telemetry = beat;
+  const Lease back = lease_from_json(to_json(lease, Policy{}));
+  EXPECT_DOUBLE_EQ(back.telemetry.process_memory_used_gib, 7.25);
+  EXPECT_DOUBLE_EQ(back.telemetry.device_memory_used_gib, 30.5);
+  // an older trainer (or one without NVML) says nothing: unknown, and left out again
+  const Telemetry old = telemetry_from_json(json{{"device_memory_used_gib", 30.5}});
+  EXPECT_DOUBLE_EQ(old.process_memory_used_gib, -1);
+  EXPECT_FALSE(to_json(old).contains("process_memory_used_gib"));
+  EXPECT_DOUBLE_EQ(
+      lease_from_json(
+          json{{"id", 5}, {"request", json::object()}, {"state", "granted"}, {"telemetry", {{"gpu_util", 0.5}}}})
+          .telemetry.process_memory_used_gib,
+      -1);
+  // a heartbeat without the figure keeps the last one reported
+  Telemetry merged = beat;
+  merge_telemetry(merged, old);
+  EXPECT_DOUBLE_EQ(merged.process_memory_used_gib, 7.25);
+  Telemetry newer;
+  newer.process_memory_used_gib = 8;
+  merge_telemetry(merged, newer);
+  EXPECT_DOUBLE_EQ(merged.process_memory_used_gib, 8);
+}
+
 TEST(QuotaCodec, EveryLeaseStateRoundTripsThroughItsText) {
   const std::vector<std::pair<LeaseState, std::string>> states = {{LeaseState::kPendingApproval, "pending_approval"},
                                                                   {LeaseState::kQueued, "queued"},

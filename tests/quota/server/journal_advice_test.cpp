@@ -57,6 +57,24 @@ TEST(JournalAdvice, AnIdleSmallModelOnAWholeGpuIsToldTheSharedLeaseThatFits) {
   ASSERT_EQ(a.savings.size(), 1u);
 }
 
+// On a shared GPU the device's memory is every lease's: the evidence names the process's own figure where the
+// trainer reported it, and says nothing of the GPU where it reported neither.
+TEST(JournalAdvice, TheEvidenceNamesTheProcesssOwnMemoryOnItsGpu) {
+  ReportJob shared = job(8, "yolov8n", 1, 8, 0.10, 10, 6);
+  shared.shared = true;
+  shared.process_memory_gib = 6.9;
+  shared.device_memory_gib = 20.4;
+  const JournalAdvice a = advise(month_with({shared}));
+  ASSERT_EQ(a.suggestions.size(), 1u);
+  EXPECT_NE(a.suggestions[0].evidence.find("peak 6.0 GiB of 10 GiB shared; on the GPU process 6.9 GiB of device "
+                                           "20.4 GiB"),
+            std::string::npos)
+      << a.suggestions[0].evidence;
+  const JournalAdvice unsaid = advise(month_with({job(9, "yolov8n", 1, 8, 0.10, 10, 6)}));
+  ASSERT_EQ(unsaid.suggestions.size(), 1u);
+  EXPECT_EQ(unsaid.suggestions[0].evidence.find("on the GPU"), std::string::npos) << unsaid.suggestions[0].evidence;
+}
+
 TEST(JournalAdvice, AnIdleMultiGpuJobIsToldTheFewestGpusThatKeepItsWork) {
   // 4 GPUs at 15 %: 0.6 GPUs of work, one GPU at 60 %
   const JournalAdvice a = advise(month_with({job(3, "yolov8m", 4, 5, 0.15, 80, 30)}));

@@ -108,6 +108,32 @@ TEST(QuotadStatusPage, RunningLeaseNamesItsGpusAndTheirMatch) {
       << leases;
 }
 
+// Two shared leases on one GPU each see the device's memory as every lease's sum: the page shows each
+// process's own figure where the trainer sends it, the device's alone where it does not.
+TEST(QuotadStatusPage, RunningLeaseShowsItsProcessMemoryOfTheDevice) {
+  ServiceOptions o;
+  o.clock = [] { return testing::kMonday; };
+  QuotaService s(testing::example_policy(), o);
+  for (const std::string job : {"first", "second"}) {
+    const std::string body = R"({"model":"yolov8n","shared":true,"memory_gib":8,"job":")" + job + R"("})";
+    ASSERT_EQ(s.handle(testing::api_call("POST", "/v1/leases", "alice-token", body)).status, 201) << job;
+  }
+  const auto beat = [&](int64_t id, const std::string& body) {
+    return s.handle(testing::api_call("POST", "/v1/leases/" + std::to_string(id) + "/heartbeat", "alice-token", body))
+        .status;
+  };
+  ASSERT_EQ(beat(1, R"({"memory_used_gib":6.5,"device_memory_used_gib":17.9,"process_memory_used_gib":8.4})"), 200);
+  ASSERT_EQ(beat(1, R"({"gpu_util":0.5})"), 200);  // a later heartbeat without the figures keeps them
+  ASSERT_EQ(beat(2, R"({"device_memory_used_gib":17.9})"), 200);
+  const std::string leases = section(render_status_page(s), "leases");
+  EXPECT_NE(leases.find("<th>on the GPU</th>"), std::string::npos) << leases;
+  EXPECT_NE(leases.find("<td class=\"n\">6.5</td><td>process 8.4 GiB of device 17.9 GiB</td>"), std::string::npos)
+      << leases;
+  EXPECT_NE(leases.find("<td>device 17.9 GiB</td>"), std::string::npos) << leases;
+  EXPECT_EQ(device_memory_text(-1, -1), "");
+  EXPECT_EQ(device_memory_text(3.3, -1), "process 3.3 GiB");
+}
+
 TEST(QuotadStatusPage, ServedOverHttpWithoutToken) {
   testing::ScriptedHistory h;
   h.run();

@@ -470,6 +470,67 @@ TEST(QuotaStore, TheUtilisationSourceOfTheLastHeartbeatSurvivesARestart) {
   }
 }
 
+// The process's own GPU memory (NVML per PID) of the last heartbeat comes back after a restart: on a fresh
+// database, on one whose heartbeats table predates every newer column, and on one that has the device's column but
+// not the process's (the column is added at open; older rows read as unknown).
+TEST(QuotaStore, TheProcessGpuMemoryOfTheLastHeartbeatSurvivesARestart) {
+  for (const char* schema : {"new", "oldest", "device_only"}) {
+    const std::string path = temp_db(std::string("process_memory_") + schema);
+    if (std::string(schema) == "oldest") {
+      execute(path,
+              "CREATE TABLE heartbeats (lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch "
+              "INTEGER, gpu_util REAL, memory_used_gib REAL, last_checkpoint_ms INTEGER);");
+    } else if (std::string(schema) == "device_only") {
+      execute(path,
+              "CREATE TABLE heartbeats (lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch "
+              "INTEGER, gpu_util REAL, memory_used_gib REAL, last_checkpoint_ms INTEGER, gpu_util_source TEXT, "
+              "device_memory_used_gib REAL);");
+    }
+    Engine engine(testing::example_policy());
+    LeaseRequest request;
+    request.team = "team-cv";
+    request.user = "alice";
+    request.model = "yolov8n";
+    request.shared = true;
+    request.memory_gib = 10;
+    const int64_t id = engine.acquire(request, kMonday).lease_id;
+    Telemetry beat;
+    beat.device_memory_used_gib = 31.5;
+    beat.process_memory_used_gib = 10.75;
+    {
+      Store store(path);
+      store.write(engine, engine.take_changes());
+      store.write_heartbeats({{id, kMonday + 1000, beat}});
+    }
+    Store reopened(path);
+    const Snapshot snapshot = reopened.load(kMonday + 2000, 24 * kHour, 0);
+    ASSERT_EQ(snapshot.leases.size(), 1u) << schema;
+    EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.process_memory_used_gib, 10.75) << schema;
+    EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.device_memory_used_gib, 31.5) << schema;
+  }
+  // a row written before the column existed reads as unknown
+  const std::string path = temp_db("process_memory_old_row");
+  execute(path,
+          "CREATE TABLE heartbeats (lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch "
+          "INTEGER, gpu_util REAL, memory_used_gib REAL, last_checkpoint_ms INTEGER, gpu_util_source TEXT, "
+          "device_memory_used_gib REAL);"
+          "INSERT INTO heartbeats VALUES (1, 1000, 5, 0, 0.5, 2.0, 0, 'nvml', 12.5);");
+  Engine engine(testing::example_policy());
+  LeaseRequest request;
+  request.team = "team-cv";
+  request.user = "alice";
+  ASSERT_EQ(engine.acquire(request, kMonday).lease_id, 1);
+  {
+    Store store(path);
+    store.write(engine, engine.take_changes());
+  }
+  Store reopened(path);
+  const Snapshot snapshot = reopened.load(kMonday + 2000, 24 * kHour, 0);
+  ASSERT_EQ(snapshot.leases.size(), 1u);
+  EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.device_memory_used_gib, 12.5);
+  EXPECT_DOUBLE_EQ(snapshot.leases[0].telemetry.process_memory_used_gib, -1);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The audit log's hash chain (issue 30): with the append-only triggers dropped, a deleted or edited entry is named.
 
