@@ -306,6 +306,13 @@ std::vector<StepProfile> profile_steps(MemoryMeter& meter, const std::function<v
       const MemoryStats stats = meter.stats();
       row.peak_bytes = stats.peak_bytes;
       row.reserved_peak_bytes = stats.reserved_peak_bytes;
+      if (options.process_bytes) {
+        const int64_t process = options.process_bytes();
+        if (process >= 0) {
+          row.process_bytes = process;
+          row.process_overhead_bytes = process - stats.reserved_bytes;
+        }
+      }
       std::sort(seconds.begin(), seconds.end());
       row.step_seconds = seconds[seconds.size() / 2];
       row.images_per_second = row.step_seconds > 0.0 ? batch / row.step_seconds : 0.0;
@@ -380,6 +387,10 @@ std::string profile_json(const std::string& variant, const std::string& device, 
                            {"reserved_peak_bytes", row.reserved_peak_bytes},
                            {"step_seconds", row.step_seconds},
                            {"images_per_second", row.images_per_second}});
+    if (row.process_bytes >= 0) {
+      out["rows"].back()["process_bytes"] = row.process_bytes;
+      out["rows"].back()["process_overhead_bytes"] = row.process_overhead_bytes;
+    }
   }
   if (any_fit) {
     const MemoryFit fit = fit_profile(rows);

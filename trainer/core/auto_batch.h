@@ -99,6 +99,9 @@ struct ProfileOptions {
   int warmup_steps = 1;  // untimed, but their peak counts (the first step creates optimizer state)
   int timed_steps = 3;
   bool stop_at_out_of_memory = true;  // skip larger batches after the first that does not fit
+  // The process's device memory as the driver counts it (nvidia-smi: CUDA context, library workspaces and the
+  // allocator's cache), read after each row's steps; none, or < 0, where unknown.
+  std::function<int64_t()> process_bytes;
 };
 
 struct StepProfile {
@@ -109,6 +112,8 @@ struct StepProfile {
   int64_t reserved_peak_bytes = 0;  // CUDA: the caching allocator's reserved peak; CPU: = peak_bytes
   double step_seconds = 0.0;        // median over the timed steps
   double images_per_second = 0.0;
+  int64_t process_bytes = -1;           // ProfileOptions::process_bytes after the steps; -1 unknown
+  int64_t process_overhead_bytes = -1;  // process_bytes less what the allocator held then: what no cap covers
 };
 
 // Runs `step(batch)` warmup + timed times for each batch; CUDA work is synchronised before each

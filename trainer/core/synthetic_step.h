@@ -26,6 +26,9 @@ class SyntheticStepRunner {
   SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image, const torch::Device& device,
                       bool channels_last, bool amp = false);
   ~SyntheticStepRunner();
+  // The images and labels of a step at `batch` (labels_per_image < 0: the runner's), on the runner's device. Made
+  // once and reused until another size is asked for, so timed steps hold no data making and no host copy.
+  const SyntheticBatch& batch(int batch, int64_t labels_per_image = -1);
   void train_step(int batch);
   void validation_step(int batch);  // forward only, no gradients, eval mode
 
