@@ -14,6 +14,7 @@
 #include "trainer/app/run_dir.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/ema.h"
+#include "trainer/core/memory_meter.h"
 
 namespace yolo8 {
 namespace fs = std::filesystem;
@@ -22,6 +23,8 @@ namespace app {
 
 bool is_input_failure(const std::exception& error) {
   if (dynamic_cast<const std::bad_alloc*>(&error) || dynamic_cast<const std::system_error*>(&error)) return false;
+  // cuBLAS's and cuDNN's allocation failures come as plain c10::Errors: memory, not the input.
+  if (is_out_of_memory(error)) return false;
   if (dynamic_cast<const c10::OutOfMemoryError*>(&error) || dynamic_cast<const c10::AcceleratorError*>(&error)) {
     return false;
   }

@@ -196,7 +196,14 @@ bool is_out_of_memory(const std::exception& error) {
       dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr) {
     return true;
   }
-  return lower(error.what()).find("out of memory") != std::string::npos;
+  // Near the cap the libraries fail before the caching allocator does, each in its own words: cuBLAS when it
+  // cannot allocate its handle or workspace, cuDNN when no convolution engine fits the workspace it can get.
+  const std::string what = lower(error.what());
+  for (const char* sign : {"out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                           "unable to find an engine", "cudnn_status_not_enough_workspace"}) {
+    if (what.find(sign) != std::string::npos) return true;
+  }
+  return false;
 }
 
 bool is_out_of_memory(const std::exception_ptr& error) {

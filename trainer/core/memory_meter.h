@@ -22,8 +22,9 @@ class OutOfMemory : public std::runtime_error {
   int64_t requested_bytes_;
 };
 
-// True for our OutOfMemory, c10's OutOfMemoryError, and any error whose message says "out of memory"
-// (CUDA and the autograd engine may rethrow with a rewrapped message).
+// True for our OutOfMemory, c10's OutOfMemoryError, any error whose message says "out of memory" (CUDA and the
+// autograd engine may rethrow with a rewrapped message), and cuBLAS's and cuDNN's allocation failures
+// (CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED, "unable to find an engine" for lack of workspace).
 bool is_out_of_memory(const std::exception& error);
 // The same for the exception in flight; false when it is not a std::exception.
 bool is_out_of_memory(const std::exception_ptr& error);

@@ -296,16 +296,25 @@ bool have_cuda() {
 
 TEST(TrainStepCuda, Float32StepAgreesWithTheCpuStep) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  // A float32 comparison: TF32 (cuDNN's default for convolutions) rounds inputs to 10 mantissa bits, which would
+  // measure TF32 rather than the CUDA path. Restored afterwards for the other tests of this process.
+  at::Context& context = at::globalContext();
+  const bool cudnn_tf32 = context.allowTF32CuDNN();
+  const bool cublas_tf32 = context.allowTF32CuBLAS();
+  context.setAllowTF32CuDNN(false);
+  context.setAllowTF32CuBLAS(false);
   TrainingCore cpu = make_core(4);
   TrainingCore gpu = make_core(4, false, false, torch::Device(torch::kCUDA, 0));
   for (int64_t ni = 0; ni < 2; ++ni) {
     const SyntheticBatch batch = synthetic_batch(4, 128, 3, 4, static_cast<uint64_t>(ni));
     const StepOutcome a = cpu.step(0, ni, batch.images, batch.labels);
     const StepOutcome b = gpu.step(0, ni, batch.images, batch.labels);
-    // cuDNN may use TF32 convolutions: agreement to a few parts in a thousand, not bitwise.
-    EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items.to(torch::kCPU), 5e-3, 1e-4))
+    // Summation order differs (cuDNN's and oneDNN's kernels): agreement to float32 rounding of long sums.
+    EXPECT_TRUE(torch::allclose(a.loss_items, b.loss_items.to(torch::kCPU), 1e-4, 1e-5))
         << a.loss_items << " vs " << b.loss_items;
   }
+  context.setAllowTF32CuDNN(cudnn_tf32);
+  context.setAllowTF32CuBLAS(cublas_tf32);
 }
 
 TEST(TrainStepCuda, AmpTrainsWithFiniteLossesInLessMemory) {
@@ -317,19 +326,31 @@ TEST(TrainStepCuda, AmpTrainsWithFiniteLossesInLessMemory) {
     TrainingCore core = make_core(16, false, amp, device);
     EXPECT_EQ(core.autocast(), amp);
     EXPECT_EQ(core.grad_scaler().enabled(), amp);
-    int stepped = 0;
+    // The scaler starts at 2^16 and the loss is the batch's sum: fresh yolov8n gradients reach 7-8, so fp16
+    // overflows and the first steps are skipped while the scale halves. That is the scaler working; what must
+    // hold is that once a step is taken, training goes on (at most one later skip) and the loss falls.
+    int stepped = 0, skipped_before = 0, skipped_after = 0;
     torch::Tensor first_loss, last_loss;
-    for (int64_t ni = 0; ni < 6; ++ni) {
+    for (int64_t ni = 0; ni < 12; ++ni) {
       const SyntheticBatch batch = synthetic_batch(16, 320, 3, 6, 7);  // one batch, so the loss must fall
       StepOutcome outcome;
       const int64_t peak = measure_peak_bytes(meter, [&] { outcome = core.step(0, ni, batch.images, batch.labels); });
       if (ni > 0) peaks[amp] = std::max(peaks[amp], peak);  // after the optimizer state exists
       ASSERT_TRUE(torch::isfinite(outcome.loss_items).all().item<bool>()) << "amp " << amp << " step " << ni;
-      stepped += outcome.optimizer_stepped;
-      if (ni == 0) first_loss = outcome.loss_items.sum().cpu();
+      if (outcome.optimizer_stepped) {
+        if (stepped == 0) first_loss = outcome.loss_items.sum().cpu();
+        ++stepped;
+      } else {
+        ++(stepped == 0 ? skipped_before : skipped_after);
+      }
       last_loss = outcome.loss_items.sum().cpu();
     }
-    EXPECT_GE(stepped, 5) << "amp " << amp;  // a scaler may skip one early step on an overflow, not more
+    std::printf("%s: %d steps taken, %d skipped before the first, %d after; scale %g\n", amp ? "AMP" : "float32",
+                stepped, skipped_before, skipped_after, core.grad_scaler().current_scale());
+    if (!amp) EXPECT_EQ(stepped, 12);
+    EXPECT_LE(skipped_before, 8) << "amp " << amp;  // 2^16 halved 8 times is 256: gradients of 256 x 8 fit fp16
+    EXPECT_LE(skipped_after, 1) << "amp " << amp;
+    ASSERT_GE(stepped, 3) << "amp " << amp;
     EXPECT_LT(last_loss.item<double>(), first_loss.item<double>()) << "amp " << amp;
     for (const auto& p : core.model()->parameters()) ASSERT_TRUE(torch::isfinite(p).all().item<bool>());
   }
