@@ -127,16 +127,23 @@ std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings
       make_run_dir(project_dir(settings.project, settings.task), "profile", settings.name, settings.exist_ok);
   std::vector<AutoBatchProfileRow> rows;
   rows.reserve(variants.size());
-  for (const auto& variant : variants) rows.push_back(profile_variant(variant, settings, device, budget));
-  std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"
-            << format_auto_batch_profile(rows);
   nlohmann::json json = {{"device", device.str()},
                          {"imgsz", settings.loader.imgsz},
                          {"budget_gib", budget / kBytesPerGib},
                          {"rows", nlohmann::json::array()}};
-  for (const auto& row : rows) json["rows"].push_back(to_json(row));
-  std::ofstream(run_dir / "auto_batch.json") << json.dump(2) << "\n";
-  std::cout << "Written to " << (run_dir / "auto_batch.json").string() << "\n";
+  const fs::path json_path = run_dir / "auto_batch.json";
+  for (const auto& variant : variants) {
+    rows.push_back(profile_variant(variant, settings, device, budget));
+    release_cached_memory(device);  // the next variant sizes its batch from an empty cache, as a new run would
+    // Written after each variant: a profile stopped at its time limit keeps what it measured.
+    json["rows"].push_back(to_json(rows.back()));
+    const fs::path temporary = json_path.string() + ".tmp";
+    std::ofstream(temporary) << json.dump(2) << "\n";
+    fs::rename(temporary, json_path);
+  }
+  std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"
+            << format_auto_batch_profile(rows);
+  std::cout << "Written to " << json_path.string() << "\n";
   return rows;
 }
 

@@ -10,9 +10,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
+
+#include <unistd.h>
 
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
+#include "trainer/app/utilisation.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
@@ -21,6 +26,21 @@
 
 namespace yolo8 {
 namespace fs = std::filesystem;
+
+namespace {
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream file(temporary);
+    file << text;
+    file.flush();
+    if (!file) throw std::runtime_error("cannot write " + temporary.string());
+  }
+  fs::rename(temporary, path);
+}
+
+}  // namespace
 
 double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib) {
   if (lease_gib > 0) return lease_gib * kBytesPerGib;
@@ -91,25 +111,51 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
       settings.amp && device.is_cuda() ? "amp" : "float32";  // profiles time the float32 step on CPU
   table.provenance.libtorch = TORCH_VERSION;
   table.provenance.date = date;
-  std::string json = "[";
+  ProfileOptions options;
+  // nvidia-smi's view of this process (CUDA context and library workspaces included), beside the allocator's.
+  std::unique_ptr<Nvml> nvml = device.is_cuda() ? Nvml::load() : nullptr;
+  const std::optional<std::string> nvml_device =
+      nvml ? cuda_device_uuid(device.has_index() ? device.index() : 0) : std::nullopt;
+  if (nvml && nvml_device) {
+    const auto pid = static_cast<unsigned int>(getpid());
+    options.process_bytes = [&nvml, &nvml_device, pid]() -> int64_t {
+      const std::optional<double> gib = nvml->process_memory_gib(*nvml_device, pid);
+      return gib ? static_cast<int64_t>(*gib * kBytesPerGib) : -1;
+    };
+  }
+  const fs::path json_path = run_dir / "profile.json";
+  const std::string table_path = settings.out.empty() ? (run_dir / "memory-table.yaml").string() : settings.out;
+  std::string json;
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::string& variant = variants[v];
     const ModelConfig config = load_model_config(variant, 80);
-    SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
-    const std::vector<StepProfile> rows = profile_steps(
-        meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz);
+    std::vector<StepProfile> rows;
+    {
+      SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
+      rows = profile_steps(
+          meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz, options);
+    }
+    // The next variant starts from an empty cache, as a fresh process would.
+    release_cached_memory(device);
     std::cout << format_profile_table(variant, rows) << std::flush;
     json += (v ? "," : "") + profile_json(variant, device.str(), rows);
     bool any_fit = false;
-    for (const auto& row : rows) any_fit = any_fit || !row.out_of_memory;
+    for (const auto& row : rows) {
+      any_fit = any_fit || !row.out_of_memory;
+      // The largest seen: a share must cover the context and the libraries' workspaces at any batch.
+      if (row.process_overhead_bytes >= 0) {
+        table.process_overhead_gib =
+            std::max(table.process_overhead_gib, static_cast<double>(row.process_overhead_bytes) / kBytesPerGib);
+      }
+    }
     if (any_fit) table.variants.push_back(to_table_row(fs::path(variant).stem().string(), fit_profile(rows)));
+    // Written after each variant: a profile stopped at its time limit keeps what it measured.
+    write_text_atomically(json_path, "[" + json + "]\n");
+    write_memory_table(table_path, table);
+    std::cout << "Profile written to " << json_path.string() << "; memory table (for quotad) to " << table_path
+              << " (" << v + 1 << " of " << variants.size() << " variants)\n"
+              << std::flush;
   }
-  json += "]";
-  std::ofstream(run_dir / "profile.json") << json << "\n";
-  const std::string table_path = settings.out.empty() ? (run_dir / "memory-table.yaml").string() : settings.out;
-  write_memory_table(table_path, table);
-  std::cout << "Profile written to " << (run_dir / "profile.json").string() << "; memory table (for quotad) to "
-            << table_path << "\n";
   return kExitCompleted;
 }
 

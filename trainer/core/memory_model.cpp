@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -156,6 +157,9 @@ void write_memory_table(const std::string& path, const MemoryTable& table) {
     out << YAML::Key << "date" << YAML::Value << YAML::DoubleQuoted << from.date;
     out << YAML::EndMap;
   }
+  if (table.process_overhead_gib >= 0) {
+    out << YAML::Key << "process_overhead_gib" << YAML::Value << table.process_overhead_gib;
+  }
   out << YAML::Key << "models" << YAML::Value << YAML::BeginMap;
   for (const MemoryTableRow& row : table.variants) {
     out << YAML::Key << row.variant << YAML::Value << YAML::Flow << YAML::BeginMap;
@@ -167,15 +171,26 @@ void write_memory_table(const std::string& path, const MemoryTable& table) {
   if (!out.good()) {
     throw std::runtime_error("memory table " + path + ": cannot emit YAML: " + out.GetLastError());
   }
-  std::ofstream file(path);
-  if (!file) {
-    throw std::runtime_error("memory table " + path + ": cannot open for writing");
+  // Replaced whole (a temporary file renamed over it): a profile rewrites it after each variant, and a profile
+  // killed mid-write must leave the previous table, not half of one.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary);
+    if (!file) {
+      throw std::runtime_error("memory table " + path + ": cannot open " + temporary + " for writing");
+    }
+    file << "# Training-step peak memory per variant: peak(batch, imgsz) = fixed_gib + per_image_gib * "
+            "batch * (imgsz / reference_imgsz)^2\n";
+    file << out.c_str() << "\n";
+    file.flush();
+    if (!file) {
+      throw std::runtime_error("memory table " + path + ": write failed");
+    }
   }
-  file << "# Training-step peak memory per variant: peak(batch, imgsz) = fixed_gib + per_image_gib * "
-          "batch * (imgsz / reference_imgsz)^2\n";
-  file << out.c_str() << "\n";
-  if (!file) {
-    throw std::runtime_error("memory table " + path + ": write failed");
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    throw std::runtime_error("memory table " + path + ": cannot replace it: " + error.message());
   }
 }
 
@@ -249,6 +264,19 @@ MemoryTable read_memory_table(const std::string& path) {
       return value && value.IsScalar() ? value.Scalar() : std::string();
     };
     table.provenance = {text("device"), text("precision"), text("libtorch"), text("date")};
+  }
+  if (const YAML::Node overhead = root["process_overhead_gib"]) {
+    double gib = -1.0;
+    try {
+      gib = overhead.as<double>();
+    } catch (const YAML::Exception&) {
+    }
+    if (!std::isfinite(gib) || gib < 0.0) {
+      throw std::runtime_error("memory table " + where(path, overhead) +
+                               ": key 'process_overhead_gib' must be a finite number >= 0, got '" + overhead.Scalar() +
+                               "'");
+    }
+    table.process_overhead_gib = gib;
   }
   const YAML::Node variants = root["models"];
   if (!variants) {

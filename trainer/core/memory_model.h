@@ -80,6 +80,9 @@ struct MemoryTable {
   std::string source;  // what measured the figures ("yolo8 profile", "observed", "estimate")
   MemoryProvenance provenance;
   std::vector<MemoryTableRow> variants;  // the rows of `models:`
+  // GiB a training process holds on the GPU beyond what its allocator cap covers (the CUDA context, cuBLAS and
+  // cuDNN workspaces), measured by `yolo8 profile` on a GPU; < 0 when not measured (then quotad's default applies).
+  double process_overhead_gib = -1.0;
 
   // nullptr when absent.
   const MemoryTableRow* find(const std::string& variant) const;

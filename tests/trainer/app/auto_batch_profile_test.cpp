@@ -8,6 +8,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "tests/trainer/process_util.h"
 #include "trainer/core/exit_codes.h"
@@ -58,6 +61,36 @@ TEST(ProfileAutoBatch, ABudgetTooSmallForBatchOneFailsClearly) {
   ASSERT_TRUE(in.good());
   const nlohmann::json report = nlohmann::json::parse(in);
   EXPECT_FALSE(report["rows"][0]["fits"].get<bool>());
+  fs::remove_all(project);
+}
+
+// A profile stopped part-way (its time limit, a bad variant) keeps what it measured: each variant's results are
+// written as it finishes, not after the last.
+TEST(ProfileVariants, EachVariantIsWrittenAsItFinishes) {
+  const fs::path project = fs::path(::testing::TempDir()) / ("yolo8_profile_partial_" + std::to_string(getpid()));
+  fs::remove_all(project);
+  for (const std::string batch : {"1,2", "auto"}) {
+    SCOPED_TRACE(batch);
+    std::vector<std::string> args = {"profile", "variants=n,no-such-model.yaml", "imgsz=64", "batch=" + batch,
+                                     "threads=1", "project=" + project.string(), "name=" + batch, "exist_ok=true"};
+    if (batch == "auto") args.push_back("gpu_mem=0.2");
+    const pid_t child = test::spawn_yolo8(args);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_NE(test::exit_code_of(status), kExitCompleted);
+    const fs::path run = project / batch;
+    std::ifstream in(run / (batch == "auto" ? "auto_batch.json" : "profile.json"));
+    ASSERT_TRUE(in.good());
+    const nlohmann::json report = nlohmann::json::parse(in);
+    const nlohmann::json& first = batch == "auto" ? report["rows"][0] : report[0];
+    EXPECT_EQ(first["variant"].get<std::string>().rfind("yolov8n", 0), 0u) << report.dump();
+    if (batch != "auto") {
+      std::ifstream table(run / "memory-table.yaml");
+      const std::string text((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+      EXPECT_NE(text.find("yolov8n:"), std::string::npos) << text;
+      EXPECT_FALSE(fs::exists(run / "memory-table.yaml.tmp"));
+    }
+  }
   fs::remove_all(project);
 }
 
