@@ -245,6 +245,8 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
     telemetry.gpu_util = reading.util;
     telemetry.gpu_util_source = reading.source;
     telemetry.device_memory_used_gib = reading.device_memory_used_gib;
+    // rank 0's own process: two shared leases on one GPU each report their own, not the device's sum
+    telemetry.process_memory_used_gib = reading.process_memory_used_gib;
     telemetry.last_checkpoint_ms = telemetry_.last_checkpoint_ms.load();
     return telemetry;
   });

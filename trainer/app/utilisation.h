@@ -20,8 +20,9 @@ class Nvml {
  public:
   struct DeviceSample {
     double util = 0;  // 0..1: share of the driver's last sample period with a kernel running
-    double memory_used_gib = 0;
+    double memory_used_gib = 0;  // every process's, as nvidia-smi counts it where the driver has the v2 query
     double memory_total_gib = 0;
+    std::string memory_basis;  // "v2" (driver-reserved memory left out, as nvidia-smi) or "v1" (counted in)
   };
 
   // Opens `library` (a name for the loader's search or a path) and initialises NVML; nullptr when the library,
@@ -33,6 +34,17 @@ class Nvml {
 
   // `device`: an NVML index ("0") or a UUID ("GPU-..."); nullopt when it cannot be read.
   std::optional<DeviceSample> sample(const std::string& device) const;
+  // The mean utilisation (0..1) over the driver's samples taken after `since_us` (microseconds of the wall clock);
+  // nullopt where the driver keeps none (then sample()'s reading of its last period is what there is).
+  struct UtilisationWindow {
+    double util = 0;
+    unsigned long long last_us = 0;  // the newest sample's time: the next window starts after it
+    int samples = 0;
+  };
+  std::optional<UtilisationWindow> utilisation_since(const std::string& device, unsigned long long since_us) const;
+  // GiB that process `pid` uses on `device`, CUDA context included (nvidia-smi's process list); nullopt when the
+  // driver does not say, or names other PIDs (a container without the host's PID namespace).
+  std::optional<double> process_memory_gib(const std::string& device, unsigned int pid) const;
 
  private:
   struct Api;
@@ -55,7 +67,8 @@ class UtilisationSampler {
   struct Reading {
     double util = 0;                     // 0..1
     std::string source;                  // "nvml" or "busy_time"
-    double device_memory_used_gib = -1;  // NVML: the busiest device's used memory; -1 without NVML
+    double device_memory_used_gib = -1;   // NVML: the busiest device's used memory; -1 without NVML
+    double process_memory_used_gib = -1;  // NVML: this process's own memory there; -1 when unknown
     double busy_share = 0;               // 0..1: the busy share of the interval, whatever the source
   };
 
@@ -63,12 +76,15 @@ class UtilisationSampler {
   UtilisationSampler(std::unique_ptr<Nvml> nvml, std::vector<std::string> devices, double start_s);
 
   // `busy_seconds`: the run's cumulative seconds inside training steps; `now_s`: a monotonic clock. NVML's mean
-  // over the devices when every device answers, else the busy share of the interval since the last call.
+  // over the devices when every device answers (each device's mean over the interval since the last call where the
+  // driver keeps samples), else the busy share of the interval since the last call.
   Reading sample(double busy_seconds, double now_s);
 
  private:
   std::unique_ptr<Nvml> nvml_;
   std::vector<std::string> devices_;
+  unsigned int pid_;
+  std::vector<unsigned long long> last_seen_us_;  // per device: the newest NVML sample already averaged
   double last_busy_s_ = 0;
   double last_now_s_ = 0;
 };

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 namespace yolo8 {
@@ -20,8 +23,18 @@ class FakeNvml : public ::testing::Test {
     setenv("FAKE_NVML_USED_MIB_0", "1024", 1);
     setenv("FAKE_NVML_USED_MIB_1", "3072", 1);
     unsetenv("FAKE_NVML_INIT");
+    for (const char* name : {"FAKE_NVML_RESERVED_MIB_0", "FAKE_NVML_RESERVED_MIB_1", "FAKE_NVML_PROCESSES_0",
+                             "FAKE_NVML_PROCESSES_1", "FAKE_NVML_SAMPLES_0", "FAKE_NVML_SAMPLES_1"}) {
+      unsetenv(name);
+    }
   }
 };
+
+unsigned long long now_us() {
+  return static_cast<unsigned long long>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
 
 TEST_F(FakeNvml, ReadsEachDeviceByIndexAndUuid) {
   std::string why;
@@ -49,6 +62,51 @@ TEST_F(FakeNvml, SamplerReportsTheMeanOfTheLeasedDevicesAsNvml) {
   setenv("FAKE_NVML_UTIL_0", "0", 1);
   setenv("FAKE_NVML_UTIL_1", "0", 1);
   EXPECT_DOUBLE_EQ(sampler.sample(0.0, 20.0).util, 0.0);
+}
+
+// nvidia-smi's "used" leaves the driver's reserved memory out (NVML's v2 query); the v1 query counts it in, and a
+// heartbeat compared with nvidia-smi would differ by the reserve.
+TEST_F(FakeNvml, UsedMemoryIsNvidiaSmisLeavingTheDriversReserveOut) {
+  setenv("FAKE_NVML_RESERVED_MIB_0", "512", 1);
+  const std::unique_ptr<Nvml> nvml = Nvml::load(YOLO8_FAKE_NVML_PATH);
+  const auto sample = nvml->sample("0");
+  ASSERT_TRUE(sample.has_value());
+  EXPECT_DOUBLE_EQ(sample->memory_used_gib, 1.0);  // not 1.5
+  EXPECT_EQ(sample->memory_basis, "v2");
+}
+
+// Two shared leases on one GPU each report their own process's memory, not the device's sum.
+TEST_F(FakeNvml, EachProcessReportsItsOwnMemoryBesideTheDevices) {
+  const unsigned int me = static_cast<unsigned int>(getpid());
+  setenv("FAKE_NVML_PROCESSES_0", (std::to_string(me + 1) + ":2048," + std::to_string(me) + ":768").c_str(), 1);
+  const std::unique_ptr<Nvml> nvml = Nvml::load(YOLO8_FAKE_NVML_PATH);
+  EXPECT_DOUBLE_EQ(nvml->process_memory_gib("0", me).value_or(-1), 0.75);
+  EXPECT_DOUBLE_EQ(nvml->process_memory_gib("0", me + 1).value_or(-1), 2.0);
+  EXPECT_FALSE(nvml->process_memory_gib("0", me + 2).has_value());  // a PID NVML does not list: unknown
+  EXPECT_FALSE(nvml->process_memory_gib("1", me).has_value());
+  UtilisationSampler sampler(Nvml::load(YOLO8_FAKE_NVML_PATH), {"0"}, 0.0);
+  const UtilisationSampler::Reading reading = sampler.sample(0.0, 10.0);
+  EXPECT_DOUBLE_EQ(reading.process_memory_used_gib, 0.75);
+  EXPECT_DOUBLE_EQ(reading.device_memory_used_gib, 1.0);
+}
+
+// Where the driver keeps utilisation samples, a heartbeat reports their mean since the last one: a single reading of
+// the driver's last period, taken in phase with the epochs' idle moments, read 0 % for heartbeat after heartbeat of
+// a GPU that nvidia-smi showed 60-80 % busy (the first H200 check).
+TEST_F(FakeNvml, UtilisationIsTheMeanOfTheDriversSamplesSinceTheLastHeartbeat) {
+  setenv("FAKE_NVML_UTIL_0", "0", 1);  // the last period: idle
+  const unsigned long long t = now_us() + 1000000;  // samples taken after the sampler started
+  const std::string samples = std::to_string(t) + ":80," + std::to_string(t + 1) + ":60," + std::to_string(t + 2) +
+                              ":70," + std::to_string(t + 3) + ":0";
+  setenv("FAKE_NVML_SAMPLES_0", samples.c_str(), 1);
+  UtilisationSampler sampler(Nvml::load(YOLO8_FAKE_NVML_PATH), {"0"}, 0.0);
+  EXPECT_DOUBLE_EQ(sampler.sample(0.0, 2.0).util, 0.525);
+  // The next heartbeat averages only what came after: here one more sample.
+  setenv("FAKE_NVML_SAMPLES_0", (samples + "," + std::to_string(t + 4) + ":90").c_str(), 1);
+  EXPECT_DOUBLE_EQ(sampler.sample(0.0, 4.0).util, 0.90);
+  // None since: the driver's last period, as without samples.
+  EXPECT_DOUBLE_EQ(sampler.sample(0.0, 6.0).util, 0.0);
+  EXPECT_EQ(sampler.sample(0.0, 8.0).source, "nvml");
 }
 
 TEST_F(FakeNvml, ADeviceNvmlCannotReadFallsBackToBusyTime) {
