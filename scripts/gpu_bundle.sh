@@ -52,8 +52,10 @@ if [[ -z ${NO_BUILD:-} ]]; then
     # Caffe2_DIR and three libraries by path: TorchConfig.cmake's find_package(Caffe2 PATHS) and find_library(PATHS)
     # search the system first, and Debian's libtorch-dev (1.13) in /usr/lib would be mixed with the wheel.
     # (CMAKE_PREFIX_PATH=torch would also make FindProtobuf take the wheel's protobuf 3.13 headers for libonnx.)
+    # Without ONNX (export and OpenCV DNN's .onnx predict, which the check never runs): 10 MB of libonnx, protobuf
+    # and opencv_dnn less to carry, so the build-there fallback's packages fit beside the bundle.
     cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DYOLO8_REQUIRE_CUDA=ON \
-      -DYOLO8_BUILD_BENCHMARKS=OFF -DTorch_DIR="$torch_dir/share/cmake/Torch" \
+      -DYOLO8_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=ON -DTorch_DIR="$torch_dir/share/cmake/Torch" \
       -DCaffe2_DIR="$torch_dir/share/cmake/Caffe2" \
       -DTORCH_LIBRARY="$torch_dir/lib/libtorch.so" -Dc10_LIBRARY="$torch_dir/lib/libc10.so" \
       -DC10_CUDA_LIBRARY="$torch_dir/lib/libc10_cuda.so"
@@ -176,11 +178,13 @@ done
 glibc_max=$(for f in "$bundle"/bin/* "$bundle"/lib/*; do objdump -T "$f"; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
 glibcxx_max=$(for f in "$bundle"/bin/* "$bundle"/lib/*; do objdump -T "$f"; done | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
 echo "$torch_version" > "$bundle/torch_version"
+printf '%s\n%s\n' "${glibc_max#GLIBC_}" "${glibcxx_max#GLIBCXX_}" > "$bundle/needs"
 cat > "$bundle/run" <<'SH'
 #!/usr/bin/env bash
 # Launcher of the yolo8 bundle (scripts/gpu_bundle.sh): run PROGRAM [ARGS...] with this folder's libraries and the
 # target machine's torch. YOLO8_TORCH_DIR=.../site-packages/torch overrides python3's torch. `run --env` prints the
-# library path it would use; `run --ldd PROGRAM` shows what the loader resolves.
+# library path it would use; `run --ldd PROGRAM` shows what the loader resolves; `run --preflight` says what this
+# machine lacks (glibc, libstdc++, libraries) and exits 1 when anything is.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 torch_dir=${YOLO8_TORCH_DIR:-}
@@ -200,8 +204,31 @@ fi
 path=$here/lib:$torch_dir/lib
 for d in "$(dirname "$torch_dir")"/nvidia/*/lib; do [[ -d $d ]] && path=$path:$d; done
 export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+preflight() {  # what this machine lacks for the bundle: glibc, libstdc++, any library the loader cannot find
+  local lacks=0 need_glibc need_glibcxx have_glibc libstdcxx have_glibcxx p missing
+  { read -r need_glibc; read -r need_glibcxx; } < "$here/needs"
+  have_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  echo "glibc: needs >= $need_glibc, has ${have_glibc:-unknown}"
+  if [[ -z $have_glibc || $(printf '%s\n%s\n' "$need_glibc" "$have_glibc" | sort -V | head -n 1) != "$need_glibc" ]]; then
+    echo "  LACKS: glibc $need_glibc"; lacks=1
+  fi
+  libstdcxx=$(/sbin/ldconfig -p 2>/dev/null | sed -n 's/.*libstdc++.so.6 (libc6,x86-64) => //p' | head -n 1)
+  have_glibcxx=$( { [[ -n $libstdcxx ]] && grep -ao 'GLIBCXX_[0-9.]*' "$libstdcxx" || true; } 2>/dev/null | sort -uV | tail -n 1)
+  echo "libstdc++: needs >= GLIBCXX_$need_glibcxx, has ${have_glibcxx:-none} (${libstdcxx:-not found})"
+  if [[ -z $have_glibcxx || $(printf '%s\n%s\n' "$need_glibcxx" "${have_glibcxx#GLIBCXX_}" | sort -V | head -n 1) != "$need_glibcxx" ]]; then
+    echo "  LACKS: libstdc++ with GLIBCXX_$need_glibcxx"; lacks=1
+  fi
+  echo "torch: $torch_dir (${have:-unknown version}); nvidia/*/lib: $(ls -d "$(dirname "$torch_dir")"/nvidia/*/lib 2>/dev/null | wc -l) folders"
+  for p in "$here"/bin/*; do
+    missing=$( (ldd "$p" 2>&1 || true) | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+    if [[ -n $missing ]]; then echo "$(basename "$p"): LACKS $missing"; lacks=1; else echo "$(basename "$p"): every library found"; fi
+  done
+  (( lacks == 0 )) && echo "preflight: nothing lacking" || echo "preflight: the target lacks what is marked LACKS"
+  return "$lacks"
+}
 case ${1:-} in
   --env) echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; exit 0 ;;
+  --preflight) preflight; exit $? ;;
   --ldd) exec ldd "$here/bin/$2" ;;
   ''|-h|--help) echo "usage: $0 PROGRAM [ARGS...]   programs: $(ls "$here/bin" | tr '\n' ' ')"; exit 2 ;;
 esac
@@ -242,4 +269,9 @@ echo "gpu_bundle: $(( size / 1048576 )) MiB unpacked, $(( packed / 1048576 )) Mi
 if (( total > limit_mib * 1048576 )); then
   echo "gpu_bundle: too large to carry" >&2
   exit 1
+fi
+# The build-there fallback's packages (scripts/gpu_deps.sh) must fit beside both, so that one call can carry all three.
+if [[ -d $root/.deps/debs ]]; then
+  debs=$(du -sb "$root/.deps/debs" | cut -f1)
+  echo "gpu_bundle: with the fallback's .deps/debs ($(( debs / 1048576 )) MiB): $(( (total + debs) / 1048576 )) MiB of $limit_mib MiB"
 fi

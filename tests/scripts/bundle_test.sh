@@ -127,6 +127,35 @@ if bad:
 print("ok: every initialised library came from the bundle, the fake site, the CUDA toolkit or glibc/libstdc++")
 PY
 
+# As on the GPU machine: no YOLO8_TORCH_DIR, python3 finds torch (find_spec, no import) and the launcher adds every
+# nvidia/*/lib beside it; its preflight finds nothing lacking.
+touch "$fake/torch/__init__.py"
+found=$(env -i PATH=/usr/bin:/bin PYTHONPATH="$fake" "$bundle/run" --env 2>&1)
+if [[ $found != *":$fake/torch/lib"* ]]; then
+  echo "FAILED: find_spec did not lead the launcher to $fake/torch: $found"; status=1
+else
+  echo "ok: python3's find_spec found the fake site's torch"
+fi
+for d in "$fake"/nvidia/*/lib; do
+  [[ -d $d && $found != *"$d"* ]] && { echo "FAILED: $d is not on the launcher's library path"; status=1; }
+done
+[[ -d $site/nvidia ]] && echo "ok: $(ls -d "$fake"/nvidia/*/lib | wc -l) nvidia/*/lib folders on the path"
+if env -i PATH=/usr/bin:/bin:/sbin PYTHONPATH="$fake" "$bundle/run" --preflight > "$tmp/preflight.log" 2>&1; then
+  echo "ok: preflight: $(tail -n 1 "$tmp/preflight.log")"
+else
+  cat "$tmp/preflight.log"; echo "FAILED: the preflight says this machine lacks something"; status=1
+fi
+# A library the target lacks is named: a copy of the bundle whose yolo8 needs one that exists nowhere fails it.
+cp -a "$bundle" "$tmp/lacking"
+patchelf --add-needed libyolo8-absent-for-test.so.1 "$tmp/lacking/bin/yolo8"
+if env -i PATH=/usr/bin:/bin:/sbin PYTHONPATH="$fake" "$tmp/lacking/run" --preflight > "$tmp/lacking.log" 2>&1; then
+  echo "FAILED: the preflight missed a library nowhere to be found"; status=1
+elif grep -q "^yolo8: LACKS libyolo8-absent-for-test.so.1" "$tmp/lacking.log"; then
+  echo "ok: the preflight names a library the target lacks"
+else
+  cat "$tmp/lacking.log"; echo "FAILED: the preflight failed without naming the library"; status=1
+fi
+
 # The launcher refuses a torch of another version.
 mkdir -p "$tmp/other/torch/lib"
 ln -s "$fake/torch/lib/libtorch_cpu.so" "$tmp/other/torch/lib/libtorch_cpu.so"
