@@ -71,8 +71,8 @@ TEST(ProfileVariants, EachVariantIsWrittenAsItFinishes) {
   fs::remove_all(project);
   for (const std::string batch : {"1,2", "auto"}) {
     SCOPED_TRACE(batch);
-    std::vector<std::string> args = {"profile", "variants=n,no-such-model.yaml", "imgsz=64", "batch=" + batch,
-                                     "threads=1", "project=" + project.string(), "name=" + batch, "exist_ok=true"};
+    std::vector<std::string> args = {"profile",   "variants=n,no-such-model.yaml", "imgsz=64",      "batch=" + batch,
+                                     "threads=1", "project=" + project.string(),   "name=" + batch, "exist_ok=true"};
     if (batch == "auto") args.push_back("gpu_mem=0.2");
     const pid_t child = test::spawn_yolo8(args);
     int status = 0;

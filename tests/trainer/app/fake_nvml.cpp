@@ -92,8 +92,8 @@ int nvmlDeviceGetUtilizationRates(void* device, FakeUtilization* utilization) {
 
 int nvmlDeviceGetMemoryInfo(void* device, FakeMemory* memory) {
   memory->total = 24ULL << 30;
-  memory->used = (env_number(key("FAKE_NVML_USED_MIB_", device), 0) + env_number(key("FAKE_NVML_RESERVED_MIB_", device), 0))
-                 << 20;
+  memory->used =
+      (env_number(key("FAKE_NVML_USED_MIB_", device), 0) + env_number(key("FAKE_NVML_RESERVED_MIB_", device), 0)) << 20;
   memory->free = memory->total - memory->used;
   return kSuccess;
 }

@@ -2,10 +2,10 @@
 // share that replaces it without a GPU: a stalled job reports 0 after one interval.
 #include "trainer/app/utilisation.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -94,7 +94,7 @@ TEST_F(FakeNvml, EachProcessReportsItsOwnMemoryBesideTheDevices) {
 // the driver's last period, taken in phase with the epochs' idle moments, read 0 % for heartbeat after heartbeat of
 // a GPU that nvidia-smi showed 60-80 % busy (the first H200 check).
 TEST_F(FakeNvml, UtilisationIsTheMeanOfTheDriversSamplesSinceTheLastHeartbeat) {
-  setenv("FAKE_NVML_UTIL_0", "0", 1);  // the last period: idle
+  setenv("FAKE_NVML_UTIL_0", "0", 1);               // the last period: idle
   const unsigned long long t = now_us() + 1000000;  // samples taken after the sampler started
   const std::string samples = std::to_string(t) + ":80," + std::to_string(t + 1) + ":60," + std::to_string(t + 2) +
                               ":70," + std::to_string(t + 3) + ":0";

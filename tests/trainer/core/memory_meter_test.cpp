@@ -142,11 +142,10 @@ TEST(OutOfMemoryTest, RecognisesMessagesAndTypes) {
   EXPECT_TRUE(is_out_of_memory(std::runtime_error("CUDA out of memory. Tried to allocate 2.00 GiB")));
   EXPECT_FALSE(is_out_of_memory(std::runtime_error("shape mismatch")));
   // What cuBLAS and cuDNN say near the cap, as LibTorch 2.11 words it: the batch is too large, not the code wrong.
-  EXPECT_TRUE(is_out_of_memory(std::runtime_error(
-      "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")));
+  EXPECT_TRUE(is_out_of_memory(
+      std::runtime_error("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")));
   EXPECT_TRUE(is_out_of_memory(std::runtime_error("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")));
-  EXPECT_TRUE(is_out_of_memory(std::runtime_error(
-      "GET was unable to find an engine to execute this computation")));
+  EXPECT_TRUE(is_out_of_memory(std::runtime_error("GET was unable to find an engine to execute this computation")));
   EXPECT_FALSE(is_out_of_memory(std::runtime_error("CUDA error: CUBLAS_STATUS_INVALID_VALUE")));
   EXPECT_FALSE(is_out_of_memory(std::exception_ptr()));
   EXPECT_TRUE(is_out_of_memory(std::make_exception_ptr(OutOfMemory("x"))));
