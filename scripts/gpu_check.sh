@@ -19,7 +19,8 @@
 #   shared      two `yolo8 train shared=true memory_gib=16 batch=auto` on one GPU through quotad: each process within
 #               its share plus the measured overhead (nvidia-smi per PID), and the slowdown against one alone
 #   auto_batch  batch=auto under 16 and 40 GiB (gpu_mem): verified by real steps and a validation at twice the batch
-#   throughput  yolov8s training images/s with the real loader: AMP deterministic, AMP with cuDNN autotuning, float32;
+#   throughput  yolov8s training images/s with the real loader: AMP float16 deterministic and with cuDNN autotuning,
+#               AMP bfloat16, float32;
 #               against yolo8 profile's synthetic batches (made on the GPU, outside the timer)
 #   nvml        a training run's lease heartbeats (NVML utilisation, device and process memory) against nvidia-smi,
 #               at a 2 s heartbeat so that at least 8 are compared
@@ -451,19 +452,20 @@ stage_auto_batch() {
   done
 }
 
-# name amp deterministic: the training modes whose images/s the throughput stage compares.
-throughput_modes=("amp_deterministic true true" "amp_autotuned true false" "fp32 false false")
+# name amp deterministic amp_dtype: the training modes whose images/s the throughput stage compares.
+throughput_modes=("amp_deterministic true true float16" "amp_autotuned true false float16"
+                  "amp_bfloat16 true false bfloat16" "fp32 false false float16")
 stage_throughput() {
   run_cmd throughput synthetic "$(left_in_stage 4)" "${yolo8[@]}" profile variants="$tp_variant" imgsz="$imgsz" \
     batch="$tp_batch" amp=true channels_last=true device=$device "${common[@]}" project="$WORK/runs" \
     name=synthetic exist_ok=true
   ensure_dataset || return 0
-  local mode name amp deterministic parts=${#throughput_modes[@]}
+  local mode name amp deterministic dtype parts=${#throughput_modes[@]}
   for mode in "${throughput_modes[@]}"; do
-    read -r name amp deterministic <<<"$mode"
+    read -r name amp deterministic dtype <<<"$mode"
     run_cmd throughput "train_$name" "$(left_in_stage "$parts")" "${yolo8[@]}" train data="$WORK/ds/data.yaml" \
       model="yolov8$tp_variant.yaml" imgsz="$imgsz" batch="$tp_batch" epochs="$tp_epochs" amp="$amp" \
-      deterministic="$deterministic" channels_last=true workers="$workers" device=$device "${common[@]}" quota=off \
+      amp_dtype="$dtype" deterministic="$deterministic" channels_last=true workers="$workers" device=$device "${common[@]}" quota=off \
       pretrained=false plots=false val=false close_mosaic=0 project="$WORK/runs" name="tp_$name" exist_ok=true
     parts=$(( parts - 1 ))
   done

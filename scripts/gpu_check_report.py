@@ -348,6 +348,7 @@ def data_wait_share(log_path):
 
 THROUGHPUT_MODES = {"amp_deterministic": "AMP float16, deterministic=true (cuDNN without autotuning)",
                     "amp_autotuned": "AMP float16, deterministic=false (cuDNN autotuning)",
+                    "amp_bfloat16": "AMP bfloat16 (amp_dtype=bfloat16, no loss scaling), deterministic=false",
                     "fp32": "float32 (TF32 convolutions: cuDNN's default)"}
 
 
@@ -387,8 +388,7 @@ def stage_throughput(ctx, work, out):
                     entry["real_over_synthetic"] = round(entry["images_per_second"] / synthetic, 3)
             data["modes"][mode] = entry
     data["settings"] = {"variant": name, "imgsz": ctx["throughput_imgsz"], "batch": ctx["throughput_batch"],
-                        "channels_last": True, "dataset": ctx.get("dataset"),
-                        "bfloat16": "not offered: amp=true is float16 on CUDA, as Ultralytics' AMP"}
+                        "channels_last": True, "dataset": ctx.get("dataset")}
     return data, problems, ("real loader " + skipped) if skipped else None
 
 

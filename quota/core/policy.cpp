@@ -497,8 +497,9 @@ MemoryTable parse_memory_table(const YamlContext& context, const YAML::Node& roo
     table.provenance.libtorch = context.get<std::string>(from["libtorch"], "provenance.libtorch", "");
     table.provenance.date = context.get<std::string>(from["date"], "provenance.date", "");
     if (!table.provenance.precision.empty() && table.provenance.precision != "amp" &&
-        table.provenance.precision != "float32") {
-      context.fail(from["precision"], "provenance.precision", "must be amp or float32");
+        table.provenance.precision != "amp_bfloat16" && table.provenance.precision != "float32") {
+      // amp: float16 autocast (the trainer's default); amp_bfloat16: amp_dtype=bfloat16
+      context.fail(from["precision"], "provenance.precision", "must be amp, amp_bfloat16 or float32");
     }
     const std::string& date = table.provenance.date;
     const bool date_ok = date.empty() || (date.size() == 10 && date[4] == '-' && date[7] == '-' &&

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GpuCheck.DryRun: scripts/gpu_check.sh --dry-run against BUILD_DIR on the CPU writes every file the GPU run
 # writes (at most 6), summary.json holds every stage in order, and every stage that can run on a CPU ran ("ok"): the
-# two shared leases, the three throughput modes, the Gloo stand-in of the NCCL stage; a stage whose command fails (a
+# two shared leases, the four throughput modes, the Gloo stand-in of the NCCL stage; a stage whose command fails (a
 # broken path or option) fails the check and this test.
 #   tests/scripts/gpu_check_dry_run_test.sh BUILD_DIR
 set -uo pipefail
@@ -63,7 +63,7 @@ if not throughput.get("synthetic_images_per_second"):
 for mode, v in throughput.get("modes", {}).items():
     if decode and not v.get("images_per_second"):
         problems.append(f"throughput: {mode} lacks a figure: {v}")
-if decode and len(throughput.get("modes", {})) != 3:
+if decode and len(throughput.get("modes", {})) != 4:
     problems.append(f"throughput: modes {list(throughput.get('modes', {}))}")
 shared = stages["shared"]
 if decode:

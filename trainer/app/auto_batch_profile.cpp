@@ -14,6 +14,7 @@
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
 #include "trainer/core/auto_batch.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
 #include "trainer/core/synthetic_step.h"
@@ -49,7 +50,8 @@ AutoBatchProfileRow profile_variant(const std::string& variant, const Settings& 
   row.verification_retries = chosen.steps_down;
   // What a real run does next: more steps at that batch (optimizer state now exists) and validation at 2x.
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
+  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp,
+                             cuda_autocast_dtype(settings.amp_dtype));
   int64_t peak = 0;
   double seconds = 0;
   for (int step = 0; step < kConfirmationSteps; ++step) {

@@ -5,6 +5,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
@@ -13,11 +15,10 @@
 #include <memory>
 #include <optional>
 
-#include <unistd.h>
-
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
 #include "trainer/app/utilisation.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/memory_meter.h"
 #include "trainer/core/memory_model.h"
@@ -52,7 +53,8 @@ AutoBatchResult auto_batch_for(const ModelConfig& config, const Settings& settin
                                double budget_bytes, int max_batch) {
   const BatchSpec spec = parse_batch_spec(settings.batch);
   MemoryMeter meter(device);
-  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
+  SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp,
+                             cuda_autocast_dtype(settings.amp_dtype));
   AutoBatchOptions options;
   options.budget_fraction = spec.budget_fraction;
   options.imgsz = settings.loader.imgsz;
@@ -107,8 +109,9 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
   table.source = "yolo8 profile at imgsz " + std::to_string(settings.loader.imgsz) +
                  (device.is_cuda() ? "" : " (CPU: the instrumented allocator's count)");
   table.provenance.device = device_name(device);
-  table.provenance.precision =
-      settings.amp && device.is_cuda() ? "amp" : "float32";  // profiles time the float32 step on CPU
+  table.provenance.precision = !(settings.amp && device.is_cuda()) ? "float32"  // profiles time the float32 step on CPU
+                               : settings.amp_dtype == "bfloat16"  ? "amp_bfloat16"
+                                                                   : "amp";
   table.provenance.libtorch = TORCH_VERSION;
   table.provenance.date = date;
   ProfileOptions options;
@@ -131,7 +134,8 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
     const ModelConfig config = load_model_config(variant, 80);
     std::vector<StepProfile> rows;
     {
-      SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp);
+      SyntheticStepRunner runner(config, settings.loader.imgsz, 8, device, settings.channels_last, settings.amp,
+                                 cuda_autocast_dtype(settings.amp_dtype));
       rows = profile_steps(
           meter, [&](int batch) { runner.train_step(batch); }, batches, settings.loader.imgsz, options);
     }
@@ -152,8 +156,8 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
     // Written after each variant: a profile stopped at its time limit keeps what it measured.
     write_text_atomically(json_path, "[" + json + "]\n");
     write_memory_table(table_path, table);
-    std::cout << "Profile written to " << json_path.string() << "; memory table (for quotad) to " << table_path
-              << " (" << v + 1 << " of " << variants.size() << " variants)\n"
+    std::cout << "Profile written to " << json_path.string() << "; memory table (for quotad) to " << table_path << " ("
+              << v + 1 << " of " << variants.size() << " variants)\n"
               << std::flush;
   }
   return kExitCompleted;

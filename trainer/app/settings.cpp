@@ -164,6 +164,10 @@ const std::vector<Entry>& entries() {
        "on this node)",
        kResumable | kYolo8Only},
       {"channels_last", YOLO8_FIELD(channels_last), "channels-last memory format (faster convolutions)", kYolo8Only},
+      {"amp_dtype", YOLO8_FIELD(amp_dtype),
+       "autocast dtype on CUDA: float16 (loss scaling, as Ultralytics) or bfloat16 (compute capability 8.0+, no "
+       "scaling)",
+       kYolo8Only},
       {"cfg", YOLO8_FIELD(cfg), "YAML file of settings applied before the command line"},
   };
   return kEntries;
@@ -599,6 +603,8 @@ void validate(Settings& settings) {
   check(settings.label_smoothing == 0, "label_smoothing",
         "is not implemented: must be 0, got " + format_double(settings.label_smoothing));
   check_choice("format", settings.format, {"state_dict", "onnx", "torchscript"});
+  settings.amp_dtype = to_lower(settings.amp_dtype);
+  check_choice("amp_dtype", settings.amp_dtype, {"float16", "bfloat16"});
   check(settings.threads >= 0, "threads", "must be >= 0");
   if (!settings.freeze.empty()) parse_int_list("freeze", settings.freeze, "setting");
 }

@@ -104,7 +104,8 @@ struct Settings {
   LeaseSettings lease;
   int threads = 0;  // intra-op threads; 0 = the cores this process may use (trainer/app/cpu_share.h)
   bool channels_last = true;
-  std::string cfg;  // the YAML this came from, if any
+  std::string amp_dtype = "float16";  // float16 | bfloat16: autocast's type on CUDA (CPUs use bfloat16)
+  std::string cfg;                    // the YAML this came from, if any
 
   std::vector<int> device_ids() const;  // [] for cpu or auto without CUDA
   bool batch_is_auto() const { return batch < 1.0; }

@@ -19,6 +19,7 @@
 #include "trainer/app/profile_mode.h"
 #include "trainer/app/threads.h"
 #include "trainer/app/ultralytics_args.h"
+#include "trainer/core/autocast.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 
@@ -309,6 +310,13 @@ void TrainingRun::build_training_core() {
   config.freeze_layers = freeze_layer_indices(settings_.freeze);
   config.device = device_;
   config.amp = settings_.amp;  // the core decides where it applies (autocast_applies)
+  config.cuda_amp_dtype = cuda_autocast_dtype(settings_.amp_dtype);
+  if (settings_.amp && device_.is_cuda() && config.cuda_amp_dtype == c10::ScalarType::BFloat16 &&
+      !cuda_device_has_bfloat16(device_.has_index() ? device_.index() : 0)) {
+    throw std::invalid_argument(
+        "amp_dtype=bfloat16 needs a GPU of compute capability 8.0 or newer (A100, L4, H100, "
+        "...); this one computes bfloat16 slowly or not at all: use amp_dtype=float16");
+  }
   // `auto` was resolved when the run began; a resume (even with another batch) trains with that choice. Files
   // written before the choice was stored hold an empty name and resolve again.
   if (!resumed_optimizer_.name.empty()) config.optimizer_choice = resumed_optimizer_;
@@ -383,7 +391,9 @@ void TrainingRun::prepare_outputs() {
                   << val_loader_->size() << " for validation, batch " << batch_ << " (accumulate "
                   << core_->schedule().accumulate() << " to nbs " << settings_.optim.nbs << "), " << settings_.epochs
                   << " epochs, " << torch::get_num_threads() << " threads, " << (device_.is_cuda() ? "CUDA" : "CPU")
-                  << (core_->autocast() ? (device_.is_cuda() ? " with AMP (float16)" : " with AMP (bfloat16)") : "")
+                  << (core_->autocast()
+                          ? (device_.is_cuda() ? " with AMP (" + settings_.amp_dtype + ")" : " with AMP (bfloat16)")
+                          : std::string())
                   << "\n";
   time_limit_s_ = settings_.time * 3600.0;
   train_start_ = Clock::now();

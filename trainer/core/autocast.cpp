@@ -2,6 +2,11 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
+#ifdef YOLO8_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <stdexcept>
 
 // 2.4 moved to per-device calls (and deprecated the CUDA-only ones); CPU bfloat16 autocast is used from there on.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
@@ -31,13 +36,29 @@ bool autocast_applies(bool amp, c10::DeviceType device, bool cpu_native_bfloat16
   return false;
 }
 
+c10::ScalarType cuda_autocast_dtype(const std::string& name) {
+  if (name == "float16") return c10::ScalarType::Half;
+  if (name == "bfloat16") return c10::ScalarType::BFloat16;
+  throw std::invalid_argument("amp_dtype must be float16 or bfloat16, got '" + name + "'");
+}
+
+bool cuda_device_has_bfloat16(int index) {
+#ifdef YOLO8_WITH_CUDA
+  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->major >= 8;
+#else
+  (void)index;
+  return false;
+#endif
+}
+
 #ifdef YOLO8_AUTOCAST_PER_DEVICE
 
-AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled) : device_(device), active_(enabled) {
+AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled, c10::ScalarType cuda_dtype)
+    : device_(device), active_(enabled) {
   if (!active_) return;
   was_enabled_ = at::autocast::is_autocast_enabled(device_);
-  // Set every time: another scope may have changed the CPU default (bfloat16) or CUDA's (float16).
-  at::autocast::set_autocast_dtype(device_, device_ == c10::DeviceType::CPU ? at::kBFloat16 : at::kHalf);
+  // Set every time: another scope may have changed the CPU default (bfloat16) or CUDA's.
+  at::autocast::set_autocast_dtype(device_, device_ == c10::DeviceType::CPU ? at::kBFloat16 : cuda_dtype);
   at::autocast::set_autocast_enabled(device_, true);
   at::autocast::increment_nesting();
 }
@@ -51,8 +72,8 @@ AutocastGuard::~AutocastGuard() {
 
 #else
 
-// LibTorch before 2.4 (Debian's 1.13): CUDA-only calls.
-AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled)
+// LibTorch before 2.4 (Debian's 1.13): CUDA-only calls, float16 only.
+AutocastGuard::AutocastGuard(c10::DeviceType device, bool enabled, c10::ScalarType /*cuda_dtype*/)
     : device_(device), active_(enabled && device == c10::DeviceType::CUDA) {
 #ifdef YOLO8_WITH_CUDA
   if (!active_) return;

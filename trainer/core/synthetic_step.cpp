@@ -29,8 +29,7 @@ constexpr int64_t kDistinctImages = 8;
 
 SyntheticBatch device_batch(int64_t batch, int64_t imgsz, int64_t nc, int64_t labels_per_image, uint64_t seed,
                             const torch::Device& device) {
-  const SyntheticBatch distinct =
-      synthetic_batch(std::min(batch, kDistinctImages), imgsz, nc, labels_per_image, seed);
+  const SyntheticBatch distinct = synthetic_batch(std::min(batch, kDistinctImages), imgsz, nc, labels_per_image, seed);
   const int64_t n = distinct.images.size(0);
   SyntheticBatch out;
   const torch::Tensor source = distinct.images.to(device);
@@ -57,7 +56,8 @@ struct SyntheticStepRunner::State {
 };
 
 SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image,
-                                         const torch::Device& device, bool channels_last, bool amp)
+                                         const torch::Device& device, bool channels_last, bool amp,
+                                         c10::ScalarType cuda_amp_dtype)
     : state_(std::make_unique<State>()) {
   state_->device = device;
   state_->imgsz = imgsz;
@@ -71,6 +71,7 @@ SyntheticStepRunner::SyntheticStepRunner(const ModelConfig& config, int64_t imgs
   core_config.channels_last = channels_last;
   core_config.device = device;
   core_config.amp = amp && device.is_cuda();
+  core_config.cuda_amp_dtype = cuda_amp_dtype;
   state_->core = std::make_unique<TrainingCore>(DetectionModel(config), DetectionModel(config), core_config);
 }
 

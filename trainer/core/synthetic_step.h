@@ -24,7 +24,7 @@ class SyntheticStepRunner {
  public:
   // `amp` as the real run uses it (mixed precision on CUDA changes the memory a step needs).
   SyntheticStepRunner(const ModelConfig& config, int64_t imgsz, int64_t labels_per_image, const torch::Device& device,
-                      bool channels_last, bool amp = false);
+                      bool channels_last, bool amp = false, c10::ScalarType cuda_amp_dtype = c10::ScalarType::Half);
   ~SyntheticStepRunner();
   // The images and labels of a step at `batch` (labels_per_image < 0: the runner's), on the runner's device. Made
   // once and reused until another size is asked for, so timed steps hold no data making and no host copy.

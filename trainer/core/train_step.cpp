@@ -27,12 +27,17 @@ std::vector<int64_t> freeze_layer_indices(const std::string& freeze) {
   return first_n;
 }
 
+bool loss_scaling_applies(const TrainCoreConfig& config) {
+  // bfloat16 has float32's exponent range: gradients neither overflow nor underflow for want of a scale.
+  return config.amp && config.device.is_cuda() && config.cuda_amp_dtype == c10::ScalarType::Half;
+}
+
 namespace {
 
 GradScalerConfig scaler_config(const TrainCoreConfig& config) {
   GradScalerConfig scaler = config.grad_scaler;
   switch (config.loss_scaling) {
-    case LossScaling::kAuto: scaler.enabled = config.amp && config.device.is_cuda(); break;
+    case LossScaling::kAuto: scaler.enabled = loss_scaling_applies(config); break;
     case LossScaling::kOn: scaler.enabled = true; break;
     case LossScaling::kOff: scaler.enabled = false; break;
   }
@@ -106,7 +111,7 @@ StepOutcome TrainingCore::step(int64_t epoch, int64_t ni, const torch::Tensor& i
     const torch::Tensor chunk_images = prepare_images(chunks > 1 ? images.slice(0, first, last) : images);
     std::vector<torch::Tensor> feats;
     {
-      AutocastGuard autocast(config_.device.type(), autocast_);
+      AutocastGuard autocast(config_.device.type(), autocast_, config_.cuda_amp_dtype);
       feats = model_->forward_maps(chunk_images);
     }
     // The loss (assigner, IoU, DFL) runs in float32 on float16 / bfloat16 head outputs.

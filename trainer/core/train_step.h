@@ -42,12 +42,17 @@ struct TrainCoreConfig {
   // Mixed precision: forward under autocast, float16 on CUDA, bfloat16 on a CPU with native bfloat16 (autocast.h);
   // ignored elsewhere.
   bool amp = false;
+  // CUDA's autocast type: float16 (scaled losses, as Ultralytics) or bfloat16 (float32's range: no scaling).
+  c10::ScalarType cuda_amp_dtype = c10::ScalarType::Half;
   LossScaling loss_scaling = LossScaling::kAuto;
   GradScalerConfig grad_scaler;  // `enabled` follows loss_scaling
   // Data-parallel runs: combines the ranks' gradients (told before the backward that completes each accumulation
   // window, and once per window before unscaling and clipping). Null: one process.
   std::shared_ptr<GradientSync> gradient_sync;
 };
+
+// Whether LossScaling::kAuto scales the loss: AMP in float16 on CUDA only.
+bool loss_scaling_applies(const TrainCoreConfig& config);
 
 struct StepOutcome {
   torch::Tensor loss_items;         // (3) box, cls, dfl (detached)

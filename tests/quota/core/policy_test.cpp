@@ -115,7 +115,8 @@ TEST(Policy, MemoryTableProvenanceIsReadAndChecked) {
     return std::string();
   };
   std::string e = error(head + "provenance: {precision: fp16}\n" + rows);
-  EXPECT_NE(e.find(path + ":3: provenance.precision: must be amp or float32"), std::string::npos) << e;
+  EXPECT_NE(e.find(path + ":3: provenance.precision: must be amp, amp_bfloat16 or float32"), std::string::npos) << e;
+  EXPECT_EQ(error(head + "provenance: {precision: amp_bfloat16}\n" + rows), "");  // yolo8 profile amp_dtype=bfloat16
   e = error(head + "provenance: {date: 30.11.2026}\n" + rows);
   EXPECT_NE(e.find(path + ":3: provenance.date"), std::string::npos) << e;
   e = error(head + "provenance: {gpu: x}\n" + rows);

@@ -97,6 +97,19 @@ TEST(Settings, PrecedenceDefaultsThenCfgThenCommandLine) {
   EXPECT_EQ(settings.cfg, cfg);
 }
 
+// amp_dtype chooses CUDA's autocast type; anything but float16 or bfloat16 is refused naming the key.
+TEST(Settings, AmpDtypeIsFloat16OrBfloat16) {
+  EXPECT_EQ(resolve_settings({}, "train").amp_dtype, "float16");
+  EXPECT_EQ(resolve_settings({{"amp_dtype", "BFloat16"}}, "train").amp_dtype, "bfloat16");
+  try {
+    resolve_settings({{"amp_dtype", "fp8"}}, "train");
+    ADD_FAILURE() << "amp_dtype=fp8 accepted";
+  } catch (const SettingsError& error) {
+    EXPECT_NE(std::string(error.what()).find("amp_dtype"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("bfloat16"), std::string::npos) << error.what();
+  }
+}
+
 // `yolo8 val` validates on rectangular batches unless rect=false, as `yolo val` does; training keeps rect off.
 TEST(Settings, ValModeDefaultsToRectangularBatches) {
   EXPECT_FALSE(resolve_settings({}, "train").loader.rect);

@@ -282,6 +282,25 @@ TEST(TrainStepAmp, AutocastAppliesWhereTheHardwareComputesInLowPrecision) {
   EXPECT_FALSE(autocast_applies(false, c10::DeviceType::CUDA, true));
 }
 
+// Loss scaling is float16's need alone: bfloat16 has float32's exponent range, and the CPU never scales.
+TEST(TrainStepAmp, OnlyFloat16AutocastOnCudaScalesTheLoss) {
+  TrainCoreConfig config;
+  config.amp = true;
+  config.device = torch::Device(torch::kCUDA, 0);  // a value only: nothing is allocated
+  EXPECT_TRUE(loss_scaling_applies(config));
+  config.cuda_amp_dtype = c10::ScalarType::BFloat16;
+  EXPECT_FALSE(loss_scaling_applies(config));
+  config.cuda_amp_dtype = c10::ScalarType::Half;
+  config.amp = false;
+  EXPECT_FALSE(loss_scaling_applies(config));
+  config.amp = true;
+  config.device = torch::kCPU;
+  EXPECT_FALSE(loss_scaling_applies(config));
+  EXPECT_EQ(cuda_autocast_dtype("bfloat16"), c10::ScalarType::BFloat16);
+  EXPECT_EQ(cuda_autocast_dtype("float16"), c10::ScalarType::Half);
+  EXPECT_THROW(cuda_autocast_dtype("fp8"), std::invalid_argument);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // On a GPU: float32 agrees with the CPU step, and AMP trains with finite losses in less memory. Skipped where no
 // CUDA device is present (every CPU machine, CI included); scripts/gpu_check.sh runs them.
@@ -357,6 +376,46 @@ TEST(TrainStepCuda, AmpTrainsWithFiniteLossesInLessMemory) {
   std::printf("peak of a yolov8n step at batch 16, imgsz 320: float32 %.1f MiB, AMP %.1f MiB\n", peaks[0] / 1048576.0,
               peaks[1] / 1048576.0);
   EXPECT_LT(peaks[1], peaks[0]);
+}
+
+// bfloat16 autocast (amp_dtype=bfloat16, compute capability 8.0+): no loss scaling, so every step is taken from the
+// first, and the loss falls; its memory is float16's, not float32's.
+TEST(TrainStepCuda, Bfloat16AmpTakesEveryStepWithoutScaling) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_device_has_bfloat16(0)) GTEST_SKIP() << "this GPU does not compute in bfloat16";
+  const torch::Device device(torch::kCUDA, 0);
+  MemoryMeter meter(device);
+  const ModelConfig model_config = load_model_config("yolov8n.yaml", 3);
+  TrainCoreConfig config;
+  config.device = device;
+  config.amp = true;
+  config.cuda_amp_dtype = c10::ScalarType::BFloat16;
+  config.shape = RunShape{64, 16, 10, 3};
+  config.batches_per_epoch = 8;
+  config.optim.optimizer = "SGD";
+  config.optim.warmup_epochs = 0;
+  config.optim.nbs = 16;
+  torch::manual_seed(0);
+  DetectionModel model(model_config);
+  TrainingCore core(model, DetectionModel{model_config}, config);
+  EXPECT_TRUE(core.autocast());
+  EXPECT_FALSE(core.grad_scaler().enabled());
+  torch::Tensor first_loss, last_loss;
+  int64_t peak = 0;
+  for (int64_t ni = 0; ni < 6; ++ni) {
+    const SyntheticBatch batch = synthetic_batch(16, 320, 3, 6, 7);
+    StepOutcome outcome;
+    const int64_t step_peak =
+        measure_peak_bytes(meter, [&] { outcome = core.step(0, ni, batch.images, batch.labels); });
+    if (ni > 0) peak = std::max(peak, step_peak);
+    ASSERT_TRUE(torch::isfinite(outcome.loss_items).all().item<bool>()) << "step " << ni;
+    EXPECT_TRUE(outcome.optimizer_stepped) << "step " << ni;
+    if (ni == 0) first_loss = outcome.loss_items.sum().cpu();
+    last_loss = outcome.loss_items.sum().cpu();
+  }
+  std::printf("bfloat16: 6 of 6 steps taken; peak of a yolov8n step at batch 16, imgsz 320: %.1f MiB\n",
+              peak / 1048576.0);
+  EXPECT_LT(last_loss.item<double>(), first_loss.item<double>());
 }
 
 }  // namespace
