@@ -8,8 +8,8 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 #include <type_traits>
@@ -73,9 +73,9 @@ double sample_value(const NvmlSample& sample, int type) {
 }
 
 unsigned long long wall_clock_us() {
-  return static_cast<unsigned long long>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                             std::chrono::system_clock::now().time_since_epoch())
-                                             .count());
+  return static_cast<unsigned long long>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 constexpr int kNvmlErrorInsufficientSize = 7;
 constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
@@ -90,16 +90,16 @@ struct Nvml::Api {
   int (*by_uuid)(const char*, NvmlDevice*) = nullptr;
   int (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
   int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
-  int (*memory_v2)(NvmlDevice, NvmlMemoryV2*) = nullptr;                              // optional (R510+)
-  int (*processes)(NvmlDevice, unsigned int*, NvmlProcessInfo*) = nullptr;            // optional (_v3 or _v2)
+  int (*memory_v2)(NvmlDevice, NvmlMemoryV2*) = nullptr;                    // optional (R510+)
+  int (*processes)(NvmlDevice, unsigned int*, NvmlProcessInfo*) = nullptr;  // optional (_v3 or _v2)
   int (*samples)(NvmlDevice, int, unsigned long long, int*, unsigned int*, NvmlSample*) = nullptr;  // optional
 
   NvmlDevice handle(const std::string& device) const {
     NvmlDevice found = nullptr;
     const bool numeric = !device.empty() && std::all_of(device.begin(), device.end(),
                                                         [](unsigned char c) { return std::isdigit(c) != 0; });
-    const int status = numeric ? by_index(static_cast<unsigned int>(std::stoul(device)), &found)
-                               : by_uuid(device.c_str(), &found);
+    const int status =
+        numeric ? by_index(static_cast<unsigned int>(std::stoul(device)), &found) : by_uuid(device.c_str(), &found);
     return status == 0 ? found : nullptr;
   }
 };
@@ -198,7 +198,7 @@ std::optional<double> Nvml::process_memory_gib(const std::string& device, unsign
 }
 
 std::optional<Nvml::UtilisationWindow> Nvml::utilisation_since(const std::string& device,
-                                                             unsigned long long since_us) const {
+                                                               unsigned long long since_us) const {
   NvmlDevice handle = api_->handle(device);
   if (handle == nullptr || api_->samples == nullptr) return std::nullopt;
   int type = kUnsignedInt;

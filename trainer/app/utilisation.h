@@ -19,7 +19,7 @@ inline constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";
 class Nvml {
  public:
   struct DeviceSample {
-    double util = 0;  // 0..1: share of the driver's last sample period with a kernel running
+    double util = 0;             // 0..1: share of the driver's last sample period with a kernel running
     double memory_used_gib = 0;  // every process's, as nvidia-smi counts it where the driver has the v2 query
     double memory_total_gib = 0;
     std::string memory_basis;  // "v2" (driver-reserved memory left out, as nvidia-smi) or "v1" (counted in)
@@ -65,11 +65,11 @@ std::optional<std::string> cuda_device_uuid(int cuda_id);
 class UtilisationSampler {
  public:
   struct Reading {
-    double util = 0;                     // 0..1
-    std::string source;                  // "nvml" or "busy_time"
+    double util = 0;                      // 0..1
+    std::string source;                   // "nvml" or "busy_time"
     double device_memory_used_gib = -1;   // NVML: the busiest device's used memory; -1 without NVML
     double process_memory_used_gib = -1;  // NVML: this process's own memory there; -1 when unknown
-    double busy_share = 0;               // 0..1: the busy share of the interval, whatever the source
+    double busy_share = 0;                // 0..1: the busy share of the interval, whatever the source
   };
 
   // `nvml` null or no `devices`: busy time. `start_s`: the clock at which the first interval begins.

@@ -52,16 +52,16 @@ TEST(SyntheticStep, ProfileRowsReportTheProcessMemoryWhereGiven) {
   ProfileOptions options;
   options.timed_steps = 1;
   options.process_bytes = [&meter] { return meter.reserved_bytes() + (64 << 20); };  // 64 MiB beyond the cache
-  const std::vector<StepProfile> rows =
-      profile_steps(meter, [&](int batch) { runner.train_step(batch); }, {1, 2}, 64, options);
+  const std::vector<StepProfile> rows = profile_steps(
+      meter, [&](int batch) { runner.train_step(batch); }, {1, 2}, 64, options);
   ASSERT_EQ(rows.size(), 2u);
   for (const StepProfile& row : rows) {
     EXPECT_GT(row.process_bytes, 0);
     EXPECT_EQ(row.process_overhead_bytes, 64 << 20);
   }
   options.process_bytes = [] { return int64_t{-1}; };  // unknown: NVML names other PIDs
-  const std::vector<StepProfile> unknown =
-      profile_steps(meter, [&](int batch) { runner.train_step(batch); }, {1}, 64, options);
+  const std::vector<StepProfile> unknown = profile_steps(
+      meter, [&](int batch) { runner.train_step(batch); }, {1}, 64, options);
   EXPECT_EQ(unknown[0].process_bytes, -1);
   EXPECT_EQ(unknown[0].process_overhead_bytes, -1);
 }
