@@ -27,7 +27,8 @@
 #   run   the launcher: `run PROGRAM ARGS...` sets LD_LIBRARY_PATH to lib/, the target's torch/lib and the nvidia/*/lib
 #         folders beside it (torch found by python3, or YOLO8_TORCH_DIR=.../site-packages/torch), checks the torch
 #         version against the one built with, and execs bin/PROGRAM.
-# The carried working tree (tracked files ~35 MiB) and the bundle must stay under the device tool's 64 MiB: the
+# The carried working tree (tracked files 37.7 MiB on 2026-12-04), the bundle (15.6 MiB packed from its own build) and
+# the fallback's .deps/debs (9.2 MiB) must stay under the device tool's 64 MiB (62.6 together): the
 # script measures both and fails when the sum does not fit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
