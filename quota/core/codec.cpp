@@ -1,6 +1,8 @@
 #include "quota/core/codec.h"
 
 #include <cstdio>
+#include <set>
+#include <vector>
 
 namespace yolo8::quota {
 
@@ -16,6 +18,35 @@ void check_text(const std::string& field_name, const std::string& text, bool fre
     throw RequestError(field_name + ": contains the control character " + hex +
                        (free_text ? " (only line feeds and tabs are allowed)" : ""));
   }
+}
+
+nlohmann::json parse_request_body(const std::string& body) {
+  if (body.empty()) return json::object();
+  if (body.rfind("\xEF\xBB\xBF", 0) == 0) {
+    throw RequestError("body: starts with a byte-order mark; send JSON without one (RFC 8259)");
+  }
+  // The keys seen so far in each open object, innermost last.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  const json::parser_callback_t no_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (event == json::parse_event_t::key && !open_objects.empty() && duplicate.empty() &&
+               !open_objects.back().insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json parsed;
+  try {
+    parsed = json::parse(body, no_duplicates);
+  } catch (const json::parse_error&) {
+    throw RequestError("body: malformed JSON");
+  }
+  if (!duplicate.empty()) throw RequestError("body: the key '" + duplicate + "' appears twice in one object");
+  return parsed;
 }
 
 namespace {

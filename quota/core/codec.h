@@ -25,6 +25,10 @@ nlohmann::json to_json(const AuditEntry& entry);
 // Refuses (RequestError naming `field_name`) NUL and control characters; `free_text` allows line feeds and tabs.
 void check_text(const std::string& field_name, const std::string& text, bool free_text);
 
+// A request body as JSON, strictly: empty is {}, and malformed JSON, a byte-order mark before it and a key twice in
+// one object (nlohmann would keep the last silently) throw RequestError naming the body.
+nlohmann::json parse_request_body(const std::string& body);
+
 // Strict parsers for client input: unknown fields are ignored, wrong types throw RequestError.
 LeaseRequest lease_request_from_json(const nlohmann::json& body);
 Telemetry telemetry_from_json(const nlohmann::json& body);

@@ -404,6 +404,10 @@ struct YamlContext {
   template <typename T>
   T get(const YAML::Node& node, const std::string& key, T fallback) const {
     if (!node.IsDefined() || node.IsNull()) return fallback;
+    // yaml-cpp reads "yes" or "true" in quotes as a boolean: a quoted string is text, not a switch.
+    if constexpr (std::is_same_v<T, bool>) {
+      if (node.IsScalar() && node.Tag() == "!") fail(node, key, "must be true or false, not a quoted string");
+    }
     T value{};
     try {
       value = node.as<T>();

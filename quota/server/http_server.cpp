@@ -119,6 +119,45 @@ QuotaServer::Peer* QuotaServer::live_locked(Peer* peer) {
   return peer != nullptr && peers_.count(peer) != 0 ? peer : nullptr;
 }
 
+namespace {
+
+int hex_value(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+// libmicrohttpd's own unescaping turns %00 into a NUL that ends the C string it hands over, so
+// "/v1/teams/a%00b" would arrive as "/v1/teams/a". The same decoding, with %00 kept visible as 0x7f (a control
+// character the request handler refuses).
+size_t unescape_keeping_nul_visible(void* /*cls*/, MHD_Connection* /*connection*/, char* text) {
+  char* out = text;
+  for (const char* in = text; *in != '\0';) {
+    const int high = in[0] == '%' ? hex_value(in[1]) : -1;
+    const int low = high >= 0 ? hex_value(in[2]) : -1;
+    if (low >= 0) {
+      const int code = high * 16 + low;
+      *out++ = code == 0 ? '\x7f' : static_cast<char>(code);
+      in += 3;
+    } else {
+      *out++ = *in++;
+    }
+  }
+  *out = '\0';
+  return static_cast<size_t>(out - text);
+}
+
+bool has_control_character(const char* text) {
+  for (; *text != '\0'; ++text) {
+    const auto code = static_cast<unsigned char>(*text);
+    if (code < 0x20 || code == 0x7f) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 struct QuotaServer::Callbacks {
   static MHD_Result request(void* self, MHD_Connection* connection, const char* url, const char* method,
                             const char* version, const char* upload, size_t* upload_size, void** context) {
@@ -285,6 +324,8 @@ int QuotaServer::request(MHD_Connection* connection, const char* url, const char
       refuse(411, "Transfer-Encoding: not accepted; send Content-Length");
     } else if (length > options_.max_body_bytes) {
       refuse(413, "body: larger than the server accepts");
+    } else if (has_control_character(url)) {
+      refuse(400, "path: contains a control character or an encoded NUL (%00)");
     }
     if (exchange->ready) return queue_answer(connection, *exchange);
     ApiRequest& req = exchange->request;
@@ -449,6 +490,7 @@ int QuotaServer::start() {
   // typed first, so a callback whose signature drifts from libmicrohttpd's does not compile
   const MHD_RequestCompletedCallback completed = &Callbacks::completed;
   const MHD_NotifyConnectionCallback notify = &Callbacks::connection;
+  size_t (*const unescape)(void*, MHD_Connection*, char*) = &unescape_keeping_nul_visible;
   std::vector<MHD_OptionItem> items = {
       {MHD_OPTION_SOCK_ADDR, 0, &address},
       {MHD_OPTION_CONNECTION_TIMEOUT, idle_s, nullptr},
@@ -458,6 +500,7 @@ int QuotaServer::start() {
       {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(completed), this},
       {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(notify), this},
+      {MHD_OPTION_UNESCAPE_CALLBACK, reinterpret_cast<intptr_t>(unescape), nullptr},
   };
   if (tls) {
     items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(tls_cert_.c_str())});

@@ -30,13 +30,7 @@ int status_of(LedgerError::Kind kind) {
 }
 
 json object_body(const std::string& body) {
-  if (body.empty()) return json::object();
-  json parsed;
-  try {
-    parsed = json::parse(body);
-  } catch (const json::parse_error&) {
-    throw RequestError("body: malformed JSON");
-  }
+  const json parsed = parse_request_body(body);
   if (!parsed.is_object()) throw RequestError("body: must be a JSON object");
   return parsed;
 }

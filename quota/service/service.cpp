@@ -42,14 +42,7 @@ bool parse_id(const std::string& text, int64_t& out) {
   return out > 0;
 }
 
-json parse_body(const std::string& body) {
-  if (body.empty()) return json::object();
-  try {
-    return json::parse(body);
-  } catch (const json::parse_error&) {
-    throw RequestError("body: malformed JSON");
-  }
-}
+json parse_body(const std::string& body) { return parse_request_body(body); }
 
 // The optional free-text `note` of a decision or review body (at most 2000 characters kept).
 std::string optional_note(const std::string& body) {

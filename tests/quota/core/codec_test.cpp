@@ -251,5 +251,22 @@ TEST(QuotaCodec, ApprovalRecordWithAnUnknownStateIsRejectedNamingTheField) {
   EXPECT_EQ(policy_error_of([&] { approval_from_json(record); }).rfind("state: 'withdrawn'", 0), 0u);
 }
 
+// Request bodies are parsed strictly: nlohmann would skip a byte-order mark and keep the last of two equal keys.
+TEST(QuotaCodec, RequestBodiesRefuseAByteOrderMarkAndDuplicateKeys) {
+  EXPECT_EQ(parse_request_body(""), json::object());
+  EXPECT_EQ(parse_request_body(R"({"a": {"b": 1}, "b": 2})")["b"], 2);  // the same key in another object is fine
+  EXPECT_THROW(parse_request_body("\xEF\xBB\xBF{}"), RequestError);
+  EXPECT_THROW(parse_request_body(R"({"gpus": 1, "gpus": 8})"), RequestError);
+  EXPECT_THROW(parse_request_body(R"({"telemetry": {"step": 1, "step": 2}})"), RequestError);
+  EXPECT_THROW(parse_request_body(R"([{"x": 1, "x": 1}])"), RequestError);
+  EXPECT_THROW(parse_request_body("{\"gpus\": "), RequestError);
+  try {
+    parse_request_body(R"({"model": "yolov8n", "model": "yolov8x"})");
+    ADD_FAILURE() << "a duplicate key was accepted";
+  } catch (const RequestError& error) {
+    EXPECT_NE(std::string(error.what()).find("'model' appears twice"), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace yolo8::quota

@@ -173,6 +173,17 @@ TEST(PolicyValidation, NonFiniteNumbersAreRefused) {
   EXPECT_NE(e.find(":11: defaults.memory_gib_other"), std::string::npos) << e;
 }
 
+// yaml-cpp reads "yes" in quotes as true: a quoted string where a switch belongs is refused with its line.
+TEST(PolicyValidation, QuotedBooleansAreRefused) {
+  std::string e = error_of(minimal() + "credits: {automatic_loan: \"yes\"}\n");
+  EXPECT_NE(e.find("test.yaml:11: credits.automatic_loan: must be true or false, not a quoted string"),
+            std::string::npos)
+      << e;
+  e = error_of(minimal() + "sharing: {enabled: 'true'}\n");
+  EXPECT_NE(e.find(":11: sharing.enabled: must be true or false"), std::string::npos) << e;
+  EXPECT_EQ(error_of(minimal() + "credits: {automatic_loan: false}\nsharing: {enabled: true}\n"), "");
+}
+
 TEST(PolicyValidation, RangesAreChecked) {
   std::string e = error_of(minimal() + "credits:\n  monthly_gpu_hours: -5\n");
   EXPECT_NE(e.find("test.yaml:12: credits.monthly_gpu_hours: must be >= 0"), std::string::npos) << e;

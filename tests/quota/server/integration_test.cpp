@@ -291,6 +291,14 @@ TEST(QuotaLoopback, HostileInputsGetTheRight4xxAndTheServerKeepsServing) {
   EXPECT_EQ(post(c, "/v1/leases", "alice-token", std::string(64 * 1024, 'x'), &r), 413);
   EXPECT_EQ(r.value("reason", ""), "body: larger than the server accepts");
   EXPECT_EQ(post(c, "/v1/leases", "alice-token", "\x01\x02\xff\xfe", &r), 400);
+  // Parsing is as strict as documented: a byte-order mark, a key twice, an encoded NUL in the path.
+  EXPECT_EQ(post(c, "/v1/leases", "alice-token", "\xEF\xBB\xBF{}", &r), 400);
+  EXPECT_NE(r.value("reason", "").find("byte-order mark"), std::string::npos) << r;
+  EXPECT_EQ(post(c, "/v1/leases", "alice-token", R"({"gpus": 1, "gpus": 8})", &r), 400);
+  EXPECT_NE(r.value("reason", "").find("'gpus' appears twice"), std::string::npos) << r;
+  EXPECT_EQ(get(c, "/v1/leases/1%00", "alice-token", &r), 400);  // libmicrohttpd alone would have read /v1/leases/1
+  EXPECT_NE(r.value("reason", "").find("%00"), std::string::npos) << r;
+  EXPECT_EQ(get(c, "/healthz%00x", "", &r), 400);
   // raw garbage on the socket
   for (int i = 0; i < 20; ++i) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
