@@ -27,6 +27,7 @@
 #include "quota/server/statement.h"
 #include "quota/service/service.h"
 #include "quota/store/store.h"
+#include "quota/store/writer_lock.h"
 
 using nlohmann::json;
 using namespace yolo8::quota;
@@ -94,6 +95,8 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
           const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep,
           int max_connections_per_address, int max_connections) {
   Policy policy = load_policy_with_tokens(policy_path);
+  // Before the database is opened: a second quotad on it would expire the first one's leases under it.
+  const WriterLock writer(db);
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;

@@ -1,5 +1,6 @@
 // `quotad memory-table --observed` on a database of real heartbeats: one table per device, precision and LibTorch
 // version, the version named in the provenance; `quotad serve`'s TLS flags refused when they cannot work.
+#include <httplib.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include "quota/core/policy.h"
 #include "quota/store/store.h"
 #include "tests/quota/quota_test_util.h"
+#include "tests/quota/quotad_process.h"
 
 namespace yolo8::quota {
 namespace {
@@ -163,6 +165,34 @@ TEST(QuotadServe, TlsFlagsComeTogetherAndMustNamePemFiles) {
   EXPECT_EQ(quotad(serve + "--tls-cert " + policy + " --tls-key " + policy, out, err), 1);
   EXPECT_NE(read_text(err).find("--tls-cert: '" + policy + "' is not a PEM file"), std::string::npos) << read_text(err);
   EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
+}
+
+// One quotad per SQLite database: a second `quotad serve` on the file refuses to start, naming the first (before,
+// it started, expired the first one's running leases in the database and locked it out of writing); the first
+// keeps serving, and once it is gone the database can be served again.
+TEST(QuotadServe, ASecondQuotadOnTheSameDatabaseRefusesToStart) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string db = testing::temp_db("one_writer"), out = dir + "/one_writer.out", err = dir + "/one_writer.err";
+  const std::string policy = testing::example_policy_path();
+  yolo8::test::QuotadProcess first;
+  ASSERT_TRUE(first.start(policy, db, dir + "/one_writer_first.log"));
+  const std::string serve = "serve --policy " + policy + " --db " + db + " --listen 127.0.0.1:0";
+  // `timeout`: without the lock the second would serve until killed
+  const std::string command =
+      "timeout 20 " + std::string(yolo8::test::kBinaryDir) + "/quota/quotad " + serve + " > " + out + " 2> " + err;
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1) << read_text(err);
+  EXPECT_NE(read_text(err).find("is served by another quotad (pid "), std::string::npos) << read_text(err);
+  EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
+  httplib::Client client("127.0.0.1", first.port());
+  const auto health = client.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  first.kill_hard();  // a crash releases the lock too
+  yolo8::test::QuotadProcess next;
+  EXPECT_TRUE(next.start(policy, db, dir + "/one_writer_next.log"));
+  EXPECT_TRUE(next.stop());
 }
 
 }  // namespace
