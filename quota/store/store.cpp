@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -806,6 +807,20 @@ std::vector<std::string> good_backups(const std::string& path) {
   return good;
 }
 
+int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now_ms) {
+  const std::string prefix = std::filesystem::path(path).filename().string() + ".backup-";
+  for (const std::string& backup : backups_of(path)) {  // newest first
+    const std::string stamp = std::filesystem::path(backup).filename().string().substr(prefix.size());
+    std::tm tm{};
+    int millis = 0;
+    if (stamp.size() < 15 || strptime(stamp.c_str(), "%Y%m%dT%H%M%S", &tm) == nullptr) continue;
+    if (stamp.size() >= 19 && stamp[15] == '.') millis = std::atoi(stamp.substr(16, 3).c_str());
+    const int64_t taken_ms = static_cast<int64_t>(timegm(&tm)) * 1000 + millis;
+    return std::max<int64_t>(0, taken_ms + every_ms - now_ms);
+  }
+  return 0;
+}
+
 struct PeriodicBackup::State {
   std::mutex mutex;
   std::condition_variable wake;
@@ -816,18 +831,25 @@ struct PeriodicBackup::State {
 PeriodicBackup::PeriodicBackup(std::string path, int every_minutes, int keep) : state_(std::make_shared<State>()) {
   if (every_minutes <= 0) return;
   state_->thread = std::thread([state = state_, path = std::move(path), every_minutes, keep] {
+    const auto now_ms = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+    };
+    const int64_t every_ms = int64_t{every_minutes} * 60000;
+    int64_t wait_ms = next_backup_in_ms(path, every_ms, now_ms());
+    std::printf("quotad: next backup of %s in %lld s (every %d min, from the newest beside it)\n", path.c_str(),
+                static_cast<long long>(wait_ms / 1000), every_minutes);
+    std::fflush(stdout);
     std::unique_lock<std::mutex> lock(state->mutex);
-    while (!state->wake.wait_for(lock, std::chrono::minutes(every_minutes), [&] { return state->stop; })) {
+    while (!state->wake.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return state->stop; })) {
       lock.unlock();
       try {
-        const int64_t now =
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        std::printf("quotad: backup %s\n", backup_database(path, now, keep).c_str());
+        std::printf("quotad: backup %s\n", backup_database(path, now_ms(), keep).c_str());
         std::fflush(stdout);
       } catch (const std::exception& error) {
         std::fprintf(stderr, "quotad: backup failed (retried in %d min): %s\n", every_minutes, error.what());
       }
+      wait_ms = every_ms;
       lock.lock();
     }
   });

@@ -124,9 +124,14 @@ struct RepairReport {
 std::string backup_database(const std::string& path, int64_t now_ms, int keep = 24);
 // The backups of `path` that pass quick_check, newest first.
 std::vector<std::string> good_backups(const std::string& path);
+// Milliseconds until the next backup of `path` is due when one is taken every `every_ms`: from the newest backup
+// beside it (its time is in its name), so that the cadence survives restarts; 0 when there is none or it is overdue.
+int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now_ms);
 
 // Takes a backup every `every_minutes` on its own thread (a read connection: no lock on quotad's writes) until
-// destroyed; failures are printed to stderr and retried at the next time.
+// destroyed, the first when the newest existing backup is `every_minutes` old (at once if it is older or there is
+// none: a quotad restarted more often than that still backs up); failures are printed to stderr and retried at the
+// next time.
 class PeriodicBackup {
  public:
   PeriodicBackup(std::string path, int every_minutes, int keep);

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "quota/core/policy.h"
 #include "quota/store/store.h"
@@ -193,6 +197,38 @@ TEST(QuotadServe, ASecondQuotadOnTheSameDatabaseRefusesToStart) {
   yolo8::test::QuotadProcess next;
   EXPECT_TRUE(next.start(policy, db, dir + "/one_writer_next.log"));
   EXPECT_TRUE(next.stop());
+}
+
+// A quotad restarted more often than --backup-every still backs up: the first backup is due from the newest one
+// beside the database, at once when there is none (before, the clock restarted at every start: with a restart every
+// 50 s and --backup-every 1, 0 backups in 150 s).
+TEST(QuotadServe, ABackupAtStartWhenTheNewestIsOverdueAndNoneWhenItIsFresh) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string db = testing::temp_db("backup_at_start");
+  const std::filesystem::path file(db);
+  const auto backups = [&] {
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(file.parent_path())) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(file.filename().string() + ".backup-", 0) == 0) ++count;
+    }
+    return count;
+  };
+  for (const auto& entry : std::filesystem::directory_iterator(file.parent_path())) {
+    if (entry.path().filename().string().rfind(file.filename().string() + ".backup-", 0) == 0) {
+      std::filesystem::remove(entry.path());
+    }
+  }
+  const std::vector<std::string> every_hour = {"--backup-every", "60"};
+  for (int start = 0; start < 2; ++start) {
+    yolo8::test::QuotadProcess quotad;
+    ASSERT_TRUE(quotad.start(testing::example_policy_path(), db, dir + "/backup_at_start.log", every_hour));
+    // the first start finds none and backs up at once; the second finds a fresh one and waits an hour
+    for (int i = 0; i < 100 && backups() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(backups(), 1) << "start " << start << ": " << read_text(dir + "/backup_at_start.log");
+    EXPECT_TRUE(quotad.stop());
+  }
 }
 
 }  // namespace

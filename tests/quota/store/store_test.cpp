@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -892,6 +893,37 @@ TEST(QuotaStoreReader, ErrorsNameTheFileAndTheBadRow) {
   } catch (const StoreError& error) {
     EXPECT_NE(std::string(error.what()).find(path + ": table leases, row id 2"), std::string::npos) << error.what();
   }
+}
+
+// The backup cadence is kept across restarts: the next backup is due `every` after the newest one beside the
+// database (its time is in its name), at once when that is overdue or there is none.
+TEST(QuotaBackup, TheNextBackupIsDueFromTheNewestOneBesideTheDatabase) {
+  const std::string db = testing::temp_db("backup_cadence");
+  const auto remove_backups = [&] {
+    const std::filesystem::path file(db);
+    for (const auto& entry : std::filesystem::directory_iterator(file.parent_path())) {
+      if (entry.path().filename().string().rfind(file.filename().string() + ".backup-", 0) == 0) {
+        std::filesystem::remove(entry.path());
+      }
+    }
+  };
+  remove_backups();
+  const int64_t now = 1796400000000;  // 2026-12-04T...Z
+  const int64_t hour = 3600 * 1000;
+  EXPECT_EQ(next_backup_in_ms(db, hour, now), 0);  // none: at once
+  const auto touch = [&](int64_t taken_ms) {
+    const std::time_t seconds = static_cast<std::time_t>(taken_ms / 1000);
+    std::tm tm{};
+    gmtime_r(&seconds, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
+    std::ofstream(db + ".backup-" + stamp + ".000Z") << "x";
+  };
+  touch(now - 3 * hour);
+  EXPECT_EQ(next_backup_in_ms(db, hour, now), 0);  // overdue
+  touch(now - 10 * 60 * 1000);
+  EXPECT_EQ(next_backup_in_ms(db, hour, now), 50 * 60 * 1000);  // the newest decides
+  remove_backups();
 }
 
 }  // namespace
