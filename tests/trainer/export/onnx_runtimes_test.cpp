@@ -40,14 +40,15 @@ std::string case_name(const Case& c) {
   return std::to_string(c.height) + "x" + std::to_string(c.width) + "_opset" + std::to_string(c.opset);
 }
 
-// Exports the fixture model for `c`; returns the file, and the input and LibTorch output to compare with.
-std::string export_case(const Case& c, torch::Tensor& input, torch::Tensor& reference) {
+// Exports the fixture model for `c`; returns the file, and the input and LibTorch output to compare with. `tag`
+// keeps the file of a test apart from those of tests ctest runs beside it.
+std::string export_case(const Case& c, torch::Tensor& input, torch::Tensor& reference, const std::string& tag = "") {
   LoadedModel loaded = test::fixture_model();
   OnnxExportOptions options;
   options.height = c.height;
   options.width = c.width;
   options.opset = c.opset;
-  const std::string path = out_path("runtime_" + case_name(c) + ".onnx");
+  const std::string path = out_path("runtime_" + case_name(c) + tag + ".onnx");
   export_onnx(loaded.model, options, path);
   torch::manual_seed(17);
   input = torch::rand({1, 3, c.height, c.width});
@@ -157,9 +158,12 @@ class OrtRunner : public ::testing::Test {
   void SetUp() override {
     if (const std::string missing = ort_missing(); !missing.empty()) GTEST_SKIP() << missing;
     torch::Tensor reference;
-    exported_ = export_case(kCase, input_, reference);
-    in_file_ = out_path("ort_broken.in.bin");
-    out_file_ = out_path("ort_broken.out.bin");
+    // Files of this test alone: ctest runs the OrtRunner tests side by side, and one of them found the output file
+    // another had just written.
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    exported_ = export_case(kCase, input_, reference, "_" + test);
+    in_file_ = out_path("ort_" + test + ".in.bin");
+    out_file_ = out_path("ort_" + test + ".out.bin");
     write_floats(in_file_, input_);
     std::filesystem::remove(out_file_);
   }
