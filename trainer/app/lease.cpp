@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -154,6 +156,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
   if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
   if (!settings.lease.user.empty()) config.user = settings.lease.user;
+  config.unavailable_deadline_s = settings.lease.quota_retry_s;
   client_ = std::make_unique<quota::QuotaClient>(config);
 
   quota::LeaseRequest request;
@@ -187,11 +190,26 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   std::cout << "Asking " << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
             << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model << ", "
             << request.gpus << " GPU, priority " << settings.lease.priority << "\n";
-  const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
-    // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
+  // SIGTERM while queued or while quotad is unavailable: nothing to checkpoint yet; give up the place and exit as
+  // preempted.
+  const auto check_stop = [] {
     if (stop_requested()) throw StoppedWhileWaiting();
-    std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason << std::endl;
-  });
+  };
+  quota::RetryHooks retry;
+  retry.check = check_stop;
+  retry.on_retry = [](const quota::RetryInfo& info) {
+    std::cout << "  quotad unavailable (" << (info.status != 0 ? std::to_string(info.status) + ": " : "") << info.reason
+              << "): retrying in " << std::ceil(info.retry_in_s) << " s, giving up in "
+              << std::lround(info.give_up_in_s) << " s" << std::endl;
+  };
+  const quota::LeaseInfo lease = client_->acquire(
+      request,
+      [&check_stop](const quota::WaitInfo& wait) {
+        check_stop();
+        std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason
+                  << std::endl;
+      },
+      7 * 24 * 3600.0, retry);
   std::string devices;
   for (const auto& device : lease.devices) devices += (devices.empty() ? "" : ",") + device;
   std::cout << "Lease " << lease.id << " granted: " << (lease.shared ? "a share of " : "") << lease.devices.size()
