@@ -49,6 +49,16 @@ std::string join(const std::vector<int>& items) {
   return join(texts, ",");
 }
 
+// "2026-12-04 18:40:12 UTC" of wall-clock milliseconds.
+std::string utc_time(int64_t ms) {
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm parts{};
+  gmtime_r(&seconds, &parts);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S UTC", &parts);
+  return text;
+}
+
 // CUDA's reading of CUDA_VISIBLE_DEVICES as indices: the devices listed before the first entry that is not one.
 std::vector<int> visible_indices(const std::string& list) {
   std::vector<int> indices;
@@ -293,8 +303,22 @@ void TrainingLease::check() {
 void TrainingLease::release(quota::Outcome outcome) {
   if (!client_ || released_) return;
   released_ = true;
-  client_->release(outcome);
-  std::cout << "Lease " << client_->lease().id << " released (" << quota::to_string(outcome) << ")\n";
+  const quota::ReleaseAnswer answer = client_->release(outcome);
+  const int64_t id = client_->lease().id;
+  if (id == 0) return;
+  // "released" only when quotad said so: otherwise the GPUs stay held there until the lease expires
+  std::cout << "Lease " << id;
+  if (answer.acknowledged && answer.released_now) {
+    std::cout << " released (" << quota::to_string(outcome) << ")\n";
+  } else if (answer.acknowledged) {
+    std::cout << " had already ended on quotad (" << answer.state << ")\n";
+  } else if (quota::is_unavailable(answer.status)) {
+    std::cout << " release not acknowledged (" << answer.reason << "): quotad expires it " << client_->lease().ttl_s
+              << " s after its last acknowledged heartbeat, at " << utc_time(client_->expires_at_ms()) << "\n";
+  } else {
+    std::cout << " release refused (" << answer.reason << ")\n";
+  }
+  std::cout.flush();
 }
 
 }  // namespace yolo8

@@ -109,6 +109,8 @@ class TrainingLease {
   // Requests a stop (StopReason) when the lease was revoked, lost, or the service is unreachable too long. Reads
   // what the heartbeat thread found: never waits on the network.
   void check();
+  // Gives the lease back and says how it went: "Lease N released" only when quotad acknowledged it, else when
+  // quotad expires it. Bounded by the client's short timeouts (quota::QuotaClient::release).
   void release(quota::Outcome outcome);
 
  private:

@@ -1,7 +1,9 @@
 // quotad's transient answers, end to end: real `yolo8 train` processes on CPU against a real quotad (or none).
 // A storage stall (quotad's 503 with Retry-After) while a pod asks for its lease is waited out; a quotad that is
 // down at start ends the run with exit 75 at the start-up deadline (quota_retry_s), never 1 or 2; a SIGTERM while
-// waiting exits 75 at once.
+// waiting exits 75 at once; a stopped quotad (SIGSTOP: it accepts connections and answers nothing) leaves the
+// steps going, and the run checkpoints and exits 75 within ttl - interval of its last heartbeat, saying that its
+// release was not acknowledged.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 #include "data/synth.h"
 #include "tests/quota/quotad_process.h"
 #include "tests/trainer/process_util.h"
+#include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
@@ -34,6 +37,9 @@ using test::read_text;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// ttl 12 s, a heartbeat every second: a run must be gone 11 s after its last acknowledged heartbeat.
+constexpr int kTtlS = 12;
+constexpr int kHeartbeatS = 1;
 constexpr const char* kPolicy = R"(
 inventory:
   nodes:
@@ -142,6 +148,12 @@ class WriteLockHolder {
   sqlite3* db_ = nullptr;
 };
 
+// The progress lines of the run's steps ("12/1000 box ... 2/4 [...]") in `text`.
+int step_lines(const std::string& text) {
+  static const std::regex kStep(R"(\n\d+/\d+ box )");
+  return static_cast<int>(std::distance(std::sregex_iterator(text.begin(), text.end(), kStep), std::sregex_iterator()));
+}
+
 // Before: quotad's 503 (its documented "retry") was a refusal, exit 2, and the Job's FailJob rule ended the Job.
 TEST(LeaseOutage, AStorageStallWhileAskingIsWaitedOutAndTheRunCompletes) {
   const fs::path root = fresh_root("outage_stall");
@@ -208,6 +220,51 @@ TEST(LeaseOutage, SigtermWhileQuotadIsUnavailableExits75AtOnce) {
   EXPECT_LT(ended.seconds, 1.0) << out;
   EXPECT_NE(out.find("Stopped (signal) before training: stopped while waiting for a GPU lease"), std::string::npos)
       << out;
+  fs::remove_all(root);
+}
+
+// Before: the steps went on, but the exit waited about 22 s on the stopped quotad (the heartbeat in flight, a last
+// heartbeat, three release attempts of 5 s each), 33 s after the SIGSTOP against a bound of 11, and printed
+// "Lease 1 released" though nothing answered.
+TEST(LeaseOutage, AStoppedQuotadLeavesTheStepsGoingAndTheRunExits75WithinTheTtl) {
+  const fs::path root = fresh_root("outage_sigstop");
+  test::QuotadProcess quotad;
+  ASSERT_TRUE(quotad.start_in(root, kPolicy)) << read_text(root / "quotad.log");
+  const fs::path log = root / "train.log";
+  const pid_t child =
+      test::spawn_yolo8(train_args(root, quotad.url(), 1000), {{"YOLO8_QUOTA_TOKEN", "alice-token"}}, log.string());
+  // steps run, with their heartbeats answered
+  for (const auto until = Clock::now() + std::chrono::seconds(120);
+       step_lines(read_text(log)) < 8 && Clock::now() < until;) {
+    int status = 0;
+    ASSERT_NE(waitpid(child, &status, WNOHANG), child) << read_text(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(step_lines(read_text(log)), 8) << read_text(log);
+  ASSERT_EQ(kill(quotad.pid(), SIGSTOP), 0);
+  const auto stopped = Clock::now();
+  const int steps_before = step_lines(read_text(log));
+  const Ended ended = wait_exit(child, stopped, 60);
+  kill(quotad.pid(), SIGCONT);
+  const std::string out = read_text(log);
+  const auto stop_line = out.find("Stopped (quota service unreachable) ");  // in the epoch or at its end
+  ASSERT_NE(stop_line, std::string::npos) << out;
+  const int steps_while_stopped = step_lines(out.substr(0, stop_line)) - steps_before;
+  std::cout << steps_while_stopped << " steps while quotad was stopped; exit " << ended.exit_code << " "
+            << ended.seconds << " s after the SIGSTOP (the lease's ttl " << kTtlS << " s, heartbeat every "
+            << kHeartbeatS << " s)\n";
+  EXPECT_EQ(ended.exit_code, kExitPreempted) << out;
+  // The last acknowledged heartbeat came at most an interval before the SIGSTOP: gone within ttl - interval of it.
+  EXPECT_LT(ended.seconds, kTtlS - 2 * kHeartbeatS) << out;
+  // The fence comes ttl - interval - 5 s after the last heartbeat (6 s here): steps all along until then.
+  EXPECT_GE(steps_while_stopped, 5) << out;
+  EXPECT_TRUE(checkpoint_readable((root / "runs" / "run" / "weights" / "last.pt").string())) << out;
+  EXPECT_EQ(out.find("Lease 1 released"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex(R"(Lease 1 release not acknowledged \(no answer: Read\): quotad expires it 12 s after its last )"
+                      R"(acknowledged heartbeat, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n)")))
+      << out;
+  EXPECT_TRUE(quotad.stop());
   fs::remove_all(root);
 }
 
