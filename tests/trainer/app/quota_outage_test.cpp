@@ -3,9 +3,10 @@
 // down at start ends the run with exit 75 at the start-up deadline (quota_retry_s), never 1 or 2; a SIGTERM while
 // waiting exits 75 at once; a stopped quotad (SIGSTOP: it accepts connections and answers nothing) leaves the
 // steps going, and the run checkpoints and exits 75 within ttl - interval of its last heartbeat, saying that its
-// release was not acknowledged.
+// release was not acknowledged. And stdout reaches a pipe (kubectl logs) line by line.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/socket.h>
@@ -265,6 +266,49 @@ TEST(LeaseOutage, AStoppedQuotadLeavesTheStepsGoingAndTheRunExits75WithinTheTtl)
                       R"(acknowledged heartbeat, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n)")))
       << out;
   EXPECT_TRUE(quotad.stop());
+  fs::remove_all(root);
+}
+
+// Under a pipe (kubectl logs) each line shows as it is written: before, stdout was block-buffered there and the
+// first lines came a minute later, when the run exited.
+TEST(StartupOutput, StdoutOnAPipeShowsEachLineWhileTheRunGoesOn) {
+  const fs::path root = fresh_root("outage_pipe");
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string binary = std::string(test::kBinaryDir) + "/trainer/yolo8";
+  const std::vector<std::string> args = train_args(root, closed_port_url(), 1);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv{const_cast<char*>(binary.c_str())};
+    for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  ::close(fds[1]);
+  std::string seen;
+  bool asking = false;
+  for (const auto start = Clock::now(); !asking && seconds_since(start) < 30;) {
+    pollfd readable{fds[0], POLLIN, 0};
+    if (::poll(&readable, 1, 100) > 0) {
+      char buffer[4096];
+      const ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
+      if (n <= 0) break;
+      seen.append(buffer, static_cast<size_t>(n));
+    }
+    asking = seen.find("Asking http://127.0.0.1:") != std::string::npos;
+  }
+  int status = 0;
+  const bool running = waitpid(child, &status, WNOHANG) != child;
+  kill(child, SIGTERM);
+  const Ended ended = wait_exit(child, Clock::now(), 20);
+  ::close(fds[0]);
+  EXPECT_TRUE(asking) << "nothing of the lease request on the pipe within 30 s: " << seen;
+  EXPECT_TRUE(running) << seen;
+  EXPECT_EQ(ended.exit_code, kExitPreempted) << seen;
   fs::remove_all(root);
 }
 
