@@ -1,6 +1,8 @@
 #include "quota/client/client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -55,7 +57,37 @@ std::string reason_of(const ApiResponse& response) {
   return "status " + std::to_string(response.status);
 }
 
+// "503: storage: ...", or the transport's reason alone when nothing answered.
+std::string answer_text(const ApiResponse& response) {
+  return response.status == 0 ? reason_of(response) : std::to_string(response.status) + ": " + reason_of(response);
+}
+
+// Retry-After in seconds (0: absent, or an HTTP date, which quotad never sends).
+double retry_after_s(const ApiResponse& response) {
+  const auto header = response.headers.find("Retry-After");
+  if (header == response.headers.end()) return 0;
+  try {
+    return std::max(0.0, std::stod(header->second));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+double uniform(double low, double high) {
+  thread_local std::mt19937_64 generator(std::random_device{}());
+  return std::uniform_real_distribution<double>(low, high)(generator);
+}
+
+// A heartbeat or release waits at most about one interval (1-3 s) for quotad: a later answer is no help, and the
+// trainer's stop must not wait longer than that for a hung quotad.
+HttpTimeouts beat_timeouts(int heartbeat_interval_s) {
+  const double seconds = std::clamp(static_cast<double>(heartbeat_interval_s), 1.0, 3.0);
+  return HttpTimeouts{seconds, seconds};
+}
+
 }  // namespace
+
+bool is_unavailable(int status) { return status == 0 || status == 502 || status == 503 || status == 504; }
 
 std::string to_string(WaitStatus status) {
   switch (status) {
@@ -145,8 +177,23 @@ int64_t QuotaClient::steady_ms() const {
 
 ApiResponse QuotaClient::call(const ApiRequest& request) { return transport_->call(request); }
 
+ApiResponse QuotaClient::beat_call(const ApiRequest& request) {
+  return (beat_transport_ ? beat_transport_ : transport_)->call(request);
+}
+
+void QuotaClient::pause(double seconds, const RetryHooks& hooks) const {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+  for (;;) {
+    if (hooks.check) hooks.check();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
+  }
+}
+
 LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<void(const WaitInfo&)>& on_wait,
-                               double max_wait_s) {
+                               double max_wait_s, const RetryHooks& retry) {
   if (!enabled()) {
     lease_ = LeaseInfo{};
     lease_.state = LeaseState::kGranted;
@@ -162,13 +209,44 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   ask.idempotency_key = request.idempotency_key.empty() ? random_key() : request.idempotency_key;
   const int64_t start = steady_ms();
   const auto poll = std::chrono::milliseconds(static_cast<int64_t>(config_.poll_interval_s * 1000));
+  // An unavailable answer waits (back-off doubling from retry_initial_s with jitter, at least Retry-After) and
+  // tries again, until unavailable_deadline_s after the call that began a run of such answers (`called`: when
+  // this one began; a hung quotad takes the read timeout to give it).
+  int unavailable_attempts = 0;
+  int64_t unavailable_since = 0;
+  int64_t called = 0;
+  const auto wait_out = [&](const ApiResponse& response) {
+    if (unavailable_attempts++ == 0) unavailable_since = called;
+    const double unavailable_s = static_cast<double>(steady_ms() - unavailable_since) / 1000.0;
+    const double left_s = config_.unavailable_deadline_s - unavailable_s;
+    if (left_s <= 0) {
+      throw QuotaUnavailable(response.status, "quotad unavailable for " + fixed_text(unavailable_s, 0) +
+                                                  " s, the last of " + std::to_string(unavailable_attempts) +
+                                                  " attempts: " + answer_text(response));
+    }
+    const double backoff =
+        std::min(config_.retry_max_s, config_.retry_initial_s * std::pow(2.0, std::min(unavailable_attempts - 1, 30)));
+    const double after = retry_after_s(response);
+    // equal jitter: trainers that lost quotad together do not come back together
+    const double delay = std::min(left_s, std::max(after * uniform(1.0, 1.2), backoff * uniform(0.5, 1.0)));
+    if (retry.on_retry) {
+      RetryInfo info;
+      info.attempt = unavailable_attempts;
+      info.status = response.status;
+      info.reason = reason_of(response);
+      info.retry_in_s = delay;
+      info.give_up_in_s = left_s;
+      retry.on_retry(info);
+    }
+    pause(delay, retry);
+  };
   ApiResponse response;
-  // the idempotency key makes retries after network errors safe
+  // the idempotency key makes the retries safe: an ask that was applied but not answered returns the same lease
   for (;;) {
+    called = steady_ms();
     response = call(ask);
-    if (response.status != 0) break;
-    if (steady_ms() - start > 60000) throw std::runtime_error("quota: " + reason_of(response));
-    std::this_thread::sleep_for(poll);
+    if (!is_unavailable(response.status)) break;
+    wait_out(response);
   }
   if (response.status == 201) {
     lease_ = lease_info(response.body.at("lease"));
@@ -197,32 +275,33 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     cancel.body = json{{"outcome", to_string(Outcome::kCancelled)}}.dump();
     call(cancel);
   };
-  // on_wait may throw to give up (the trainer does on SIGTERM): the queued request is cancelled, not left to
-  // be granted to nobody.
-  const auto report_wait = [&] {
-    if (!on_wait) return;
+  // on_wait and the retry hooks may throw to give up (the trainer does on SIGTERM), and quotad may stay
+  // unavailable: the queued request is cancelled (best effort), not left to be granted to nobody.
+  const auto give_up_on_throw = [&](const auto& step) {
     try {
-      on_wait(wait);
+      step();
     } catch (...) {
       cancel_request();
       throw;
     }
   };
+  const auto report_wait = [&] {
+    if (on_wait) give_up_on_throw([&] { on_wait(wait); });
+  };
   report_wait();
-  int64_t unreachable_since = 0;
   for (;;) {
     if (steady_ms() - start > static_cast<int64_t>(max_wait_s * 1000)) {
       cancel_request();
       throw std::runtime_error("quota: gave up waiting for lease " + std::to_string(id));
     }
     std::this_thread::sleep_for(poll);
+    called = steady_ms();
     response = call(poll_request);
-    if (response.status == 0) {
-      if (unreachable_since == 0) unreachable_since = steady_ms();
-      if (steady_ms() - unreachable_since > 10 * 60 * 1000) throw std::runtime_error("quota: " + reason_of(response));
+    if (is_unavailable(response.status)) {
+      give_up_on_throw([&] { wait_out(response); });
       continue;
     }
-    unreachable_since = 0;
+    unavailable_attempts = 0;
     if (response.status != 200) throw QuotaRefused(response.status, reason_of(response));
     const LeaseState state = lease_state_of(response.body);
     if (state == LeaseState::kGranted || state == LeaseState::kRevoking) {
@@ -252,8 +331,15 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
     std::lock_guard<std::mutex> lock(heartbeat_mutex_);
     heartbeat_stop_ = false;
   }
+  // Its own connection: stop_heartbeats() can abandon a beat in flight without touching the release's.
+  if (config_.mode.rfind("http", 0) == 0 && !beat_transport_) {
+    beat_transport_ =
+        make_http_transport(config_.mode, config_.token, config_.ca_file, beat_timeouts(lease_.heartbeat_interval_s));
+  }
   last_ok_steady_ms_ = steady_ms();
+  beat_unanswered_ = false;
   heartbeat_provider_ = provider;
+  heartbeat_done_ = false;
   heartbeat_thread_ = std::thread([this, provider] {
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
@@ -261,11 +347,12 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
       {
         std::unique_lock<std::mutex> lock(heartbeat_mutex_);
         if (heartbeat_wakeup_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return heartbeat_stop_; })) {
-          return;
+          break;
         }
       }
-      const ApiResponse response = call(heartbeat_request(provider ? provider() : Telemetry{}));
-      if (response.status == 0) {
+      const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}));
+      beat_unanswered_ = is_unavailable(response.status);
+      if (beat_unanswered_) {
         wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
         continue;
       }
@@ -288,9 +375,10 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
         revoked_ = true;
       } else if (state != LeaseState::kGranted) {
         lost_ = true;
-        return;
+        break;
       }
     }
+    heartbeat_done_ = true;
   });
 }
 
@@ -308,33 +396,76 @@ void QuotaClient::stop_heartbeats() {
     heartbeat_stop_ = true;
   }
   heartbeat_wakeup_.notify_all();
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (!heartbeat_thread_.joinable()) return;
+  // A beat waiting on a hung quotad is cut short; again until the thread has left, since a beat may start just
+  // after one cancel.
+  while (beat_transport_ && !heartbeat_done_) {
+    beat_transport_->cancel();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  heartbeat_thread_.join();
+}
+
+int64_t QuotaClient::fence_after_ms() const {
+  const int64_t interval_ms = static_cast<int64_t>(std::max(1, lease_.heartbeat_interval_s)) * 1000;
+  const int64_t budget_ms = static_cast<int64_t>(lease_.ttl_s) * 1000 - interval_ms;
+  const int64_t reserve_ms =
+      std::clamp<int64_t>(std::max<int64_t>(interval_ms, 5000), 0, std::max<int64_t>(0, budget_ms - 2 * interval_ms));
+  return std::max<int64_t>(1000, budget_ms - reserve_ms);
 }
 
 bool QuotaClient::unreachable_too_long() const {
   if (!enabled() || lease_.id == 0) return false;
-  const int64_t budget_ms = static_cast<int64_t>(lease_.ttl_s - lease_.heartbeat_interval_s) * 1000;
-  return steady_ms() - last_ok_steady_ms_ > std::max<int64_t>(1000, budget_ms);
+  return steady_ms() - last_ok_steady_ms_ > fence_after_ms();
 }
 
-void QuotaClient::release(Outcome outcome) {
+int64_t QuotaClient::expires_at_ms() const {
+  return system_now_ms() - (steady_ms() - last_ok_steady_ms_) + static_cast<int64_t>(lease_.ttl_s) * 1000;
+}
+
+ReleaseAnswer QuotaClient::release(Outcome outcome) {
   const bool beating = heartbeat_thread_.joinable();
   stop_heartbeats();
-  if (!enabled() || lease_.id == 0 || released_) return;
-  if (beating && heartbeat_provider_ && !lost_) {
+  if (!enabled() || lease_.id == 0) {
+    ReleaseAnswer none;
+    none.acknowledged = true;  // nothing was held
+    return none;
+  }
+  if (released_) return release_answer_;
+  released_ = true;
+  // While the heartbeats get answers quotad has a few seconds to take the release (a storage stall answers 503);
+  // when they get none it has one call: the trainer is leaving before the lease could expire.
+  bool answering = !beat_unanswered_;
+  if (beating && heartbeat_provider_ && !lost_ && answering) {
     // The final figures: the first beat goes out before any step, the next one an interval later.
-    call(heartbeat_request(heartbeat_provider_()));
+    answering = !is_unavailable(beat_call(heartbeat_request(heartbeat_provider_())).status);
   }
   ApiRequest request;
   request.method = "POST";
   request.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";
   request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    const ApiResponse response = call(request);
-    if (response.status != 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  constexpr int64_t kReleaseRetryMs = 5000;
+  const int64_t give_up = steady_ms() + (answering ? kReleaseRetryMs : 0);
+  ApiResponse response;
+  for (;;) {
+    response = beat_call(request);
+    if (!is_unavailable(response.status)) break;
+    const int64_t delay_ms = static_cast<int64_t>(std::clamp(retry_after_s(response), 0.5, 1.0) * 1000);
+    if (steady_ms() + delay_ms > give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
-  released_ = true;
+  ReleaseAnswer& answer = release_answer_;
+  answer.status = response.status;
+  answer.acknowledged = response.status == 200;
+  if (answer.acknowledged) {
+    answer.state = response.body.value("state", "");
+    // a first call that was applied but not answered in time makes the second one find it released already
+    answer.released_now =
+        response.body.value("released_now", false) || answer.state == to_string(LeaseState::kReleased);
+  } else {
+    answer.reason = answer_text(response);
+  }
+  return answer;
 }
 
 }  // namespace yolo8::quota

@@ -31,6 +31,12 @@ struct ClientConfig {
   double local_gpu_memory_gib = 0;  // 0: unknown (16 GiB assumed)
   std::string user;                 // local mode user; default $USER
   double poll_interval_s = 1.0;
+  // While quotad does not answer (unreachable, or no answer within the timeouts) or answers 502, 503 or 504 (its
+  // "retry": a storage stall), acquire() waits and tries again for at most this long, then throws
+  // QuotaUnavailable. The waits grow from retry_initial_s to retry_max_s, with jitter; a Retry-After is the least.
+  double unavailable_deadline_s = 600;
+  double retry_initial_s = 1.0;
+  double retry_max_s = 30.0;
   std::function<int64_t()> clock;  // tests
 };
 
@@ -40,6 +46,20 @@ struct ClientConfig {
 // Throws std::invalid_argument naming the setting when it is none of these.
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
                                         double local_gpu_memory_gib = 0);
+
+// quotad stayed unavailable (no answer, 502, 503, 504) for ClientConfig::unavailable_deadline_s: worth trying again
+// later, unlike a refusal. `status`: the last answer's (0: none).
+class QuotaUnavailable : public std::runtime_error {
+ public:
+  QuotaUnavailable(int status, const std::string& reason) : std::runtime_error(reason), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+// The answers that say "not now" rather than "no": no answer at all (0), 502, 503 and 504.
+bool is_unavailable(int status);
 
 // The server said no (or the request was bad): HTTP-like status and the server's reason.
 class QuotaRefused : public std::runtime_error {
@@ -74,6 +94,30 @@ WaitStatus parse_wait_status(const std::string& text);
 // Prints the text form (the trainer logs it while waiting).
 std::ostream& operator<<(std::ostream& out, WaitStatus status);
 
+// acquire() is about to wait for an unavailable quotad before its next attempt.
+struct RetryInfo {
+  int attempt = 0;  // the attempts answered so far this way, from 1
+  int status = 0;   // 0: no answer
+  std::string reason;
+  double retry_in_s = 0;    // the wait before the next attempt
+  double give_up_in_s = 0;  // what is left of unavailable_deadline_s
+};
+
+// What acquire() does while quotad is unavailable (both optional).
+struct RetryHooks {
+  std::function<void(const RetryInfo&)> on_retry;  // before each wait
+  std::function<void()> check;                     // polled every 100 ms during the waits; may throw to give up
+};
+
+// What release() got back.
+struct ReleaseAnswer {
+  bool acknowledged = false;  // quotad answered 200: the lease has ended there
+  bool released_now = false;  // ... by this release (else it had already ended: expired, released)
+  int status = 0;             // 0: no answer
+  std::string state;          // the lease's state quotad answered with
+  std::string reason;         // why it was not acknowledged
+};
+
 struct WaitInfo {
   WaitStatus status = WaitStatus::kQueued;
   int64_t lease_id = 0;
@@ -90,10 +134,11 @@ class QuotaClient {
   QuotaClient& operator=(const QuotaClient&) = delete;
 
   bool enabled() const { return transport_ != nullptr; }
-  // Blocks until granted, calling on_wait while queued / awaiting approval. Throws QuotaRefused on 4xx,
-  // std::runtime_error when the service stays unreachable or `max_wait_s` passes (the request is cancelled).
+  // Blocks until granted, calling on_wait while queued / awaiting approval. An unavailable quotad (is_unavailable)
+  // is retried with back-off, reported through `retry`, for unavailable_deadline_s, then QuotaUnavailable. Throws
+  // QuotaRefused on the other 4xx and 5xx, std::runtime_error when `max_wait_s` passes (the request is cancelled).
   LeaseInfo acquire(const LeaseRequest& req, const std::function<void(const WaitInfo&)>& on_wait = {},
-                    double max_wait_s = 7 * 24 * 3600.0);
+                    double max_wait_s = 7 * 24 * 3600.0, const RetryHooks& retry = {});
   // Background heartbeats every heartbeat_interval_s with figures from `provider`.
   void start_heartbeats(std::function<Telemetry()> provider = {});
   void stop_heartbeats();
@@ -102,12 +147,20 @@ class QuotaClient {
   int64_t revoke_deadline_ms() const { return deadline_ms_; }
   // The lease ended on the server (expired, released elsewhere): stop using the GPUs.
   bool lost() const { return lost_; }
-  // No successful heartbeat for longer than the TTL minus one heartbeat interval: the server may expire the
-  // lease soon, so the trainer should checkpoint and yield (self-fencing).
+  // No successful heartbeat for fence_after_ms(): the trainer should checkpoint and yield (self-fencing), and be
+  // gone by ttl_s - heartbeat_interval_s after the last one, before the server could expire the lease.
   bool unreachable_too_long() const;
-  // Ends the lease (idempotent); stops heartbeats first, then sends one last heartbeat with the provider's figures,
-  // so a run shorter than an interval still reports its peak memory and last step.
-  void release(Outcome outcome);
+  // The fence: ttl_s - heartbeat_interval_s less a reserve for the last step, the checkpoint and one release
+  // call (an interval, at least 5 s), but never under two intervals (one late heartbeat is no outage).
+  int64_t fence_after_ms() const;
+  // When quotad expires the lease if it hears nothing more: ttl_s after the last acknowledged heartbeat (the grant
+  // before any), in this machine's wall-clock milliseconds.
+  int64_t expires_at_ms() const;
+  // Ends the lease (idempotent); stops heartbeats first (a beat in flight is abandoned), then, while quotad
+  // answers, sends one last heartbeat with the provider's figures, so a run shorter than an interval still reports
+  // its peak memory and last step. An unavailable quotad is tried once more when the heartbeats got no answer,
+  // else for a few seconds; every call is bounded by the heartbeat timeouts.
+  ReleaseAnswer release(Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
 
   // Default local database path.
@@ -115,23 +168,32 @@ class QuotaClient {
 
  private:
   ApiResponse call(const ApiRequest& request);
+  ApiResponse beat_call(const ApiRequest& request);  // heartbeats and the release: short timeouts
   ApiRequest heartbeat_request(const Telemetry& telemetry) const;
+  // Sleeps `seconds` in slices, polling hooks.check.
+  void pause(double seconds, const RetryHooks& hooks) const;
   int64_t now_ms() const;
   int64_t steady_ms() const;
 
   ClientConfig config_;
   std::unique_ptr<QuotaTransport> transport_;  // null in mode off
+  // quotad's own connection for heartbeats and the release, with timeouts from the lease's interval; made by
+  // start_heartbeats (null in local mode: transport_ then).
+  std::unique_ptr<QuotaTransport> beat_transport_;
   LeaseInfo lease_;
   std::atomic<bool> revoked_{false};
   std::atomic<bool> lost_{false};
   std::atomic<int64_t> deadline_ms_{0};
   std::atomic<int64_t> last_ok_steady_ms_{0};
+  std::atomic<bool> beat_unanswered_{false};  // the last heartbeat got no answer (or 502/503/504)
+  std::atomic<bool> heartbeat_done_{true};    // the heartbeat thread has left its loop
   std::thread heartbeat_thread_;
   std::function<Telemetry()> heartbeat_provider_;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wakeup_;  // stop_heartbeats() ends the wait between beats early
   bool heartbeat_stop_ = false;
   bool released_ = false;
+  ReleaseAnswer release_answer_;
 };
 
 }  // namespace yolo8::quota

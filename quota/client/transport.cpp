@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <mutex>
 
 namespace yolo8::quota {
@@ -27,13 +28,16 @@ class LocalTransport : public QuotaTransport {
 
 class HttpTransport : public QuotaTransport {
  public:
-  HttpTransport(const std::string& url, std::string token, const std::string& ca_file)
+  HttpTransport(const std::string& url, std::string token, const std::string& ca_file, HttpTimeouts timeouts)
       : client_(url), token_(std::move(token)) {
     if (!ca_file.empty()) client_.set_ca_cert_path(ca_file.c_str());
     client_.enable_server_certificate_verification(true);
-    client_.set_connection_timeout(2, 0);
-    client_.set_read_timeout(5, 0);
-    client_.set_write_timeout(5, 0);
+    const auto microseconds = [](double seconds) {
+      return std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+    };
+    client_.set_connection_timeout(microseconds(timeouts.connect_s));
+    client_.set_read_timeout(microseconds(timeouts.read_write_s));
+    client_.set_write_timeout(microseconds(timeouts.read_write_s));
     // heartbeats come every few seconds: a held keep-alive connection would only pin a server worker
     client_.set_keep_alive(false);
     client_.set_tcp_nodelay(true);
@@ -49,11 +53,12 @@ class HttpTransport : public QuotaTransport {
                                  : client_.Post(request.path.c_str(), headers, request.body, "application/json");
     ApiResponse response;
     if (!result) {
-      response.status = 0;  // unreachable
-      response.body = json{{"reason", "quotad unreachable: " + httplib::to_string(result.error())}};
+      response.status = 0;  // unreachable (Connection), or no answer in time (Read)
+      response.body = json{{"reason", "no answer: " + httplib::to_string(result.error())}};
       return response;
     }
     response.status = result->status;
+    if (result->has_header("Retry-After")) response.headers["Retry-After"] = result->get_header_value("Retry-After");
     try {
       response.body = json::parse(result->body);
     } catch (const json::exception&) {
@@ -61,6 +66,9 @@ class HttpTransport : public QuotaTransport {
     }
     return response;
   }
+
+  // httplib's stop() shuts the socket of the request in flight down, so its wait for the answer ends now.
+  void cancel() override { client_.stop(); }
 
  private:
   std::mutex mu_;
@@ -76,8 +84,8 @@ std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const Servic
 }
 
 std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token,
-                                                    const std::string& ca_file) {
-  return std::make_unique<HttpTransport>(url, token, ca_file);
+                                                    const std::string& ca_file, HttpTimeouts timeouts) {
+  return std::make_unique<HttpTransport>(url, token, ca_file, timeouts);
 }
 
 }  // namespace yolo8::quota

@@ -62,6 +62,7 @@ class QuotadProcess {
     return start((root / "policy.yaml").string(), (root / "quota.db").string(), (root / "quotad.log").string());
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }  // to stop (SIGSTOP) and continue it
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // SIGTERM and wait; true when quotad exited 0.
   bool stop() {

@@ -1,5 +1,7 @@
 #include "trainer/app/console.h"
 
+#include <unistd.h>
+
 #include <cstdarg>
 
 namespace yolo8 {
@@ -37,6 +39,10 @@ std::unique_ptr<std::streambuf> buffer_for(bool quiet, std::FILE* file) {
 }
 
 }  // namespace
+
+void line_buffer_stdout() {
+  if (isatty(fileno(stdout)) == 0) std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
+}
 
 Console::Console(int rank, std::FILE* out, std::FILE* err)
     : quiet_(rank != 0),

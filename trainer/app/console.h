@@ -10,6 +10,10 @@
 
 namespace yolo8 {
 
+// Makes stdout line-buffered when it is not a terminal (a pipe to `kubectl logs`, a file), so each line shows as
+// it is written rather than a block later. Call first in main, before anything is written.
+void line_buffer_stdout();
+
 class Console {
  public:
   // Quiet unless `rank` is 0. `out` and `err` default to the process's stdout and stderr.

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -45,6 +47,16 @@ std::string join(const std::vector<int>& items) {
   std::vector<std::string> texts;
   for (int item : items) texts.push_back(std::to_string(item));
   return join(texts, ",");
+}
+
+// "2026-12-04 18:40:12 UTC" of wall-clock milliseconds.
+std::string utc_time(int64_t ms) {
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm parts{};
+  gmtime_r(&seconds, &parts);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S UTC", &parts);
+  return text;
 }
 
 // CUDA's reading of CUDA_VISIBLE_DEVICES as indices: the devices listed before the first entry that is not one.
@@ -154,6 +166,7 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
   if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
   if (!settings.lease.user.empty()) config.user = settings.lease.user;
+  config.unavailable_deadline_s = settings.lease.quota_retry_s;
   client_ = std::make_unique<quota::QuotaClient>(config);
 
   quota::LeaseRequest request;
@@ -187,11 +200,26 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   std::cout << "Asking " << (settings.lease.quota == "local" ? std::string("the local quota") : settings.lease.quota)
             << " for a lease: team " << (request.team.empty() ? "local" : request.team) << ", " << request.model << ", "
             << request.gpus << " GPU, priority " << settings.lease.priority << "\n";
-  const quota::LeaseInfo lease = client_->acquire(request, [](const quota::WaitInfo& wait) {
-    // SIGTERM while queued: nothing to checkpoint yet; give up the place and exit as preempted.
+  // SIGTERM while queued or while quotad is unavailable: nothing to checkpoint yet; give up the place and exit as
+  // preempted.
+  const auto check_stop = [] {
     if (stop_requested()) throw StoppedWhileWaiting();
-    std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason << std::endl;
-  });
+  };
+  quota::RetryHooks retry;
+  retry.check = check_stop;
+  retry.on_retry = [](const quota::RetryInfo& info) {
+    std::cout << "  quotad unavailable (" << (info.status != 0 ? std::to_string(info.status) + ": " : "") << info.reason
+              << "): retrying in " << std::ceil(info.retry_in_s) << " s, giving up in "
+              << std::lround(info.give_up_in_s) << " s" << std::endl;
+  };
+  const quota::LeaseInfo lease = client_->acquire(
+      request,
+      [&check_stop](const quota::WaitInfo& wait) {
+        check_stop();
+        std::cout << "  waiting (" << wait.status << ", position " << wait.position << "): " << wait.reason
+                  << std::endl;
+      },
+      7 * 24 * 3600.0, retry);
   std::string devices;
   for (const auto& device : lease.devices) devices += (devices.empty() ? "" : ",") + device;
   std::cout << "Lease " << lease.id << " granted: " << (lease.shared ? "a share of " : "") << lease.devices.size()
@@ -275,8 +303,22 @@ void TrainingLease::check() {
 void TrainingLease::release(quota::Outcome outcome) {
   if (!client_ || released_) return;
   released_ = true;
-  client_->release(outcome);
-  std::cout << "Lease " << client_->lease().id << " released (" << quota::to_string(outcome) << ")\n";
+  const quota::ReleaseAnswer answer = client_->release(outcome);
+  const int64_t id = client_->lease().id;
+  if (id == 0) return;
+  // "released" only when quotad said so: otherwise the GPUs stay held there until the lease expires
+  std::cout << "Lease " << id;
+  if (answer.acknowledged && answer.released_now) {
+    std::cout << " released (" << quota::to_string(outcome) << ")\n";
+  } else if (answer.acknowledged) {
+    std::cout << " had already ended on quotad (" << answer.state << ")\n";
+  } else if (quota::is_unavailable(answer.status)) {
+    std::cout << " release not acknowledged (" << answer.reason << "): quotad expires it " << client_->lease().ttl_s
+              << " s after its last acknowledged heartbeat, at " << utc_time(client_->expires_at_ms()) << "\n";
+  } else {
+    std::cout << " release refused (" << answer.reason << ")\n";
+  }
+  std::cout.flush();
 }
 
 }  // namespace yolo8

@@ -77,7 +77,7 @@ struct LocalGpus {
   double memory_gib = 0;
 };
 
-// A stop was requested while the lease request was still queued.
+// A stop was requested while the lease request was still queued, or waited for an unavailable quotad.
 class StoppedWhileWaiting : public std::runtime_error {
  public:
   StoppedWhileWaiting() : std::runtime_error("stopped while waiting for a GPU lease") {}
@@ -86,9 +86,10 @@ class StoppedWhileWaiting : public std::runtime_error {
 class TrainingLease {
  public:
   // Acquires (blocking while queued, printing the position) unless quota=off or the run has no GPU and quota
-  // is local. Throws quota::QuotaRefused when the service says no, SettingsError when device= contradicts the
-  // granted GPUs (bind_leased_devices). `local_gpus`: the local quota's inventory (a GPU run; a CPU run that
-  // asks for a share holds one slot).
+  // is local. An unavailable quotad is retried for quota_retry_s, each wait announced with its countdown, then
+  // quota::QuotaUnavailable. Throws quota::QuotaRefused when the service says no, SettingsError when device=
+  // contradicts the granted GPUs (bind_leased_devices), StoppedWhileWaiting on a stop request while it waits.
+  // `local_gpus`: the local quota's inventory (a GPU run; a CPU run that asks for a share holds one slot).
   // `device_name` ("NVIDIA H200", "cpu") goes with the memory peaks the heartbeats report.
   TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
                 LocalGpus local_gpus = {}, const std::string& device_name = "");
@@ -105,8 +106,11 @@ class TrainingLease {
   const DeviceBinding& devices() const { return devices_; }
   LeaseTelemetry& telemetry() { return telemetry_; }
 
-  // Requests a stop (StopReason) when the lease was revoked, lost, or the service is unreachable too long.
+  // Requests a stop (StopReason) when the lease was revoked, lost, or the service is unreachable too long. Reads
+  // what the heartbeat thread found: never waits on the network.
   void check();
+  // Gives the lease back and says how it went: "Lease N released" only when quotad acknowledged it, else when
+  // quotad expires it. Bounded by the client's short timeouts (quota::QuotaClient::release).
   void release(quota::Outcome outcome);
 
  private:

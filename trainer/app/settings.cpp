@@ -144,6 +144,9 @@ const std::vector<Entry>& entries() {
        kResumable | kYolo8Only},
       {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
        kResumable | kSecret | kYolo8Only},
+      {"quota_retry_s", YOLO8_FIELD(lease.quota_retry_s),
+       "seconds the lease request retries an unavailable quotad (no answer, 502, 503, 504) before exit 75",
+       kResumable | kYolo8Only},
       {"team", YOLO8_FIELD(lease.team), "team the lease is charged to", kYolo8Only},
       {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER", kYolo8Only},
       {"priority", YOLO8_FIELD(lease.priority), "lease priority: low, normal, high or critical (audited emergency)",
@@ -551,6 +554,7 @@ void validate(LeaseSettings& lease) {
   if (quota == "local" || quota == "off") lease.quota = quota;
   lease.priority = to_lower(lease.priority);
   check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});
+  check(std::isfinite(lease.quota_retry_s) && lease.quota_retry_s > 0, "quota_retry_s", "must be > 0 seconds");
   check(std::isfinite(lease.gpu_mem) && lease.gpu_mem >= 0, "gpu_mem", "must be >= 0 GiB");
   check(std::isfinite(lease.memory_gib) && lease.memory_gib >= 0, "memory_gib", "must be >= 0 GiB");
   // Whether the model may share is the policy's answer (quotad refuses with the reason); without a quota

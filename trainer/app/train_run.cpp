@@ -68,6 +68,13 @@ std::optional<int> TrainingRun::set_up() {
   } catch (const StoppedWhileWaiting& stopped) {
     end_watch();
     return exit_before_training(stopped.what());
+  } catch (const quota::QuotaUnavailable& unavailable) {
+    // Retrying was the right answer until quota_retry_s: so is a later pod (resumable), not a failed Job.
+    end_watch();
+    console_->out() << "Stopped (" << to_string(StopReason::kQuotaUnreachable)
+                    << ") before training: " << unavailable.what()
+                    << " (quota_retry_s=" << settings_.lease.quota_retry_s << ")\n";
+    return kExitPreempted;
   } catch (...) {
     end_watch();
     throw;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainer/app/cli.h"
+#include "trainer/app/console.h"
 #include "trainer/app/model_loading.h"
 #include "trainer/app/settings.h"
 #include "trainer/app/torch_warnings.h"
@@ -12,7 +13,9 @@
 #include "trainer/core/stop_signal.h"
 
 int main(int argc, char** argv) {
-  // First: a SIGTERM during start-up must still end in a clean stop, not a killed process.
+  // Before any output: under a pipe (kubectl logs) stdout would otherwise show its lines a block at a time.
+  yolo8::line_buffer_stdout();
+  // Then at once: a SIGTERM during start-up must still end in a clean stop, not a killed process.
   yolo8::install_stop_signal_handlers();
   // LibTorch 2.x repeats some warnings on every call (see torch_warnings.h).
   yolo8::print_each_torch_warning_once();

@@ -360,7 +360,7 @@ TEST(Settings, ResumableKeysAreFlaggedInTheTable) {
     if (info.resumable) resumable.push_back(info.name);
   }
   EXPECT_EQ(resumable, (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota", "quota_db",
-                                                 "quota_token", "gpu_mem", "threads"}));
+                                                 "quota_token", "quota_retry_s", "gpu_mem", "threads"}));
 }
 
 TEST(Settings, ResumeKeepsTheSavedRecipe) {
@@ -408,6 +408,20 @@ TEST(Settings, SharedLeaseSettingsAreCheckedAgainstTheQuotaMode) {
   }
   EXPECT_THROW(resolve_settings({{"memory_gib", "-1"}}, "train"), SettingsError);
   EXPECT_THROW(resolve_settings({{"memory_gib", "4"}, {"quota", "off"}}, "train"), SettingsError);
+}
+
+// How long the start-up retries an unavailable quotad before the run exits 75: ten minutes unless given.
+TEST(Settings, QuotaRetryIsTheStartUpDeadline) {
+  EXPECT_DOUBLE_EQ(Settings{}.lease.quota_retry_s, 600);
+  EXPECT_DOUBLE_EQ(resolve_settings({{"quota_retry_s", "30"}}, "train").lease.quota_retry_s, 30);
+  for (const char* bad : {"0", "-5", "inf"}) {
+    try {
+      resolve_settings({{"quota_retry_s", bad}}, "train");
+      ADD_FAILURE() << "quota_retry_s=" << bad << " accepted";
+    } catch (const SettingsError& error) {
+      EXPECT_NE(std::string(error.what()).find("'quota_retry_s'"), std::string::npos) << error.what();
+    }
+  }
 }
 
 // configs/default.yaml is documentation users read: it must list every setting with its real default.
