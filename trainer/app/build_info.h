@@ -18,10 +18,20 @@ struct BuildInfo {
   int cuda_runtime = 0;
   int cuda_driver = 0;
   long cudnn_loaded = 0;
+  int nccl_loaded = 0;  // ncclGetVersion's code, 22809 for 2.28.9
+  // The files the process loaded them from ("" when not loaded): in a container this shows they come from the image,
+  // not from a library of the host's mounted in.
+  std::string libtorch_path;
+  std::string cudart_path;
+  std::string cudnn_path;
+  std::string nccl_path;
   std::vector<std::string> gpus;  // "0: NVIDIA H200 (139.8 GiB, compute capability 9.0)"
 };
 
 BuildInfo current_build_info();
+// The file a library whose name starts with `soname` was mapped from, found in the text of /proc/self/maps
+// ("" when none is).
+std::string loaded_library_path(const std::string& maps_text, const std::string& soname);
 // The lines of `yolo8 --version`.
 std::string describe(const BuildInfo& info);
 
