@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -734,6 +736,47 @@ TEST(QuotaStoreMigrations, ABridgeThatFailsLeavesTheUnnumberedDatabaseUnchanged)
   const Contents after = contents(path);
   EXPECT_EQ(after.columns, before.columns);  // no loans, grants, memory_observations, nor the heartbeat columns
   EXPECT_EQ(after.rows, before.rows);
+}
+
+// repair-db rebuilds a damaged file from an older backup: the backup's scratch copy takes the schema without an
+// audit entry of its own, which would take the sequence number of an entry the damaged file still yields.
+TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFilesAuditEntries) {
+  const std::string path = temp_db("migrations_repair");
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    if (entry.path().string().rfind(path + ".", 0) == 0) std::filesystem::remove(entry.path());
+  }
+  const auto add_audit_rows = [&](int from, int to) {
+    std::string rows = "BEGIN;";
+    for (int i = from; i <= to; ++i) {
+      rows += "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (" + std::to_string(i) +
+              ", 0, 'quotad', 'lease.granted', 0, 't', '" + std::string(200, 'd') + "');";
+    }
+    Db(path).execute(rows + "COMMIT;");
+  };
+  Db(path).execute(kLayouts[0].sql);  // unnumbered, as the backup keeps it
+  add_audit_rows(1, 400);
+  const std::string backup = backup_database(path, kMonday, 24);
+  add_audit_rows(401, 600);
+  { Store upgraded(path); }  // entry 601: the step
+  ASSERT_EQ(Db(path).value("SELECT action FROM audit WHERE seq = 601"), "schema.migrate");
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8 * 4096);  // a page of early entries, which the backup has
+    const std::string garbage(4096, '\x5a');
+    file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  ASSERT_THROW(Store refused(path), StoreError);
+  const RepairReport report = repair_database(path, kMonday + kHour);
+  EXPECT_EQ(report.restored_from, backup);
+  EXPECT_TRUE(report.audit_gaps.empty());
+  Db db(path);
+  EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit"), "601");
+  EXPECT_EQ(db.value("SELECT action FROM audit WHERE seq = 401"), "lease.granted");
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "1");
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    if (entry.path().string().rfind(path + ".", 0) == 0) std::filesystem::remove(entry.path());
+  }
 }
 
 }  // namespace
