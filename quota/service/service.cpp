@@ -609,6 +609,34 @@ void QuotaService::auth_failed(const std::string& key, const std::string& addres
     const int doublings = std::min(failures.count - kFreeAuthFailures, 8);
     failures.blocked_until_ms = now_ms + std::min<int64_t>(60000, int64_t{250} << doublings);
   }
+  if (address_failures_.size() >= kMaxTrackedAddresses && !address_failures_.count(address)) {
+    // bounded memory as above: every address not blocking now goes, else the one that failed longest ago
+    for (auto it = address_failures_.begin(); it != address_failures_.end();) {
+      it = it->second.blocked_until_ms <= now_ms ? address_failures_.erase(it) : std::next(it);
+    }
+    if (address_failures_.size() >= kMaxTrackedAddresses) {
+      address_failures_.erase(std::min_element(
+          address_failures_.begin(), address_failures_.end(),
+          [](const auto& a, const auto& b) { return a.second.last_failure_ms < b.second.last_failure_ms; }));
+    }
+  }
+  AddressFailures& from = address_failures_[address];
+  if (now_ms - from.last_failure_ms > kAddressFailuresForgottenAfterMs) from.count = 0;
+  from.last_failure_ms = now_ms;
+  ++from.count;
+  if (from.count >= kFreeAddressAuthFailures) {
+    const int doublings = std::min(from.count - kFreeAddressAuthFailures, 8);
+    from.blocked_until_ms = now_ms + std::min<int64_t>(60000, int64_t{250} << doublings);
+  }
+}
+
+bool QuotaService::address_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms) {
+  std::lock_guard<std::mutex> lock(auth_mutex_);
+  auto it = address_failures_.find(address);
+  if (it == address_failures_.end() || now_ms >= it->second.blocked_until_ms) return false;
+  retry_after_ms = it->second.blocked_until_ms - now_ms;
+  ++auth_unreported_[address];
+  return true;
 }
 
 ApiResponse QuotaService::route(const ApiRequest& req) {
@@ -643,7 +671,8 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
     if (req.token.empty()) return error_response(401, "authorization: a bearer token is required");
     // Throttled per (address, token): a wrong token repeated from an address shared with trainers (a TLS
     // proxy, a NAT) blocks only that token there. A blocked token was already found wrong (the policy does
-    // not change while serving), so it is refused before the users' hashes are computed.
+    // not change while serving), so it is refused before the users' hashes are computed. Failures are also
+    // throttled per address (distinct wrong tokens), but only once the token is found wrong.
     const int64_t now = clock_();
     const std::string key = auth_key(req.client_address, req.token);
     int64_t retry_after_ms = 0;
@@ -654,8 +683,17 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
       response.headers["Retry-After"] = seconds;
       return response;
     }
+    // the token is checked before the address's record: a valid token is served whatever its address did
     const User* user = policy_.find_user_by_token(req.token);
     if (user == nullptr) {
+      if (address_blocked(req.client_address, now, retry_after_ms)) {
+        const std::string seconds = std::to_string((retry_after_ms + 999) / 1000);
+        ApiResponse response = error_response(
+            429, "authorization: unknown token, and too many failed authentications from this address; retry in " +
+                     seconds + " s");
+        response.headers["Retry-After"] = seconds;
+        return response;
+      }
       auth_failed(key, req.client_address, now);
       return error_response(401, "authorization: unknown token");
     }

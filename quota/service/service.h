@@ -135,7 +135,7 @@ class QuotaService {
     Telemetry telemetry;  // the latest figures, each carried forward until reported again
   };
   // Failed authentications of one (address, presented token): a client repeating a wrong token backs off;
-  // a valid token is never recorded here, so it is never blocked, whoever shares its address (issue 30).
+  // a valid token is never recorded here, so it is never blocked, whoever shares its address.
   struct AuthFailures {
     int count = 0;  // consecutive failures
     int64_t blocked_until_ms = 0;
@@ -146,6 +146,23 @@ class QuotaService {
   static std::string auth_key(const std::string& address, const std::string& token);
   bool auth_blocked(const std::string& key, const std::string& address, int64_t now_ms, int64_t& retry_after_ms);
   void auth_failed(const std::string& key, const std::string& address, int64_t now_ms);
+  // Failed authentications of one address, whatever the tokens: distinct wrong tokens are each a new key above,
+  // so a guesser changing the token every time would never be slowed. Only a token found wrong is refused for
+  // its address's record; a valid one is served first, whoever shares the address.
+  struct AddressFailures {
+    int count = 0;  // failures outside a block, since the address's last quiet spell
+    int64_t blocked_until_ms = 0;
+    int64_t last_failure_ms = 0;
+  };
+  // Several clients behind one address (a proxy, a NAT) with a stale or mistyped token each have their own
+  // kFreeAuthFailures per token; four of them may fail in full before their address is slowed. Then the same
+  // back-off as a token's: 250 ms, doubling with every further failure, at most a minute.
+  static constexpr int kFreeAddressAuthFailures = 4 * kFreeAuthFailures;
+  // an address quiet for this long starts afresh (a typo a day must not add up to a blocked address)
+  static constexpr int64_t kAddressFailuresForgottenAfterMs = 10 * 60 * 1000;
+  static constexpr size_t kMaxTrackedAddresses = 10000;
+  // A wrong token from a blocked address: counts the attempt and says until when; false when not blocked.
+  bool address_blocked(const std::string& address, int64_t now_ms, int64_t& retry_after_ms);
   ApiResponse route(const ApiRequest& req);
   using Handler = ApiResponse (*)(QuotaService&, const Caller&, const ApiRequest&, const std::vector<std::string>&,
                                   int64_t id);
@@ -214,8 +231,9 @@ class QuotaService {
   std::array<std::atomic<uint64_t>, 600> responses_by_status_{};
   UtilTracker tracker_;  // guarded by mutex_
   std::mutex auth_mutex_;
-  std::map<std::string, AuthFailures> auth_failures_;  // by auth_key()
-  std::map<std::string, int> auth_unreported_;         // attempts not yet audited, by client address
+  std::map<std::string, AuthFailures> auth_failures_;        // by auth_key()
+  std::map<std::string, AddressFailures> address_failures_;  // by client address
+  std::map<std::string, int> auth_unreported_;               // attempts not yet audited, by client address
 };
 
 }  // namespace yolo8::quota

@@ -21,7 +21,106 @@ namespace yolo8::quota {
 
 namespace {
 
-constexpr const char* kSchema = R"SQL(
+// One numbered step of the schema: applied once, in order, never edited after it shipped (a change is a new step).
+// Plain data, so that another backend can carry its own table of the same steps.
+struct Migration {
+  int version;              // the schema version the step leads to
+  const char* description;  // one line, for the log and the audit entry
+  const char* sql;
+};
+
+// Steps 1 to 8 are the layouts quotad shipped before the versions were numbered, each named by the commit that
+// introduced it; a database created now goes through them all.
+constexpr Migration kMigrations[] = {
+    {1, "the first layout: meta, leases, approvals, the append-only audit log, usage, heartbeats (7f3ad59)", R"SQL(
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE leases (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, team TEXT NOT NULL, user TEXT NOT NULL,
+  ended_ms INTEGER NOT NULL, body TEXT NOT NULL);
+CREATE INDEX leases_state ON leases(state, ended_ms);
+CREATE TABLE approvals (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, team TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE audit (
+  seq INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+  lease_id INTEGER NOT NULL, team TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+  BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+  BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TABLE usage (
+  user TEXT NOT NULL, month TEXT NOT NULL, gpu_hours REAL NOT NULL, PRIMARY KEY (user, month));
+CREATE TABLE heartbeats (
+  lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, step INTEGER, epoch INTEGER, gpu_util REAL,
+  memory_used_gib REAL, last_checkpoint_ms INTEGER);
+CREATE INDEX heartbeats_lease ON heartbeats(lease_id, ts_ms);
+)SQL"},
+    {2, "the quarantine table for rows set aside (e181c9f)", R"SQL(
+CREATE TABLE quarantine (
+  source TEXT NOT NULL, row_id INTEGER NOT NULL, body TEXT, error TEXT NOT NULL, moved_ms INTEGER NOT NULL);
+)SQL"},
+    {3, "the ledger: loans and grants (d056c17)", R"SQL(
+CREATE TABLE loans (
+  id INTEGER PRIMARY KEY, state TEXT NOT NULL, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE grants (
+  id INTEGER PRIMARY KEY, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
+)SQL"},
+    {4, "memory observations of real runs (e4631b7)", R"SQL(
+CREATE TABLE memory_observations (
+  lease_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, model TEXT NOT NULL, imgsz INTEGER NOT NULL,
+  batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib REAL NOT NULL);
+CREATE INDEX memory_observations_key ON memory_observations(model, device, lease_id);
+)SQL"},
+    {5, "heartbeats say where their utilisation came from, with the device's memory (23d2b11)", R"SQL(
+ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT;
+ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL;
+)SQL"},
+    {6, "memory observations name the LibTorch version (a5a92d4)", R"SQL(
+ALTER TABLE memory_observations ADD COLUMN libtorch TEXT;
+)SQL"},
+    {7, "the audit log's hash chain (abe3393)", R"SQL(
+ALTER TABLE audit ADD COLUMN chain TEXT;
+)SQL"},
+    {8, "heartbeats carry the process's own GPU memory (b1693bb)", R"SQL(
+ALTER TABLE heartbeats ADD COLUMN process_memory_used_gib REAL;
+)SQL"},
+};
+constexpr int kMigrationCount = static_cast<int>(sizeof kMigrations / sizeof kMigrations[0]);
+static_assert(kMigrations[kMigrationCount - 1].version == kSchemaVersion, "kSchemaVersion is the last step's");
+
+// The layout that databases from before the numbering are brought to by the bridge below.
+constexpr int kLegacyLayoutVersion = 8;
+
+// What opening a database does to its schema, decided from what the file holds. Pure, so that any backend can use
+// it: `version` is the recorded schema version, `has_tables` whether the file holds any table at all.
+struct SchemaPlan {
+  bool bridge_legacy = false;  // a database from before the numbering: bring it to kLegacyLayoutVersion first
+  int from = 0;                // the version the numbered steps start from
+  std::vector<const Migration*> steps;
+};
+
+SchemaPlan plan_schema(const std::string& path, int version, bool has_tables) {
+  if (version > kSchemaVersion) {
+    throw StoreError(path + ": the quota database has schema version " + std::to_string(version) +
+                     ", this quotad knows up to " + std::to_string(kSchemaVersion) +
+                     ": upgrade quotad (never downgrade a database; restore a backup only with the quotad that wrote "
+                     "it)");
+  }
+  if (version < 0)
+    throw StoreError(path + ": the quota database has an invalid schema version " + std::to_string(version));
+  SchemaPlan plan;
+  // version 0 with tables: an unnumbered quotad wrote it (it never set the version)
+  plan.bridge_legacy = version == 0 && has_tables;
+  plan.from = plan.bridge_legacy ? kLegacyLayoutVersion : version;
+  for (const Migration& step : kMigrations) {
+    if (step.version > plan.from) plan.steps.push_back(&step);
+  }
+  return plan;
+}
+
+// The legacy bridge's schema: every table of the last unnumbered layout, created where missing. Databases of that
+// time may lack any table that came later, or (written by hand in tests, or by a branch) hold a later one without
+// an earlier one, so their layout is completed piece by piece rather than placed on a numbered step.
+constexpr const char* kLegacySchema = R"SQL(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (
   id INTEGER PRIMARY KEY, state TEXT NOT NULL, team TEXT NOT NULL, user TEXT NOT NULL,
@@ -53,8 +152,24 @@ CREATE TABLE IF NOT EXISTS loans (
   id INTEGER PRIMARY KEY, state TEXT NOT NULL, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS grants (
   id INTEGER PRIMARY KEY, user TEXT NOT NULL, month TEXT NOT NULL, body TEXT NOT NULL);
-INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
 )SQL";
+
+constexpr const char* kLegacyTables[] = {"meta",       "leases",     "approvals", "audit",  "usage",
+                                         "heartbeats", "quarantine", "loans",     "grants", "memory_observations"};
+
+// The columns unnumbered quotads added at open when they were missing, in the order they came.
+struct LegacyColumn {
+  const char* table;
+  const char* column;
+  const char* type;
+};
+constexpr LegacyColumn kLegacyColumns[] = {
+    {"heartbeats", "gpu_util_source", "TEXT"},
+    {"heartbeats", "device_memory_used_gib", "REAL"},
+    {"heartbeats", "process_memory_used_gib", "REAL"},
+    {"memory_observations", "libtorch", "TEXT"},
+    {"audit", "chain", "TEXT"},
+};
 
 struct StatementDeleter {
   void operator()(sqlite3_stmt* statement) const { sqlite3_finalize(statement); }
@@ -95,19 +210,102 @@ bool Store::has_column(const std::string& table, const std::string& column) {
   return false;
 }
 
-// Databases written before heartbeats said where their utilisation came from gain the two columns, those written
-// before heartbeats carried the process's own GPU memory gain that one, and those written before memory
-// observations named their LibTorch version gain that one (NULL in old rows).
-void Store::add_newer_columns() {
-  if (!has_column("heartbeats", "gpu_util_source")) {
-    exec("ALTER TABLE heartbeats ADD COLUMN gpu_util_source TEXT");
-    exec("ALTER TABLE heartbeats ADD COLUMN device_memory_used_gib REAL");
+bool Store::has_table(const char* table) {
+  Statement statement(prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"));
+  sqlite3_bind_text(statement.get(), 1, table, -1, SQLITE_STATIC);
+  return sqlite3_step(statement.get()) == SQLITE_ROW;
+}
+
+// Unnumbered quotads created what was missing and probed for later columns at every open; that probing is kept
+// for their databases only, once, and says what it added.
+std::string Store::bridge_legacy_layout() {
+  std::string added;
+  const auto note = [&](const std::string& what) { added += (added.empty() ? "" : ", ") + what; };
+  for (const char* table : kLegacyTables) {
+    if (!has_table(table)) note(std::string("table ") + table);
   }
-  if (!has_column("heartbeats", "process_memory_used_gib")) {
-    exec("ALTER TABLE heartbeats ADD COLUMN process_memory_used_gib REAL");
+  exec(kLegacySchema);
+  for (const LegacyColumn& column : kLegacyColumns) {
+    if (has_column(column.table, column.column)) continue;
+    exec((std::string("ALTER TABLE ") + column.table + " ADD COLUMN " + column.column + " " + column.type).c_str());
+    note(std::string("column ") + column.table + "." + column.column);
   }
-  if (!has_column("memory_observations", "libtorch")) exec("ALTER TABLE memory_observations ADD COLUMN libtorch TEXT");
-  if (!has_column("audit", "chain")) exec("ALTER TABLE audit ADD COLUMN chain TEXT");  // issue 30: the hash chain
+  // the version is in PRAGMA user_version from now on; the old marker ('1' whatever the layout) would mislead
+  exec("DELETE FROM meta WHERE key = 'schema_version'");
+  return added.empty() ? "nothing was missing" : "added " + added;
+}
+
+int Store::schema_version() {
+  Statement statement(prepare("PRAGMA user_version"));
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int(statement.get(), 0) : 0;
+}
+
+// The version is kept in PRAGMA user_version rather than a meta row: it is in the file's header, written in the
+// step's transaction, carried by backups, never copied back by repair's salvage of meta rows from an older file,
+// and untouched by unnumbered quotads (which wrote meta.schema_version = '1' whatever their layout).
+void Store::set_schema_version(int version) { exec(("PRAGMA user_version = " + std::to_string(version)).c_str()); }
+
+std::vector<std::string> Store::migrate_schema(bool audit_steps) {
+  const int found = schema_version();
+  Statement any_table(prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' LIMIT 1"));
+  const bool has_tables = sqlite3_step(any_table.get()) == SQLITE_ROW;
+  any_table.reset();
+  // the steps are accounted for in the audit log the file already keeps; a new file (or one no quotad wrote, without
+  // an audit table) has no history to account for, and its log starts with its use
+  const bool had_audit_log = has_table("audit");
+  const SchemaPlan plan = plan_schema(path_, found, has_tables);
+  struct Applied {
+    int from, to;
+    std::string what;
+  };
+  std::vector<Applied> applied;
+  if (plan.bridge_legacy) {
+    try {
+      applied.push_back(
+          {0, kLegacyLayoutVersion, "a database from before numbered schema versions: " + bridge_legacy_layout()});
+    } catch (const StoreError& error) {
+      throw StoreError(std::string(error.what()) + " (bringing a database from before numbered schema versions to " +
+                       "version " + std::to_string(kLegacyLayoutVersion) + "; nothing was changed)");
+    }
+    set_schema_version(kLegacyLayoutVersion);
+  }
+  int version = plan.from;
+  for (const Migration* step : plan.steps) {
+    char* error = nullptr;
+    if (sqlite3_exec(db_, step->sql, nullptr, nullptr, &error) != SQLITE_OK) {
+      const std::string message = error != nullptr ? error : "unknown error";
+      sqlite3_free(error);
+      throw StoreError(path_ + ": schema step " + std::to_string(version) + " -> " + std::to_string(step->version) +
+                       " (" + step->description + ") failed: " + message +
+                       "; nothing was changed, the database stays at schema version " + std::to_string(found));
+    }
+    set_schema_version(step->version);
+    applied.push_back({version, step->version, step->description});
+    version = step->version;
+  }
+  std::vector<std::string> log;
+  if (!has_tables) return log;  // a new database: nothing to tell
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::vector<AuditEntry> entries;
+  Statement last(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
+  int64_t seq = sqlite3_step(last.get()) == SQLITE_ROW ? sqlite3_column_int64(last.get(), 0) : 0;
+  last.reset();
+  for (const Applied& step : applied) {
+    const std::string what =
+        "schema version " + std::to_string(step.from) + " -> " + std::to_string(step.to) + ": " + step.what;
+    log.push_back("quotad: " + path_ + ": " + what);
+    AuditEntry entry;
+    entry.seq = ++seq;
+    entry.ts_ms = now_ms;
+    entry.actor = "quotad";
+    entry.action = "schema.migrate";
+    entry.detail = what;
+    entries.push_back(entry);
+  }
+  if (audit_steps && had_audit_log) append_audit(entries);
+  return log;
 }
 
 std::string Store::meta_value(const char* key) {
@@ -129,7 +327,10 @@ std::string audit_chain_link(const std::string& previous_link, const AuditEntry&
   return sha256_hex(previous_link + "\n" + content.dump());
 }
 
-Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : path_(path) {
+Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms)
+    : Store(path, full_sync, busy_timeout_ms, true) {}
+
+Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms, bool audit_schema_steps) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr) !=
       SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -146,9 +347,9 @@ Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms) : pat
       exec(full_sync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
       exec("PRAGMA foreign_keys=ON");
       exec("BEGIN IMMEDIATE");
-      exec(kSchema);
-      add_newer_columns();
+      const std::vector<std::string> log = migrate_schema(audit_schema_steps);
       exec("COMMIT");
+      for (const std::string& line : log) std::fprintf(stderr, "%s\n", line.c_str());
       check_integrity();
       break;
     } catch (const StoreError&) {
@@ -376,30 +577,7 @@ void Store::write(const Engine& engine, const Changes& changes) {
         if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("write approval");
       }
     }
-    if (!changes.audit.empty()) {
-      // the head is read inside this transaction: other processes (local mode) append to the same chain
-      const std::string head = meta_value("audit_head");
-      std::string link = head.empty() ? std::string() : head.substr(head.find(' ') + 1);
-      Statement statement(prepare(
-          "INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail, chain) VALUES (?,?,?,?,?,?,?,?)"));
-      for (const auto& entry : changes.audit) {
-        link = audit_chain_link(link, entry);
-        sqlite3_reset(statement.get());
-        sqlite3_bind_int64(statement.get(), 1, entry.seq);
-        sqlite3_bind_int64(statement.get(), 2, entry.ts_ms);
-        bind_text(statement.get(), 3, entry.actor);
-        bind_text(statement.get(), 4, entry.action);
-        sqlite3_bind_int64(statement.get(), 5, entry.lease_id);
-        bind_text(statement.get(), 6, entry.team);
-        bind_text(statement.get(), 7, entry.detail);
-        bind_text(statement.get(), 8, link);
-        if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("append audit");
-      }
-      Statement head_row(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('audit_head', ?)"));
-      bind_text(head_row.get(), 1, std::to_string(changes.audit.back().seq) + " " + link);
-      if (sqlite3_step(head_row.get()) != SQLITE_DONE) fail("write the audit chain head");
-      audit_head_ = std::to_string(changes.audit.back().seq) + " " + link;
-    }
+    append_audit(changes.audit);
     // rows the engine found breaking an invariant at load: kept whole in the quarantine table, out of leases
     for (const auto& [id, quarantined] : changes.quarantined) {
       Statement copy(prepare(
@@ -469,6 +647,32 @@ void Store::write(const Engine& engine, const Changes& changes) {
     throw;
   }
   if (own_tx) exec("COMMIT");
+}
+
+void Store::append_audit(const std::vector<AuditEntry>& entries) {
+  if (entries.empty()) return;
+  // the head is read inside this transaction: other processes (local mode) append to the same chain
+  const std::string head = meta_value("audit_head");
+  std::string link = head.empty() ? std::string() : head.substr(head.find(' ') + 1);
+  Statement statement(
+      prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail, chain) VALUES (?,?,?,?,?,?,?,?)"));
+  for (const auto& entry : entries) {
+    link = audit_chain_link(link, entry);
+    sqlite3_reset(statement.get());
+    sqlite3_bind_int64(statement.get(), 1, entry.seq);
+    sqlite3_bind_int64(statement.get(), 2, entry.ts_ms);
+    bind_text(statement.get(), 3, entry.actor);
+    bind_text(statement.get(), 4, entry.action);
+    sqlite3_bind_int64(statement.get(), 5, entry.lease_id);
+    bind_text(statement.get(), 6, entry.team);
+    bind_text(statement.get(), 7, entry.detail);
+    bind_text(statement.get(), 8, link);
+    if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("append audit");
+  }
+  Statement head_row(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('audit_head', ?)"));
+  bind_text(head_row.get(), 1, std::to_string(entries.back().seq) + " " + link);
+  if (sqlite3_step(head_row.get()) != SQLITE_DONE) fail("write the audit chain head");
+  audit_head_ = std::to_string(entries.back().seq) + " " + link;
 }
 
 void Store::write_heartbeats(const std::vector<HeartbeatSample>& samples) {
@@ -892,7 +1096,9 @@ RepairReport repair_database(const std::string& path, int64_t now_ms) {
       std::filesystem::copy_file(backups.front(), rebuilt);
       report.restored_from = backups.front();
     }
-    { Store schema(rebuilt); }  // the current schema (a backup of an older quotad gains its new columns)
+    // the current schema (a backup of an older quotad gains its new columns); the steps are not audited here, as
+    // the audit rows salvaged next keep their sequence numbers and an entry of this scratch file would take one
+    { Store schema(rebuilt, false, 30000, false); }
     {
       Connection from = open_connection(path, SQLITE_OPEN_READWRITE);
       Connection into = open_connection(rebuilt, SQLITE_OPEN_READWRITE);

@@ -23,6 +23,11 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The newest schema version this quotad knows (PRAGMA user_version of its databases). Opening a database applies
+// the numbered steps it lacks, in order, in one transaction, each logged and audited (`schema.migrate`); a
+// database of a newer version is refused. See "Schema versions and upgrades" in quota/README.md.
+inline constexpr int kSchemaVersion = 8;
+
 // Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
 // keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
 inline constexpr int kMemoryObservationRunsKept = 100;
@@ -52,13 +57,15 @@ struct Snapshot {
 };
 
 struct RepairReport;
+RepairReport repair_database(const std::string& path, int64_t now_ms);
 
 class Store {
  public:
   // Opens (creating) the database. `full_sync` = synchronous=FULL (survives power loss); otherwise NORMAL,
   // which in WAL mode still survives a crash of the process.
   // `busy_timeout_ms`: how long a write waits for another connection's lock before it fails (StoreError).
-  // Opening runs `PRAGMA quick_check` and refuses a damaged file, naming the first problem.
+  // Opening runs `PRAGMA quick_check` and refuses a damaged file, naming the first problem, and brings the schema to
+  // kSchemaVersion (a StoreError naming both versions for a database newer than that).
   explicit Store(const std::string& path, bool full_sync = false, int busy_timeout_ms = 30000);
   ~Store();
   Store(const Store&) = delete;
@@ -100,8 +107,18 @@ class Store {
   [[noreturn]] void fail(const std::string& what);
   void check_integrity();
   bool has_column(const std::string& table, const std::string& column);
+  bool has_table(const char* table);
   std::string meta_value(const char* key);
-  void add_newer_columns();
+  void append_audit(const std::vector<AuditEntry>& entries);
+  // Inside the opening transaction: applies the schema steps the file lacks; the lines to log once committed.
+  std::vector<std::string> migrate_schema(bool audit_steps);
+  std::string bridge_legacy_layout();
+  int schema_version();
+  void set_schema_version(int version);
+
+  // repair_database's scratch copy takes the schema without auditing the steps (see there)
+  Store(const std::string& path, bool full_sync, int busy_timeout_ms, bool audit_schema_steps);
+  friend RepairReport repair_database(const std::string& path, int64_t now_ms);
 
   std::string path_;
   std::string audit_head_;

@@ -267,6 +267,53 @@ TEST(QuotaChaos, FailedAuthenticationIsThrottledPerAddressAndTokenAndAuditedInAg
   EXPECT_EQ(audited, 2) << "one aggregate entry per address, not one per guess";
 }
 
+// 500 distinct wrong tokens from one address were each a new (address, token) key, all answered 401 at full
+// speed. Failures are now throttled per address too, but only once a token is found wrong: a trainer with a
+// valid token on the same address acquires and heartbeats throughout, and other addresses are not affected.
+TEST(QuotaChaos, DistinctWrongTokensFromOneAddressAreThrottledWhileValidTokensThereAreServed) {
+  Served served;
+  const std::string guesser = "198.51.100.7";
+  const ApiResponse granted = served.call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})", guesser);
+  ASSERT_EQ(granted.status, 201) << granted.body.dump();
+  const std::string beat = "/v1/leases/" + std::to_string(granted.body["lease_id"].get<int64_t>()) + "/heartbeat";
+  int unauthorized = 0, throttled = 0, trainer_calls = 0, trainer_served = 0;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    if (attempt % 50 == 25) *served.clock.now += 1000;  // time passes: blocks end, the back-off grows
+    const ApiResponse answer = served.call("GET", "/v1/teams", "wrong-" + std::to_string(attempt), "", guesser);
+    if (answer.status == 401) ++unauthorized;
+    if (answer.status == 429) {
+      ++throttled;
+      EXPECT_EQ(answer.headers.count("Retry-After"), 1u);
+      EXPECT_NE(answer.body["reason"].get<std::string>().find("too many failed authentications from this address"),
+                std::string::npos)
+          << answer.body.dump();
+    }
+    if (attempt % 10 == 0) {  // the trainer on the same address, meanwhile
+      const ApiResponse heartbeat = served.call("POST", beat, "alice-token", "{}", guesser);
+      ++trainer_calls;
+      if (heartbeat.status == 200 && heartbeat.body["state"] == "granted") ++trainer_served;
+    }
+    if (attempt % 100 == 0) {
+      const ApiResponse another =
+          served.call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s","shared":true})", guesser);
+      ++trainer_calls;
+      if (another.status == 201 || another.status == 202) ++trainer_served;
+    }
+  }
+  EXPECT_EQ(unauthorized + throttled, 500);
+  // the free failures, then one per block that ran out (ten clock steps)
+  EXPECT_LE(unauthorized, 20 + 10) << "distinct wrong tokens were not slowed";
+  EXPECT_GE(throttled, 470);
+  EXPECT_EQ(trainer_served, trainer_calls) << "a valid token on the guessing address was refused";
+  // another address: a wrong token gets its 401, a valid one is served
+  const ApiResponse elsewhere = served.call("GET", "/v1/teams", "wrong-0", "", "198.51.100.8");
+  EXPECT_EQ(elsewhere.status, 401) << elsewhere.body.dump();
+  EXPECT_EQ(served.call("GET", "/v1/teams", "bob-token", "", "198.51.100.8").status, 200);
+  // still blocked here, for wrong tokens only
+  EXPECT_EQ(served.call("GET", "/v1/teams", "wrong-500", "", guesser).status, 429);
+  EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", guesser).status, 200);
+}
+
 // Issue 15, failure 6: a NUL byte in a justification cut the audit text while the lease kept the rest.
 TEST(QuotaChaos, ControlCharactersInFreeTextAreRefusedNamingTheField) {
   Served served;
@@ -664,6 +711,31 @@ TEST(QuotaChaos, WrongTokensFromTheTrainersOwnAddressNeverThrottleTheTrainer) {
   EXPECT_EQ(run.ok, run.beats);
   EXPECT_TRUE(run.granted_at_end) << "the lease expired";
   EXPECT_GT(attacker_throttled.load(), 500) << "the wrong token was not throttled";
+}
+
+// Over HTTP: a different wrong token every 10 ms from the trainers' address gets 429s, while the trainer's
+// heartbeats from there are all answered and its lease stays granted.
+TEST(QuotaChaos, DistinctWrongTokensFromTheTrainersOwnAddressNeverThrottleTheTrainer) {
+  std::atomic<int> attacker_throttled{0}, attacker_unauthorized{0};
+  const TrainerRun run =
+      heartbeat_under(ttl_policy(6, 2, 0), ServerOptions{}, 6000, [&](int port, std::atomic<bool>& attacking) {
+        httplib::Client client("127.0.0.1", port);
+        for (int i = 0; attacking; ++i) {
+          const auto sent = Steady::now();
+          const httplib::Headers wrong{{"Authorization", "Bearer not-alice-" + std::to_string(i)}};
+          auto answer = client.Post("/v1/leases/1/heartbeat", wrong, "{}", "application/json");
+          if (answer && answer->status == 429) ++attacker_throttled;
+          if (answer && answer->status == 401) ++attacker_unauthorized;
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::max(0, 10 - static_cast<int>(ms_since(sent)))));
+        }
+      });
+  EXPECT_GE(run.beats, 5);
+  EXPECT_EQ(run.throttled, 0) << "a valid token got 429";
+  EXPECT_EQ(run.ok, run.beats);
+  EXPECT_TRUE(run.granted_at_end) << "the lease expired";
+  // 20 free failures, then one per back-off that ran out (250 ms doubling: a handful in 6 s)
+  EXPECT_LE(attacker_unauthorized.load(), 30) << "distinct wrong tokens were not slowed";
+  EXPECT_GT(attacker_throttled.load(), 200);
 }
 
 // Issue 30, item 1: 32 idle sockets from the trainers' address. Before: every further connection from it got
