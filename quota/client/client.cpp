@@ -52,9 +52,12 @@ LeaseInfo lease_info(const json& view) {
   return lease;
 }
 
+// quotad's errors say why in "reason"; a follower's 503 in "error" (with "leader").
 std::string reason_of(const ApiResponse& response) {
-  if (response.body.is_object() && response.body.contains("reason") && response.body["reason"].is_string()) {
-    return response.body["reason"].get<std::string>();
+  for (const char* field : {"reason", "error"}) {
+    if (response.body.is_object() && response.body.contains(field) && response.body[field].is_string()) {
+      return response.body[field].get<std::string>();
+    }
   }
   return "status " + std::to_string(response.status);
 }

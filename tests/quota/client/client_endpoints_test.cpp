@@ -133,7 +133,7 @@ TEST(QuotaClientEndpoints, AFollowersHintLeadsStraightToTheLeader) {
   EXPECT_EQ(follower.keys(), leader.keys()) << "one idempotency key across the endpoints: one lease";
   EXPECT_EQ(client.current_endpoint(), leader.url());
   EXPECT_EQ(notices.lines(), std::vector<std::string>{"quotad " + leader.url() + " is the leader now (" +
-                                                      follower.url() + ": 503: scripted)"});
+                                                      follower.url() + ": 503: not the leader)"});
   EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
   EXPECT_EQ(leader.releases(), 1);
   EXPECT_EQ(follower.releases(), 0);
@@ -179,7 +179,7 @@ TEST(QuotaClientEndpoints, AHintOutsideTheListIsNotFollowed) {
       single.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}}).id, 7);
   EXPECT_EQ(stranger.asked(), 0);
   ASSERT_EQ(retries.size(), 1u);
-  EXPECT_EQ(retries[0].reason, "scripted");
+  EXPECT_EQ(retries[0].reason, "not the leader") << "a follower's \"error\" says why";
   single.release(Outcome::kCompleted);
 }
 
@@ -195,7 +195,7 @@ TEST(QuotaClientEndpoints, FollowersNamingEachOtherCostOneCallEachPerRound) {
       client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}}).id, 7);
   ASSERT_EQ(retries.size(), 1u);
   EXPECT_EQ(retries[0].attempt, 1);
-  EXPECT_EQ(retries[0].reason, a.url() + ": 503: scripted; " + b.url() + ": 503: scripted");
+  EXPECT_EQ(retries[0].reason, a.url() + ": 503: not the leader; " + b.url() + ": 503: not the leader");
   EXPECT_EQ(a.asked(), 2) << "the round after the wait starts at the first endpoint again";
   EXPECT_EQ(b.asked(), 1);
   client.release(Outcome::kCompleted);
@@ -242,7 +242,7 @@ TEST(QuotaClientEndpoints, HeartbeatsAndTheReleaseMoveToTheNewLeader) {
     ASSERT_EQ(lines.size(), 1u) << "said once, when the heartbeats moved";
     if (loss == Loss::kDemoted) {
       EXPECT_EQ(lines[0],
-                "quotad " + new_leader.url() + " is the leader now (" + old_leader.url() + ": 503: scripted)");
+                "quotad " + new_leader.url() + " is the leader now (" + old_leader.url() + ": 503: not the leader)");
       EXPECT_EQ(refused_before_release, 1) << "one beat to the follower, then straight to the leader";
       EXPECT_EQ(old_leader.refused(), 1) << "the release went to the leader first";
     } else {

@@ -25,7 +25,8 @@
 
 namespace yolo8::quota::testing {
 
-// One answer of the fake: a status, Retry-After when > 0, and the leader a follower's 503 names when not empty.
+// One answer of the fake: a status, Retry-After when > 0, and the leader a follower's 503 names when not empty
+// (the reason is then "not the leader", else "scripted").
 struct Answer {
   Answer() = default;
   explicit Answer(int status_) : status(status_) {}
@@ -137,8 +138,10 @@ class FakeQuotad {
   }
   void reply_error(httplib::Response& response, const Answer& answer) {
     ++refused_;
-    nlohmann::json body{{"error", answer.status}, {"reason", "scripted"}};
-    if (!answer.leader.empty()) body["leader"] = answer.leader;
+    // a follower answers as replicated quotad will: why in "error", and the leader's URL
+    const nlohmann::json body = answer.leader.empty()
+                                    ? nlohmann::json{{"error", answer.status}, {"reason", "scripted"}}
+                                    : nlohmann::json{{"error", "not the leader"}, {"leader", answer.leader}};
     reply(response, answer.status, body, answer.retry_after_s);
   }
   // The follower's answer once follow() was called, else nothing (after any hang).
