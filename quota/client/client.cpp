@@ -1,10 +1,12 @@
 #include "quota/client/client.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -50,9 +52,12 @@ LeaseInfo lease_info(const json& view) {
   return lease;
 }
 
+// quotad's errors say why in "reason"; a follower's 503 in "error" (with "leader").
 std::string reason_of(const ApiResponse& response) {
-  if (response.body.is_object() && response.body.contains("reason") && response.body["reason"].is_string()) {
-    return response.body["reason"].get<std::string>();
+  for (const char* field : {"reason", "error"}) {
+    if (response.body.is_object() && response.body.contains(field) && response.body[field].is_string()) {
+      return response.body[field].get<std::string>();
+    }
   }
   return "status " + std::to_string(response.status);
 }
@@ -76,6 +81,27 @@ double retry_after_s(const ApiResponse& response) {
 double uniform(double low, double high) {
   thread_local std::mt19937_64 generator(std::random_device{}());
   return std::uniform_real_distribution<double>(low, high)(generator);
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+std::string trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// The least Retry-After of a round's answers that gave one (0: none did).
+double least_retry_after_s(const std::vector<ApiResponse>& answers) {
+  double least = 0;
+  for (const ApiResponse& answer : answers) {
+    const double after = retry_after_s(answer);
+    if (after > 0 && (least == 0 || after < least)) least = after;
+  }
+  return least;
 }
 
 // A heartbeat or release waits at most about one interval (1-3 s) for quotad: a later answer is no help, and the
@@ -106,6 +132,82 @@ WaitStatus parse_wait_status(const std::string& text) {
 
 std::ostream& operator<<(std::ostream& out, WaitStatus status) { return out << to_string(status); }
 
+std::string normalise_endpoint(const std::string& url) {
+  const size_t separator = url.find("://");
+  if (separator == std::string::npos) return "";
+  const std::string scheme = lower(url.substr(0, separator));
+  if (scheme != "http" && scheme != "https") return "";
+  std::string rest = url.substr(separator + 3);
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  std::string host;
+  std::string port;
+  if (!rest.empty() && rest.front() == '[') {  // an IPv6 address
+    const size_t close = rest.find(']');
+    if (close == std::string::npos || close == 1) return "";
+    host = rest.substr(0, close + 1);
+    if (host.find_first_not_of("[]0123456789abcdefABCDEF:.") != std::string::npos) return "";
+    if (close + 1 < rest.size()) {
+      if (rest[close + 1] != ':') return "";
+      port = rest.substr(close + 2);
+      if (port.empty()) return "";
+    }
+  } else {
+    const size_t colon = rest.find(':');
+    host = rest.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = rest.substr(colon + 1);
+      if (port.empty()) return "";
+    }
+    const auto bad_host_char = [](unsigned char c) { return !std::isalnum(c) && c != '-' && c != '.' && c != '_'; };
+    if (host.empty() || std::any_of(host.begin(), host.end(), bad_host_char)) return "";
+  }
+  if (port.empty()) {
+    port = scheme == "https" ? "443" : "80";
+  } else {
+    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return "";
+    const int number = std::stoi(port);
+    if (number < 1 || number > 65535) return "";
+    port = std::to_string(number);
+  }
+  return scheme + "://" + lower(host) + ":" + port;
+}
+
+std::vector<std::string> parse_endpoints(const std::string& text, const std::string& setting) {
+  std::vector<std::string> endpoints;
+  std::vector<std::string> keys;
+  const bool several = text.find(',') != std::string::npos;
+  const std::string in_list = several ? " (in '" + text + "')" : "";
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = text.find(',', begin);
+    const std::string element =
+        trim(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    const std::string key = normalise_endpoint(element);
+    if (key.empty()) {
+      throw std::invalid_argument(setting + ": '" + element + "'" + in_list +
+                                  " is not an http(s)://host[:port] URL of quotad");
+    }
+    const std::string scheme = key.substr(0, key.find("://"));
+    if (!keys.empty() && scheme != keys.front().substr(0, keys.front().find("://"))) {
+      throw std::invalid_argument(setting + ": '" + element + "'" + in_list + " is not " +
+                                  keys.front().substr(0, keys.front().find("://")) +
+                                  ":// as the first URL is: the replicas of one quotad share a scheme");
+    }
+    const auto repeated = std::find(keys.begin(), keys.end(), key);
+    if (repeated != keys.end()) {
+      throw std::invalid_argument(setting + ": '" + element + "'" + in_list + " repeats '" +
+                                  endpoints[static_cast<size_t>(repeated - keys.begin())] + "'");
+    }
+    std::string endpoint = scheme + element.substr(element.find("://"));
+    if (endpoint.back() == '/') endpoint.pop_back();
+    endpoints.push_back(endpoint);
+    keys.push_back(key);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  return endpoints;
+}
+
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus, double local_gpu_memory_gib) {
   ClientConfig config;
   config.local_gpus = local_gpus;
@@ -115,8 +217,8 @@ ClientConfig client_config_from_setting(const std::string& setting, int local_gp
   } else if (setting.rfind("local:", 0) == 0 && setting.size() > 6) {
     config.mode = "local";
     config.local_db = setting.substr(6);
-  } else if ((setting.rfind("http://", 0) == 0 && setting.size() > 7) ||
-             (setting.rfind("https://", 0) == 0 && setting.size() > 8)) {
+  } else if (setting.find("://") != std::string::npos) {
+    parse_endpoints(setting);  // throws naming the bad URL
     config.mode = setting;
     if (const char* token = std::getenv("YOLO8_QUOTA_TOKEN")) config.token = token;
     if (const char* ca_file = std::getenv("YOLO8_QUOTA_CA_FILE")) config.ca_file = ca_file;
@@ -158,9 +260,13 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     options.db_path = db;
     options.reload_per_call = true;
     options.clock = config_.clock;
-    transport_ = make_local_transport(std::move(policy), options, config_.user);
-  } else if (config_.mode.rfind("http://", 0) == 0 || config_.mode.rfind("https://", 0) == 0) {
-    transport_ = make_http_transport(config_.mode, config_.token, config_.ca_file);
+    endpoints_ = {"local"};
+    transports_.push_back(make_local_transport(std::move(policy), options, config_.user));
+  } else if (config_.mode.find("://") != std::string::npos) {
+    endpoints_ = parse_endpoints(config_.mode);
+    for (const std::string& endpoint : endpoints_) {
+      transports_.push_back(make_http_transport(endpoint, config_.token, config_.ca_file));
+    }
   } else {
     throw std::invalid_argument("quota: '" + config_.mode + "' is not off, local or an http(s):// URL");
   }
@@ -175,10 +281,78 @@ int64_t QuotaClient::steady_ms() const {
       .count();
 }
 
-ApiResponse QuotaClient::call(const ApiRequest& request) { return transport_->call(request); }
+std::string QuotaClient::current_endpoint() const { return endpoints_.empty() ? "" : endpoints_[current_]; }
 
-ApiResponse QuotaClient::beat_call(const ApiRequest& request) {
-  return (beat_transport_ ? beat_transport_ : transport_)->call(request);
+void QuotaClient::notice(const std::string& text) const {
+  if (config_.on_notice) {
+    config_.on_notice(text);
+  } else {
+    std::cout << (text + "\n") << std::flush;  // one write: the heartbeat thread's line is not cut into another
+  }
+}
+
+// The replicas' followers answer 503 naming the leader: the round goes there next, at once, so a takeover costs
+// one extra call. A hint outside the configured endpoints is not followed: the bearer token would go to a host
+// the user never named (a misconfigured or hostile replica could collect tokens); the round goes on through the
+// list, which reaches the leader too when it is listed.
+QuotaClient::Routed QuotaClient::route(const ApiRequest& request,
+                                       const std::vector<std::unique_ptr<QuotaTransport>>& transports,
+                                       const std::function<bool()>& stop) {
+  const size_t count = transports.size();
+  const size_t first = current_;
+  std::vector<bool> tried(count, false);
+  std::vector<ApiResponse> answers;
+  std::string failures;
+  size_t at = first;
+  bool hinted = false;  // `at` is the leader a follower named
+  for (;;) {
+    ApiResponse response = transports[at]->call(request);
+    tried[at] = true;
+    if (!is_unavailable(response.status)) {
+      if (at != first) {
+        current_ = at;
+        notice("quotad " + endpoints_[at] + (hinted ? " is the leader now (" : " answers now (") + failures + ")");
+      }
+      return Routed{std::move(response), ""};
+    }
+    if (count == 1) return Routed{response, answer_text(response)};
+    std::string failure = endpoints_[at] + ": " + answer_text(response);
+    std::optional<size_t> next;
+    hinted = false;
+    if (response.status == 503 && response.body.is_object() && response.body.contains("leader") &&
+        response.body["leader"].is_string()) {
+      const std::string leader = response.body["leader"].get<std::string>();
+      const std::string key = normalise_endpoint(leader);
+      for (size_t i = 0; i < count && !key.empty(); ++i) {
+        if (normalise_endpoint(endpoints_[i]) == key) next = i;
+      }
+      if (!next) {
+        failure += " (its leader " + leader + " is not one of the quota setting's URLs: not followed)";
+      } else if (tried[*next]) {
+        next.reset();
+      } else {
+        hinted = true;
+      }
+    }
+    failures += (failures.empty() ? "" : "; ") + failure;
+    answers.push_back(std::move(response));
+    for (size_t step = 1; step < count && !next; ++step) {
+      if (!tried[(at + step) % count]) next = (at + step) % count;
+    }
+    if (!next || (stop && stop())) break;
+    at = *next;
+  }
+  Routed routed{answers.back(), failures};
+  const double after = least_retry_after_s(answers);
+  routed.response.headers.erase("Retry-After");
+  if (after > 0) routed.response.headers["Retry-After"] = fixed_text(after, 3);
+  return routed;
+}
+
+QuotaClient::Routed QuotaClient::call(const ApiRequest& request) { return route(request, transports_); }
+
+QuotaClient::Routed QuotaClient::beat_call(const ApiRequest& request, const std::function<bool()>& stop) {
+  return route(request, beat_transports_.empty() ? transports_ : beat_transports_, stop);
 }
 
 void QuotaClient::pause(double seconds, const RetryHooks& hooks) const {
@@ -215,14 +389,16 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   int unavailable_attempts = 0;
   int64_t unavailable_since = 0;
   int64_t called = 0;
-  const auto wait_out = [&](const ApiResponse& response) {
+  // With several endpoints an attempt is a round that tried each of them (route()).
+  const auto wait_out = [&](const Routed& routed) {
+    const ApiResponse& response = routed.response;
     if (unavailable_attempts++ == 0) unavailable_since = called;
     const double unavailable_s = static_cast<double>(steady_ms() - unavailable_since) / 1000.0;
     const double left_s = config_.unavailable_deadline_s - unavailable_s;
     if (left_s <= 0) {
       throw QuotaUnavailable(response.status, "quotad unavailable for " + fixed_text(unavailable_s, 0) +
                                                   " s, the last of " + std::to_string(unavailable_attempts) +
-                                                  " attempts: " + answer_text(response));
+                                                  " attempts: " + routed.failures);
     }
     const double backoff =
         std::min(config_.retry_max_s, config_.retry_initial_s * std::pow(2.0, std::min(unavailable_attempts - 1, 30)));
@@ -233,7 +409,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
       RetryInfo info;
       info.attempt = unavailable_attempts;
       info.status = response.status;
-      info.reason = reason_of(response);
+      info.reason = endpoints_.size() == 1 ? reason_of(response) : routed.failures;
       info.retry_in_s = delay;
       info.give_up_in_s = left_s;
       retry.on_retry(info);
@@ -241,12 +417,16 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     pause(delay, retry);
   };
   ApiResponse response;
-  // the idempotency key makes the retries safe: an ask that was applied but not answered returns the same lease
+  // the idempotency key makes the retries safe, at any endpoint (the replicas share one database): an ask that
+  // was applied but not answered returns the same lease
   for (;;) {
     called = steady_ms();
-    response = call(ask);
-    if (!is_unavailable(response.status)) break;
-    wait_out(response);
+    Routed routed = call(ask);
+    if (!is_unavailable(routed.response.status)) {
+      response = std::move(routed.response);
+      break;
+    }
+    wait_out(routed);
   }
   if (response.status == 201) {
     lease_ = lease_info(response.body.at("lease"));
@@ -296,11 +476,12 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     }
     std::this_thread::sleep_for(poll);
     called = steady_ms();
-    response = call(poll_request);
-    if (is_unavailable(response.status)) {
-      give_up_on_throw([&] { wait_out(response); });
+    Routed routed = call(poll_request);
+    if (is_unavailable(routed.response.status)) {
+      give_up_on_throw([&] { wait_out(routed); });
       continue;
     }
+    response = std::move(routed.response);
     unavailable_attempts = 0;
     if (response.status != 200) throw QuotaRefused(response.status, reason_of(response));
     const LeaseState state = lease_state_of(response.body);
@@ -331,10 +512,12 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
     std::lock_guard<std::mutex> lock(heartbeat_mutex_);
     heartbeat_stop_ = false;
   }
-  // Its own connection: stop_heartbeats() can abandon a beat in flight without touching the release's.
-  if (config_.mode.rfind("http", 0) == 0 && !beat_transport_) {
-    beat_transport_ =
-        make_http_transport(config_.mode, config_.token, config_.ca_file, beat_timeouts(lease_.heartbeat_interval_s));
+  // Its own connections: stop_heartbeats() can abandon a beat in flight without touching the release's.
+  if (config_.mode.find("://") != std::string::npos && beat_transports_.empty()) {
+    for (const std::string& endpoint : endpoints_) {
+      beat_transports_.push_back(
+          make_http_transport(endpoint, config_.token, config_.ca_file, beat_timeouts(lease_.heartbeat_interval_s)));
+    }
   }
   last_ok_steady_ms_ = steady_ms();
   beat_unanswered_ = false;
@@ -343,6 +526,10 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   heartbeat_thread_ = std::thread([this, provider] {
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
+    const auto stopping = [this] {
+      std::lock_guard<std::mutex> lock(heartbeat_mutex_);
+      return heartbeat_stop_;
+    };
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(heartbeat_mutex_);
@@ -350,7 +537,8 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
           break;
         }
       }
-      const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}));
+      // a follower's 503 leads the beat to the leader, a silent quotad to the next one: the lease goes on there
+      const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
       beat_unanswered_ = is_unavailable(response.status);
       if (beat_unanswered_) {
         wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
@@ -399,8 +587,8 @@ void QuotaClient::stop_heartbeats() {
   if (!heartbeat_thread_.joinable()) return;
   // A beat waiting on a hung quotad is cut short; again until the thread has left, since a beat may start just
   // after one cancel.
-  while (beat_transport_ && !heartbeat_done_) {
-    beat_transport_->cancel();
+  while (!beat_transports_.empty() && !heartbeat_done_) {
+    for (const auto& transport : beat_transports_) transport->cancel();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   heartbeat_thread_.join();
@@ -438,7 +626,7 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
   bool answering = !beat_unanswered_;
   if (beating && heartbeat_provider_ && !lost_ && answering) {
     // The final figures: the first beat goes out before any step, the next one an interval later.
-    answering = !is_unavailable(beat_call(heartbeat_request(heartbeat_provider_())).status);
+    answering = !is_unavailable(beat_call(heartbeat_request(heartbeat_provider_())).response.status);
   }
   ApiRequest request;
   request.method = "POST";
@@ -446,14 +634,15 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
   request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
   constexpr int64_t kReleaseRetryMs = 5000;
   const int64_t give_up = steady_ms() + (answering ? kReleaseRetryMs : 0);
-  ApiResponse response;
+  Routed routed;
   for (;;) {
-    response = beat_call(request);
-    if (!is_unavailable(response.status)) break;
-    const int64_t delay_ms = static_cast<int64_t>(std::clamp(retry_after_s(response), 0.5, 1.0) * 1000);
+    routed = beat_call(request);
+    if (!is_unavailable(routed.response.status)) break;
+    const int64_t delay_ms = static_cast<int64_t>(std::clamp(retry_after_s(routed.response), 0.5, 1.0) * 1000);
     if (steady_ms() + delay_ms > give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
+  const ApiResponse& response = routed.response;
   ReleaseAnswer& answer = release_answer_;
   answer.status = response.status;
   answer.acknowledged = response.status == 200;
@@ -463,7 +652,7 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
     answer.released_now =
         response.body.value("released_now", false) || answer.state == to_string(LeaseState::kReleased);
   } else {
-    answer.reason = answer_text(response);
+    answer.reason = routed.failures.empty() ? answer_text(response) : routed.failures;
   }
   return answer;
 }

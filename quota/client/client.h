@@ -1,5 +1,5 @@
 #pragma once
-// QuotaClient: what the trainer uses to hold a GPU lease (modes: off, local embedded engine, or a quotad URL).
+// QuotaClient: what the trainer uses to hold a GPU lease (modes: off, local embedded engine, or quotad URLs).
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -20,7 +20,8 @@ namespace yolo8::quota {
 class QuotaTransport;
 
 struct ClientConfig {
-  // "off", "local", or a quotad URL such as "http://127.0.0.1:8470" or "https://quotad:8443".
+  // "off", "local", or quotad's URL such as "http://127.0.0.1:8470" or "https://quotad:8443"; or the URLs of its
+  // replicas, comma-separated ("https://a:8470,https://b:8470", see parse_endpoints).
   std::string mode = "local";
   std::string token;                // bearer token for URL mode
   std::string ca_file;              // https: the CA (PEM) quotad's certificate chains to; empty: the system's
@@ -38,12 +39,25 @@ struct ClientConfig {
   double retry_initial_s = 1.0;
   double retry_max_s = 30.0;
   std::function<int64_t()> clock;  // tests
+  // What the client says unasked: which quotad answers when that changes (with several endpoints). Called from
+  // the heartbeat thread too. Unset: a line on stdout.
+  std::function<void(const std::string&)> on_notice;
 };
 
+// The endpoints of a URL `mode`: one quotad URL, or several replicas' comma-separated, all of one scheme, each
+// http(s)://host[:port] with an optional trailing slash. Returned as written less spaces around them and the
+// slash, the scheme in lower case. Throws std::invalid_argument naming `setting` and the bad element, a repeated
+// one included (compared as normalise_endpoint does).
+std::vector<std::string> parse_endpoints(const std::string& text, const std::string& setting = "quota");
+
+// "scheme://host:port", lower case, the scheme's default port filled in: the form in which two spellings of one
+// quotad are equal (a trailing slash is ignored). "" when `url` is not an http(s)://host[:port] URL.
+std::string normalise_endpoint(const std::string& url);
+
 // Client settings from the trainer's `quota` setting: "off", "local", "local:/path/to/quota.db", or a quotad
-// URL ("http://host:port", "https://host:port"); the bearer token comes from $YOLO8_QUOTA_TOKEN, the CA file
-// for https from $YOLO8_QUOTA_CA_FILE, the local user from $USER.
-// Throws std::invalid_argument naming the setting when it is none of these.
+// URL ("http://host:port", "https://host:port") or several (its replicas, comma-separated); the bearer token
+// comes from $YOLO8_QUOTA_TOKEN, the CA file for https from $YOLO8_QUOTA_CA_FILE, the local user from $USER.
+// Throws std::invalid_argument naming the setting (and the bad URL of a list) when it is none of these.
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
                                         double local_gpu_memory_gib = 0);
 
@@ -94,11 +108,12 @@ WaitStatus parse_wait_status(const std::string& text);
 // Prints the text form (the trainer logs it while waiting).
 std::ostream& operator<<(std::ostream& out, WaitStatus status);
 
-// acquire() is about to wait for an unavailable quotad before its next attempt.
+// acquire() is about to wait for an unavailable quotad before its next attempt (with several endpoints: after
+// each of them was tried once, in a round).
 struct RetryInfo {
-  int attempt = 0;  // the attempts answered so far this way, from 1
-  int status = 0;   // 0: no answer
-  std::string reason;
+  int attempt = 0;          // the attempts (rounds) answered so far this way, from 1
+  int status = 0;           // the last answer's; 0: no answer
+  std::string reason;       // with several endpoints each one's answer: "https://a:8470: 503: ...; https://b:8470: ..."
   double retry_in_s = 0;    // the wait before the next attempt
   double give_up_in_s = 0;  // what is left of unavailable_deadline_s
 };
@@ -133,7 +148,9 @@ class QuotaClient {
   QuotaClient(const QuotaClient&) = delete;
   QuotaClient& operator=(const QuotaClient&) = delete;
 
-  bool enabled() const { return transport_ != nullptr; }
+  bool enabled() const { return !transports_.empty(); }
+  // The endpoint requests go to first: the last one that answered (with several, e.g. a new leader).
+  std::string current_endpoint() const;
   // Blocks until granted, calling on_wait while queued / awaiting approval. An unavailable quotad (is_unavailable)
   // is retried with back-off, reported through `retry`, for unavailable_deadline_s, then QuotaUnavailable. Throws
   // QuotaRefused on the other 4xx and 5xx, std::runtime_error when `max_wait_s` passes (the request is cancelled).
@@ -158,8 +175,8 @@ class QuotaClient {
   int64_t expires_at_ms() const;
   // Ends the lease (idempotent); stops heartbeats first (a beat in flight is abandoned), then, while quotad
   // answers, sends one last heartbeat with the provider's figures, so a run shorter than an interval still reports
-  // its peak memory and last step. An unavailable quotad is tried once more when the heartbeats got no answer,
-  // else for a few seconds; every call is bounded by the heartbeat timeouts.
+  // its peak memory and last step. An unavailable quotad is tried once more (each endpoint once) when the
+  // heartbeats got no answer, else for a few seconds; every call is bounded by the heartbeat timeouts.
   ReleaseAnswer release(Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
 
@@ -167,8 +184,18 @@ class QuotaClient {
   static std::string default_local_db();
 
  private:
-  ApiResponse call(const ApiRequest& request);
-  ApiResponse beat_call(const ApiRequest& request);  // heartbeats and the release: short timeouts
+  // One request tried at the endpoints in one round (see route()): the answer (the last one when none was
+  // usable, with the least Retry-After of the round) and, when none was, what each endpoint answered.
+  struct Routed {
+    ApiResponse response;
+    std::string failures;
+  };
+  Routed route(const ApiRequest& request, const std::vector<std::unique_ptr<QuotaTransport>>& transports,
+               const std::function<bool()>& stop = {});
+  Routed call(const ApiRequest& request);
+  // Heartbeats and the release: short timeouts. `stop` ends a round between two endpoints.
+  Routed beat_call(const ApiRequest& request, const std::function<bool()>& stop = {});
+  void notice(const std::string& text) const;
   ApiRequest heartbeat_request(const Telemetry& telemetry) const;
   // Sleeps `seconds` in slices, polling hooks.check.
   void pause(double seconds, const RetryHooks& hooks) const;
@@ -176,10 +203,12 @@ class QuotaClient {
   int64_t steady_ms() const;
 
   ClientConfig config_;
-  std::unique_ptr<QuotaTransport> transport_;  // null in mode off
-  // quotad's own connection for heartbeats and the release, with timeouts from the lease's interval; made by
-  // start_heartbeats (null in local mode: transport_ then).
-  std::unique_ptr<QuotaTransport> beat_transport_;
+  std::vector<std::string> endpoints_;                       // the quotad URLs; "local" in local mode; none in mode off
+  std::vector<std::unique_ptr<QuotaTransport>> transports_;  // one per endpoint
+  // Each quotad's own connection for heartbeats and the release, with timeouts from the lease's interval; made by
+  // start_heartbeats (none in local mode: transports_ then).
+  std::vector<std::unique_ptr<QuotaTransport>> beat_transports_;
+  std::atomic<size_t> current_{0};  // the index of current_endpoint()
   LeaseInfo lease_;
   std::atomic<bool> revoked_{false};
   std::atomic<bool> lost_{false};

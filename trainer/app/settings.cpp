@@ -12,6 +12,7 @@
 #include <sstream>
 #include <variant>
 
+#include "quota/client/client.h"
 #include "trainer/app/ultralytics_args.h"
 
 namespace yolo8 {
@@ -139,7 +140,9 @@ const std::vector<Entry>& entries() {
       {"mosaic", YOLO8_FIELD(augment.mosaic), "mosaic probability"},
       {"mixup", YOLO8_FIELD(augment.mixup), "mixup probability"},
       {"quota", YOLO8_FIELD(lease.quota),
-       "GPU lease service: local (embedded, shared state file), off, or a quotad URL", kResumable | kYolo8Only},
+       "GPU lease service: local (embedded, shared state file), off, or quotad's URL (its replicas' URLs: "
+       "comma-separated)",
+       kResumable | kYolo8Only},
       {"quota_db", YOLO8_FIELD(lease.quota_db), "state file of the local quota mode; empty = ~/.cache/yolo8/quota.db",
        kResumable | kYolo8Only},
       {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
@@ -548,9 +551,11 @@ void validate(LeaseSettings& lease) {
   const std::string quota = to_lower(lease.quota);
   check(quota == "local" || quota == "off" || quota.rfind("http://", 0) == 0 || quota.rfind("https://", 0) == 0,
         "quota",
-        "must be local, off or a URL like http://quotad:8470 or https://quotad:8470 (the CA in $YOLO8_QUOTA_CA_FILE); "
-        "got '" +
+        "must be local, off or a URL like http://quotad:8470 or https://quotad:8470 (the CA in $YOLO8_QUOTA_CA_FILE), "
+        "or the URLs of quotad's replicas, comma-separated; got '" +
             lease.quota + "'");
+  // each URL of a list, here rather than when the lease is asked for: a bad one is a bad setting (exit 2)
+  if (quota != "local" && quota != "off") check_component([&] { quota::parse_endpoints(lease.quota); });
   if (quota == "local" || quota == "off") lease.quota = quota;
   lease.priority = to_lower(lease.priority);
   check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});

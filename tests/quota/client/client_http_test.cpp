@@ -2,191 +2,28 @@
 // Retry-After (a storage stall), 502 and 504 (a proxy in front of it), no answer at all (down, or accepting and
 // never answering). Asking for a lease retries them until the deadline; refusals are final; heartbeats and the
 // release never wait long for a hung quotad, and the release says whether quotad acknowledged it.
-#include <arpa/inet.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <iostream>
-#include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "quota/client/client.h"
+#include "tests/quota/client/fake_quotad.h"
 
 namespace yolo8::quota {
 namespace {
 
-using nlohmann::json;
+using testing::closed_port_url;
+using testing::FakeQuotad;
+using testing::http_config;
+using testing::SilentListener;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// One answer of the fake: a status, and Retry-After when > 0.
-struct Answer {
-  int status = 201;
-  int retry_after_s = 0;
-};
-
-// A quotad stand-in on a loopback port. POST /v1/leases takes its answers from `asks` (a 202 queues lease 7),
-// then grants lease 7; GET /v1/leases/7 takes its answers from `polls`, then says granted. Heartbeats and releases
-// answer 200 until hang(), after which they are never answered (until the fake goes away).
-class FakeQuotad {
- public:
-  FakeQuotad(std::vector<Answer> asks, int ttl_s = 60, int interval_s = 10, std::vector<Answer> polls = {})
-      : asks_(asks.begin(), asks.end()), polls_(polls.begin(), polls.end()), ttl_s_(ttl_s), interval_s_(interval_s) {
-    server_.Post("/v1/leases", [this](const httplib::Request& request, httplib::Response& response) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      keys_.insert(request.get_header_value("Idempotency-Key"));
-      ++asked_;
-      const Answer answer = next(asks_);
-      if (answer.status == 201)
-        return reply(response, 201, json{{"status", "granted"}, {"lease_id", 7}, {"lease", lease("granted")}});
-      if (answer.status == 202) {
-        return reply(response, 202, json{{"status", "queued"}, {"lease_id", 7}, {"position", 1}, {"reason", "busy"}});
-      }
-      reply(response, answer.status, json{{"error", answer.status}, {"reason", "scripted"}}, answer.retry_after_s);
-    });
-    server_.Get("/v1/leases/7", [this](const httplib::Request&, httplib::Response& response) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const Answer answer = next(polls_);
-      if (answer.status == 201) return reply(response, 200, lease("granted"));
-      if (answer.status == 202) {
-        return reply(response, 200, json{{"id", 7}, {"state", "queued"}, {"position", 1}, {"reason", "busy"}});
-      }
-      reply(response, answer.status, json{{"error", answer.status}, {"reason", "scripted"}}, answer.retry_after_s);
-    });
-    server_.Post("/v1/leases/7/heartbeat", [this](const httplib::Request&, httplib::Response& response) {
-      wait_while_hung();
-      ++beats_;
-      reply(response, 200, json{{"state", "granted"}, {"ttl_s", ttl_s_}, {"heartbeat_interval_s", interval_s_}});
-    });
-    server_.Post("/v1/leases/7/release", [this](const httplib::Request&, httplib::Response& response) {
-      wait_while_hung();
-      ++releases_;
-      json view = lease("released");
-      view["released_now"] = true;
-      reply(response, 200, view);
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");  // listening from here: early connections wait in the backlog
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-  }
-  ~FakeQuotad() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      hung_ = false;
-    }
-    unhung_.notify_all();
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  void hang() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    hung_ = true;
-  }
-  int asked() const { return asked_; }
-  int beats() const { return beats_; }
-  int releases() const { return releases_; }
-  std::set<std::string> keys() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return keys_;
-  }
-
- private:
-  static Answer next(std::deque<Answer>& answers) {
-    if (answers.empty()) return Answer{};
-    const Answer answer = answers.front();
-    answers.pop_front();
-    return answer;
-  }
-  json lease(const std::string& state) const {
-    return json{{"id", 7},          {"state", state},      {"devices", {"n1:0"}},
-                {"memory_gib", 24}, {"ttl_s", ttl_s_},     {"heartbeat_interval_s", interval_s_},
-                {"shared", false},  {"preempt_grace_s", 0}};
-  }
-  static void reply(httplib::Response& response, int status, const json& body, int retry_after_s = 0) {
-    response.status = status;
-    if (retry_after_s > 0) response.set_header("Retry-After", std::to_string(retry_after_s));
-    response.set_content(body.dump(), "application/json");
-  }
-  void wait_while_hung() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    unhung_.wait(lock, [this] { return !hung_; });
-  }
-
-  httplib::Server server_;
-  std::thread thread_;
-  int port_ = 0;
-  std::mutex mutex_;
-  std::condition_variable unhung_;
-  bool hung_ = false;
-  std::deque<Answer> asks_;
-  std::deque<Answer> polls_;
-  std::set<std::string> keys_;
-  std::atomic<int> asked_{0};
-  std::atomic<int> beats_{0};
-  std::atomic<int> releases_{0};
-  int ttl_s_;
-  int interval_s_;
-};
-
-// A loopback port whose connections the kernel accepts (the listen backlog) and nobody ever answers: a stopped or
-// hung quotad.
-class SilentListener {
- public:
-  SilentListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-    EXPECT_EQ(::listen(fd_, 64), 0);
-    socklen_t length = sizeof(address);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-  }
-  ~SilentListener() { ::close(fd_); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
-// A loopback port nothing listens on: quotad is down.
-std::string closed_port_url() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
-}
-
-ClientConfig http_config(const std::string& url) {
-  ClientConfig config;
-  config.mode = url;
-  config.token = "alice-token";
-  config.poll_interval_s = 0.05;
-  config.retry_initial_s = 0.1;
-  config.retry_max_s = 0.4;
-  return config;
-}
 
 TEST(QuotaClientHttp, RetryAnswersAreRetriedHonouringRetryAfterUntilGranted) {
   FakeQuotad quotad({{503, 1}, {502, 0}, {504, 0}, {503, 0}});

@@ -309,6 +309,22 @@ TEST(Settings, QuotaTakesHttpsAndRefusesOtherSchemesUpFront) {
   EXPECT_EQ(resolve_settings({{"quota", "OFF"}}, "train").lease.quota, "off");
 }
 
+// quotad's replicas, listed: every URL is checked up front, and a bad one is named.
+TEST(Settings, QuotaTakesTheReplicasUrlsAndNamesABadOne) {
+  EXPECT_EQ(resolve_settings({{"quota", "https://a:8470,https://b:8470"}}, "train").lease.quota,
+            "https://a:8470,https://b:8470");
+  for (const char* bad : {"https://a:8470,http://b:8470", "https://a:8470,https://a:8470/", "https://a:8470,b"}) {
+    SCOPED_TRACE(bad);
+    try {
+      resolve_settings({{"quota", bad}}, "train");
+      ADD_FAILURE() << "accepted";
+    } catch (const SettingsError& error) {
+      const std::string message = error.what();
+      EXPECT_EQ(message.rfind("setting 'quota' '", 0), 0u) << message;
+    }
+  }
+}
+
 // One parser for `device`, used by Settings::device_ids and the multi-GPU launch.
 TEST(Settings, ParsesDeviceIds) {
   EXPECT_EQ(parse_device_ids("0,1"), (std::vector<int>{0, 1}));
