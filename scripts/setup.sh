@@ -8,7 +8,8 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libopencv-dev libcli11-dev lib
           libgtest-dev libgmock-dev nlohmann-json3-dev libcpp-httplib-dev libmicrohttpd-dev libsqlite3-dev libbenchmark-dev libgloo-dev libjpeg-dev
           libhowardhinnant-date-dev libonnx-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev prometheus chromium
           patchelf   # patchelf: scripts/gpu_bundle.sh sets the bundle's RUNPATH (GpuBundle.CleanEnvironment)
-          faketime)  # faketime: QuotadUnderFaketime.* steps quotad's wall clock by 2 h (issue 30)
+          faketime   # faketime: QuotadUnderFaketime.* steps quotad's wall clock by 2 h
+          podman runc debootstrap curl openssl)  # make images and the container tests (tests/deploy/container)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -1,20 +1,15 @@
 #!/bin/sh
-# Lists what a runtime image needs to run the given binaries, from what the build stage linked them to:
-#   OUTDIR/packages.txt   the Debian packages owning their shared libraries (for apt-get install)
-#   OUTDIR/rootfs/...     copies of the libraries no package owns (e.g. a CUDA LibTorch), at their
-#                         original absolute paths so RPATHs keep working
-# Usage: collect-runtime.sh OUTDIR BINARY...
-# Driver libraries injected at run time by the NVIDIA container toolkit may be missing at build time.
+# Lists the Debian packages a runtime image must install for the given binaries: the owners of the shared libraries
+# they name (their NEEDED entries), as this (Debian bookworm) build machine resolved them; apt brings the rest. LibTorch and CUDA are not listed: the image takes
+# them from the pinned wheels (deploy/docker/torch-runtime-libs.txt). A library that neither a package nor the
+# wheels provide is an error: the image would not start.
+# Usage: collect-runtime.sh BINARY... > packages.txt
 set -eu
 
-if [ "$#" -lt 2 ]; then
-  echo "usage: $0 OUTDIR BINARY..." >&2
+if [ "$#" -lt 1 ]; then
+  echo "usage: $0 BINARY... > packages.txt" >&2
   exit 2
 fi
-out=$1
-shift
-mkdir -p "$out/rootfs"
-: > "$out/packages.unsorted"
 
 # dpkg knows a file by the path its package shipped; with merged /usr that may differ from what ldd prints.
 owner_of() {
@@ -34,38 +29,45 @@ owner_of() {
   return 1
 }
 
+# The sonames the wheels provide (torch's lib/ and CUDA's), resolved on the build machine from .venv/torch or the
+# system CUDA toolkit.
+from_wheels() {
+  case $1 in
+    libtorch*|libc10*|libcaffe2*|libgomp.so.1|libshm.so) return 0 ;;
+    libcudart.so*|libcublas*|libcufft.so*|libcurand.so*|libcusparse*|libcufile.so*|libnvJitLink.so*) return 0 ;;
+    libcupti.so*|libcudnn*|libnccl.so*|libnvshmem*|libnvrtc*) return 0 ;;
+    # the NVIDIA driver's own libraries come from the node (NVIDIA container toolkit)
+    libcuda.so*|libnvidia-*) return 0 ;;
+  esac
+  return 1
+}
+
 status=0
+listed=$(mktemp)
+trap 'rm -f "$listed"' EXIT
 for binary in "$@"; do
   if [ ! -f "$binary" ]; then
     echo "collect-runtime: no such binary: $binary" >&2
     exit 2
   fi
+  needed=" $(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ') "
   # Lines: "libx.so.1 => /path/libx.so.1 (0x...)", "/lib64/ld-linux-x86-64.so.2 (0x...)", "libx.so => not found".
-  ldd "$binary" > "$out/ldd.txt"
-  while read -r line; do
+  ldd "$binary" | while read -r line; do
     case $line in
-      *"=> not found"*)
-        lib=${line%% *}
-        case $lib in
-          libcuda.so*|libnvidia-*|libnvcuvid.so*) echo "collect-runtime: $lib comes with the driver at run time" >&2 ;;
-          *) echo "collect-runtime: $binary needs $lib, which is not found" >&2; status=1 ;;
-        esac
-        continue ;;
-      *"=> /"*) path=${line#*=> }; path=${path%% (*} ;;
-      /*) path=${line%% (*} ;;
+      *"=> not found"*) name=${line%% *}; path= ;;
+      *"=> /"*) name=${line%% *}; path=${line#*=> }; path=${path%% (*} ;;
       *) continue ;;
     esac
-    if pkg=$(owner_of "$path"); then
-      echo "$pkg" >> "$out/packages.unsorted"
+    case $needed in *" $name "*) ;; *) continue ;; esac
+    from_wheels "$name" && continue
+    if [ -n "$path" ] && pkg=$(owner_of "$path"); then
+      echo "${pkg%:*}"
     else
-      # Keep both the name ldd resolved and the file it points to.
-      real=$(readlink -f "$path")
-      mkdir -p "$out/rootfs$(dirname "$path")" "$out/rootfs$(dirname "$real")"
-      cp -a "$path" "$out/rootfs$path"
-      [ "$real" = "$path" ] || cp -a "$real" "$out/rootfs$real"
+      echo "collect-runtime: $binary needs $name (${path:-not found}), which no Debian package here owns" >&2
+      echo "!error"
     fi
-  done < "$out/ldd.txt"
+  done >> "$listed"
 done
-sort -u "$out/packages.unsorted" > "$out/packages.txt"
-rm -f "$out/packages.unsorted" "$out/ldd.txt"
+if grep -q '^!error$' "$listed"; then status=1; fi
+grep -v '^!error$' "$listed" | sort -u
 exit $status
