@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/core/atomic_file.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/ema.h"
 #include "trainer/core/optimizer.h"

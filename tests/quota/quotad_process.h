@@ -88,4 +88,25 @@ class QuotadProcess {
   int port_ = 0;
 };
 
+// One node with one GPU, team `ta` with member alice (token "alice-token") and an admin ("admin-token"), yolov8n
+// self-service, no credits: the smallest policy a trainer's lease runs under, with the lease timing a test needs.
+inline std::string one_gpu_policy(int ttl_s, int heartbeat_interval_s) {
+  return R"(
+inventory:
+  nodes:
+    - {name: n1, gpus: 1, memory_gib: 24}
+emergency_pool: 0
+users:
+  admin: {role: admin, token_sha256: 10a4c7c9fc5206d6f36dc6944a81bb6f4a3cb0e25014ae3b12e6c3e52712292a}
+  alice: {token_sha256: 9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}
+teams:
+  ta: {base: 1, burst: 1, members: [alice]}
+credits: {monthly_gpu_hours: 0}
+leases: {ttl_s: )" +
+         std::to_string(ttl_s) + ", heartbeat_interval_s: " + std::to_string(heartbeat_interval_s) +
+         R"(, expiry_grace_s: 5}
+tiers: {self_service: [yolov8n]}
+)";
+}
+
 }  // namespace yolo8::test

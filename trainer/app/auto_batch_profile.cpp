@@ -13,6 +13,7 @@
 #include "trainer/app/profile_mode.h"
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
+#include "trainer/core/atomic_file.h"
 #include "trainer/core/auto_batch.h"
 #include "trainer/core/autocast.h"
 #include "trainer/core/memory_meter.h"
@@ -139,9 +140,7 @@ std::vector<AutoBatchProfileRow> run_auto_batch_profile(const Settings& settings
     release_cached_memory(device);  // the next variant sizes its batch from an empty cache, as a new run would
     // Written after each variant: a profile stopped at its time limit keeps what it measured.
     json["rows"].push_back(to_json(rows.back()));
-    const fs::path temporary = json_path.string() + ".tmp";
-    std::ofstream(temporary) << json.dump(2) << "\n";
-    fs::rename(temporary, json_path);
+    write_file_atomic(json_path.string(), json.dump(2) + "\n");
   }
   std::cout << "batch=auto at imgsz " << settings.loader.imgsz << " on " << device.str() << "\n"
             << format_auto_batch_profile(rows);

@@ -18,6 +18,7 @@
 #include "trainer/app/run_dir.h"
 #include "trainer/app/threads.h"
 #include "trainer/app/utilisation.h"
+#include "trainer/core/atomic_file.h"
 #include "trainer/core/autocast.h"
 #include "trainer/core/exit_codes.h"
 #include "trainer/core/memory_meter.h"
@@ -28,20 +29,7 @@
 namespace yolo8 {
 namespace fs = std::filesystem;
 
-namespace {
-
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream file(temporary);
-    file << text;
-    file.flush();
-    if (!file) throw std::runtime_error("cannot write " + temporary.string());
-  }
-  fs::rename(temporary, path);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 double memory_budget_bytes(const Settings& settings, const torch::Device& device, double lease_gib) {
   if (lease_gib > 0) return lease_gib * kBytesPerGib;
@@ -154,7 +142,7 @@ int run_profile(const Settings& settings, const std::vector<std::string>& varian
     }
     if (any_fit) table.variants.push_back(to_table_row(fs::path(variant).stem().string(), fit_profile(rows)));
     // Written after each variant: a profile stopped at its time limit keeps what it measured.
-    write_text_atomically(json_path, "[" + json + "]\n");
+    write_file_atomic(json_path.string(), "[" + json + "]\n");
     write_memory_table(table_path, table);
     std::cout << "Profile written to " << json_path.string() << "; memory table (for quotad) to " << table_path << " ("
               << v + 1 << " of " << variants.size() << " variants)\n"

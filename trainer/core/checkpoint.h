@@ -95,7 +95,5 @@ CheckpointState load_checkpoint(const std::string& path, const CheckpointTargets
 // True when `path` loads (without touching any model); `error` gets the reason otherwise.
 bool checkpoint_readable(const std::string& path, std::string* error = nullptr);
 
-// Writes `size` bytes to `path` atomically (see save_checkpoint).
-void write_file_atomic(const std::string& path, const void* data, size_t size);
 
 }  // namespace yolo8

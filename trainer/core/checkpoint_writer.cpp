@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "trainer/core/atomic_file.h"
 #include "trainer/core/checkpoint.h"
 
 namespace yolo8 {

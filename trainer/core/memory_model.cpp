@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <system_error>
+
+#include "trainer/core/atomic_file.h"
 
 namespace yolo8 {
 
@@ -173,24 +176,12 @@ void write_memory_table(const std::string& path, const MemoryTable& table) {
   }
   // Replaced whole (a temporary file renamed over it): a profile rewrites it after each variant, and a profile
   // killed mid-write must leave the previous table, not half of one.
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary);
-    if (!file) {
-      throw std::runtime_error("memory table " + path + ": cannot open " + temporary + " for writing");
-    }
-    file << "# Training-step peak memory per variant: peak(batch, imgsz) = fixed_gib + per_image_gib * "
-            "batch * (imgsz / reference_imgsz)^2\n";
-    file << out.c_str() << "\n";
-    file.flush();
-    if (!file) {
-      throw std::runtime_error("memory table " + path + ": write failed");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    throw std::runtime_error("memory table " + path + ": cannot replace it: " + error.message());
+  try {
+    write_file_atomic(path, std::string("# Training-step peak memory per variant: peak(batch, imgsz) = fixed_gib + "
+                                        "per_image_gib * batch * (imgsz / reference_imgsz)^2\n") +
+                                out.c_str() + "\n");
+  } catch (const std::system_error& error) {
+    throw std::runtime_error("memory table " + path + ": " + error.what());
   }
 }
 

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
-#include <sqlite3.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,9 +22,11 @@
 #include "quota/service/service.h"
 #include "tests/quota/loopback_util.h"
 #include "tests/quota/quota_test_util.h"
+#include "tests/quota/write_lock_holder.h"
 
 namespace yolo8::quota {
 namespace {
+using yolo8::test::WriteLockHolder;
 
 using nlohmann::json;
 using testing::api_call;
@@ -41,25 +42,6 @@ struct FakeClock {
     auto shared = now;
     return [shared] { return shared->load(); };
   }
-};
-
-// Another process holding the SQLite write lock (BEGIN IMMEDIATE) until release().
-class WriteLockHolder {
- public:
-  explicit WriteLockHolder(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    EXPECT_EQ(sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  void release() {
-    if (db_ == nullptr) return;
-    sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
-    sqlite3_close(db_);
-    db_ = nullptr;
-  }
-  ~WriteLockHolder() { release(); }
-
- private:
-  sqlite3* db_ = nullptr;
 };
 
 double ms_since(Steady::time_point start) {

@@ -4,12 +4,8 @@
 // waiting exits 75 at once; a stopped quotad (SIGSTOP: it accepts connections and answers nothing) leaves the
 // steps going, and the run checkpoints and exits 75 within ttl - interval of its last heartbeat, saying that its
 // release was not acknowledged. And stdout reaches a pipe (kubectl logs) line by line.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sqlite3.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,13 +21,17 @@
 #include <vector>
 
 #include "data/synth.h"
+#include "tests/quota/client/fake_quotad.h"
 #include "tests/quota/quotad_process.h"
+#include "tests/quota/write_lock_holder.h"
 #include "tests/trainer/process_util.h"
 #include "trainer/core/checkpoint.h"
 #include "trainer/core/exit_codes.h"
 
 namespace yolo8 {
 namespace {
+using quota::testing::closed_port_url;
+using yolo8::test::WriteLockHolder;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using test::read_text;
@@ -41,20 +41,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // ttl 12 s, a heartbeat every second: a run must be gone 11 s after its last acknowledged heartbeat.
 constexpr int kTtlS = 12;
 constexpr int kHeartbeatS = 1;
-constexpr const char* kPolicy = R"(
-inventory:
-  nodes:
-    - {name: n1, gpus: 1, memory_gib: 24}
-emergency_pool: 0
-users:
-  admin: {role: admin, token_sha256: 10a4c7c9fc5206d6f36dc6944a81bb6f4a3cb0e25014ae3b12e6c3e52712292a}
-  alice: {token_sha256: 9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}
-teams:
-  ta: {base: 1, burst: 1, members: [alice]}
-credits: {monthly_gpu_hours: 0}
-leases: {ttl_s: 12, heartbeat_interval_s: 1, expiry_grace_s: 5}
-tiers: {self_service: [yolov8n]}
-)";
+const std::string kPolicy = test::one_gpu_policy(kTtlS, kHeartbeatS);
 
 fs::path fresh_root(const std::string& name) {
   const fs::path root = fs::path(::testing::TempDir()) / ("yolo8_" + name + "_" + std::to_string(getpid()));
@@ -84,19 +71,6 @@ std::vector<std::string> train_args(const fs::path& root, const std::string& quo
                                    "name=run"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
-}
-
-// A loopback URL nothing listens on: quotad is down.
-std::string closed_port_url() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
 }
 
 struct Ended {
@@ -129,26 +103,6 @@ bool wait_for_text(pid_t child, const fs::path& log, const std::string& text, do
   return false;
 }
 
-// Another process holding quotad's SQLite write lock (BEGIN IMMEDIATE): quotad's state changes answer 503 with
-// Retry-After, as in a storage stall.
-class WriteLockHolder {
- public:
-  explicit WriteLockHolder(const fs::path& db) {
-    EXPECT_EQ(sqlite3_open(db.c_str(), &db_), SQLITE_OK);
-    EXPECT_EQ(sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  void release() {
-    if (db_ == nullptr) return;
-    sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
-    sqlite3_close(db_);
-    db_ = nullptr;
-  }
-  ~WriteLockHolder() { release(); }
-
- private:
-  sqlite3* db_ = nullptr;
-};
-
 // The progress lines of the run's steps ("12/1000 box ... 2/4 [...]") in `text`.
 int step_lines(const std::string& text) {
   static const std::regex kStep(R"(\n\d+/\d+ box )");
@@ -160,7 +114,7 @@ TEST(LeaseOutage, AStorageStallWhileAskingIsWaitedOutAndTheRunCompletes) {
   const fs::path root = fresh_root("outage_stall");
   test::QuotadProcess quotad;
   ASSERT_TRUE(quotad.start_in(root, kPolicy)) << read_text(root / "quotad.log");
-  auto lock = std::make_unique<WriteLockHolder>(root / "quota.db");
+  auto lock = std::make_unique<WriteLockHolder>((root / "quota.db").string());
   const fs::path log = root / "train.log";
   const pid_t child =
       test::spawn_yolo8(train_args(root, quotad.url(), 1), {{"YOLO8_QUOTA_TOKEN", "alice-token"}}, log.string());

@@ -41,20 +41,7 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 // Heartbeats every second (the policy's interval, which the trainer follows), so the test stays short.
 constexpr int kHeartbeatS = 1;
-constexpr const char* kPolicy = R"(
-inventory:
-  nodes:
-    - {name: n1, gpus: 1, memory_gib: 24}
-emergency_pool: 0
-users:
-  admin: {role: admin, token_sha256: 10a4c7c9fc5206d6f36dc6944a81bb6f4a3cb0e25014ae3b12e6c3e52712292a}
-  alice: {token_sha256: 9c220f200955d76c0a38d308225e0ef10c5f971acaf2f8d1d8f732affa5bd1dc}
-teams:
-  ta: {base: 1, burst: 1, members: [alice]}
-credits: {monthly_gpu_hours: 0}
-leases: {ttl_s: 30, heartbeat_interval_s: 1, expiry_grace_s: 5}
-tiers: {self_service: [yolov8n]}
-)";
+const std::string kPolicy = test::one_gpu_policy(30, kHeartbeatS);
 
 httplib::Headers admin() { return {{"Authorization", "Bearer admin-token"}}; }
 

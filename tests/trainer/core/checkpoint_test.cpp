@@ -16,6 +16,7 @@
 
 #include "models/pickle_reader.h"
 #include "tests/trainer/tiny_net.h"
+#include "trainer/core/atomic_file.h"
 #include "trainer/core/optimizer.h"
 #include "trainer/core/rng_state.h"
 #include "trainer/core/schedule.h"
