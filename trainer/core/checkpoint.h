@@ -95,5 +95,4 @@ CheckpointState load_checkpoint(const std::string& path, const CheckpointTargets
 // True when `path` loads (without touching any model); `error` gets the reason otherwise.
 bool checkpoint_readable(const std::string& path, std::string* error = nullptr);
 
-
 }  // namespace yolo8

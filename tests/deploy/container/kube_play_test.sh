@@ -52,7 +52,8 @@ echo "quotad /healthz: $(cat "$work/healthz.txt")"
 engine inspect --format '{{.Config.User}} {{.HostConfig.ReadonlyRootfs}}' "$quotad_container" > "$work/quotad-inspect.txt"
 [[ $(cat "$work/quotad-inspect.txt") == "10001:10001 true" || $(cat "$work/quotad-inspect.txt") == "10001 true" ]] ||
   fail "quotad's container does not run as the manifest says (user 10001, read-only root): $(cat "$work/quotad-inspect.txt")"
-engine logs "$quotad_container" 2>&1 | grep -q '^quotad: serving /etc/quotad/policy/quota-policy.yaml' ||
+engine logs "$quotad_container" > "$work/quotad.log" 2>&1
+grep -q '^quotad: serving /etc/quotad/policy/quota-policy.yaml' "$work/quotad.log" ||
   fail "quotad did not start with the manifest's args"
 
 for job in deploy/k8s/jobs/train-job.yaml deploy/k8s/kueue/train-job-kueue.yaml; do
