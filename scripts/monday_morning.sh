@@ -227,7 +227,7 @@ status_page() {  # status_page FILE: fetches / and checks it is HTML naming ever
 status_page "$work/status-morning.html"
 grep -q "interns-grid-$victim" "$work/status-morning.html" ||
   fail "the status page does not show the restarted run interns-grid-$victim (queued)"
-note "status page" "renders: $(grep -o '<h1>[^<]*' "$work/status-morning.html" | head -1 | sed 's/<h1>//'), the queue shows interns-grid-$victim"
+note "status page" "renders (HTML naming the three teams); its queue shows interns-grid-$victim waiting"
 
 step "the morning runs to its end"
 all=(vision-alice perception-bob interns-ivy-1 interns-ivy-3 vision-dave-critical "$victim_who-restart")
@@ -335,7 +335,7 @@ for path in logs:
         elif (a := re.match(r"Lease (\d+) (released \(\w+\)|had already ended.*|release .*)", text)):
             add(ts, who, f"lease {a.group(1)} {a.group(2)}")
         elif (a := re.match(r"(\d+) epochs completed", text)):
-            add(ts, who, f"finished ({a.group(1)} epochs)")
+            add(ts, who, f"finished ({a.group(1)} epochs completed in this container)")
 
 for line in open(events_file):
     ms, who, what = line.rstrip("\n").split("\t", 2)
