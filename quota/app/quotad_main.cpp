@@ -104,6 +104,12 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   so.max_connections = max_connections;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
+  so.operations = [db, backup_every_min] {
+    OperationsFigures ops;
+    ops.backup_interval_ms = int64_t{backup_every_min} * 60000;
+    if (ops.backup_interval_ms > 0) ops.newest_backup_ms = newest_backup_ms(db);  // a directory listing per scrape
+    return ops;
+  };
   ServiceOptions opts;
   opts.db_path = db;
   opts.full_sync = full_sync;

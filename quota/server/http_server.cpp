@@ -196,7 +196,7 @@ std::string QuotaServer::over_cap_reason(const std::string& address) const {
 }
 
 QuotaServer::QuotaServer(QuotaService& service, ServerOptions options)
-    : service_(service), options_(std::move(options)), metrics_(service) {}
+    : service_(service), options_(std::move(options)), metrics_(service, options_.operations) {}
 
 QuotaServer::~QuotaServer() { stop(); }
 

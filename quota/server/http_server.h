@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,8 @@ struct ServerOptions {
   // HTTPS when both are set: PEM files of the certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // /metrics' figures of quotad's upkeep (backups, reloads, the certificate), read at each scrape; empty: none.
+  std::function<OperationsFigures()> operations;
 };
 
 // "HOST:PORT" -> host, port; throws std::invalid_argument naming the value.

@@ -61,9 +61,9 @@ TEST(DeployPrometheus, EveryAlertTheIssueAsksForIsThere) {
       }
     }
   }
-  for (const char* wanted :
-       {"QuotadDown", "QuotadHeartbeatsFailing", "QuotadLeaseHeartbeatsMissing", "QuotadTeamOverQuota",
-        "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed", "QuotadStorageWriteErrors"}) {
+  for (const char* wanted : {"QuotadDown", "QuotadHeartbeatsFailing", "QuotadLeaseHeartbeatsMissing",
+                             "QuotadTeamOverQuota", "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed",
+                             "QuotadStorageWriteErrors", "QuotadBackupStale"}) {
     EXPECT_TRUE(alerts.count(wanted)) << wanted;
   }
 }
