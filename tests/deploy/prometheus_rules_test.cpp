@@ -61,9 +61,10 @@ TEST(DeployPrometheus, EveryAlertTheIssueAsksForIsThere) {
       }
     }
   }
-  for (const char* wanted : {"QuotadDown", "QuotadHeartbeatsFailing", "QuotadLeaseHeartbeatsMissing",
-                             "QuotadTeamOverQuota", "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed",
-                             "QuotadStorageWriteErrors", "QuotadBackupStale"}) {
+  for (const char* wanted :
+       {"QuotadDown", "QuotadHeartbeatsFailing", "QuotadLeaseHeartbeatsMissing", "QuotadTeamOverQuota",
+        "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed", "QuotadStorageWriteErrors", "QuotadBackupStale",
+        "QuotadCertificateExpiresSoon", "QuotadReloadFailed"}) {
     EXPECT_TRUE(alerts.count(wanted)) << wanted;
   }
 }
