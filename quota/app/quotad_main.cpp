@@ -14,7 +14,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "quota/core/memory_learning.h"
 #include "quota/core/policy.h"
@@ -25,6 +28,7 @@
 #include "quota/server/k8s_render.h"
 #include "quota/server/report.h"
 #include "quota/server/statement.h"
+#include "quota/server/tls_credentials.h"
 #include "quota/service/service.h"
 #include "quota/store/store.h"
 #include "quota/store/writer_lock.h"
@@ -91,10 +95,77 @@ Policy load_policy_with_tokens(const std::string& policy_path) {
   return load_policy(policy_path, tokens != nullptr ? tokens : "");
 }
 
+// The content's digest of a file as a path reaches it now (symlinks followed: Kubernetes swaps a `..data` link
+// over the mounted files of a ConfigMap or Secret); "" when it cannot be read.
+std::string fingerprint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return sha256_hex(text);
+}
+
+constexpr int64_t kCertificateWarnMs = 14 * 86400 * 1000LL;
+
+// Refuses an expired certificate, warns of one expiring within 14 days; `when`: "at start" or "on reload".
+void check_certificate(const CertificateFacts& facts, const std::string& cert_file, const char* when) {
+  const int64_t now = system_now_ms();
+  switch (certificate_state(facts.not_after_ms, now, kCertificateWarnMs)) {
+    case CertificateState::kExpired:
+      throw std::runtime_error("--tls-cert: '" + cert_file + "' expired (notAfter " + utc_text(facts.not_after_ms) +
+                               "); renew it");
+    case CertificateState::kExpiresSoon:
+      std::fprintf(stderr, "quotad: warning %s: --tls-cert '%s' expires in %.1f days (notAfter %s); renew it\n", when,
+                   cert_file.c_str(), static_cast<double>(facts.not_after_ms - now) / 86400000.0,
+                   utc_text(facts.not_after_ms).c_str());
+      break;
+    case CertificateState::kValid: break;
+  }
+}
+
+// What quotad's upkeep adds to /metrics: reloads applied and refused by file, the served certificate's notAfter.
+class Upkeep {
+ public:
+  void watch(const std::string& kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    figures_.reloads[kind] += 0;
+    figures_.reload_failures[kind] += 0;
+  }
+  void applied(const std::string& kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++figures_.reloads[kind];
+  }
+  void refused(const std::string& kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++figures_.reload_failures[kind];
+  }
+  void certificate(int64_t not_after_ms) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    figures_.certificate_not_after_ms = not_after_ms;
+  }
+  OperationsFigures figures() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return figures_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  OperationsFigures figures_;
+};
+
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
           const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep,
-          int max_connections_per_address, int max_connections) {
-  Policy policy = load_policy_with_tokens(policy_path);
+          int max_connections_per_address, int max_connections, int watch_every_s) {
+  const char* tokens_env = std::getenv("QUOTAD_TOKENS_FILE");
+  const std::string tokens_path = tokens_env != nullptr ? tokens_env : "";
+  Policy policy = load_policy(policy_path, tokens_path);
+  auto upkeep = std::make_shared<Upkeep>();
+  upkeep->watch("policy");
+  if (!tokens_path.empty()) upkeep->watch("tokens");
+  if (!tls_cert.empty()) {
+    // before anything is opened: an expired certificate would only fail every trainer's handshake
+    check_certificate(TlsCredentials::load(tls_cert, tls_key)->facts(), tls_cert, "at start");
+    upkeep->watch("tls");
+  }
   // Before the database is opened: a second quotad on it would expire the first one's leases under it.
   const WriterLock writer(db);
   ServerOptions so;
@@ -104,6 +175,12 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   so.max_connections = max_connections;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
+  so.operations = [db, backup_every_min, upkeep] {
+    OperationsFigures ops = upkeep->figures();
+    ops.backup_interval_ms = int64_t{backup_every_min} * 60000;
+    if (ops.backup_interval_ms > 0) ops.newest_backup_ms = newest_backup_ms(db);  // a directory listing per scrape
+    return ops;
+  };
   ServiceOptions opts;
   opts.db_path = db;
   opts.full_sync = full_sync;
@@ -111,22 +188,89 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   // for a second after that, changes get 503 at once
   opts.store_busy_timeout_ms = 2000;
   opts.outage_after_ms = 3000;  // the maintenance thread ticks every second
-  // block the stop signals in every thread; the main thread waits for them
+  // block the stop and reload signals in every thread; the main thread waits for them
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   QuotaService service(std::move(policy), opts);
   QuotaServer server(service, so);
   const int port = server.start();
+  if (const auto credentials = server.tls_credentials()) upkeep->certificate(credentials->facts().not_after_ms);
   std::printf("quotad: serving %s (%d GPUs, %zu teams) on %s://%s:%d, db %s\n", policy_path.c_str(),
               service.policy().total_gpus(), service.policy().teams.size(), tls_cert.empty() ? "http" : "https",
               so.host.c_str(), port, db.c_str());
   std::fflush(stdout);
   const PeriodicBackup backups(db, backup_every_min, backup_keep);  // online copies beside the database
+
+  // SIGHUP reloads every watched file; without it, a file whose content changed (checked every watch_every_s)
+  // is reloaded. A file is tried once per content: a broken one is not retried until it changes or SIGHUP.
+  std::vector<std::string> watched = {policy_path};
+  if (!tokens_path.empty()) watched.push_back(tokens_path);
+  if (!tls_cert.empty()) watched.insert(watched.end(), {tls_cert, tls_key});
+  std::map<std::string, std::string> seen;
+  for (const auto& path : watched) seen[path] = fingerprint(path);
+  auto changed = [&](const std::string& path) {
+    if (path.empty()) return false;
+    const std::string now = fingerprint(path);
+    return now != std::exchange(seen[path], now);
+  };
+  auto reload_policy = [&](const std::string& kind) {
+    try {
+      const std::string summary = service.reload_policy(load_policy(policy_path, tokens_path));
+      upkeep->applied(kind);
+      std::fprintf(stderr, "quotad: reloaded %s%s: %s\n", policy_path.c_str(),
+                   tokens_path.empty() ? "" : (" and " + tokens_path).c_str(),
+                   summary.empty() ? "no change to teams, users or limits" : summary.c_str());
+    } catch (const std::exception& error) {
+      std::string message = error.what();
+      const bool names_tokens = !tokens_path.empty() && message.rfind(tokens_path, 0) == 0;
+      if (!names_tokens && message.rfind(policy_path, 0) != 0) message = policy_path + ": " + message;
+      const std::string file = names_tokens ? "tokens" : "policy";
+      upkeep->refused(file);
+      std::fprintf(stderr, "quotad: reload refused, the running policy kept: %s\n", message.c_str());
+      service.audit_note("reload.failed", message);
+    }
+  };
+  auto reload_tls = [&] {
+    try {
+      const CertificateFacts facts = [&] {
+        // checked before it is served: an expired renewal keeps the running certificate
+        check_certificate(TlsCredentials::load(tls_cert, tls_key)->facts(), tls_cert, "on reload");
+        return server.reload_tls();
+      }();
+      upkeep->applied("tls");
+      upkeep->certificate(facts.not_after_ms);
+      const std::string detail = tls_cert + ": serial " + facts.serial + ", subject " + facts.subject + ", notAfter " +
+                                 utc_text(facts.not_after_ms);
+      std::fprintf(stderr, "quotad: reloaded the TLS certificate %s\n", detail.c_str());
+      service.audit_note("tls.reloaded", detail);
+    } catch (const std::exception& error) {
+      upkeep->refused("tls");
+      std::fprintf(stderr, "quotad: TLS reload refused, the running certificate kept: %s\n", error.what());
+      service.audit_note("reload.failed", error.what());
+    }
+  };
   int sig = 0;
-  sigwait(&set, &sig);
+  while (true) {
+    if (watch_every_s > 0) {
+      const timespec timeout{watch_every_s, 0};
+      sig = sigtimedwait(&set, nullptr, &timeout);
+    } else {
+      sigwait(&set, &sig);
+    }
+    if (sig == SIGINT || sig == SIGTERM) break;
+    const bool forced = sig == SIGHUP;
+    if (forced) std::fprintf(stderr, "quotad: SIGHUP: reloading the policy%s\n", tls_cert.empty() ? "" : " and TLS");
+    const bool policy_changed = changed(policy_path);
+    const bool tokens_changed = changed(tokens_path);
+    if (forced || policy_changed || tokens_changed) reload_policy(policy_changed || forced ? "policy" : "tokens");
+    const bool cert_changed = changed(tls_cert);
+    const bool key_changed = changed(tls_key);
+    if (!tls_cert.empty() && (forced || cert_changed || key_changed)) reload_tls();
+  }
   std::printf("quotad: signal %d, stopping\n", sig);
   server.stop();
   return 0;
@@ -165,6 +309,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--max-connections", max_connections, "open connections in all (more get 503)")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  int watch_every_s = 5;
+  serve_cmd
+      ->add_option("--watch-every", watch_every_s,
+                   "seconds between checks of the policy, $QUOTAD_TOKENS_FILE and the TLS files for a changed content, "
+                   "reloaded as on SIGHUP (0: on SIGHUP only)")
+      ->check(CLI::Range(0, 3600))
       ->capture_default_str();
   std::string tls_cert, tls_key;
   auto* cert_option = serve_cmd->add_option("--tls-cert", tls_cert, "serve HTTPS with this PEM certificate (chain)")
@@ -321,7 +472,7 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) {
       return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep,
-                   max_connections_per_address, max_connections);
+                   max_connections_per_address, max_connections, watch_every_s);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {

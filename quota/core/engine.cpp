@@ -144,6 +144,20 @@ bool Lease::holds_gpus(int64_t now_ms) const {
 
 Engine::Engine(Policy policy) : policy_(std::move(policy)), inventory_(policy_) { policy_.validate(); }
 
+void Engine::replace_policy(Policy policy) {
+  policy.validate();
+  if (const std::string refusal = reload_refusal(policy_, policy); !refusal.empty()) throw PolicyError(refusal);
+  for (const auto& [id, lease] : leases_) {
+    if (is_terminal(lease.state)) continue;
+    if (!policy.teams.count(lease.req.team)) {
+      throw PolicyError("teams." + lease.req.team + ": removed, but lease " + std::to_string(id) +
+                        " of the team is live; remove the team once its leases have ended");
+    }
+  }
+  policy_ = std::move(policy);
+  inventory_ = Inventory(policy_);
+}
+
 Engine::Pin Engine::pin_of(const LeaseRequest& req) const { return quota::pin_of(policy_, inventory_, req); }
 
 bool Engine::pin_spills(const Pin& pin, int lease_gpus) { return quota::pin_spills(pin, lease_gpus); }

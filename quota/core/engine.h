@@ -108,6 +108,10 @@ class Engine {
   explicit Engine(Policy policy);
 
   const Policy& policy() const { return policy_; }
+  // A reloaded policy in place of the running one, leases, queue and ledger kept. Throws PolicyError (the running
+  // policy kept) when it is invalid, when reload_refusal() says it needs a restart, or when it drops a team or
+  // user that still has a live lease.
+  void replace_policy(Policy policy);
 
   AcquireResult acquire(const LeaseRequest& req, int64_t now_ms);
   // The answer acquire() would give now for an existing lease (used for idempotent replays and polling).

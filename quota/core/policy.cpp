@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -155,7 +156,7 @@ bool Policy::needs_approval(const std::string& model) const {
   return unknown_models_need_approval;
 }
 
-const User* Policy::find_user_by_token(const std::string& token) const {
+const User* Policy::find_user_by_token(const std::string& token, int64_t now_ms) const {
   if (token.empty()) return nullptr;
   // Every user's hash is computed and compared in full, whatever matches, so the time taken says nothing
   // about which user or how many leading digits matched.
@@ -164,6 +165,11 @@ const User* Policy::find_user_by_token(const std::string& token) const {
   for (const auto& [name, user] : users) {
     const std::string token_hash = user.token_salt.empty() ? unsalted : sha256_hex(user.token_salt + token);
     if (digests_equal(token_hash, user.token_sha256) && found == nullptr) found = &user;
+    if (user.previous_token_sha256.empty()) continue;
+    const std::string previous_hash =
+        user.previous_token_salt.empty() ? unsalted : sha256_hex(user.previous_token_salt + token);
+    const bool in_time = user.previous_token_until_ms == 0 || now_ms < user.previous_token_until_ms;
+    if (digests_equal(previous_hash, user.previous_token_sha256) && in_time && found == nullptr) found = &user;
   }
   return found;
 }
@@ -376,6 +382,24 @@ void Policy::validate() const {
     }
     const auto [it, fresh] = hashes.emplace(user.token_salt + "$" + user.token_sha256, name);
     if (!fresh) fail(user_key + ".token_sha256", "duplicate token (also used by " + it->second + ")");
+    if (!user.previous_token_sha256.empty()) {
+      if (!is_sha256_hex(user.previous_token_sha256)) {
+        fail(user_key + ".previous_token_sha256", "must be 64 hex digits (quotad hash-token)");
+      }
+      for (char ch : user.previous_token_salt) {
+        if (!std::isxdigit(static_cast<unsigned char>(ch))) {
+          fail(user_key + ".previous_token_salt", "must be hex digits");
+        }
+      }
+      const auto [other, unused] = hashes.emplace(user.previous_token_salt + "$" + user.previous_token_sha256, name);
+      if (!unused) {
+        fail(user_key + ".previous_token_sha256", other->second == name
+                                                      ? "the same token as token_sha256: rotate to a new one"
+                                                      : "duplicate token (also used by " + other->second + ")");
+      }
+    } else if (!user.previous_token_salt.empty() || user.previous_token_until_ms != 0) {
+      fail(user_key + ".previous_token_sha256", "required with previous_token_salt or previous_token_until");
+    }
     if (user.role != Role::kAdmin && !teams.count(user.team)) fail(user_key, "belongs to no team");
   }
 }
@@ -575,6 +599,31 @@ Policy load_policy_from_string(const std::string& yaml, const std::string& sourc
 }
 
 namespace {
+// previous_token_sha256 / previous_token_salt / previous_token_until of a user (the policy's or the tokens file's):
+// the token being rotated out, see User.
+void read_previous_token(const YamlContext& context, const YAML::Node& node, const std::string& key_path, User& user) {
+  auto lower = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    return text;
+  };
+  user.previous_token_sha256 =
+      lower(context.get<std::string>(node["previous_token_sha256"], key_path + ".previous_token_sha256", ""));
+  user.previous_token_salt =
+      lower(context.get<std::string>(node["previous_token_salt"], key_path + ".previous_token_salt", ""));
+  user.previous_token_until_ms = 0;
+  const std::string until =
+      context.get<std::string>(node["previous_token_until"], key_path + ".previous_token_until", "");
+  if (until.empty()) return;
+  std::tm tm{};
+  const char* end = strptime(until.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  if (end == nullptr || *end != '\0') {
+    context.fail(node["previous_token_until"], key_path + ".previous_token_until",
+                 "'" + until + "' is not a UTC time of the form 2026-12-31T18:00:00Z");
+  }
+  user.previous_token_until_ms = static_cast<int64_t>(timegm(&tm)) * 1000;
+}
+
 // The token Secret's hashes over the policy's (see load_policy).
 void merge_tokens(Policy& policy, const std::string& yaml, const std::string& source) {
   YamlContext context{source};
@@ -587,7 +636,9 @@ void merge_tokens(Policy& policy, const std::string& yaml, const std::string& so
   for (const auto& entry : users) {
     const std::string name = entry.first.as<std::string>();
     const std::string key_path = "users." + name;
-    context.keys(entry.second, key_path, {"token_sha256", "token_salt"});
+    context.keys(
+        entry.second, key_path,
+        {"token_sha256", "token_salt", "previous_token_sha256", "previous_token_salt", "previous_token_until"});
     auto it = policy.users.find(name);
     if (it == policy.users.end()) context.fail(entry.first, key_path, "not a user of the policy " + policy.source);
     auto lower = [](std::string text) {
@@ -601,6 +652,7 @@ void merge_tokens(Policy& policy, const std::string& yaml, const std::string& so
     if (!is_sha256_hex(it->second.token_sha256)) {
       context.fail(entry.second, key_path + ".token_sha256", "must be 64 hex digits (quotad hash-token)");
     }
+    read_previous_token(context, entry.second, key_path, it->second);
   }
 }
 
@@ -648,7 +700,9 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
   }
   for (const auto& [name, node] : user_nodes) {
     const std::string key_path = "users." + name;
-    context.keys(node, key_path, {"token_sha256", "token_salt", "role"});
+    context.keys(
+        node, key_path,
+        {"token_sha256", "token_salt", "previous_token_sha256", "previous_token_salt", "previous_token_until", "role"});
     if (!is_valid_user_name(name)) {
       context.fail(node, key_path,
                    "'" + name +
@@ -665,6 +719,7 @@ Policy parse_policy(const std::string& yaml, const std::string& source, const st
     // may come from the tokens file instead (validate() insists on one)
     user.token_sha256 = lower(context.get<std::string>(node["token_sha256"], key_path + ".token_sha256", ""));
     user.token_salt = lower(context.get<std::string>(node["token_salt"], key_path + ".token_salt", ""));
+    read_previous_token(context, node, key_path, user);
     const std::string role = context.get<std::string>(node["role"], key_path + ".role", "member");
     if (role == "admin") {
       user.role = Role::kAdmin;
@@ -877,6 +932,110 @@ Policy local_policy(int gpu_count, double memory_gib, const std::string& user) {
   policy.emergency_max_gpus_per_request = policy.total_gpus();  // one workstation: its user may take all of it
   policy.sharing_enabled = true;
   return policy;
+}
+
+namespace {
+
+std::string number_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string text;
+  for (const auto& item : items) text += (text.empty() ? "" : ",") + item;
+  return "[" + text + "]";
+}
+
+const char* role_name(Role role) { return role == Role::kAdmin ? "admin" : role == Role::kLead ? "lead" : "member"; }
+
+}  // namespace
+
+std::string policy_change_summary(const Policy& before, const Policy& after) {
+  std::vector<std::string> clauses;
+  auto changed = [&](const std::string& what, const std::string& from, const std::string& to) {
+    if (from != to) clauses.push_back(what + " " + from + " -> " + to);
+  };
+  for (const auto& [name, team] : before.teams) {
+    auto it = after.teams.find(name);
+    if (it == after.teams.end()) {
+      clauses.push_back("team " + name + " removed");
+      continue;
+    }
+    const Team& next = it->second;
+    changed("team " + name + ": base", number_text(team.base), number_text(next.base));
+    changed("team " + name + ": burst", number_text(team.burst), number_text(next.burst));
+    if (team.share >= 0 || next.share >= 0) {  // unset, the share follows the base
+      changed("team " + name + ": share", number_text(team.share_weight()), number_text(next.share_weight()));
+    }
+    changed("team " + name + ": max_gpus_per_user", std::to_string(team.max_gpus_per_user),
+            std::to_string(next.max_gpus_per_user));
+    changed("team " + name + ": leads", joined(team.leads), joined(next.leads));
+    changed("team " + name + ": members", joined(team.members), joined(next.members));
+    if (team.burst_windows.size() != next.burst_windows.size()) {
+      changed("team " + name + ": burst windows", std::to_string(team.burst_windows.size()),
+              std::to_string(next.burst_windows.size()));
+    }
+  }
+  for (const auto& [name, team] : after.teams) {
+    if (!before.teams.count(name)) {
+      clauses.push_back("team " + name + " added (base " + number_text(team.base) + ", burst " +
+                        number_text(team.burst) + ")");
+    }
+  }
+  for (const auto& [name, user] : before.users) {
+    auto it = after.users.find(name);
+    if (it == after.users.end()) {
+      clauses.push_back("user " + name + " removed");
+      continue;
+    }
+    const User& next = it->second;
+    changed("user " + name + ": team", user.team.empty() ? "-" : user.team, next.team.empty() ? "-" : next.team);
+    changed("user " + name + ": role", role_name(user.role), role_name(next.role));
+    // names only: a hash in the audit log would help nobody and outlive the rotation
+    if (user.token_sha256 != next.token_sha256 || user.token_salt != next.token_salt) {
+      clauses.push_back("user " + name + ": token replaced");
+    }
+    if (user.previous_token_sha256 != next.previous_token_sha256 ||
+        user.previous_token_until_ms != next.previous_token_until_ms) {
+      clauses.push_back("user " + name +
+                        (next.previous_token_sha256.empty() ? ": previous token dropped" : ": previous token kept"));
+    }
+  }
+  for (const auto& [name, user] : after.users) {
+    if (!before.users.count(name)) {
+      clauses.push_back("user " + name + " added (" + (user.team.empty() ? role_name(user.role) : user.team) + ")");
+    }
+  }
+  changed("ttl_s", std::to_string(before.ttl_s), std::to_string(after.ttl_s));
+  changed("heartbeat_interval_s", std::to_string(before.heartbeat_interval_s),
+          std::to_string(after.heartbeat_interval_s));
+  changed("emergency pool GPUs", std::to_string(before.emergency_pool_gpus()),
+          std::to_string(after.emergency_pool_gpus()));
+  changed("max_queued_per_user", std::to_string(before.max_queued_per_user), std::to_string(after.max_queued_per_user));
+  changed("monthly_gpu_hours", number_text(before.monthly_gpu_hours), number_text(after.monthly_gpu_hours));
+  std::string text;
+  for (const auto& clause : clauses) text += (text.empty() ? "" : "; ") + clause;
+  return text;
+}
+
+std::string reload_refusal(const Policy& before, const Policy& after) {
+  bool same_inventory = before.gpus.size() == after.gpus.size();
+  for (size_t i = 0; same_inventory && i < before.gpus.size(); ++i) {
+    const Gpu& left = before.gpus[i];
+    const Gpu& right = after.gpus[i];
+    same_inventory = left.id() == right.id() && left.memory_gib == right.memory_gib && left.uuid == right.uuid;
+  }
+  if (!same_inventory) {
+    return "inventory: changed; the held leases name its GPUs, so an inventory change needs a restart of quotad "
+           "(which checks the stored leases against it)";
+  }
+  if (before.waste_gpu_util_below != after.waste_gpu_util_below || before.waste_after_s != after.waste_after_s) {
+    return "waste: changed; the running utilisation runs were measured against the old thresholds, so a change "
+           "needs a restart of quotad";
+  }
+  return "";
 }
 
 }  // namespace yolo8::quota

@@ -1,5 +1,6 @@
 #pragma once
 // The department's GPU policy: inventory, teams, users, tiers, limits. Plain structs, validated in one place.
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -76,6 +77,12 @@ struct User {
   Role role = Role::kMember;
   std::string token_sha256;  // SHA-256 hex of token_salt + token
   std::string token_salt;    // per-token salt (hex); empty for an unsalted hash
+  // A token being rotated out (previous_token_sha256 / previous_token_salt / previous_token_until): it keeps
+  // authenticating beside the new one until a reload drops it or `until` passes, so trainers can switch tokens
+  // without a gap. Empty: none.
+  std::string previous_token_sha256;
+  std::string previous_token_salt;
+  int64_t previous_token_until_ms = 0;  // UTC ms; 0: until a reload drops it
 };
 
 struct MemoryEstimate {
@@ -188,7 +195,9 @@ struct Policy {
   int critical_gpus_cap() const;
   double max_gpu_memory_gib() const;
   bool needs_approval(const std::string& model) const;
-  const User* find_user_by_token(const std::string& token) const;
+  // The user whose current token, or previous token still within its `until` at `now_ms`, is `token`. Without a
+  // time, a previous token with an `until` is refused (its end cannot be checked).
+  const User* find_user_by_token(const std::string& token, int64_t now_ms = INT64_MAX) const;
   // Throws PolicyError naming the key if the policy is inconsistent.
   void validate() const;
 };
@@ -218,5 +227,12 @@ bool is_sha256_hex(const std::string& text);
 // utc_offset_min (quota/core/calendar.h), or a PolicyError naming the zone: "UTC", "Z", "+HH:MM", "-HH:MM",
 // "UTC+HH:MM".
 int parse_utc_offset_min(const std::string& tz);
+
+// What a reload of the policy would change, one clause per change ("team team-cv: base 8 -> 10", "user bob
+// added", "user alice: token rotated"), for the audit log; "" when nothing a user or limit depends on changed.
+std::string policy_change_summary(const Policy& before, const Policy& after);
+// Why `after` cannot replace `before` in a running quotad (the inventory or the waste thresholds changed: held
+// leases and the utilisation runs refer to them, so those need a restart); "" when it can.
+std::string reload_refusal(const Policy& before, const Policy& after);
 
 }  // namespace yolo8::quota

@@ -1,6 +1,8 @@
 #include "quota/server/http_server.h"
 
 #include <arpa/inet.h>
+#include <gnutls/abstract.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -49,17 +51,6 @@ std::string address_text(const sockaddr* address) {
   return text;
 }
 
-std::string read_pem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string(flag) + ": cannot read '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().find("-----BEGIN ") == std::string::npos) {
-    throw std::runtime_error(std::string(flag) + ": '" + path + "' is not a PEM file");
-  }
-  return text.str();
-}
-
 std::string error_body(int status, const std::string& reason) {
   return nlohmann::json{{"error", status}, {"reason", reason}}.dump();
 }
@@ -87,6 +78,7 @@ MHD_Result collect_argument(void* cls, MHD_ValueKind, const char* key, const cha
 
 // What the server knows about one connection: its deadline and whether it has been refused.
 struct QuotaServer::Peer {
+  QuotaServer* server = nullptr;  // for the TLS handshake's certificate callback
   int fd = -1;
   std::string address;
   int64_t deadline_ms = 0;  // the request must be whole by then; 0 while one is being answered
@@ -179,6 +171,23 @@ struct QuotaServer::Callbacks {
     delete exchange;
     *context = nullptr;
   }
+  // GnuTLS asks at every handshake; libmicrohttpd set the session's pointer to its connection, whose socket
+  // context is our Peer (set when the connection was accepted, before any TLS byte).
+  static int certificate(gnutls_session_t session, const gnutls_datum_t*, int, const gnutls_pk_algorithm_t*, int,
+                         gnutls_pcert_st** pcert, unsigned int* pcert_length, gnutls_privkey_t* pkey) {
+    auto* connection = static_cast<MHD_Connection*>(gnutls_session_get_ptr(session));
+    if (connection == nullptr) return -1;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (info == nullptr || info->socket_context == nullptr) return -1;
+    const auto credentials = static_cast<Peer*>(info->socket_context)->server->tls_credentials();
+    if (!credentials) return -1;
+    void* chain = nullptr;
+    void* key = nullptr;
+    credentials->hand_over(&chain, pcert_length, &key);
+    *pcert = static_cast<gnutls_pcert_st*>(chain);
+    *pkey = static_cast<gnutls_privkey_t>(key);
+    return 0;
+  }
   static void connection(void* self, MHD_Connection* connection, void** socket_context,
                          MHD_ConnectionNotificationCode what) {
     auto& server = *static_cast<QuotaServer*>(self);
@@ -196,12 +205,13 @@ std::string QuotaServer::over_cap_reason(const std::string& address) const {
 }
 
 QuotaServer::QuotaServer(QuotaService& service, ServerOptions options)
-    : service_(service), options_(std::move(options)), metrics_(service) {}
+    : service_(service), options_(std::move(options)), metrics_(service, options_.operations) {}
 
 QuotaServer::~QuotaServer() { stop(); }
 
 void QuotaServer::connection_started(MHD_Connection* connection, void** socket_context) {
   auto peer = std::make_unique<Peer>();
+  peer->server = this;
   const MHD_ConnectionInfo* fd_info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
   const MHD_ConnectionInfo* address_info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
   peer->fd = fd_info != nullptr ? fd_info->connect_fd : -1;
@@ -258,7 +268,7 @@ void QuotaServer::refuse_locked(Peer& peer, int status, const char* phrase, cons
   peer.refused = true;
   uncount_locked(peer);
   peer.close_at_ms = steady_ms() + 2000;  // the client reads the answer while what it still sends drains
-  if (tls_cert_.empty() && peer.fd >= 0) {
+  if (!tls_ && peer.fd >= 0) {
     const std::string body = error_body(status, reason);
     const std::string answer = "HTTP/1.1 " + std::to_string(status) + " " + phrase +
                                "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
@@ -460,8 +470,8 @@ int QuotaServer::start() {
     if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
       throw std::runtime_error("--tls-cert and --tls-key: give both or neither");
     }
-    tls_cert_ = read_pem(options_.tls_cert_file, "--tls-cert");
-    tls_key_ = read_pem(options_.tls_key_file, "--tls-key");
+    tls_ = true;
+    reload_tls();
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -502,12 +512,13 @@ int QuotaServer::start() {
       {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(notify), this},
       {MHD_OPTION_UNESCAPE_CALLBACK, reinterpret_cast<intptr_t>(unescape), nullptr},
   };
-  if (tls) {
-    items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(tls_cert_.c_str())});
-    items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(tls_key_.c_str())});
-  }
   items.push_back({MHD_OPTION_END, 0, nullptr});
-  daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(options_.port), nullptr, nullptr, &Callbacks::request, this,
+  // the certificate is asked for at each handshake (Callbacks::certificate), so reload_tls() needs no restart
+  gnutls_certificate_retrieve_function2* const retrieve = &Callbacks::certificate;
+  daemon_ =
+      tls ? MHD_start_daemon(flags, static_cast<uint16_t>(options_.port), nullptr, nullptr, &Callbacks::request, this,
+                             MHD_OPTION_ARRAY, items.data(), MHD_OPTION_HTTPS_CERT_CALLBACK, retrieve, MHD_OPTION_END)
+          : MHD_start_daemon(flags, static_cast<uint16_t>(options_.port), nullptr, nullptr, &Callbacks::request, this,
                              MHD_OPTION_ARRAY, items.data(), MHD_OPTION_END);
   if (daemon_ == nullptr) {
     running_ = false;
@@ -542,6 +553,19 @@ int QuotaServer::start() {
     }
   });
   return port_;
+}
+
+CertificateFacts QuotaServer::reload_tls() {
+  auto fresh = TlsCredentials::load(options_.tls_cert_file, options_.tls_key_file);
+  std::lock_guard<std::mutex> lock(tls_mutex_);
+  if (credentials_) retired_credentials_.push_back(credentials_);
+  credentials_ = fresh;
+  return fresh->facts();
+}
+
+std::shared_ptr<const TlsCredentials> QuotaServer::tls_credentials() const {
+  std::lock_guard<std::mutex> lock(tls_mutex_);
+  return credentials_;
 }
 
 void QuotaServer::stop() {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "quota/server/metrics.h"
+#include "quota/server/tls_credentials.h"
 #include "quota/service/service.h"
 
 struct MHD_Daemon;
@@ -48,6 +50,8 @@ struct ServerOptions {
   // HTTPS when both are set: PEM files of the certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // /metrics' figures of quotad's upkeep (backups, reloads, the certificate), read at each scrape; empty: none.
+  std::function<OperationsFigures()> operations;
 };
 
 // "HOST:PORT" -> host, port; throws std::invalid_argument naming the value.
@@ -64,6 +68,12 @@ class QuotaServer {
   // Blocks until stop() (or a signal handler calling stop()).
   void wait();
   int port() const { return port_; }
+  // Reads the TLS certificate and key files again and serves them to new connections (open ones keep theirs);
+  // throws naming the file, the running certificate kept, when they cannot be read or do not belong together.
+  // Returns what the new certificate says.
+  CertificateFacts reload_tls();
+  // The certificate served now; null over plain HTTP.
+  std::shared_ptr<const TlsCredentials> tls_credentials() const;
 
   struct Exchange;  // one request in flight (http_server.cpp)
   struct Peer;      // what the server knows about one connection
@@ -93,7 +103,12 @@ class QuotaServer {
   QuotaService& service_;
   ServerOptions options_;
   MetricsExporter metrics_;
-  std::string tls_cert_, tls_key_;  // PEM, alive as long as the daemon
+  bool tls_ = false;
+  mutable std::mutex tls_mutex_;
+  std::shared_ptr<const TlsCredentials> credentials_;  // with tls_mutex_
+  // Replaced ones, kept while the server lives: a handshake that began before a reload may still use them (a
+  // few kilobytes per reload).
+  std::vector<std::shared_ptr<const TlsCredentials>> retired_credentials_;
   MHD_Daemon* daemon_ = nullptr;
   Lane api_, fast_;
   // The peer no longer counts against its address's cap (authenticated or refused). With peers_mutex_ held.

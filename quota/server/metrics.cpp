@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -342,6 +343,37 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
       if (count > 0) family.Add({{"code", std::to_string(code)}}).Increment(static_cast<double>(count));
     }
   }
+
+  // operations: backups, reloads, the certificate
+  const OperationsFigures& ops = state.operations;
+  {
+    auto& interval = out.gauge("quotad_backup_interval_seconds",
+                               "Seconds between online backups of the database (--backup-every); absent when off.");
+    auto& age = out.gauge("quotad_backup_age_seconds",
+                          "Age of the newest online backup beside the database (from its name); +Inf when there is "
+                          "none; absent when backups are off.");
+    if (ops.backup_interval_ms > 0) {
+      interval.Add({}).Set(seconds(ops.backup_interval_ms));
+      age.Add({}).Set(ops.newest_backup_ms < 0 ? std::numeric_limits<double>::infinity()
+                                               : std::max(0.0, seconds(now_ms - ops.newest_backup_ms)));
+    }
+  }
+  {
+    auto& applied = out.counter("quotad_reloads_total", "Reloads of a watched file (SIGHUP or a change) applied.");
+    for (const auto& [file, count] : ops.reloads) {
+      applied.Add({{"file", file}}).Increment(static_cast<double>(count));
+    }
+    auto& failed = out.counter("quotad_reload_failures_total",
+                               "Reloads of a watched file refused (invalid), the running version kept.");
+    for (const auto& [file, count] : ops.reload_failures) {
+      failed.Add({{"file", file}}).Increment(static_cast<double>(count));
+    }
+  }
+  {
+    auto& expiry = out.gauge("quotad_tls_certificate_expiry_timestamp_seconds",
+                             "notAfter of the TLS certificate quotad serves (Unix seconds); absent over plain HTTP.");
+    if (ops.certificate_not_after_ms >= 0) expiry.Add({}).Set(seconds(ops.certificate_not_after_ms));
+  }
   return out.text(state.histograms());
 }
 
@@ -388,7 +420,12 @@ std::vector<std::string> exported_metric_names() {
                                     "quotad_storage_write_errors_total",
                                     "quotad_responses_total",
                                     "quotad_audit_chain_head_seq",
-                                    "quotad_audit_chain_info"};
+                                    "quotad_audit_chain_info",
+                                    "quotad_backup_interval_seconds",
+                                    "quotad_backup_age_seconds",
+                                    "quotad_reloads_total",
+                                    "quotad_reload_failures_total",
+                                    "quotad_tls_certificate_expiry_timestamp_seconds"};
   for (const char* distribution :
        {"quotad_queue_wait_seconds", "quotad_job_duration_seconds", "quotad_job_gpu_utilization"}) {
     for (const char* suffix : {"_bucket", "_sum", "_count"}) names.push_back(std::string(distribution) + suffix);
@@ -399,6 +436,7 @@ std::vector<std::string> exported_metric_names() {
 std::string MetricsExporter::text() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string text;
+  if (operations_) state_.operations = operations_();
   service_.observe([&](const ServiceView& view) {
     state_.counters = view.counters;
     text = render_metrics(view.policy, view.engine, view.tracker, state_, view.now_ms);

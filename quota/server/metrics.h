@@ -2,6 +2,8 @@
 // The Prometheus exposition of quotad, built with prometheus-cpp's core (registry, metric families and its text
 // serializer); quotad's own HTTP server serves the text at /metrics.
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -19,6 +21,18 @@ class Histogram;
 
 namespace yolo8::quota {
 
+// How quotad itself is kept, beyond the engine: its online backups, the files it reloads and its TLS
+// certificate. Read by the server at each scrape (quotad_main.cpp fills it); the defaults export nothing.
+struct OperationsFigures {
+  int64_t backup_interval_ms = 0;  // --backup-every; 0: backups off, no backup series
+  int64_t newest_backup_ms = -1;   // when the newest backup beside the database was taken; -1: none
+  // Reloads (SIGHUP or a changed file) by file kind ("policy", "tokens", "tls"): applied, and refused with the
+  // running version kept. Every kind quotad watches is listed, at 0 until it happens.
+  std::map<std::string, uint64_t> reloads;
+  std::map<std::string, uint64_t> reload_failures;
+  int64_t certificate_not_after_ms = -1;  // the served certificate's notAfter; -1: plain HTTP
+};
+
 // What lives between scrapes: the histograms (each lease observed once: its queue wait when granted, its
 // duration and mean utilisation when it ended) and the service's monotonic counters of the latest scrape.
 class MetricsState {
@@ -34,6 +48,7 @@ class MetricsState {
   const prometheus::Registry& histograms() const { return *histograms_; }
 
   ServiceCounters counters;
+  OperationsFigures operations;
 
  private:
   std::unique_ptr<prometheus::Registry> histograms_;
@@ -62,11 +77,14 @@ std::string render_metrics(const Policy& policy, const Engine& engine, const Uti
 // /metrics of a running service: keeps the histograms between scrapes (each lease is counted once).
 class MetricsExporter {
  public:
-  explicit MetricsExporter(QuotaService& service) : service_(service) {}
+  // `operations`: read at each scrape (backups, reloads, the certificate); empty: none exported.
+  explicit MetricsExporter(QuotaService& service, std::function<OperationsFigures()> operations = {})
+      : service_(service), operations_(std::move(operations)) {}
   std::string text();
 
  private:
   QuotaService& service_;
+  std::function<OperationsFigures()> operations_;
   std::mutex mutex_;
   MetricsState state_;
 };

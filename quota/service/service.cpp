@@ -426,7 +426,45 @@ json QuotaService::lease_view(const Lease& lease, int64_t now_ms) const {
   return view;
 }
 
+bool QuotaService::accepts_token(const std::string& token) const {
+  std::shared_lock<std::shared_mutex> policy_lock(policy_mutex_);
+  return policy_.find_user_by_token(token, clock_()) != nullptr;
+}
+
+std::string QuotaService::reload_policy(Policy next) {
+  std::unique_lock<std::shared_mutex> policy_lock(policy_mutex_);
+  std::string summary;
+  try {
+    locked([&] {
+      summary = policy_change_summary(policy_, next);
+      engine_.replace_policy(next);  // throws before anything changed
+      policy_ = std::move(next);
+      engine_.note(clock_(), "quotad", "policy.reloaded",
+                   policy_.source + ": " + (summary.empty() ? "no change to teams, users or limits" : summary));
+      return ApiResponse{};
+    });
+  } catch (const Unavailable& error) {
+    // the policy is in force; only its audit entry could not be stored
+    std::fprintf(stderr, "quotad: %s: policy reloaded, its audit entry not stored: %s\n", policy_.source.c_str(),
+                 error.what());
+  }
+  return summary;
+}
+
+void QuotaService::audit_note(const std::string& action, const std::string& detail) {
+  try {
+    locked([&] {
+      engine_.note(clock_(), "quotad", action, detail);
+      return ApiResponse{};
+    });
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "quotad: audit entry %s not stored: %s\n", action.c_str(), error.what());
+  }
+}
+
 ApiResponse QuotaService::handle(const ApiRequest& req_in) {
+  // the whole request under one policy: a reload waits for the requests in flight
+  std::shared_lock<std::shared_mutex> policy_lock(policy_mutex_);
   ApiResponse response;
   try {
     ApiRequest req = req_in;
@@ -684,7 +722,7 @@ ApiResponse QuotaService::route(const ApiRequest& req) {
       return response;
     }
     // the token is checked before the address's record: a valid token is served whatever its address did
-    const User* user = policy_.find_user_by_token(req.token);
+    const User* user = policy_.find_user_by_token(req.token, now);
     if (user == nullptr) {
       if (address_blocked(req.client_address, now, retry_after_ms)) {
         const std::string seconds = std::to_string((retry_after_ms + 999) / 1000);
@@ -1076,7 +1114,8 @@ void QuotaService::observe(const std::function<void(const ServiceView&)>& fn) {
       counters.responses[static_cast<int>(code)] = count;
     }
   }
-  const ServiceView view{policy_, *engine, *tracker, counters, clock_()};
+  // the snapshot's own policy: a reload may replace the service's meanwhile
+  const ServiceView view{engine->policy(), *engine, *tracker, counters, clock_()};
   fn(view);
 }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -108,10 +109,17 @@ class QuotaService {
   void flush_heartbeats();
   std::vector<std::string> check_invariants();
   int64_t now() const { return clock_(); }
+  // The policy in force; a reference valid until the next reload_policy() (startup messages, tests).
   const Policy& policy() const { return policy_; }
   // Whether a bearer token belongs to a user of the policy (the HTTP front exempts such connections from its
   // per-address cap).
-  bool accepts_token(const std::string& token) const { return policy_.find_user_by_token(token) != nullptr; }
+  bool accepts_token(const std::string& token) const;
+  // A reloaded policy (SIGHUP, a changed file) in force from the next request on: leases, queue and ledger kept,
+  // audited as `policy.reloaded` with policy_change_summary(). Returns that summary. Throws PolicyError, the
+  // running policy kept, when Engine::replace_policy refuses it.
+  std::string reload_policy(Policy next);
+  // An audit entry by quotad itself (a refused reload, a renewed certificate); a store failure is only printed.
+  void audit_note(const std::string& action, const std::string& detail);
   // Runs `fn` on the engine under the service lock (tests, invariants).
   void inspect(const std::function<void(const Engine&)>& fn);
   // What /metrics and the status page render: a snapshot of the engine and the tracker (brought up to date)
@@ -206,6 +214,8 @@ class QuotaService {
   ApiResponse ledger_route(const Caller& caller, const ApiRequest& req, const std::vector<std::string>& parts);
 
   Policy policy_;
+  // Requests read policy_ (users, tokens, teams) shared; reload_policy() replaces it exclusive.
+  mutable std::shared_mutex policy_mutex_;
   ServiceOptions options_;
   std::function<int64_t()> clock_;
   std::function<int64_t()> monotonic_;

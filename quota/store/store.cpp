@@ -1011,7 +1011,7 @@ std::vector<std::string> good_backups(const std::string& path) {
   return good;
 }
 
-int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now_ms) {
+int64_t newest_backup_ms(const std::string& path) {
   const std::string prefix = std::filesystem::path(path).filename().string() + ".backup-";
   for (const std::string& backup : backups_of(path)) {  // newest first
     const std::string stamp = std::filesystem::path(backup).filename().string().substr(prefix.size());
@@ -1019,10 +1019,14 @@ int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now
     int millis = 0;
     if (stamp.size() < 15 || strptime(stamp.c_str(), "%Y%m%dT%H%M%S", &tm) == nullptr) continue;
     if (stamp.size() >= 19 && stamp[15] == '.') millis = std::atoi(stamp.substr(16, 3).c_str());
-    const int64_t taken_ms = static_cast<int64_t>(timegm(&tm)) * 1000 + millis;
-    return std::max<int64_t>(0, taken_ms + every_ms - now_ms);
+    return static_cast<int64_t>(timegm(&tm)) * 1000 + millis;
   }
-  return 0;
+  return -1;
+}
+
+int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now_ms) {
+  const int64_t taken_ms = newest_backup_ms(path);
+  return taken_ms < 0 ? 0 : std::max<int64_t>(0, taken_ms + every_ms - now_ms);
 }
 
 struct PeriodicBackup::State {

@@ -144,6 +144,8 @@ std::vector<std::string> good_backups(const std::string& path);
 // Milliseconds until the next backup of `path` is due when one is taken every `every_ms`: from the newest backup
 // beside it (its time is in its name), so that the cadence survives restarts; 0 when there is none or it is overdue.
 int64_t next_backup_in_ms(const std::string& path, int64_t every_ms, int64_t now_ms);
+// When the newest backup beside `path` was taken (UTC ms, from its name); -1 when there is none.
+int64_t newest_backup_ms(const std::string& path);
 
 // Takes a backup every `every_minutes` on its own thread (a read connection: no lock on quotad's writes) until
 // destroyed, the first when the newest existing backup is `every_minutes` old (at once if it is older or there is

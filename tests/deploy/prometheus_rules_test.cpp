@@ -63,7 +63,8 @@ TEST(DeployPrometheus, EveryAlertTheIssueAsksForIsThere) {
   }
   for (const char* wanted :
        {"QuotadDown", "QuotadHeartbeatsFailing", "QuotadLeaseHeartbeatsMissing", "QuotadTeamOverQuota",
-        "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed", "QuotadStorageWriteErrors"}) {
+        "QuotadJobLowGpuUtilization", "QuotadEmergencyLeaseUnreviewed", "QuotadStorageWriteErrors", "QuotadBackupStale",
+        "QuotadCertificateExpiresSoon", "QuotadReloadFailed"}) {
     EXPECT_TRUE(alerts.count(wanted)) << wanted;
   }
 }

@@ -231,5 +231,35 @@ TEST(QuotadServe, ABackupAtStartWhenTheNewestIsOverdueAndNoneWhenItIsFresh) {
   }
 }
 
+// The served /metrics carry the newest backup's age: the one taken at start, seconds old.
+TEST(QuotadServe, TheBackupAgeIsExported) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string db = testing::temp_db("backup_age");
+  const std::filesystem::path file(db);
+  for (const auto& entry : std::filesystem::directory_iterator(file.parent_path())) {
+    if (entry.path().filename().string().rfind(file.filename().string() + ".backup-", 0) == 0) {
+      std::filesystem::remove(entry.path());
+    }
+  }
+  yolo8::test::QuotadProcess quotad;
+  ASSERT_TRUE(quotad.start(testing::example_policy_path(), db, dir + "/backup_age.log", {"--backup-every", "60"}));
+  httplib::Client client(quotad.url());
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    const auto response = client.Get("/metrics");
+    ASSERT_TRUE(response);
+    metrics = response->body;
+    if (metrics.find("\nquotad_backup_age_seconds +Inf") == std::string::npos) break;  // the first is taken at once
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(metrics.find("\nquotad_backup_interval_seconds 3600\n"), std::string::npos) << metrics;
+  const auto at = metrics.find("\nquotad_backup_age_seconds ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  const double age = std::stod(metrics.substr(at + 28));
+  EXPECT_GE(age, 0);
+  EXPECT_LT(age, 30);
+  EXPECT_TRUE(quotad.stop());
+}
+
 }  // namespace
 }  // namespace yolo8::quota

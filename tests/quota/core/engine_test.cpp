@@ -68,6 +68,48 @@ TEST(Engine, SixGpuTeamSeventhRequestWaits) {
   expect_sound(e, t + kMinute);
 }
 
+// A reloaded policy: the leases stay as they are, new requests go by the new limits; one that would strand a live
+// lease's team, or change the inventory under the leases, is refused with the running policy kept.
+TEST(Engine, AReplacedPolicyKeepsTheLeasesAndRefusesWhatWouldStrandThem) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  const auto held = e.acquire(req("team-robotics", "erin", 4), t);
+  ASSERT_EQ(held.kind, Kind::kGranted);
+  Policy smaller = testing::example_policy();
+  smaller.teams.at("team-robotics").base = 4;
+  smaller.teams.at("team-robotics").burst = 4;
+  e.replace_policy(smaller);
+  EXPECT_EQ(e.policy().teams.at("team-robotics").base, 4);
+  EXPECT_EQ(e.find(held.lease_id)->state, LeaseState::kGranted);
+  EXPECT_EQ(e.acquire(req("team-robotics", "erin"), t).kind, Kind::kQueued);  // the new limit applies
+  expect_sound(e, t);
+
+  Policy without_team = smaller;
+  without_team.teams.erase("team-robotics");
+  for (auto& [name, user] : without_team.users) {
+    if (user.team == "team-robotics") user.team = "team-cv";
+  }
+  for (const auto& [name, user] : without_team.users) {
+    if (user.team == "team-cv" && user.role != Role::kAdmin) without_team.teams.at("team-cv").members.push_back(name);
+  }
+  EXPECT_THROW(
+      {
+        try {
+          e.replace_policy(without_team);
+        } catch (const PolicyError& error) {
+          EXPECT_NE(std::string(error.what()).find("teams.team-robotics: removed, but lease"), std::string::npos)
+              << error.what();
+          throw;
+        }
+      },
+      PolicyError);
+  Policy fewer_gpus = smaller;
+  fewer_gpus.gpus.pop_back();
+  EXPECT_THROW(e.replace_policy(fewer_gpus), PolicyError);
+  EXPECT_EQ(e.policy().teams.count("team-robotics"), 1u);
+  EXPECT_EQ(e.policy().total_gpus(), testing::example_policy().total_gpus());
+}
+
 TEST(Engine, BurstFourteenInsideWindowEightOutside) {
   for (const auto& [now, limit] : {std::make_pair(kInsideWindow, 14), std::make_pair(kOutsideWindow, 8)}) {
     Engine e(testing::example_policy());

@@ -284,6 +284,68 @@ TEST(PolicyValidation, SaltedTokensAreFoundAndCompared) {
   EXPECT_EQ(p.find_user_by_token("s3cret2"), nullptr);
 }
 
+// Token rotation: the previous token authenticates beside the new one until its `until` (or a reload drops it).
+TEST(PolicyValidation, APreviousTokenOverlapsUntilItsEnd) {
+  const std::string head =
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\nteams:\n  t: {base: 1, members: [u]}\n"
+      "users:\n  u: {token_sha256: " +
+      sha256_hex("new") + ", previous_token_sha256: " + sha256_hex("old");
+  const Policy open_ended = load_policy_from_string(head + "}\n", "test.yaml");
+  ASSERT_NE(open_ended.find_user_by_token("old", 0), nullptr);
+  EXPECT_EQ(open_ended.find_user_by_token("old", 0)->name, "u");
+  EXPECT_NE(open_ended.find_user_by_token("new", 0), nullptr);
+  EXPECT_NE(open_ended.find_user_by_token("old"), nullptr);  // no end: no time needed
+  EXPECT_EQ(open_ended.find_user_by_token("other", 0), nullptr);
+
+  const Policy until = load_policy_from_string(head + ", previous_token_until: '2026-12-31T18:00:00Z'}\n", "test.yaml");
+  const int64_t end_ms = 1798740000000;  // 2026-12-31T18:00:00Z
+  EXPECT_EQ(until.users.at("u").previous_token_until_ms, end_ms);
+  EXPECT_NE(until.find_user_by_token("old", end_ms - 1), nullptr);
+  EXPECT_EQ(until.find_user_by_token("old", end_ms), nullptr);
+  EXPECT_EQ(until.find_user_by_token("old"), nullptr);  // without a time its end cannot be checked
+  EXPECT_NE(until.find_user_by_token("new", end_ms), nullptr);
+
+  auto error = [&](const std::string& yaml) {
+    try {
+      load_policy_from_string(yaml, "test.yaml");
+    } catch (const PolicyError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error(head + ", previous_token_until: tomorrow}\n").find("users.u.previous_token_until"),
+            std::string::npos);
+  const std::string same =
+      "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\nteams:\n  t: {base: 1, members: [u]}\n"
+      "users:\n  u: {token_sha256: " +
+      sha256_hex("new") + ", previous_token_sha256: " + sha256_hex("new") + "}\n";
+  EXPECT_NE(error(same).find("users.u.previous_token_sha256: the same token as token_sha256"), std::string::npos)
+      << error(same);
+  EXPECT_NE(error(head.substr(0, head.size() - 64) + "xyz}\n").find("users.u.previous_token_sha256: must be 64 hex"),
+            std::string::npos);
+}
+
+TEST(PolicyReload, TheSummaryNamesWhatChangedAndTheRefusalWhatNeedsARestart) {
+  const Policy before = testing::example_policy();
+  Policy after = before;
+  after.teams.at("team-cv").base = 5;
+  after.users.at("alice").token_sha256 = sha256_hex("rotated");
+  after.users.erase("ivan");
+  const std::string summary = policy_change_summary(before, after);
+  EXPECT_NE(summary.find("team team-cv: base 8 -> 5"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("user alice: token replaced"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("user ivan removed"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find(sha256_hex("rotated")), std::string::npos) << "no hash in the audit log";
+  EXPECT_EQ(policy_change_summary(before, before), "");
+  EXPECT_EQ(reload_refusal(before, after), "");
+  Policy fewer_gpus = before;
+  fewer_gpus.gpus.pop_back();
+  EXPECT_NE(reload_refusal(before, fewer_gpus).find("inventory: changed"), std::string::npos);
+  Policy waste = before;
+  waste.waste_after_s += 60;
+  EXPECT_NE(reload_refusal(before, waste).find("waste: changed"), std::string::npos);
+}
+
 // Issue 15: the deployment mounts the token hashes as a Secret and names it in QUOTAD_TOKENS_FILE.
 TEST(PolicyValidation, TokenHashesComeFromTheTokensFile) {
   const std::string policy =

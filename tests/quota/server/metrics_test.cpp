@@ -295,6 +295,35 @@ TEST(QuotadMetrics, StorageWriteErrorsAreCounted) {
   EXPECT_EQ(parse_samples(h.metrics_text()).at("quotad_storage_write_errors_total"), 1);
 }
 
+TEST(QuotadMetrics, BackupAgeReloadsAndCertificateExpiry) {
+  testing::ScriptedHistory h;
+  OperationsFigures ops;
+  h.metrics = std::make_unique<MetricsExporter>(*h.service, [&] { return ops; });
+  // backups off, plain HTTP, nothing watched: the families are declared, without series
+  std::string text = h.metrics_text();
+  auto m = parse_samples(text);
+  EXPECT_EQ(m.count("quotad_backup_age_seconds"), 0u) << text;
+  EXPECT_EQ(m.count("quotad_tls_certificate_expiry_timestamp_seconds"), 0u);
+  EXPECT_NE(text.find("# TYPE quotad_backup_age_seconds gauge"), std::string::npos);
+
+  // backups every hour, none taken yet: the age is +Inf, which any staleness threshold exceeds
+  ops.backup_interval_ms = 3600 * 1000;
+  text = h.metrics_text();
+  EXPECT_NE(text.find("\nquotad_backup_age_seconds +Inf\n"), std::string::npos) << text;
+  EXPECT_EQ(parse_samples(text).at("quotad_backup_interval_seconds"), 3600);
+
+  ops.newest_backup_ms = h.service->now() - 90 * 60 * 1000;
+  ops.reloads = {{"policy", 2}, {"tokens", 0}};
+  ops.reload_failures = {{"policy", 1}, {"tokens", 0}};
+  ops.certificate_not_after_ms = 1800000000000;
+  m = parse_samples(h.metrics_text());
+  EXPECT_EQ(m.at("quotad_backup_age_seconds"), 90 * 60);
+  EXPECT_EQ(m.at(R"(quotad_reloads_total{file="policy"})"), 2);
+  EXPECT_EQ(m.at(R"(quotad_reload_failures_total{file="policy"})"), 1);
+  EXPECT_EQ(m.at(R"(quotad_reload_failures_total{file="tokens"})"), 0);
+  EXPECT_EQ(m.at("quotad_tls_certificate_expiry_timestamp_seconds"), 1800000000);
+}
+
 TEST(QuotadMetrics, TrackerAveragesAndClosesRuns) {
   UtilTracker t(0.2, 3600000);
   t.observe(7, 0, 0.1);

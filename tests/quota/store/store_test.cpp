@@ -911,6 +911,7 @@ TEST(QuotaBackup, TheNextBackupIsDueFromTheNewestOneBesideTheDatabase) {
   const int64_t now = 1796400000000;  // 2026-12-04T...Z
   const int64_t hour = 3600 * 1000;
   EXPECT_EQ(next_backup_in_ms(db, hour, now), 0);  // none: at once
+  EXPECT_EQ(newest_backup_ms(db), -1);
   const auto touch = [&](int64_t taken_ms) {
     const std::time_t seconds = static_cast<std::time_t>(taken_ms / 1000);
     std::tm tm{};
@@ -922,7 +923,8 @@ TEST(QuotaBackup, TheNextBackupIsDueFromTheNewestOneBesideTheDatabase) {
   touch(now - 3 * hour);
   EXPECT_EQ(next_backup_in_ms(db, hour, now), 0);  // overdue
   touch(now - 10 * 60 * 1000);
-  EXPECT_EQ(next_backup_in_ms(db, hour, now), 50 * 60 * 1000);  // the newest decides
+  EXPECT_EQ(next_backup_in_ms(db, hour, now), 50 * 60 * 1000);          // the newest decides
+  EXPECT_EQ(newest_backup_ms(db), now / 1000 * 1000 - 10 * 60 * 1000);  // the name keeps whole seconds here
   remove_backups();
 }
 
