@@ -36,8 +36,9 @@ deploy/docker/collect-runtime.sh "$build_dir/trainer/yolo8" > "$context/yolo8.pa
 deploy/docker/collect-runtime.sh "$build_dir/quota/quotad" > "$context/quotad.packages"
 cp scripts/locks/torch.txt scripts/locks/cuda-runtime.txt "$context/locks/"
 # The wheels for the image's Python (bookworm's 3.11), fetched here where pip knows the proxy and its CA, kept in
-# .deps/wheels between builds (pip skips a file already there when its hash matches), linked into the context.
-wheels=$root/.deps/wheels
+# YOLO8_WHEEL_CACHE (default ~/.cache/yolo8/wheels, shared by every checkout) between builds (pip skips a file already
+# there when its hash matches), linked (or copied) into the context.
+wheels=${YOLO8_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/yolo8/wheels}
 mkdir -p "$wheels"
 python3 -m pip download --quiet --disable-pip-version-check --no-input --require-hashes --no-deps \
   --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi none \
@@ -63,8 +64,9 @@ for target in quotad yolo8; do
   name=$([[ $target == yolo8 ]] && echo "yolo8:$tag" || echo "yolo8-quotad:$tag")
   echo "images: building $name from $base ($container_engine; log $log_dir/$target.log)" >&2
   start=$(date +%s)
-  if ! engine build --network=host --target "$target" --build-arg BASE_IMAGE="$base" --build-arg VERSION="$version" \
-      --build-arg REVISION="$revision" -t "$name" -f deploy/docker/Dockerfile "$context" > "$log_dir/$target.log" 2>&1; then
+  if ! engine build --network=host --target "$target" --build-arg BASE_IMAGE="$base" \
+      --label org.opencontainers.image.version="$version" --label org.opencontainers.image.revision="$revision" \
+      -t "$name" -f deploy/docker/Dockerfile "$context" > "$log_dir/$target.log" 2>&1; then
     tail -30 "$log_dir/$target.log" >&2
     echo "images: building $name failed (whole log: $log_dir/$target.log)" >&2
     exit 1
