@@ -65,7 +65,7 @@ for target in quotad yolo8; do
   echo "images: building $name from $base ($container_engine; log $log_dir/$target.log)" >&2
   start=$(date +%s)
   if ! engine build --network=host --target "$target" --build-arg BASE_IMAGE="$base" \
-      --label org.opencontainers.image.version="$version" --label org.opencontainers.image.revision="$revision" \
+      --build-arg VERSION="$version" --build-arg REVISION="$revision" \
       -t "$name" -f deploy/docker/Dockerfile "$context" > "$log_dir/$target.log" 2>&1; then
     tail -30 "$log_dir/$target.log" >&2
     echo "images: building $name failed (whole log: $log_dir/$target.log)" >&2
