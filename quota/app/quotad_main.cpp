@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "quota/core/calendar.h"
 #include "quota/core/memory_learning.h"
 #include "quota/core/policy.h"
 #include "quota/core/recommend.h"
@@ -37,6 +38,8 @@ using nlohmann::json;
 using namespace yolo8::quota;
 
 namespace {
+
+constexpr const char* kIsoUtc = "%Y-%m-%dT%H:%M:%SZ";  // a certificate's notAfter, as openssl prints it
 
 struct AdminArgs {
   std::string server = "http://127.0.0.1:8470";
@@ -111,12 +114,12 @@ void check_certificate(const CertificateFacts& facts, const std::string& cert_fi
   const int64_t now = system_now_ms();
   switch (certificate_state(facts.not_after_ms, now, kCertificateWarnMs)) {
     case CertificateState::kExpired:
-      throw std::runtime_error("--tls-cert: '" + cert_file + "' expired (notAfter " + utc_text(facts.not_after_ms) +
-                               "); renew it");
+      throw std::runtime_error("--tls-cert: '" + cert_file + "' expired (notAfter " +
+                               utc_text(facts.not_after_ms, kIsoUtc) + "); renew it");
     case CertificateState::kExpiresSoon:
       std::fprintf(stderr, "quotad: warning %s: --tls-cert '%s' expires in %.1f days (notAfter %s); renew it\n", when,
                    cert_file.c_str(), static_cast<double>(facts.not_after_ms - now) / 86400000.0,
-                   utc_text(facts.not_after_ms).c_str());
+                   utc_text(facts.not_after_ms, kIsoUtc).c_str());
       break;
     case CertificateState::kValid: break;
   }
@@ -244,7 +247,7 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
       upkeep->applied("tls");
       upkeep->certificate(facts.not_after_ms);
       const std::string detail = tls_cert + ": serial " + facts.serial + ", subject " + facts.subject + ", notAfter " +
-                                 utc_text(facts.not_after_ms);
+                                 utc_text(facts.not_after_ms, kIsoUtc);
       std::fprintf(stderr, "quotad: reloaded the TLS certificate %s\n", detail.c_str());
       service.audit_note("tls.reloaded", detail);
     } catch (const std::exception& error) {

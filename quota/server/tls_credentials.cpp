@@ -4,7 +4,6 @@
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
 
-#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -37,15 +36,6 @@ CertificateState certificate_state(int64_t not_after_ms, int64_t now_ms, int64_t
   if (not_after_ms <= now_ms) return CertificateState::kExpired;
   if (not_after_ms - now_ms <= warn_ms) return CertificateState::kExpiresSoon;
   return CertificateState::kValid;
-}
-
-std::string utc_text(int64_t ms) {
-  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
 }
 
 struct TlsCredentials::Gnutls {

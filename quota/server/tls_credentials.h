@@ -18,8 +18,6 @@ struct CertificateFacts {
 enum class CertificateState { kValid, kExpiresSoon, kExpired };
 // Expired at `now_ms`, or within `warn_ms` of it.
 CertificateState certificate_state(int64_t not_after_ms, int64_t now_ms, int64_t warn_ms);
-// "2026-12-31T18:00:00Z".
-std::string utc_text(int64_t ms);
 
 class TlsCredentials {
  public:
