@@ -189,6 +189,54 @@ json to_json(const AuditEntry& entry) {
               {"lease_id", entry.lease_id}, {"team", entry.team},   {"detail", entry.detail}};
 }
 
+json to_json(const EngineState& state, const Policy& policy) {
+  json leases = json::array();
+  for (const auto& [id, lease] : state.leases) {
+    json record = to_json(lease, policy);
+    record["device_ids"] = lease.device_ids;
+    leases.push_back(std::move(record));
+  }
+  json approvals = json::array();
+  for (const auto& [id, approval] : state.approvals) approvals.push_back(to_json(approval));
+  json audit = json::array();
+  for (const auto& entry : state.audit) audit.push_back(to_json(entry));
+  json usage = json::array();
+  for (const auto& [key, hours] : state.usage) usage.push_back(json{key.first, key.second, hours});
+  json idempotency = json::array();
+  for (const auto& [key, lease_id] : state.idempotency) idempotency.push_back(json{key.first, key.second, lease_id});
+  json loans = json::array();
+  for (const auto& [id, loan] : state.loans) loans.push_back(to_json(loan));
+  json grants = json::array();
+  for (const auto& [id, grant] : state.grants) grants.push_back(to_json(grant));
+  json fair_usage = json::object();
+  for (const auto& [key, decayed] : state.fair_usage) fair_usage[key] = json{decayed.value, decayed.as_of_ms};
+  const Changes& changes = state.changes;
+  json changed_audit = json::array();
+  for (const auto& entry : changes.audit) changed_audit.push_back(to_json(entry));
+  json quarantined = json::array();
+  for (const auto& [id, why] : changes.quarantined) quarantined.push_back(json{id, why.why, why.at_ms});
+  return json{
+      {"leases", leases},
+      {"approvals", approvals},
+      {"audit", audit},
+      {"usage", usage},
+      {"idempotency", idempotency},
+      {"loans", loans},
+      {"grants", grants},
+      {"next", {state.next_lease, state.next_approval, state.next_audit_seq, state.next_loan, state.next_grant}},
+      {"queue", state.queue},
+      {"queue_index", state.queue_index},
+      {"fair_usage", fair_usage},
+      {"changes",
+       {{"leases", changes.leases},
+        {"approvals", changes.approvals},
+        {"audit", changed_audit},
+        {"usage", changes.usage},
+        {"loans", changes.loans},
+        {"grants", changes.grants},
+        {"quarantined", quarantined}}}};
+}
+
 LeaseRequest lease_request_from_json(const json& body) {
   if (!body.is_object()) throw RequestError("body: must be a JSON object");
   LeaseRequest request;

@@ -21,6 +21,9 @@ nlohmann::json to_json(const Telemetry& telemetry);
 nlohmann::json to_json(const Lease& lease, const Policy& policy);
 nlohmann::json to_json(const Approval& approval);
 nlohmann::json to_json(const AuditEntry& entry);
+// The engine's whole state, every record with the figures the store keeps (and the stored device ids): two
+// states are the same value when these are equal.
+nlohmann::json to_json(const EngineState& state, const Policy& policy);
 
 // Refuses (RequestError naming `field_name`) NUL and control characters; `free_text` allows line feeds and tabs.
 void check_text(const std::string& field_name, const std::string& text, bool free_text);

@@ -147,7 +147,7 @@ Engine::Engine(Policy policy) : policy_(std::move(policy)), inventory_(policy_) 
 void Engine::replace_policy(Policy policy) {
   policy.validate();
   if (const std::string refusal = reload_refusal(policy_, policy); !refusal.empty()) throw PolicyError(refusal);
-  for (const auto& [id, lease] : leases_) {
+  for (const auto& [id, lease] : state_.leases) {
     if (is_terminal(lease.state)) continue;
     if (!policy.teams.count(lease.req.team)) {
       throw PolicyError("teams." + lease.req.team + ": removed, but lease " + std::to_string(id) +
@@ -163,7 +163,7 @@ Engine::Pin Engine::pin_of(const LeaseRequest& req) const { return quota::pin_of
 bool Engine::pin_spills(const Pin& pin, int lease_gpus) { return quota::pin_spills(pin, lease_gpus); }
 
 ClusterState Engine::cluster_state(int64_t now_ms) const {
-  return ClusterState{policy_, inventory_, leases_, fair_usage_, now_ms};
+  return ClusterState{policy_, inventory_, state_.leases, state_.fair_usage, now_ms};
 }
 
 std::string Engine::pin_refusal(const LeaseRequest& req) const {
@@ -262,7 +262,7 @@ void Engine::note(int64_t now_ms, const std::string& actor, const std::string& a
 void Engine::log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
                  const std::string& detail) {
   AuditEntry entry;
-  entry.seq = next_audit_seq_++;
+  entry.seq = state_.next_audit_seq++;
   entry.ts_ms = now_ms;
   entry.actor = actor;
   entry.action = action;
@@ -271,18 +271,18 @@ void Engine::log(int64_t now_ms, const std::string& actor, const std::string& ac
     entry.team = lease->req.team;
   }
   entry.detail = detail;
-  audit_.push_back(entry);
-  changes_.audit.push_back(entry);
+  state_.audit.push_back(entry);
+  state_.changes.audit.push_back(entry);
 }
 
 const Lease* Engine::find(int64_t lease_id) const {
-  auto it = leases_.find(lease_id);
-  return it == leases_.end() ? nullptr : &it->second;
+  auto it = state_.leases.find(lease_id);
+  return it == state_.leases.end() ? nullptr : &it->second;
 }
 
 const Approval* Engine::find_approval(int64_t approval_id) const {
-  auto it = approvals_.find(approval_id);
-  return it == approvals_.end() ? nullptr : &it->second;
+  auto it = state_.approvals.find(approval_id);
+  return it == state_.approvals.end() ? nullptr : &it->second;
 }
 
 double Engine::team_units(const std::string& team, int64_t now_ms) const {
@@ -290,19 +290,19 @@ double Engine::team_units(const std::string& team, int64_t now_ms) const {
 }
 
 void Engine::set_queue(const std::vector<QueueEntry>& order) {
-  queue_.clear();
-  queue_index_.clear();
+  state_.queue.clear();
+  state_.queue_index.clear();
   for (const QueueEntry& entry : order) {
-    queue_index_[entry.lease_id] = static_cast<int>(queue_.size());
-    queue_.push_back(entry.lease_id);
+    state_.queue_index[entry.lease_id] = static_cast<int>(state_.queue.size());
+    state_.queue.push_back(entry.lease_id);
   }
 }
 
 void Engine::order_queue(int64_t now_ms) { set_queue(quota::order_queue(cluster_state(now_ms))); }
 
 int Engine::queue_position(int64_t lease_id) const {
-  auto it = queue_index_.find(lease_id);
-  return it == queue_index_.end() ? 0 : it->second + 1;
+  auto it = state_.queue_index.find(lease_id);
+  return it == state_.queue_index.end() ? 0 : it->second + 1;
 }
 
 FairShare Engine::fair_share(const std::string& team, const std::string& user, int64_t now_ms) const {
@@ -312,9 +312,9 @@ FairShare Engine::fair_share(const std::string& team, const std::string& user, i
 void Engine::schedule(int64_t now_ms) {
   const Decision decision = quota::schedule(cluster_state(now_ms));
   for (const Decision::Step& step : decision.steps) {
-    apply_step(leases_, step, policy_, now_ms);
-    const Lease& lease = leases_.at(step.lease_id);
-    changes_.leases.insert(lease.id);
+    apply_step(state_.leases, step, policy_, now_ms);
+    const Lease& lease = state_.leases.at(step.lease_id);
+    state_.changes.leases.insert(lease.id);
     if (step.kind == Decision::Step::Kind::kGrant) {
       const std::string devs = describe_devices(lease);
       const int extra = lease.extra_gpus;
@@ -331,8 +331,8 @@ void Engine::schedule(int64_t now_ms) {
       }
     }
     for (int64_t victim_id : step.preemption.victims) {
-      const Lease& victim = leases_.at(victim_id);
-      changes_.leases.insert(victim.id);
+      const Lease& victim = state_.leases.at(victim_id);
+      state_.changes.leases.insert(victim.id);
       log(now_ms, "quotad", "preempt.revoke", &victim,
           "revoking for lease " + std::to_string(lease.id) + "; checkpoint and release within " +
               std::to_string(policy_.preempt_grace_s) + " s" + (victim.over_base ? " (over base)" : ""));
@@ -429,8 +429,8 @@ AcquireResult Engine::status_of(int64_t lease_id, int64_t now_ms) const {
 
 AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
   if (!req_in.idempotency_key.empty()) {
-    auto it = idempotency_.find({req_in.user, req_in.idempotency_key});
-    if (it != idempotency_.end() && leases_.count(it->second)) {
+    auto it = state_.idempotency.find({req_in.user, req_in.idempotency_key});
+    if (it != state_.idempotency.end() && state_.leases.count(it->second)) {
       AcquireResult result = status_of(it->second, now_ms);
       result.replayed = true;
       return result;
@@ -592,7 +592,7 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
                                                             (policy_.loan_gpu_hours > 0 ? " (loan included)" : ""));
     }
   }
-  const auto waiting = std::count_if(leases_.begin(), leases_.end(), [&](const auto& entry) {
+  const auto waiting = std::count_if(state_.leases.begin(), state_.leases.end(), [&](const auto& entry) {
     return entry.second.req.user == req.user &&
            (entry.second.state == LeaseState::kQueued || entry.second.state == LeaseState::kPendingApproval);
   });
@@ -601,28 +601,28 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
                   "queue: " + req.user + " already has " + std::to_string(waiting) +
                       " requests waiting (limits.max_queued_per_user); release or wait for some first");
   }
-  lease.id = next_lease_++;
+  lease.id = state_.next_lease++;
   lease.created_ms = now_ms;
   lease.last_seen_ms = now_ms;
   if (needs_approval) {
     Approval approval;
-    approval.id = next_approval_++;
+    approval.id = state_.next_approval++;
     approval.lease_id = lease.id;
     approval.team = req.team;
     approval.user = req.user;
     approval.model = req.model;
     approval.justification = req.justification;
     approval.created_ms = now_ms;
-    approvals_[approval.id] = approval;
-    changes_.approvals.insert(approval.id);
+    state_.approvals[approval.id] = approval;
+    state_.changes.approvals.insert(approval.id);
     lease.approval_id = approval.id;
     lease.state = LeaseState::kPendingApproval;
   } else {
     lease.state = LeaseState::kQueued;
   }
-  auto& stored = leases_[lease.id] = lease;
-  changes_.leases.insert(lease.id);
-  if (!req.idempotency_key.empty()) idempotency_[{req.user, req.idempotency_key}] = lease.id;
+  auto& stored = state_.leases[lease.id] = lease;
+  state_.changes.leases.insert(lease.id);
+  if (!req.idempotency_key.empty()) state_.idempotency[{req.user, req.idempotency_key}] = lease.id;
   if (needs_approval) {
     log(now_ms, requester(req), "approval.requested", &stored,
         on_behalf(req) + "approval " + std::to_string(lease.approval_id) + " for " + req.model + ": " +
@@ -641,8 +641,8 @@ AcquireResult Engine::acquire(const LeaseRequest& req_in, int64_t now_ms) {
 
 HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, int64_t now_ms) {
   HeartbeatResult result;
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return result;
+  auto it = state_.leases.find(lease_id);
+  if (it == state_.leases.end()) return result;
   Lease& lease = it->second;
   result.found = true;
   result.state = lease.state;
@@ -656,7 +656,7 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
     result.reason = queue_reason(lease, now_ms);
     return result;
   }
-  changes_.leases.insert(lease_id);  // the row keeps its last heartbeat (local mode reloads it at every call)
+  state_.changes.leases.insert(lease_id);  // the row keeps its last heartbeat (local mode reloads it at every call)
   merge_telemetry(lease.telemetry, telemetry);
   result.deadline_ms = lease.deadline_ms;
   result.reason = lease.reason;
@@ -664,8 +664,8 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
 }
 
 void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || is_terminal(it->second.state)) return;
+  auto it = state_.leases.find(lease_id);
+  if (it == state_.leases.end() || is_terminal(it->second.state)) return;
   Lease& lease = it->second;
   if (seen_ms > lease.last_seen_ms) seen(lease, seen_ms);
   if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) return;
@@ -676,13 +676,13 @@ void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
   const int64_t gap = to_ms - from_ms;
   if (gap <= 0) return;
   int extended = 0;
-  for (auto& [id, lease] : leases_) {
+  for (auto& [id, lease] : state_.leases) {
     const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
     if (!running && lease.state != LeaseState::kQueued) continue;
     if (lease.last_seen_ms < to_ms) lease.last_seen_ms = std::min(to_ms, lease.last_seen_ms + gap);
     if (lease.state == LeaseState::kRevoking) {
       lease.deadline_ms += gap;
-      changes_.leases.insert(id);
+      state_.changes.leases.insert(id);
     }
     ++extended;
   }
@@ -696,7 +696,7 @@ void Engine::clock_stepped(int64_t step_ms, int64_t now_ms) {
   const int64_t before_ms = now_ms - step_ms;  // the time now as the clock read before the step
   auto moved = [&](int64_t t) { return t == 0 ? 0 : std::min(now_ms, t + step_ms); };
   int count = 0;
-  for (auto& [id, lease] : leases_) {
+  for (auto& [id, lease] : state_.leases) {
     const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
     const bool waiting = lease.state == LeaseState::kQueued || lease.state == LeaseState::kPendingApproval;
     const bool draining = lease.holds_gpus(before_ms) && !running;  // expired, its GPUs not returned yet
@@ -711,10 +711,10 @@ void Engine::clock_stepped(int64_t step_ms, int64_t now_ms) {
       lease.charged_until_ms = moved(lease.charged_until_ms);
       if (lease.state == LeaseState::kRevoking) lease.deadline_ms += step_ms;
     }
-    changes_.leases.insert(id);
+    state_.changes.leases.insert(id);
     ++count;
   }
-  for (auto& [key, decayed] : fair_usage_) decayed.as_of_ms = moved(decayed.as_of_ms);
+  for (auto& [key, decayed] : state_.fair_usage) decayed.as_of_ms = moved(decayed.as_of_ms);
   log(now_ms, "quotad", "clock.step", nullptr,
       "the wall clock stepped by " + std::to_string(step_ms / 1000) + " s against the monotonic clock; the clocks of " +
           std::to_string(count) + " live lease(s) moved with it");
@@ -745,19 +745,19 @@ void Engine::charge(Lease& lease, int64_t until_ms) {
   const int64_t billed_until = billable_until(lease, until_ms);
   const double hours = static_cast<double>(std::max<int64_t>(0, billed_until - from)) / 3.6e6 * lease.units(policy_);
   const auto key = std::make_pair(lease.req.user, month_key(until_ms));
-  usage_[key] += hours;
+  state_.usage[key] += hours;
   lease.gpu_hours += hours;
   lease.charged_until_ms = until_ms;
-  add_fair_usage(policy_, fair_usage_, lease.req.team, lease.req.user, hours, until_ms);
-  changes_.usage.insert(key);
-  changes_.leases.insert(lease.id);
+  add_fair_usage(policy_, state_.fair_usage, lease.req.team, lease.req.user, hours, until_ms);
+  state_.changes.usage.insert(key);
+  state_.changes.leases.insert(lease.id);
 }
 
 double Engine::used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const {
-  auto it = usage_.find({user, month});
-  double used = it == usage_.end() ? 0 : it->second;
+  auto it = state_.usage.find({user, month});
+  double used = it == state_.usage.end() ? 0 : it->second;
   if (month == month_key(now_ms)) {
-    for (const auto& [id, lease] : leases_) {
+    for (const auto& [id, lease] : state_.leases) {
       if (lease.req.user == user && (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking)) {
         const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
         used += static_cast<double>(std::max<int64_t>(0, billable_until(lease, now_ms) - from)) / 3.6e6 *
@@ -783,16 +783,17 @@ void Engine::end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t 
   lease.free_at_ms = held ? free_at_ms : end_ms;
   if (!held) lease.devices.clear();
   if (!reason.empty()) lease.reason = reason;
-  changes_.leases.insert(lease.id);
+  state_.changes.leases.insert(lease.id);
   // a cancelled waiter no longer needs its victims
   for (int64_t victim_id : lease.waiting_on) {
-    auto it = leases_.find(victim_id);
-    if (it != leases_.end() && it->second.state == LeaseState::kRevoking && it->second.preempted_for == lease.id) {
+    auto it = state_.leases.find(victim_id);
+    if (it != state_.leases.end() && it->second.state == LeaseState::kRevoking &&
+        it->second.preempted_for == lease.id) {
       it->second.state = LeaseState::kGranted;
       it->second.deadline_ms = 0;
       it->second.preempted_for = 0;
       it->second.reason.clear();
-      changes_.leases.insert(victim_id);
+      state_.changes.leases.insert(victim_id);
       log(end_ms, "quotad", "preempt.cancelled", &it->second,
           "waiting lease " + std::to_string(lease.id) + " went away");
     }
@@ -807,17 +808,17 @@ void Engine::end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t 
 }
 
 bool Engine::release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || is_terminal(it->second.state)) return false;
+  auto it = state_.leases.find(lease_id);
+  if (it == state_.leases.end() || is_terminal(it->second.state)) return false;
   Lease& lease = it->second;
   if (lease.state == LeaseState::kQueued || lease.state == LeaseState::kPendingApproval) outcome = Outcome::kCancelled;
   if (outcome == Outcome::kNone) outcome = Outcome::kCompleted;
   if (lease.state == LeaseState::kPendingApproval) {
-    auto approval_it = approvals_.find(lease.approval_id);
-    if (approval_it != approvals_.end() && approval_it->second.state == ApprovalState::kPending) {
+    auto approval_it = state_.approvals.find(lease.approval_id);
+    if (approval_it != state_.approvals.end() && approval_it->second.state == ApprovalState::kPending) {
       approval_it->second.state = ApprovalState::kCancelled;
       approval_it->second.decided_ms = now_ms;
-      changes_.approvals.insert(approval_it->first);
+      state_.changes.approvals.insert(approval_it->first);
     }
   }
   end_lease(lease, LeaseState::kReleased, outcome, now_ms, now_ms, "", actor);
@@ -826,8 +827,8 @@ bool Engine::release(int64_t lease_id, Outcome outcome, int64_t now_ms, const st
 }
 
 void Engine::approve(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note) {
-  auto it = approvals_.find(approval_id);
-  if (it == approvals_.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
+  auto it = state_.approvals.find(approval_id);
+  if (it == state_.approvals.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
   Approval& approval = it->second;
   if (approval.state != ApprovalState::kPending) {
     throw PolicyError("approval " + std::to_string(approval_id) + ": already " + to_string(approval.state));
@@ -836,19 +837,19 @@ void Engine::approve(int64_t approval_id, const std::string& by, int64_t now_ms,
   approval.decided_by = by;
   approval.decided_ms = now_ms;
   approval.note = note;
-  changes_.approvals.insert(approval.id);
-  Lease& lease = leases_.at(approval.lease_id);
+  state_.changes.approvals.insert(approval.id);
+  Lease& lease = state_.leases.at(approval.lease_id);
   lease.state = LeaseState::kQueued;
   lease.last_seen_ms = now_ms;
-  changes_.leases.insert(lease.id);
+  state_.changes.leases.insert(lease.id);
   log(now_ms, by, "approval.approved", &lease,
       "approval " + std::to_string(approval.id) + (note.empty() ? "" : ": " + note));
   schedule(now_ms);
 }
 
 void Engine::reject(int64_t approval_id, const std::string& by, int64_t now_ms, const std::string& note) {
-  auto it = approvals_.find(approval_id);
-  if (it == approvals_.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
+  auto it = state_.approvals.find(approval_id);
+  if (it == state_.approvals.end()) throw PolicyError("approval " + std::to_string(approval_id) + ": unknown");
   Approval& approval = it->second;
   if (approval.state != ApprovalState::kPending) {
     throw PolicyError("approval " + std::to_string(approval_id) + ": already " + to_string(approval.state));
@@ -857,30 +858,30 @@ void Engine::reject(int64_t approval_id, const std::string& by, int64_t now_ms, 
   approval.decided_by = by;
   approval.decided_ms = now_ms;
   approval.note = note;
-  changes_.approvals.insert(approval.id);
-  Lease& lease = leases_.at(approval.lease_id);
+  state_.changes.approvals.insert(approval.id);
+  Lease& lease = state_.leases.at(approval.lease_id);
   lease.state = LeaseState::kRejected;
   lease.ended_ms = now_ms;
   lease.reason = "rejected by " + by + (note.empty() ? "" : ": " + note);
-  changes_.leases.insert(lease.id);
+  state_.changes.leases.insert(lease.id);
   log(now_ms, by, "approval.rejected", &lease,
       "approval " + std::to_string(approval.id) + (note.empty() ? "" : ": " + note));
 }
 
 void Engine::review_emergency(int64_t lease_id, const std::string& by, int64_t now_ms, const std::string& note) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || !it->second.review_pending) {
+  auto it = state_.leases.find(lease_id);
+  if (it == state_.leases.end() || !it->second.review_pending) {
     throw PolicyError("lease " + std::to_string(lease_id) + ": no emergency review pending");
   }
   it->second.review_pending = false;
-  changes_.leases.insert(lease_id);
+  state_.changes.leases.insert(lease_id);
   log(now_ms, by, "emergency.reviewed", &it->second, note.empty() ? "reviewed" : note);
 }
 
 void Engine::tick(int64_t now_ms) {
   const int64_t ttl = static_cast<int64_t>(policy_.ttl_s) * 1000;
   const int64_t grace = static_cast<int64_t>(policy_.expiry_grace_s) * 1000;
-  for (auto& [id, lease] : leases_) {
+  for (auto& [id, lease] : state_.leases) {
     if (lease.state == LeaseState::kRevoking && now_ms >= lease.deadline_ms) {
       end_lease(lease, LeaseState::kExpired, Outcome::kPreempted, now_ms, now_ms,
                 "did not release by the preemption deadline", "quotad");
@@ -910,7 +911,7 @@ std::vector<TeamStatus> Engine::teams(int64_t now_ms) const {
     status.limit_now = team.limit_at(now_ms);
     status.in_burst_window = team.in_burst_window(now_ms);
     status.in_use = team_units(name, now_ms);
-    for (const auto& [id, lease] : leases_) {
+    for (const auto& [id, lease] : state_.leases) {
       if (lease.req.team != name) continue;
       if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) ++status.leases_active;
       if (lease.state == LeaseState::kQueued) ++status.queued;
@@ -929,7 +930,7 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
   std::vector<bool> non_critical(gpu_count, false);
   std::vector<const Lease*> owner(gpu_count, nullptr);  // one team (or the emergency pool) per GPU
   size_t queued = 0;
-  for (const auto& [id, lease] : leases_) {
+  for (const auto& [id, lease] : state_.leases) {
     if (lease.state == LeaseState::kQueued) {
       ++queued;
       if (queue_position(id) == 0) errors.push_back("queued lease " + std::to_string(id) + " is not in the queue");
@@ -985,8 +986,8 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
     if (whole[device] > 0 && count[device] > 1) errors.push_back("gpu " + gpu.id() + ": a whole-GPU lease shares it");
     if (count[device] > policy_.max_leases_per_gpu) errors.push_back("gpu " + gpu.id() + ": too many shared leases");
   }
-  if (queued != queue_.size()) {
-    errors.push_back("the queue lists " + std::to_string(queue_.size()) + " requests, " + std::to_string(queued) +
+  if (queued != state_.queue.size()) {
+    errors.push_back("the queue lists " + std::to_string(state_.queue.size()) + " requests, " + std::to_string(queued) +
                      " are queued");
   }
   const long busy = std::count(non_critical.begin(), non_critical.end(), true);
@@ -997,47 +998,21 @@ std::vector<std::string> Engine::check_invariants(int64_t now_ms) const {
   return errors;
 }
 
-Changes Engine::take_changes() { return std::exchange(changes_, Changes{}); }
-
-Engine::Checkpoint Engine::checkpoint() const {
-  return Checkpoint{leases_,         approvals_, usage_,      idempotency_, loans_,
-                    grants_,         next_loan_, next_grant_, next_lease_,  next_approval_,
-                    next_audit_seq_, changes_,   queue_,      queue_index_, fair_usage_};
-}
-
-void Engine::roll_back(Checkpoint checkpoint) {
-  leases_ = std::move(checkpoint.leases);
-  approvals_ = std::move(checkpoint.approvals);
-  usage_ = std::move(checkpoint.usage);
-  idempotency_ = std::move(checkpoint.idempotency);
-  loans_ = std::move(checkpoint.loans);
-  grants_ = std::move(checkpoint.grants);
-  next_loan_ = checkpoint.next_loan;
-  next_grant_ = checkpoint.next_grant;
-  next_lease_ = checkpoint.next_lease;
-  next_approval_ = checkpoint.next_approval;
-  next_audit_seq_ = checkpoint.next_audit_seq;
-  changes_ = std::move(checkpoint.changes);
-  queue_ = std::move(checkpoint.queue);
-  queue_index_ = std::move(checkpoint.queue_index);
-  fair_usage_ = std::move(checkpoint.fair_usage);
-  // the audit is append-only: what was logged since the checkpoint is what goes
-  while (!audit_.empty() && audit_.back().seq >= next_audit_seq_) audit_.pop_back();
-}
+Changes Engine::take_changes() { return std::exchange(state_.changes, Changes{}); }
 
 void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals, std::vector<AuditEntry> audit,
                      std::map<std::pair<std::string, std::string>, double> usage, int64_t next_audit_seq,
                      int64_t restart_now_ms) {
-  leases_.clear();
-  approvals_.clear();
-  idempotency_.clear();
-  next_lease_ = 1;
-  next_approval_ = 1;
+  state_.leases.clear();
+  state_.approvals.clear();
+  state_.idempotency.clear();
+  state_.next_lease = 1;
+  state_.next_approval = 1;
   std::map<std::string, int> index_of;
   for (size_t i = 0; i < policy_.gpus.size(); ++i) index_of[policy_.gpus[i].id()] = static_cast<int>(i);
   std::map<int64_t, std::vector<std::string>> missing;
   for (auto& lease : leases) {
-    next_lease_ = std::max(next_lease_, lease.id + 1);
+    state_.next_lease = std::max(state_.next_lease, lease.id + 1);
     if (!lease.device_ids.empty()) {
       // devices are stored by name so an edited inventory (reordered nodes) keeps leases on their GPUs
       std::vector<int> mapped;
@@ -1061,37 +1036,37 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
         lease.deadline_ms = std::max(lease.deadline_ms, restart_now_ms + static_cast<int64_t>(policy_.ttl_s) * 1000);
       }
     }
-    if (!lease.req.idempotency_key.empty()) idempotency_[{lease.req.user, lease.req.idempotency_key}] = lease.id;
-    leases_[lease.id] = std::move(lease);
+    if (!lease.req.idempotency_key.empty()) state_.idempotency[{lease.req.user, lease.req.idempotency_key}] = lease.id;
+    state_.leases[lease.id] = std::move(lease);
   }
   for (auto& approval : approvals) {
-    next_approval_ = std::max(next_approval_, approval.id + 1);
-    approvals_[approval.id] = std::move(approval);
+    state_.next_approval = std::max(state_.next_approval, approval.id + 1);
+    state_.approvals[approval.id] = std::move(approval);
   }
-  audit_ = std::move(audit);
-  usage_ = std::move(usage);
-  next_audit_seq_ = std::max<int64_t>(next_audit_seq, audit_.empty() ? 1 : audit_.back().seq + 1);
-  changes_ = Changes{};
+  state_.audit = std::move(audit);
+  state_.usage = std::move(usage);
+  state_.next_audit_seq = std::max<int64_t>(next_audit_seq, state_.audit.empty() ? 1 : state_.audit.back().seq + 1);
+  state_.changes = Changes{};
   // the decayed usage is not stored: it is derived again from the monthly ledger, each month's GPU-hours placed
   // in the middle of the time the month has had (an approximation of when they were used)
-  fair_usage_.clear();
+  state_.fair_usage.clear();
   int64_t latest = restart_now_ms;
-  for (const auto& [id, lease] : leases_) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
+  for (const auto& [id, lease] : state_.leases) latest = std::max({latest, lease.charged_until_ms, lease.ended_ms});
   check_loaded(latest, std::move(missing));
-  for (const auto& [key, hours] : usage_) {
+  for (const auto& [key, hours] : state_.usage) {
     const auto user_it = policy_.users.find(key.first);
     const std::optional<MonthSpan> month = month_span(key.second);
     if (user_it == policy_.users.end() || !month || !(hours > 0)) continue;
     const int64_t start = month->start_ms;
     const int64_t end = std::max(start, std::min(month->end_ms, latest));
-    add_fair_usage(policy_, fair_usage_, user_it->second.team, key.first, hours, start + (end - start) / 2);
+    add_fair_usage(policy_, state_.fair_usage, user_it->second.team, key.first, hours, start + (end - start) / 2);
   }
   order_queue(latest);
 }
 
 void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::string>> missing) {
   // rows of an older quotad kept only indices: one beyond the inventory is a GPU it no longer has
-  for (auto& [id, lease] : leases_) {
+  for (auto& [id, lease] : state_.leases) {
     auto beyond = std::remove_if(lease.devices.begin(), lease.devices.end(), [&](int device) {
       if (device >= 0 && static_cast<size_t>(device) < policy_.gpus.size()) return false;
       missing[id].push_back("gpu index " + std::to_string(device));
@@ -1116,7 +1091,7 @@ void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::str
     }
   };
   std::vector<int64_t> orphans;
-  for (auto it = leases_.begin(); it != leases_.end();) {
+  for (auto it = state_.leases.begin(); it != state_.leases.end();) {
     Lease& lease = it->second;
     const bool holds = lease.holds_gpus(now_ms);
     const size_t want = lease.shared ? 1 : static_cast<size_t>(std::max(lease.gpus, 0));
@@ -1141,12 +1116,12 @@ void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::str
     log(now_ms, "quotad", "lease.quarantined", &lease,
         "lease row " + std::to_string(lease.id) + " (" + to_string(lease.state) + ") breaks an invariant: " + why +
             "; moved to the quarantine table");
-    changes_.quarantined[lease.id] = Changes::Quarantined{why, now_ms};
-    if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
-    it = leases_.erase(it);
+    state_.changes.quarantined[lease.id] = Changes::Quarantined{why, now_ms};
+    if (!lease.req.idempotency_key.empty()) state_.idempotency.erase({lease.req.user, lease.req.idempotency_key});
+    it = state_.leases.erase(it);
   }
   for (int64_t id : orphans) {
-    Lease& lease = leases_.at(id);
+    Lease& lease = state_.leases.at(id);
     const std::vector<std::string>& gone = missing.at(id);
     std::set<std::string> nodes;
     for (const auto& name : gone) {
@@ -1165,7 +1140,7 @@ void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::str
     if (lease.state != LeaseState::kExpired && pin.by_uuid && pin.devices.size() == want && conflict(moved).empty()) {
       lease.devices = pin.devices;
       hold(lease);
-      changes_.leases.insert(id);
+      state_.changes.leases.insert(id);
       log(now_ms, "quotad", "lease.remapped", &lease,
           "GPUs " + gone_text + " are no longer in the inventory (" + nodes_text + " removed or renamed); " +
               "moved by the trainer's GPU UUIDs to " + describe_devices(lease));
@@ -1176,7 +1151,7 @@ void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::str
     lease.devices.clear();  // none of its GPUs is counted any more
     if (lease.state == LeaseState::kExpired) {
       lease.free_at_ms = now_ms;
-      changes_.leases.insert(id);
+      state_.changes.leases.insert(id);
       log(now_ms, "quotad", "lease.orphaned", &lease, reason);
     } else {
       end_lease(lease, LeaseState::kExpired, Outcome::kNone, now_ms, now_ms, reason, "quotad");
@@ -1185,24 +1160,25 @@ void Engine::check_loaded(int64_t now_ms, std::map<int64_t, std::vector<std::str
 }
 
 void Engine::reserve_ids(int64_t next_lease_id, int64_t next_approval_id) {
-  next_lease_ = std::max(next_lease_, next_lease_id);
-  next_approval_ = std::max(next_approval_, next_approval_id);
+  state_.next_lease = std::max(state_.next_lease, next_lease_id);
+  state_.next_approval = std::max(state_.next_approval, next_approval_id);
 }
 
 void Engine::prune(int64_t now_ms, int64_t keep_ms) {
-  for (auto it = leases_.begin(); it != leases_.end();) {
+  for (auto it = state_.leases.begin(); it != state_.leases.end();) {
     const Lease& lease = it->second;
     // an emergency lease stays until an admin has reviewed it, however long ago it ended
     if (is_terminal(lease.state) && !lease.holds_gpus(now_ms) && lease.ended_ms < now_ms - keep_ms &&
         !lease.review_pending) {
-      if (!lease.req.idempotency_key.empty()) idempotency_.erase({lease.req.user, lease.req.idempotency_key});
-      it = leases_.erase(it);
+      if (!lease.req.idempotency_key.empty()) state_.idempotency.erase({lease.req.user, lease.req.idempotency_key});
+      it = state_.leases.erase(it);
     } else {
       ++it;
     }
   }
   constexpr size_t kAuditInMemory = 10000;
-  if (audit_.size() > kAuditInMemory) audit_.erase(audit_.begin(), audit_.end() - static_cast<long>(kAuditInMemory));
+  if (state_.audit.size() > kAuditInMemory)
+    state_.audit.erase(state_.audit.begin(), state_.audit.end() - static_cast<long>(kAuditInMemory));
 }
 
 }  // namespace yolo8::quota

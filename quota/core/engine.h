@@ -103,6 +103,27 @@ struct Changes {
   }
 };
 
+// Everything the engine changes, as one value: a snapshot is a copy, a rollback an assignment, a load (a restart,
+// later a follower's takeover) a construction. The policy, and the inventory derived from it, are configuration.
+struct EngineState {
+  std::map<int64_t, Lease> leases;
+  std::map<int64_t, Approval> approvals;
+  std::vector<AuditEntry> audit;  // the latest entries only (prune); the store keeps them all
+  std::map<std::pair<std::string, std::string>, double> usage;         // (user, month) -> GPU-hours
+  std::map<std::pair<std::string, std::string>, int64_t> idempotency;  // (user, key) -> lease
+  std::map<int64_t, Loan> loans;
+  std::map<int64_t, CreditGrant> grants;
+  int64_t next_loan = 1;
+  int64_t next_grant = 1;
+  int64_t next_lease = 1;
+  int64_t next_approval = 1;
+  int64_t next_audit_seq = 1;
+  Changes changes;                     // since the last take_changes()
+  std::vector<int64_t> queue;          // queued ids in order (order_queue)
+  std::map<int64_t, int> queue_index;  // id -> position - 1
+  FairUsage fair_usage;
+};
+
 class Engine {
  public:
   explicit Engine(Policy policy);
@@ -131,7 +152,7 @@ class Engine {
   // after `now_ms` is capped at it. Audited as `clock.step`.
   void clock_stepped(int64_t step_ms, int64_t now_ms);
   // Queued lease ids in queue order, kept by every change (positions are index + 1).
-  const std::vector<int64_t>& queue_ids() const { return queue_; }
+  const std::vector<int64_t>& queue_ids() const { return state_.queue; }
   FairShare fair_share(const std::string& team, const std::string& user, int64_t now_ms) const;
   // Why a queued lease waits (the `reason` of status_of without its queue position); "" for others.
   std::string waiting_reason(int64_t lease_id, int64_t now_ms) const;
@@ -149,16 +170,16 @@ class Engine {
 
   const Lease* find(int64_t lease_id) const;
   const Approval* find_approval(int64_t approval_id) const;
-  const std::map<int64_t, Lease>& leases() const { return leases_; }
-  const std::map<int64_t, Approval>& approvals() const { return approvals_; }
-  const std::vector<AuditEntry>& audit() const { return audit_; }
+  const std::map<int64_t, Lease>& leases() const { return state_.leases; }
+  const std::map<int64_t, Approval>& approvals() const { return state_.approvals; }
+  const std::vector<AuditEntry>& audit() const { return state_.audit; }
   std::vector<TeamStatus> teams(int64_t now_ms) const;
   int queue_position(int64_t lease_id) const;
   double team_units(const std::string& team, int64_t now_ms) const;
   // GPU-hours charged to `user` in `month`, including the running leases' unbilled time.
   double used_gpu_hours(const std::string& user, const std::string& month, int64_t now_ms) const;
   double credit_allowance(const std::string& user, const std::string& month, int64_t now_ms) const;
-  const std::map<std::pair<std::string, std::string>, double>& usage() const { return usage_; }
+  const std::map<std::pair<std::string, std::string>, double>& usage() const { return state_.usage; }
   // The figures behind credit_allowance().
   MonthCredit month_credit_of(const std::string& user, const std::string& month) const;
 
@@ -176,8 +197,8 @@ class Engine {
   // Month rollover (called by tick): loans of ended months are settled (repaid or expired), audited.
   void settle_loans(int64_t now_ms);
   const Loan* find_loan(int64_t loan_id) const;
-  const std::map<int64_t, Loan>& loans() const { return loans_; }
-  const std::map<int64_t, CreditGrant>& grants() const { return grants_; }
+  const std::map<int64_t, Loan>& loans() const { return state_.loans; }
+  const std::map<int64_t, CreditGrant>& grants() const { return state_.grants; }
   double granted_gpu_hours(const std::string& user, const std::string& month) const;
   // `next_loan_id` / `next_grant_id`: the store's sequences (ids of rows no longer loaded are not reused).
   void restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id = 1,
@@ -199,25 +220,12 @@ class Engine {
   static bool pin_spills(const Pin& pin, int lease_gpus);
 
   Changes take_changes();
-  // The engine's records as they are now, without the policy and the audit log: what a change that could not be
-  // stored is undone to (roll_back), cheaper than a copy of the Engine.
-  struct Checkpoint {
-    std::map<int64_t, Lease> leases;
-    std::map<int64_t, Approval> approvals;
-    std::map<std::pair<std::string, std::string>, double> usage;
-    std::map<std::pair<std::string, std::string>, int64_t> idempotency;
-    std::map<int64_t, Loan> loans;
-    std::map<int64_t, CreditGrant> grants;
-    int64_t next_loan = 1, next_grant = 1, next_lease = 1, next_approval = 1, next_audit_seq = 1;
-    Changes changes;
-    std::vector<int64_t> queue;
-    std::map<int64_t, int> queue_index;
-    FairUsage fair_usage;
-  };
-  Checkpoint checkpoint() const;
-  // Back to `checkpoint`: the records as they were, and the audit entries logged since dropped (entries prune()
-  // dropped from memory meanwhile stay dropped: they were stored before).
-  void roll_back(Checkpoint checkpoint);
+  // The whole state as one value: a snapshot is a copy of it, a rollback or a takeover load(). A change the store
+  // could not save is undone by loading the snapshot taken before it.
+  const EngineState& state() const { return state_; }
+  EngineState snapshot() const { return state_; }
+  // In place of the running state (the policy kept): what snapshot() returned, or a leader's state.
+  void load(EngineState state) { state_ = std::move(state); }
   // Rebuilds state from storage.
   // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
   // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs.
@@ -231,8 +239,8 @@ class Engine {
   // Ids are never reused: after restore() the store raises the counters to its persistent sequences, which
   // also count leases and approvals no longer loaded into memory.
   void reserve_ids(int64_t next_lease_id, int64_t next_approval_id);
-  int64_t next_lease_id() const { return next_lease_; }
-  int64_t next_approval_id() const { return next_approval_; }
+  int64_t next_lease_id() const { return state_.next_lease; }
+  int64_t next_approval_id() const { return state_.next_approval; }
   // Drops ended leases older than `keep_ms` from memory (they stay in storage); an emergency lease whose review
   // is still pending stays until it is reviewed.
   void prune(int64_t now_ms, int64_t keep_ms);
@@ -271,23 +279,7 @@ class Engine {
 
   Policy policy_;
   Inventory inventory_;
-  // Every member below but audit_ is in Checkpoint.
-  std::map<int64_t, Lease> leases_;
-  std::map<int64_t, Approval> approvals_;
-  std::vector<AuditEntry> audit_;
-  std::map<std::pair<std::string, std::string>, double> usage_;
-  std::map<std::pair<std::string, std::string>, int64_t> idempotency_;  // (user, key) -> lease
-  std::map<int64_t, Loan> loans_;
-  std::map<int64_t, CreditGrant> grants_;
-  int64_t next_loan_ = 1;
-  int64_t next_grant_ = 1;
-  int64_t next_lease_ = 1;
-  int64_t next_approval_ = 1;
-  int64_t next_audit_seq_ = 1;
-  Changes changes_;
-  std::vector<int64_t> queue_;          // queued ids in order (order_queue)
-  std::map<int64_t, int> queue_index_;  // id -> position - 1
-  FairUsage fair_usage_;
+  EngineState state_;
 };
 
 }  // namespace yolo8::quota

@@ -145,19 +145,19 @@ std::vector<std::string> quarter_months(const std::string& quarter, const std::s
 void Engine::log_team(int64_t now_ms, const std::string& actor, const std::string& action, const std::string& team,
                       const std::string& detail) {
   AuditEntry entry;
-  entry.seq = next_audit_seq_++;
+  entry.seq = state_.next_audit_seq++;
   entry.ts_ms = now_ms;
   entry.actor = actor;
   entry.action = action;
   entry.team = team;
   entry.detail = detail;
-  audit_.push_back(entry);
-  changes_.audit.push_back(entry);
+  state_.audit.push_back(entry);
+  state_.changes.audit.push_back(entry);
 }
 
 double Engine::granted_gpu_hours(const std::string& user, const std::string& month) const {
   double sum = 0;
-  for (const auto& [id, grant] : grants_) {
+  for (const auto& [id, grant] : state_.grants) {
     if (grant.user == user && grant.month == month) sum += grant.gpu_hours;
   }
   return sum;
@@ -165,25 +165,25 @@ double Engine::granted_gpu_hours(const std::string& user, const std::string& mon
 
 MonthCredit Engine::month_credit_of(const std::string& user, const std::string& month) const {
   const std::string prev = previous_month_key(month);
-  auto it = usage_.find({user, prev});
+  auto it = state_.usage.find({user, prev});
   double loans = 0;
-  for (const auto& [id, loan] : loans_) {
+  for (const auto& [id, loan] : state_.loans) {
     if (loan.user == user && loan.month == month && counts(loan.state)) loans += loan.gpu_hours;
   }
-  return month_credit(policy_, it == usage_.end() ? 0 : it->second, granted_gpu_hours(user, prev), loans,
+  return month_credit(policy_, it == state_.usage.end() ? 0 : it->second, granted_gpu_hours(user, prev), loans,
                       granted_gpu_hours(user, month));
 }
 
 const Loan* Engine::find_loan(int64_t loan_id) const {
-  auto it = loans_.find(loan_id);
-  return it == loans_.end() ? nullptr : &it->second;
+  auto it = state_.loans.find(loan_id);
+  return it == state_.loans.end() ? nullptr : &it->second;
 }
 
 const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const std::string& justification,
                                int64_t now_ms, const std::string& idempotency_key, bool* replayed) {
   if (replayed != nullptr) *replayed = false;
   if (!idempotency_key.empty()) {
-    for (const auto& [id, loan] : loans_) {
+    for (const auto& [id, loan] : state_.loans) {
       if (loan.user == user && loan.idempotency_key == idempotency_key) {
         if (replayed != nullptr) *replayed = true;
         return loan;
@@ -207,7 +207,7 @@ const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const 
   const std::string month = month_key(now_ms);
   int count = 0;
   double sum = 0;
-  for (const auto& [id, loan] : loans_) {
+  for (const auto& [id, loan] : state_.loans) {
     if (loan.user != user || loan.month != month) continue;
     if (loan.state == LoanState::kPending || counts(loan.state)) {
       ++count;
@@ -226,7 +226,7 @@ const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const 
                                         fixed_text(policy_.max_loan_gpu_hours_per_month) + ")");
   }
   Loan loan;
-  loan.id = next_loan_++;
+  loan.id = state_.next_loan++;
   loan.user = user;
   loan.team = user_it->second.team;
   loan.month = month;
@@ -234,17 +234,17 @@ const Loan& Engine::apply_loan(const std::string& user, double gpu_hours, const 
   loan.justification = justification;
   loan.idempotency_key = idempotency_key;
   loan.created_ms = now_ms;
-  changes_.loans.insert(loan.id);
+  state_.changes.loans.insert(loan.id);
   log_team(now_ms, user, "loan.requested", loan.team,
            "loan " + std::to_string(loan.id) + ": " + fixed_text(gpu_hours) + " GPU-hours for " + month + ": " +
                justification);
-  return loans_[loan.id] = loan;
+  return state_.loans[loan.id] = loan;
 }
 
 const Loan& Engine::decide_loan(int64_t loan_id, bool approve, const std::string& by, const std::string& note,
                                 int64_t now_ms) {
-  auto it = loans_.find(loan_id);
-  if (it == loans_.end()) throw LedgerError(Kind::kNotFound, "unknown loan " + std::to_string(loan_id));
+  auto it = state_.loans.find(loan_id);
+  if (it == state_.loans.end()) throw LedgerError(Kind::kNotFound, "unknown loan " + std::to_string(loan_id));
   Loan& loan = it->second;
   const auto by_it = policy_.users.find(by);
   const bool admin = by_it != policy_.users.end() && by_it->second.role == Role::kAdmin;
@@ -271,7 +271,7 @@ const Loan& Engine::decide_loan(int64_t loan_id, bool approve, const std::string
   loan.decided_by = by;
   loan.decided_ms = now_ms;
   loan.note = note;
-  changes_.loans.insert(loan.id);
+  state_.changes.loans.insert(loan.id);
   log_team(now_ms, by, approve ? "loan.approved" : "loan.rejected", loan.team,
            "loan " + std::to_string(loan.id) + " of " + loan.user + ": " + fixed_text(loan.gpu_hours) +
                " GPU-hours for " + loan.month + (note.empty() ? "" : ": " + note));
@@ -307,7 +307,7 @@ const CreditGrant& Engine::grant_credits(const std::string& user, double gpu_hou
   const std::string quarter = quarter_of(month);
   double sum = 0;
   int count = 0;
-  for (const auto& [id, grant] : grants_) {
+  for (const auto& [id, grant] : state_.grants) {
     if (grant.user == user && quarter_of(grant.month) == quarter) {
       sum += grant.gpu_hours;
       ++count;
@@ -325,7 +325,7 @@ const CreditGrant& Engine::grant_credits(const std::string& user, double gpu_hou
                                         fixed_text(policy_.max_grant_gpu_hours_per_quarter) + ")");
   }
   CreditGrant grant;
-  grant.id = next_grant_++;
+  grant.id = state_.next_grant++;
   grant.user = user;
   grant.team = team;
   grant.month = month;
@@ -333,31 +333,31 @@ const CreditGrant& Engine::grant_credits(const std::string& user, double gpu_hou
   grant.reason = reason;
   grant.granted_by = by;
   grant.created_ms = now_ms;
-  changes_.grants.insert(grant.id);
+  state_.changes.grants.insert(grant.id);
   log_team(now_ms, by, "credit.granted", team,
            "grant " + std::to_string(grant.id) + ": " + fixed_text(gpu_hours) + " GPU-hours to " + user + " for " +
                month + ": " + reason);
-  return grants_[grant.id] = grant;
+  return state_.grants[grant.id] = grant;
 }
 
 void Engine::settle_loans(int64_t now_ms) {
   const std::string month = month_key(now_ms);
   // the overrun of a member's ended month, handed out over that month's loans in id order
   std::map<std::pair<std::string, std::string>, double> overrun_left;
-  for (auto& [id, loan] : loans_) {
+  for (auto& [id, loan] : state_.loans) {
     if (loan.month >= month) continue;
     if (loan.state == LoanState::kPending) {
       loan.state = LoanState::kExpired;
       loan.decided_ms = now_ms;
-      changes_.loans.insert(id);
+      state_.changes.loans.insert(id);
       log_team(now_ms, "quotad", "loan.expired", loan.team,
                "loan " + std::to_string(id) + " of " + loan.user + " for " + loan.month +
                    " was not decided before the month ended");
     } else if (loan.state == LoanState::kApproved) {
       const auto key = std::make_pair(loan.user, loan.month);
       if (!overrun_left.count(key)) {
-        auto used = usage_.find(key);
-        overrun_left[key] = std::max(0.0, (used == usage_.end() ? 0 : used->second) - policy_.monthly_gpu_hours -
+        auto used = state_.usage.find(key);
+        overrun_left[key] = std::max(0.0, (used == state_.usage.end() ? 0 : used->second) - policy_.monthly_gpu_hours -
                                               granted_gpu_hours(loan.user, loan.month));
       }
       double& left = overrun_left[key];
@@ -365,7 +365,7 @@ void Engine::settle_loans(int64_t now_ms) {
       left -= loan.repaid_gpu_hours;
       loan.repaid_in = next_month_key(loan.month);
       loan.state = LoanState::kRepaid;
-      changes_.loans.insert(id);
+      state_.changes.loans.insert(id);
       log_team(now_ms, "quotad", "loan.repaid", loan.team,
                "loan " + std::to_string(id) + " of " + loan.user + ": " + fixed_text(loan.repaid_gpu_hours, 3) +
                    " of " + fixed_text(loan.gpu_hours) + " GPU-hours borrowed for " + loan.month +
@@ -377,7 +377,7 @@ void Engine::settle_loans(int64_t now_ms) {
 void Engine::check_ledger(std::vector<std::string>& errors) const {
   std::map<std::pair<std::string, std::string>, std::pair<int, double>> per_month;  // (user, month) -> count, sum
   std::map<std::pair<std::string, std::string>, double> per_quarter;
-  for (const auto& [id, loan] : loans_) {
+  for (const auto& [id, loan] : state_.loans) {
     const std::string name = "loan " + std::to_string(id);
     if (!(loan.gpu_hours > 0) || !std::isfinite(loan.gpu_hours)) errors.push_back(name + ": amount not > 0");
     if (loan.repaid_gpu_hours > loan.gpu_hours + kEps) errors.push_back(name + ": repaid more than borrowed");
@@ -398,7 +398,7 @@ void Engine::check_ledger(std::vector<std::string>& errors) const {
                        ", above credits.max_loan_gpu_hours_per_month");
     }
   }
-  for (const auto& [id, grant] : grants_) {
+  for (const auto& [id, grant] : state_.grants) {
     if (grant.granted_by == grant.user) errors.push_back("grant " + std::to_string(id) + ": granted to oneself");
     per_quarter[{grant.user, quarter_of(grant.month)}] += grant.gpu_hours;
   }
@@ -412,17 +412,17 @@ void Engine::check_ledger(std::vector<std::string>& errors) const {
 
 void Engine::restore_ledger(std::vector<Loan> loans, std::vector<CreditGrant> grants, int64_t next_loan_id,
                             int64_t next_grant_id) {
-  loans_.clear();
-  grants_.clear();
-  next_loan_ = std::max<int64_t>(1, next_loan_id);
-  next_grant_ = std::max<int64_t>(1, next_grant_id);
+  state_.loans.clear();
+  state_.grants.clear();
+  state_.next_loan = std::max<int64_t>(1, next_loan_id);
+  state_.next_grant = std::max<int64_t>(1, next_grant_id);
   for (auto& loan : loans) {
-    next_loan_ = std::max(next_loan_, loan.id + 1);
-    loans_[loan.id] = std::move(loan);
+    state_.next_loan = std::max(state_.next_loan, loan.id + 1);
+    state_.loans[loan.id] = std::move(loan);
   }
   for (auto& grant : grants) {
-    next_grant_ = std::max(next_grant_, grant.id + 1);
-    grants_[grant.id] = std::move(grant);
+    state_.next_grant = std::max(state_.next_grant, grant.id + 1);
+    state_.grants[grant.id] = std::move(grant);
   }
 }
 

@@ -274,8 +274,8 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
   // Persist, then apply: the engine is kept as it was until the change is durable. A read-only call copies
   // nothing; should it change state after all, the change is still written before the answer. A write copies
   // the engine's records, not its policy and audit log.
-  std::optional<Engine::Checkpoint> before;
-  if (writes && store_) before.emplace(engine_.checkpoint());
+  std::optional<EngineState> before;
+  if (writes && store_) before.emplace(engine_.snapshot());
   ApiResponse response = op();
   Changes changes = engine_.take_changes();
   if (!changes.empty() && store_) {
@@ -288,7 +288,7 @@ ApiResponse QuotaService::locked(const std::function<ApiResponse()>& op, bool wr
                               .time_since_epoch()
                               .count();
       if (before) {
-        engine_.roll_back(std::move(*before));
+        engine_.load(std::move(*before));
       } else {
         // cannot happen for the read-only calls (they change nothing); never answer success on lost state
         throw;

@@ -779,8 +779,8 @@ TEST(Engine, EveryTeamReachesItsBaseWhateverTheMixOfSharedAndWholeLeases) {
   }
 }
 
-// QuotaService undoes a change the store could not save with checkpoint() / roll_back(), not a copy of the Engine.
-TEST(Engine, RollBackUndoesTheChangesAndTheirAuditSinceTheCheckpoint) {
+// The service undoes a change the store could not save by loading the snapshot taken before it.
+TEST(Engine, LoadingASnapshotUndoesTheChangesAndTheirAuditSinceIt) {
   Engine e(testing::example_policy());
   const int64_t t = kOutsideWindow;
   const auto first = e.acquire(req("team-robotics", "erin"), t);
@@ -788,7 +788,7 @@ TEST(Engine, RollBackUndoesTheChangesAndTheirAuditSinceTheCheckpoint) {
   const auto waiting = e.acquire(req("team-robotics", "erin"), t);
   ASSERT_EQ(waiting.kind, Kind::kQueued);
   e.take_changes();  // stored, as the service does after every call
-  const Engine::Checkpoint checkpoint = e.checkpoint();
+  const EngineState snapshot = e.snapshot();
   const size_t audit_before = e.audit().size();
   const int64_t next_id = e.next_lease_id();
   // a release that lets the waiting request in, and a new request
@@ -797,7 +797,7 @@ TEST(Engine, RollBackUndoesTheChangesAndTheirAuditSinceTheCheckpoint) {
   ASSERT_EQ(e.find(waiting.lease_id)->state, LeaseState::kGranted);
   e.acquire(req("team-cv", "alice"), t + kMinute);
   ASSERT_GT(e.audit().size(), audit_before);
-  e.roll_back(checkpoint);
+  e.load(snapshot);
   EXPECT_EQ(e.find(first.lease_id)->state, LeaseState::kGranted);
   EXPECT_EQ(e.find(waiting.lease_id)->state, LeaseState::kQueued);
   EXPECT_EQ(e.queue_ids(), std::vector<int64_t>{waiting.lease_id});
@@ -809,6 +809,34 @@ TEST(Engine, RollBackUndoesTheChangesAndTheirAuditSinceTheCheckpoint) {
   // the numbering goes on from the checkpoint: no gap in the audit
   e.acquire(req("team-cv", "alice"), t + kMinute);
   EXPECT_EQ(e.audit().back().seq, e.audit()[audit_before - 1].seq + 1);
+}
+
+// A change undone is the state as it was, every record of it: also what prune() dropped from memory (the oldest
+// audit entries, ended leases and their idempotency keys), which a rollback by the audit's length kept dropped.
+TEST(Engine, AnUndoneChangeLeavesTheStateEqualToBefore) {
+  Engine e(testing::example_policy());
+  const int64_t t = kOutsideWindow;
+  LeaseRequest keyed = req("team-robotics", "erin");
+  keyed.idempotency_key = "key-1";
+  const auto ended = e.acquire(keyed, t);
+  ASSERT_TRUE(e.release(ended.lease_id, Outcome::kCompleted, t));
+  e.acquire(req("team-robotics", "erin"), t);
+  for (int i = 0; i < 10000; ++i) e.note(t, "quotad", "auth.failed", "attempt " + std::to_string(i));
+  e.take_changes();
+  const EngineState before = e.snapshot();
+  const nlohmann::json before_json = to_json(before, e.policy());
+  // a tick a day later: expiry, the queue, the month's ledger; then prune() drops the ended lease and old audit
+  e.tick(t + 24 * kHour);
+  e.prune(t + 24 * kHour, kHour);
+  e.acquire(req("team-cv", "alice"), t + 24 * kHour);
+  ASSERT_EQ(e.find(ended.lease_id), nullptr);
+  ASSERT_NE(to_json(e.state(), e.policy()), before_json);
+  e.load(before);
+  EXPECT_EQ(to_json(e.state(), e.policy()), before_json);
+  EXPECT_EQ(e.audit().front().seq, before.audit.front().seq);
+  ASSERT_NE(e.find(ended.lease_id), nullptr);
+  // the idempotency key of the pruned lease answers with that lease again
+  EXPECT_EQ(e.acquire(keyed, t + 24 * kHour).lease_id, ended.lease_id);
 }
 
 TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
