@@ -1,4 +1,4 @@
-// The ledger's API (issue 19): loan applications, contribution credits and a member's balance.
+// The ledger's API: loan applications, contribution credits and a member's balance.
 //   POST /v1/loans {amount_gpu_hours, justification}      a member applies for this month      201 the loan
 //                                                         (a repeated Idempotency-Key: 200, the same loan)
 //   GET  /v1/loans[?state=S]  GET /v1/loans/{id}           own (members), the team's (leads), all (admins)
@@ -74,8 +74,7 @@ bool is_month(const std::string& text) {
 
 }  // namespace
 
-ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& req,
-                                       const std::vector<std::string>& parts) {
+ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& req, const Parts& parts) {
   const bool get = req.method == "GET";
   // who sees a member's loans, grants and balance: the member, a lead of the member's team, an admin
   auto can_see = [&](const std::string& user, const std::string& team) {
@@ -88,7 +87,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     if (state != req.query.end()) parse_loan_state(state->second);  // 400 naming the accepted states
     return read_locked([&] {
       json items = json::array();
-      for (const auto& [id, loan] : engine_.loans()) {
+      for (const auto& [id, loan] : engine().loans()) {
         if (!can_see(loan.user, loan.team)) continue;
         if (state != req.query.end() && to_string(loan.state) != state->second) continue;
         items.push_back(to_json(loan));
@@ -113,8 +112,8 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
       try {
         ApiResponse response;
         bool replayed = false;
-        response.body =
-            to_json(engine_.apply_loan(caller.name, amount, justification, clock_(), req.idempotency_key, &replayed));
+        response.body = to_json(
+            engine().apply_loan(caller.name, amount, justification, host_.now(), req.idempotency_key, &replayed));
         response.body["replayed"] = replayed;
         response.status = replayed ? 200 : 201;
         return response;
@@ -128,7 +127,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     if (!parse_positive_id(parts[2], id)) return error_response(404, "unknown loan '" + parts[2] + "'");
     if (parts.size() == 3) {
       return read_locked([&] {
-        const Loan* loan = engine_.find_loan(id);
+        const Loan* loan = engine().find_loan(id);
         if (loan == nullptr) return error_response(404, "unknown loan " + std::to_string(id));
         if (!can_see(loan->user, loan->team)) {
           return error_response(403,
@@ -145,7 +144,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     return locked([&] {
       try {
         ApiResponse response;
-        response.body = to_json(engine_.decide_loan(id, parts[3] == "approve", caller.name, note, clock_()));
+        response.body = to_json(engine().decide_loan(id, parts[3] == "approve", caller.name, note, host_.now()));
         return response;
       } catch (const LedgerError& refused) {
         return refusal(refused);
@@ -155,7 +154,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
   if (parts[1] == "credits" && get) {
     return read_locked([&] {
       json items = json::array();
-      for (const auto& [id, grant] : engine_.grants()) {
+      for (const auto& [id, grant] : engine().grants()) {
         if (can_see(grant.user, grant.team)) items.push_back(to_json(grant));
       }
       ApiResponse response;
@@ -174,7 +173,7 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
       try {
         ApiResponse response;
         response.status = 201;
-        response.body = to_json(engine_.grant_credits(user, amount, reason, caller.name, clock_()));
+        response.body = to_json(engine().grant_credits(user, amount, reason, caller.name, host_.now()));
         return response;
       } catch (const LedgerError& refused) {
         return refusal(refused);
@@ -194,15 +193,15 @@ ApiResponse QuotaService::ledger_route(const Caller& caller, const ApiRequest& r
     return error_response(403, "user: " + caller.name + " may not see the balance of " + user);
   }
   return read_locked([&] {
-    const int64_t now = clock_();
+    const int64_t now = host_.now();
     const std::string month = month_it == req.query.end() ? month_key(now) : month_it->second;
-    const MonthCredit credit = engine_.month_credit_of(user, month);
-    const double used = engine_.used_gpu_hours(user, month, now);
+    const MonthCredit credit = engine().month_credit_of(user, month);
+    const double used = engine().used_gpu_hours(user, month, now);
     json loans = json::array(), grants = json::array();
-    for (const auto& [id, loan] : engine_.loans()) {
+    for (const auto& [id, loan] : engine().loans()) {
       if (loan.user == user && loan.month == month) loans.push_back(to_json(loan));
     }
-    for (const auto& [id, grant] : engine_.grants()) {
+    for (const auto& [id, grant] : engine().grants()) {
       if (grant.user == user && grant.month == month) grants.push_back(to_json(grant));
     }
     ApiResponse response;

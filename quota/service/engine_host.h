@@ -1,0 +1,135 @@
+#pragma once
+// The engine host: the Engine with its store, its transactions (a change is written before it is answered, and
+// undone when it cannot be), and the clock follower (steps of the wall clock, quotad's own outages).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "quota/core/api.h"
+#include "quota/core/engine.h"
+#include "quota/core/usage.h"
+#include "quota/service/heartbeat_board.h"
+#include "quota/store/store.h"
+
+namespace yolo8::quota {
+
+struct ServiceOptions {
+  std::string db_path;             // empty: state in memory only
+  bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
+  bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
+  std::function<int64_t()> clock;  // UTC ms; the system clock when empty
+  // Milliseconds of a clock that never steps: expiry, billing and quotad's own outages go by its differences;
+  // wall time stays what is shown and stored. When empty: steady_clock with the system clock, `clock` itself when
+  // that is set (a scripted time has no steps to follow).
+  std::function<int64_t()> monotonic_clock;
+  // The wall clock moving by more than this against the monotonic one between two checks is a step (NTP, a
+  // hand-set date), not drift: the engine's lease clocks move with it (Engine::clock_stepped), audited and logged.
+  int64_t clock_step_after_ms = 30000;
+  int64_t keep_ended_ms = 24 * 3600 * 1000LL;  // ended leases kept in memory for GET
+  bool write_each_heartbeat = false;           // commit every heartbeat sample at once instead of batching (benchmarks)
+  // How long a state change waits for the SQLite write lock (another process holding it) before it is answered
+  // 503 with Retry-After, its effects undone; after such a failure, state changes are answered 503 at once for
+  // store_backoff_ms rather than each waiting in turn. Local mode waits longer: the other holders are
+  // trainers on the same workstation.
+  int store_busy_timeout_ms = 30000;
+  int store_backoff_ms = 1000;
+  // A gap longer than this between two ticks is quotad's own outage (stalled, stopped): lease clocks are
+  // extended by it (Engine::credit_outage). 0 = off; the server ticks every second and sets 3000.
+  int64_t outage_after_ms = 0;
+  size_t max_pending_heartbeats = 200000;  // samples buffered while the store is unavailable (oldest dropped)
+};
+
+// How this process's engine relates to the store.
+enum class EngineMode {
+  kMemory,  // no store: the state lives and dies with the process
+  kSingle,  // this process owns the store: the state is loaded once, kept in memory and every change written
+  kLocal,   // processes share the store (local mode): each call locks it, reloads the whole state, writes, commits
+  // A replica adds its modes here: a leader is kSingle that also ships its changes; a follower refuses changes
+  // (503 naming the leader) and takes over with load_whole_state().
+};
+const char* to_string(EngineMode mode);
+
+// The store could not take a write in time (another process holds its lock, a slow disk): nothing changed.
+class Unavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class EngineHost {
+ public:
+  // `store` null: state in memory only. Loads the stored state (kSingle), checked, with the heartbeats' history.
+  EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<Store> store, HeartbeatBoard& board);
+
+  EngineMode mode() const { return mode_; }
+  bool has_store() const { return store_ != nullptr; }
+  int64_t now() const { return clock_(); }
+  int64_t monotonic_now() const { return monotonic_(); }
+
+  // Runs `op` under the engine lock, the heartbeats answered from the board merged first. When it changed state,
+  // the change is written before the answer leaves; a failed write loads the state from before (Unavailable, to
+  // be answered 503). `writes` false: a read (it copies nothing; should it change state, the change is still
+  // written). In kLocal the whole call is one store transaction over a freshly loaded state.
+  ApiResponse run(const std::function<ApiResponse()>& op, bool writes);
+  // The engine and the tracker, for `op` of run() only.
+  Engine& engine() { return engine_; }
+  UtilTracker& tracker() { return tracker_; }
+
+  // The periodic tick: failed authentications audited, an outage credited, expiry, deadlines, the queue, pruning.
+  void tick(const std::map<std::string, int>& auth_attempts);
+  // Writes the heartbeat samples the board buffered, in one transaction; kept for the next round on failure.
+  void flush_heartbeats();
+  // The audit log from the store (complete: every change is written before it is answered), else from memory.
+  std::vector<AuditEntry> audit(int64_t after, size_t limit, const std::string& team);
+  // Copies of the engine and the tracker (brought up to date) and the audit chain's head, for read-only pages.
+  void copy_for_view(std::optional<Engine>& engine, std::optional<UtilTracker>& tracker, std::string& audit_head);
+
+  uint64_t preemptions() const { return preemptions_total_.load(); }
+  uint64_t emergency_grants() const { return emergency_total_.load(); }
+  uint64_t storage_write_errors() const { return storage_write_errors_.load(); }
+
+ private:
+  // The whole state from the store in place of the engine's: at a start (`restart`: audit entries and ended
+  // leases kept for GET, running leases' heartbeat clocks started afresh) or, in kLocal, before every call.
+  void load_whole_state(int64_t now_ms, bool restart);
+  // At a start: what the load found audited and stored, the waste list replayed, a clock set back followed.
+  void start_from_store();
+  ApiResponse run_local(const std::function<ApiResponse()>& op);
+  // Compares the wall clock with the monotonic clock since the last check; a step moves the engine's clocks.
+  void follow_clock_locked();
+  // The same for kLocal, whose processes share the store: the reference is kept in it (meta).
+  void follow_shared_clock_locked(int64_t now_ms);
+  // The reports answered from the board since the last merge, into the engine and the tracker.
+  void merge_reports_locked();
+  void count_committed(const Changes& changes);
+  void note_write_failed();
+
+  const ServiceOptions options_;
+  const EngineMode mode_;
+  HeartbeatBoard& board_;
+  std::function<int64_t()> clock_;
+  std::function<int64_t()> monotonic_;
+  std::string local_clock_id_;  // which monotonic clock kLocal's stored offset refers to (set once)
+  // Guards engine_, tracker_ and clock_offset_ms_; held across a state change's store write, so nothing that
+  // answers heartbeats may wait for it.
+  std::mutex mutex_;
+  Engine engine_;
+  UtilTracker tracker_;
+  int64_t clock_offset_ms_ = 0;  // wall minus monotonic at the last check
+  // Guards the store's connection, which heartbeat flushes and audit reads use outside the engine lock; taken
+  // after mutex_ when both are held.
+  std::mutex store_mutex_;
+  std::unique_ptr<Store> store_;
+  std::atomic<int64_t> last_tick_ms_{0};                             // monotonic: the last saved tick
+  std::atomic<std::chrono::steady_clock::rep> store_down_until_{0};  // steady clock: changes fail fast until then
+  std::atomic<uint64_t> preemptions_total_{0};
+  std::atomic<uint64_t> emergency_total_{0};
+  std::atomic<uint64_t> storage_write_errors_{0};
+};
+
+}  // namespace yolo8::quota

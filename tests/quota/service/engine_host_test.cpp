@@ -1,0 +1,134 @@
+#include "quota/service/engine_host.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "quota/core/codec.h"
+#include "tests/quota/quota_test_util.h"
+#include "tests/quota/write_lock_holder.h"
+
+namespace yolo8::quota {
+namespace {
+
+using testing::kHour;
+using testing::kMonday;
+
+LeaseRequest request(const std::string& team, const std::string& user) {
+  LeaseRequest r;
+  r.team = team;
+  r.user = user;
+  r.job = "job";
+  r.model = "yolov8s";
+  r.gpus = 1;
+  return r;
+}
+
+ServiceOptions options_for(const std::string& db, int64_t now_ms) {
+  ServiceOptions options;
+  options.db_path = db;
+  options.clock = [now_ms] { return now_ms; };
+  options.store_busy_timeout_ms = 50;
+  options.store_backoff_ms = 0;
+  return options;
+}
+
+TEST(EngineHost, TheModeFollowsTheOptions) {
+  const int64_t now = kMonday + 9 * kHour;
+  HeartbeatBoard board(100);
+  EXPECT_EQ(EngineHost(testing::example_policy(), options_for("", now), nullptr, board).mode(), EngineMode::kMemory);
+  const std::string db = testing::temp_db("host_mode");
+  ServiceOptions options = options_for(db, now);
+  EXPECT_EQ(EngineHost(testing::example_policy(), options, std::make_unique<Store>(db), board).mode(),
+            EngineMode::kSingle);
+  options.reload_per_call = true;
+  EXPECT_EQ(EngineHost(testing::example_policy(), options, std::make_unique<Store>(db), board).mode(),
+            EngineMode::kLocal);
+}
+
+// A change the store did not take leaves the engine's state the value it was before, every record of it: the
+// leases, the queue, the ids, the audit, the changes still to store.
+TEST(EngineHost, AChangeTheStoreDidNotTakeLeavesTheStateEqualToBefore) {
+  const int64_t now = kMonday + 9 * kHour;
+  const std::string db = testing::temp_db("host_rollback");
+  const ServiceOptions options = options_for(db, now);
+  HeartbeatBoard board(100);
+  EngineHost host(testing::example_policy(), options, std::make_unique<Store>(db, false, 50), board);
+  int64_t granted = 0;
+  host.run(
+      [&] {
+        granted = host.engine().acquire(request("team-cv", "alice"), now).lease_id;
+        return ApiResponse{};
+      },
+      true);
+  nlohmann::json before;
+  host.run(
+      [&] {
+        before = to_json(host.engine().state(), host.engine().policy());
+        return ApiResponse{};
+      },
+      false);
+  {
+    yolo8::test::WriteLockHolder other_process(db);
+    EXPECT_THROW(host.run(
+                     [&] {
+                       host.engine().release(granted, Outcome::kCompleted, now);
+                       host.engine().acquire(request("team-robotics", "erin"), now);
+                       host.engine().tick(now + kHour);
+                       return ApiResponse{};
+                     },
+                     true),
+                 Unavailable);
+  }
+  EXPECT_EQ(host.storage_write_errors(), 1u);
+  host.run(
+      [&] {
+        EXPECT_EQ(to_json(host.engine().state(), host.engine().policy()), before);
+        return ApiResponse{};
+      },
+      false);
+  // the store released, the same change goes through
+  host.run(
+      [&] {
+        EXPECT_TRUE(host.engine().release(granted, Outcome::kCompleted, now));
+        return ApiResponse{};
+      },
+      true);
+  EngineHost restarted(testing::example_policy(), options, std::make_unique<Store>(db), board);
+  restarted.run(
+      [&] {
+        EXPECT_EQ(restarted.engine().find(granted)->state, LeaseState::kReleased);
+        return ApiResponse{};
+      },
+      false);
+}
+
+// Heartbeats answered from the board reach the engine with the next call, in the engine's frame.
+TEST(EngineHost, TheBoardsReportsReachTheEngineWithTheNextCall) {
+  const int64_t now = kMonday + 9 * kHour;
+  HeartbeatBoard board(100);
+  EngineHost host(testing::example_policy(), options_for("", now), nullptr, board);
+  int64_t id = 0;
+  host.run(
+      [&] {
+        id = host.engine().acquire(request("team-cv", "alice"), now).lease_id;
+        return ApiResponse{};
+      },
+      true);
+  HeartbeatResult result;
+  const Caller alice{"alice", "team-cv", Role::kMember};
+  // received 5 s later on the monotonic clock, which is the wall clock here
+  ASSERT_EQ(board.beat(alice, id, Telemetry{}, now, now + 5000, false, result), HeartbeatBoard::Answer::kAnswered);
+  EXPECT_EQ(result.state, LeaseState::kGranted);  // published after the committed change
+  host.run(
+      [&] {
+        EXPECT_EQ(host.engine().find(id)->last_seen_ms, now + 5000);
+        return ApiResponse{};
+      },
+      false);
+  EXPECT_TRUE(board.take_reports().empty());
+}
+
+}  // namespace
+}  // namespace yolo8::quota
