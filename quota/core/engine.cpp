@@ -142,6 +142,37 @@ bool Lease::holds_gpus(int64_t now_ms) const {
   return state == LeaseState::kExpired && !devices.empty() && now_ms < free_at_ms;
 }
 
+AuditLog::AuditLog(std::vector<AuditEntry> entries) {
+  for (AuditEntry& entry : entries) push_back(std::move(entry));
+}
+
+void AuditLog::push_back(AuditEntry entry) {
+  tail_.push_back(std::move(entry));
+  ++size_;
+  if (tail_.size() < kBlock) return;
+  blocks_.push_back(std::make_shared<const std::vector<AuditEntry>>(std::move(tail_)));
+  tail_ = {};
+}
+
+void AuditLog::keep_last(size_t count) {
+  if (size_ <= count) return;
+  skip_ += size_ - count;
+  size_ = count;
+  size_t whole = std::min(skip_ / kBlock, blocks_.size());
+  blocks_.erase(blocks_.begin(), blocks_.begin() + static_cast<long>(whole));
+  skip_ -= whole * kBlock;
+  if (blocks_.empty() && skip_ > 0) {
+    tail_.erase(tail_.begin(), tail_.begin() + static_cast<long>(skip_));
+    skip_ = 0;
+  }
+}
+
+const AuditEntry& AuditLog::operator[](size_t index) const {
+  const size_t at = index + skip_;
+  const size_t in_blocks = blocks_.size() * kBlock;
+  return at < in_blocks ? (*blocks_[at / kBlock])[at % kBlock] : tail_[at - in_blocks];
+}
+
 Engine::Engine(Policy policy) : policy_(std::move(policy)), inventory_(policy_) { policy_.validate(); }
 
 void Engine::replace_policy(Policy policy) {
@@ -1043,7 +1074,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
     state_.next_approval = std::max(state_.next_approval, approval.id + 1);
     state_.approvals[approval.id] = std::move(approval);
   }
-  state_.audit = std::move(audit);
+  state_.audit = AuditLog(std::move(audit));
   state_.usage = std::move(usage);
   state_.next_audit_seq = std::max<int64_t>(next_audit_seq, state_.audit.empty() ? 1 : state_.audit.back().seq + 1);
   state_.changes = Changes{};
@@ -1177,8 +1208,7 @@ void Engine::prune(int64_t now_ms, int64_t keep_ms) {
     }
   }
   constexpr size_t kAuditInMemory = 10000;
-  if (state_.audit.size() > kAuditInMemory)
-    state_.audit.erase(state_.audit.begin(), state_.audit.end() - static_cast<long>(kAuditInMemory));
+  state_.audit.keep_last(kAuditInMemory);
 }
 
 }  // namespace yolo8::quota

@@ -3,7 +3,9 @@
 // requests, applies the scheduler's decisions (scheduler.h), audits and records what changed for the store.
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -40,6 +42,57 @@ struct AuditEntry {
   int64_t lease_id = 0;
   std::string team;
   std::string detail;
+};
+
+// The in-memory tail of the audit log: appended to, its oldest entries dropped (prune). Full blocks of entries are
+// shared between copies, so that a snapshot of the engine's state does not copy ten thousand entries.
+class AuditLog {
+ public:
+  class const_iterator {
+   public:
+    using iterator_category = std::bidirectional_iterator_tag;
+    using value_type = AuditEntry;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const AuditEntry*;
+    using reference = const AuditEntry&;
+    const_iterator() = default;
+    const_iterator(const AuditLog* log, size_t index) : log_(log), index_(index) {}
+    reference operator*() const { return (*log_)[index_]; }
+    pointer operator->() const { return &(*log_)[index_]; }
+    const_iterator& operator++() { return ++index_, *this; }
+    const_iterator operator++(int) { return {log_, index_++}; }
+    const_iterator& operator--() { return --index_, *this; }
+    const_iterator operator--(int) { return {log_, index_--}; }
+    bool operator==(const const_iterator& other) const { return index_ == other.index_ && log_ == other.log_; }
+    bool operator!=(const const_iterator& other) const { return !(*this == other); }
+
+   private:
+    const AuditLog* log_ = nullptr;
+    size_t index_ = 0;
+  };
+  using const_reverse_iterator = std::reverse_iterator<const_iterator>;
+
+  AuditLog() = default;
+  explicit AuditLog(std::vector<AuditEntry> entries);
+  void push_back(AuditEntry entry);
+  // Keeps the newest `count` entries.
+  void keep_last(size_t count);
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const AuditEntry& operator[](size_t index) const;
+  const AuditEntry& front() const { return (*this)[0]; }
+  const AuditEntry& back() const { return (*this)[size_ - 1]; }
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size_}; }
+  const_reverse_iterator rbegin() const { return const_reverse_iterator(end()); }
+  const_reverse_iterator rend() const { return const_reverse_iterator(begin()); }
+
+ private:
+  static constexpr size_t kBlock = 256;
+  std::vector<std::shared_ptr<const std::vector<AuditEntry>>> blocks_;  // full, never changed once shared
+  std::vector<AuditEntry> tail_;                                        // the newest entries, fewer than kBlock
+  size_t skip_ = 0;  // entries at the front of the first block (or the tail) no longer in the log
+  size_t size_ = 0;
 };
 
 struct AcquireResult {
@@ -108,7 +161,7 @@ struct Changes {
 struct EngineState {
   std::map<int64_t, Lease> leases;
   std::map<int64_t, Approval> approvals;
-  std::vector<AuditEntry> audit;  // the latest entries only (prune); the store keeps them all
+  AuditLog audit;  // the latest entries only (prune); the store keeps them all
   std::map<std::pair<std::string, std::string>, double> usage;         // (user, month) -> GPU-hours
   std::map<std::pair<std::string, std::string>, int64_t> idempotency;  // (user, key) -> lease
   std::map<int64_t, Loan> loans;
@@ -172,7 +225,7 @@ class Engine {
   const Approval* find_approval(int64_t approval_id) const;
   const std::map<int64_t, Lease>& leases() const { return state_.leases; }
   const std::map<int64_t, Approval>& approvals() const { return state_.approvals; }
-  const std::vector<AuditEntry>& audit() const { return state_.audit; }
+  const AuditLog& audit() const { return state_.audit; }
   std::vector<TeamStatus> teams(int64_t now_ms) const;
   int queue_position(int64_t lease_id) const;
   double team_units(const std::string& team, int64_t now_ms) const;

@@ -839,6 +839,37 @@ TEST(Engine, AnUndoneChangeLeavesTheStateEqualToBefore) {
   EXPECT_EQ(e.acquire(keyed, t + 24 * kHour).lease_id, ended.lease_id);
 }
 
+// The audit tail in memory: appended, its oldest dropped, copies independent of each other.
+TEST(AuditLog, KeepsTheNewestEntriesInOrderAndCopiesStayAsTaken) {
+  AuditLog log;
+  auto entry = [](int64_t seq) {
+    AuditEntry e;
+    e.seq = seq;
+    return e;
+  };
+  for (int64_t seq = 1; seq <= 1000; ++seq) log.push_back(entry(seq));
+  const AuditLog copy = log;
+  log.keep_last(300);
+  for (int64_t seq = 1001; seq <= 1100; ++seq) log.push_back(entry(seq));
+  ASSERT_EQ(log.size(), 400u);
+  int64_t expected = 701;
+  for (const AuditEntry& e : log) EXPECT_EQ(e.seq, expected++);
+  EXPECT_EQ(log.front().seq, 701);
+  EXPECT_EQ(log.back().seq, 1100);
+  EXPECT_EQ(log.rbegin()->seq, 1100);
+  EXPECT_EQ(log[299].seq, 1000);
+  ASSERT_EQ(copy.size(), 1000u);
+  EXPECT_EQ(copy.front().seq, 1);
+  EXPECT_EQ(copy.back().seq, 1000);
+  EXPECT_EQ(std::distance(copy.begin(), copy.end()), 1000);
+  log.keep_last(5);
+  EXPECT_EQ(log.front().seq, 1096);
+  log.keep_last(0);
+  EXPECT_TRUE(log.empty());
+  log.push_back(entry(7));
+  EXPECT_EQ(log.front().seq, 7);
+}
+
 TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
   Engine e(testing::example_policy());
   auto c = req("team-interns", "ivan");
