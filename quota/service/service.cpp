@@ -442,7 +442,7 @@ ApiResponse QuotaService::teams(const Caller&) {
   });
 }
 
-// The queue in order with each request's reason and fair-share standing (issue 19); the same names and figures
+// The queue in order with each request's reason and fair-share standing; the same names and figures
 // the status page shows, so any authenticated caller may read it (never justifications).
 ApiResponse QuotaService::queue(const Caller&) {
   return read_locked([&] {

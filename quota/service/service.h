@@ -33,7 +33,7 @@ struct ServiceCounters {
   uint64_t emergency_grants = 0;
   uint64_t storage_write_errors = 0;  // failed SQLite writes (state changes or heartbeat batches)
   std::map<int, uint64_t> responses;  // by HTTP status
-  std::string audit_chain_head;       // "<seq> <link>" of the audit log's hash chain (issue 30); "" without a store
+  std::string audit_chain_head;       // "<seq> <link>" of the audit log's hash chain; "" without a store
 };
 
 // A consistent view of the service's state for read-only pages.
