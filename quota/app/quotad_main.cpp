@@ -157,7 +157,7 @@ class Upkeep {
 
 int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
           const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep,
-          int max_connections_per_address, int max_connections, int watch_every_s) {
+          int max_connections_per_address, int max_connections, int watch_every_s, bool init) {
   const char* tokens_env = std::getenv("QUOTAD_TOKENS_FILE");
   const std::string tokens_path = tokens_env != nullptr ? tokens_env : "";
   Policy policy = load_policy(policy_path, tokens_path);
@@ -171,6 +171,8 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   }
   // Before the database is opened: a second quotad on it would expire the first one's leases under it.
   const WriterLock writer(db);
+  // never an empty database in place of one whose backups lie beside it, unless asked for
+  prepare_database(db, init, system_now_ms());
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;
@@ -290,7 +292,11 @@ int main(int argc, char** argv) {
   int threads = 64;
   auto* serve_cmd = app.add_subcommand("serve", "run the service");
   serve_cmd->add_option("--policy", policy_path, "policy YAML")->capture_default_str();
-  serve_cmd->add_option("--db", db, "SQLite database (created if missing)")->capture_default_str();
+  serve_cmd->add_option("--db", db, "SQLite database (created if missing, unless backups of one lie beside it)")
+      ->capture_default_str();
+  bool init_db = false;
+  serve_cmd->add_flag("--init", init_db,
+                      "create a missing --db even where backups of one lie beside it (its ids start above theirs)");
   serve_cmd->add_option("--listen", listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
   serve_cmd->add_flag("--sync-full", full_sync, "fsync every commit (survives power loss; slower)");
   serve_cmd->add_option("--threads", threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
@@ -475,7 +481,7 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) {
       return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep,
-                   max_connections_per_address, max_connections, watch_every_s);
+                   max_connections_per_address, max_connections, watch_every_s, init_db);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {
@@ -664,15 +670,26 @@ int main(int argc, char** argv) {
     }
     if (*repair_cmd) {
       const RepairReport report = repair_database(repair_db, system_now_ms());
-      std::printf("quotad repair-db: copy kept as %s\n", report.backup.c_str());
+      if (report.backup.empty()) {
+        std::printf("quotad repair-db: %s was missing\n", repair_db.c_str());
+      } else {
+        std::printf("quotad repair-db: copy kept as %s\n", report.backup.c_str());
+      }
       if (!report.restored_from.empty()) std::printf("  restored from the backup %s\n", report.restored_from.c_str());
       for (const auto& line : report.salvaged) std::printf("  read from the damaged file: %s\n", line.c_str());
       for (const auto& row : report.quarantined) std::printf("  set aside in table quarantine: %s\n", row.c_str());
       for (int64_t seq : report.audit_gaps) {
         std::printf("  audit entry %lld was missing: recorded as audit.gap\n", static_cast<long long>(seq));
       }
+      if (report.id_epoch > 0) {
+        std::printf(
+            "  ids continue at %lld (a new epoch: none handed out before the restore is reused); %s "
+            "recorded as lost in one audit.gap entry\n",
+            static_cast<long long>(report.id_epoch), report.lost_entries.c_str());
+      }
+      for (const auto& line : report.unrecorded) std::printf("  lost: %s\n", line.c_str());
       if (report.quarantined.empty() && report.audit_gaps.empty() && report.restored_from.empty() &&
-          report.salvaged.empty()) {
+          report.salvaged.empty() && report.unrecorded.empty()) {
         std::printf("  nothing to repair\n");
       }
       return 0;
@@ -692,6 +709,7 @@ int main(int argc, char** argv) {
         std::printf("; head: entry %lld sha256 %s", static_cast<long long>(check.head_seq), check.head.c_str());
       }
       std::printf("\n");
+      for (const std::string& gap : check.recorded_gaps) std::printf("  recorded gap: %s\n", gap.c_str());
       return 0;
     }
     json reply;

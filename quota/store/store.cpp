@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "quota/core/calendar.h"
 #include "quota/core/codec.h"
 #include "quota/core/sha256.h"
 
@@ -183,6 +184,22 @@ std::string text(sqlite3_stmt* statement, int column) {
 
 void bind_text(sqlite3_stmt* statement, int index, const std::string& value) {
   sqlite3_bind_text(statement, index, value.c_str(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+}
+
+// The audit entries a restore's `audit.gap` entry declares lost ("entries 43 to 1999999999 lost: ..."); false for
+// every other entry (a gap of one entry recorded by repair-db says "this entry was lost ...").
+bool declared_gap(const std::string& action, const std::string& detail, int64_t& from, int64_t& to) {
+  long long first = 0;
+  long long last = 0;
+  int consumed = 0;
+  if (action != "audit.gap" ||
+      std::sscanf(detail.c_str(), "entries %lld to %lld lost%n", &first, &last, &consumed) != 2 || consumed == 0 ||
+      first < 1 || last < first) {
+    return false;
+  }
+  from = first;
+  to = last;
+  return true;
 }
 
 // Decodes the JSON body of row `id` of `table`; a malformed body or an unknown state/outcome text is a
@@ -491,8 +508,10 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
   {
     Statement statement(
         prepare("SELECT MAX(COALESCE((SELECT MAX(id) FROM loans), 0), COALESCE((SELECT MAX(row_id) FROM quarantine "
-                "WHERE source = 'loans'), 0)) + 1, MAX(COALESCE((SELECT MAX(id) FROM grants), 0), "
-                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'grants'), 0)) + 1"));
+                "WHERE source = 'loans'), 0), COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = "
+                "'next_loan_id'), 1) - 1) + 1, MAX(COALESCE((SELECT MAX(id) FROM grants), 0), "
+                "COALESCE((SELECT MAX(row_id) FROM quarantine WHERE source = 'grants'), 0), COALESCE((SELECT "
+                "CAST(value AS INTEGER) FROM meta WHERE key = 'next_grant_id'), 1) - 1) + 1"));
     if (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.next_loan_id = sqlite3_column_int64(statement.get(), 0);
       snapshot.next_grant_id = sqlite3_column_int64(statement.get(), 1);
@@ -505,10 +524,20 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
     }
   }
   {
+    // the entries a restore declared lost hold no rows
+    int64_t declared_lost = 0;
+    {
+      Statement gaps(prepare("SELECT detail FROM audit WHERE action = 'audit.gap' AND detail LIKE 'entries %'"));
+      while (sqlite3_step(gaps.get()) == SQLITE_ROW) {
+        int64_t from = 0;
+        int64_t to = 0;
+        if (declared_gap("audit.gap", text(gaps.get(), 0), from, to)) declared_lost += to - from + 1;
+      }
+    }
     Statement statement(prepare("SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM audit"));
     if (sqlite3_step(statement.get()) == SQLITE_ROW) {
       snapshot.next_audit_seq = sqlite3_column_int64(statement.get(), 0) + 1;
-      if (sqlite3_column_int64(statement.get(), 1) != snapshot.next_audit_seq - 1) {
+      if (sqlite3_column_int64(statement.get(), 1) + declared_lost != snapshot.next_audit_seq - 1) {
         // every acknowledged change has its entry: a hole means entries were lost, which must not go unnoticed
         Statement first_gap(
             prepare("SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM audit WHERE seq = 1) THEN 1 ELSE "
@@ -880,6 +909,40 @@ bool passes_quick_check(const std::string& path) {
   }
 }
 
+// The highest id of any kind a quotad database holds or has handed out: leases (rows, audit entries, heartbeats,
+// quarantine, the counters in meta), approvals, loans, grants and audit sequence numbers. Tables a file of an older
+// layout lacks, or a damaged file cannot yield, count as empty.
+int64_t highest_id(sqlite3* db) {
+  int64_t highest = 0;
+  for (const char* sql :
+       {"SELECT MAX(id) FROM leases", "SELECT MAX(id) FROM approvals", "SELECT MAX(id) FROM loans",
+        "SELECT MAX(id) FROM grants", "SELECT MAX(seq) FROM audit", "SELECT MAX(lease_id) FROM audit",
+        "SELECT MAX(lease_id) FROM heartbeats", "SELECT MAX(row_id) FROM quarantine",
+        "SELECT MAX(CAST(value AS INTEGER)) - 1 FROM meta WHERE key IN ('next_lease_id', 'next_approval_id', "
+        "'next_loan_id', 'next_grant_id')",
+        "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'audit_head'"}) {
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &raw, nullptr) != SQLITE_OK) {
+      sqlite3_finalize(raw);
+      continue;
+    }
+    Statement statement(raw);
+    if (sqlite3_step(statement.get()) == SQLITE_ROW)
+      highest = std::max<int64_t>(highest, sqlite3_column_int64(statement.get(), 0));
+  }
+  return highest;
+}
+
+// highest_id() of the file at `path`, read-only; 0 when it cannot be opened.
+int64_t highest_id_of(const std::string& path) {
+  try {
+    Connection db = open_connection(path, SQLITE_OPEN_READONLY);
+    return highest_id(db.get());
+  } catch (const StoreError&) {
+    return 0;
+  }
+}
+
 void remove_database_files(const std::string& path) {
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
 }
@@ -1011,15 +1074,27 @@ std::vector<std::string> good_backups(const std::string& path) {
   return good;
 }
 
-int64_t newest_backup_ms(const std::string& path) {
+namespace {
+
+// When the backup `backup` of `path` was taken (UTC ms, from its name); -1 when the name holds no time.
+int64_t backup_taken_ms(const std::string& path, const std::string& backup) {
   const std::string prefix = std::filesystem::path(path).filename().string() + ".backup-";
+  const std::string name = std::filesystem::path(backup).filename().string();
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const std::string stamp = name.substr(prefix.size());
+  std::tm tm{};
+  int millis = 0;
+  if (stamp.size() < 15 || strptime(stamp.c_str(), "%Y%m%dT%H%M%S", &tm) == nullptr) return -1;
+  if (stamp.size() >= 19 && stamp[15] == '.') millis = std::atoi(stamp.substr(16, 3).c_str());
+  return static_cast<int64_t>(timegm(&tm)) * 1000 + millis;
+}
+
+}  // namespace
+
+int64_t newest_backup_ms(const std::string& path) {
   for (const std::string& backup : backups_of(path)) {  // newest first
-    const std::string stamp = std::filesystem::path(backup).filename().string().substr(prefix.size());
-    std::tm tm{};
-    int millis = 0;
-    if (stamp.size() < 15 || strptime(stamp.c_str(), "%Y%m%dT%H%M%S", &tm) == nullptr) continue;
-    if (stamp.size() >= 19 && stamp[15] == '.') millis = std::atoi(stamp.substr(16, 3).c_str());
-    return static_cast<int64_t>(timegm(&tm)) * 1000 + millis;
+    const int64_t taken_ms = backup_taken_ms(path, backup);
+    if (taken_ms >= 0) return taken_ms;
   }
   return -1;
 }
@@ -1072,52 +1147,87 @@ PeriodicBackup::~PeriodicBackup() {
   if (state_->thread.joinable()) state_->thread.join();
 }
 
+int64_t next_id_epoch(int64_t highest_known) {
+  return (std::max<int64_t>(highest_known, 0) + 2 * kIdEpochSpan - 1) / kIdEpochSpan * kIdEpochSpan;
+}
+
 RepairReport repair_database(const std::string& path, int64_t now_ms) {
-  if (!std::filesystem::exists(path)) throw StoreError(path + ": no such database");
   RepairReport report;
-  report.backup = path + ".bak-" + std::to_string(now_ms);
-  // a plain copy of the file and its WAL (quotad is stopped), before anything is changed
-  for (const char* suffix : {"", "-wal"}) {
-    if (!std::filesystem::exists(path + suffix)) continue;
-    std::filesystem::copy_file(path + suffix, report.backup + suffix);
-  }
   const std::vector<std::string> backups = good_backups(path);
-  if (!is_quotad_database(path)) {
-    // an empty file (the shell's `.recover` on Debian's sqlite3 3.40 writes one) or someone else's: never start over
+  // what the file being replaced still tells about the ids it handed out (more than its backup may know)
+  int64_t highest_before = 0;
+  std::string cause;
+  if (!std::filesystem::exists(path)) {
     if (backups.empty()) {
-      throw StoreError(path + ": empty or not a quotad database, and no good backup (" + path +
-                       ".backup-*) to restore it from: refusing to repair it into a fresh database (every lease, "
-                       "audit entry and ledger row would be gone); the untouched file is kept as " +
-                       report.backup);
+      throw StoreError(path + ": no such database, and no good backup (" + path + ".backup-*) beside it to restore");
     }
-    remove_database_files(path);
     std::filesystem::copy_file(backups.front(), path);
     report.restored_from = backups.front();
-  } else if (!passes_quick_check(path)) {
-    const std::string rebuilt = path + ".rebuilt-" + std::to_string(now_ms);
-    remove_database_files(rebuilt);
-    if (!backups.empty()) {
-      std::filesystem::copy_file(backups.front(), rebuilt);
-      report.restored_from = backups.front();
+    cause = "the database was missing";
+  } else {
+    report.backup = path + ".bak-" + std::to_string(now_ms);
+    // a plain copy of the file and its WAL (quotad is stopped), before anything is changed
+    for (const char* suffix : {"", "-wal"}) {
+      if (!std::filesystem::exists(path + suffix)) continue;
+      std::filesystem::copy_file(path + suffix, report.backup + suffix);
     }
-    // the current schema (a backup of an older quotad gains its new columns); the steps are not audited here, as
-    // the audit rows salvaged next keep their sequence numbers and an entry of this scratch file would take one
-    { Store schema(rebuilt, false, 30000, false); }
-    {
-      Connection from = open_connection(path, SQLITE_OPEN_READWRITE);
-      Connection into = open_connection(rebuilt, SQLITE_OPEN_READWRITE);
-      sqlite3_exec(into.get(), "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
-      salvage(from.get(), into.get(), path, report);
-      if (sqlite3_exec(into.get(), "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
-        throw StoreError(rebuilt + ": " + sqlite3_errmsg(into.get()));
+    highest_before = highest_id_of(report.backup);
+    if (!is_quotad_database(path)) {
+      // an empty file (the shell's `.recover` on Debian's sqlite3 3.40 writes one) or someone else's: never start over
+      if (backups.empty()) {
+        throw StoreError(path + ": empty or not a quotad database, and no good backup (" + path +
+                         ".backup-*) to restore it from: refusing to repair it into a fresh database (every lease, "
+                         "audit entry and ledger row would be gone); the untouched file is kept as " +
+                         report.backup);
       }
+      remove_database_files(path);
+      std::filesystem::copy_file(backups.front(), path);
+      report.restored_from = backups.front();
+      cause = "the database was empty or not a quotad database";
+    } else if (!passes_quick_check(path)) {
+      const std::string rebuilt = path + ".rebuilt-" + std::to_string(now_ms);
+      remove_database_files(rebuilt);
+      if (!backups.empty()) {
+        std::filesystem::copy_file(backups.front(), rebuilt);
+        report.restored_from = backups.front();
+      }
+      // the current schema (a backup of an older quotad gains its new columns); the steps are not audited here, as
+      // the audit rows salvaged next keep their sequence numbers and an entry of this scratch file would take one
+      { Store schema(rebuilt, false, 30000, false); }
+      {
+        Connection from = open_connection(path, SQLITE_OPEN_READWRITE);
+        Connection into = open_connection(rebuilt, SQLITE_OPEN_READWRITE);
+        sqlite3_exec(into.get(), "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+        salvage(from.get(), into.get(), path, report);
+        if (sqlite3_exec(into.get(), "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+          throw StoreError(rebuilt + ": " + sqlite3_errmsg(into.get()));
+        }
+      }
+      remove_database_files(path);
+      std::filesystem::rename(rebuilt, path);
+      for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(rebuilt + suffix);
+      cause = "the database was damaged; rebuilt from " +
+              (backups.empty() ? std::string("what it still yielded") : "a backup and what the file still yielded");
     }
-    remove_database_files(path);
-    std::filesystem::rename(rebuilt, path);
-    for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(rebuilt + suffix);
   }
   Store store(path);  // refuses what is still damaged
   store.repair(now_ms, report);
+  if (!cause.empty()) {
+    if (!report.restored_from.empty()) {
+      const int64_t taken_ms = backup_taken_ms(path, report.restored_from);
+      cause += "; restored from " + std::filesystem::path(report.restored_from).filename().string() +
+               (taken_ms < 0 ? std::string() : " (taken " + utc_text(taken_ms, "%Y-%m-%d %H:%M:%S UTC") + ")");
+    }
+    report.id_epoch = store.open_id_epoch(now_ms, highest_before, cause);
+    int64_t from = 0;
+    int64_t to = 0;
+    for (const AuditEntry& entry : store.audit(report.id_epoch - 1, 1)) {
+      if (declared_gap(entry.action, entry.detail, from, to)) {
+        report.lost_entries = "entries " + std::to_string(from) + " to " + std::to_string(to);
+      }
+    }
+  }
+  report.unrecorded = store.unrecorded_objects();
   return report;
 }
 
@@ -1158,12 +1268,18 @@ void Store::repair(int64_t now_ms, RepairReport& report) {
     set_aside("loans", &loan_from_json);
     set_aside("grants", &grant_from_json);
     {
-      Statement missing(
-          prepare("WITH RECURSIVE n(seq) AS (SELECT 1 WHERE EXISTS (SELECT 1 FROM audit) UNION ALL SELECT seq + 1 FROM "
-                  "n WHERE seq < (SELECT "
-                  "COALESCE(MAX(seq), 0) FROM audit)) SELECT seq FROM n WHERE seq NOT IN (SELECT seq FROM audit)"));
-      while (sqlite3_step(missing.get()) == SQLITE_ROW)
-        report.audit_gaps.push_back(sqlite3_column_int64(missing.get(), 0));
+      // every sequence number without an entry, but those a restore's audit.gap entry already declares lost
+      Statement entries(prepare("SELECT seq, action, detail FROM audit ORDER BY seq"));
+      int64_t expected = 1;
+      while (sqlite3_step(entries.get()) == SQLITE_ROW) {
+        const int64_t seq = sqlite3_column_int64(entries.get(), 0);
+        int64_t from = 0;
+        int64_t to = 0;
+        const bool declared =
+            declared_gap(text(entries.get(), 1), text(entries.get(), 2), from, to) && from == expected && to == seq - 1;
+        for (int64_t lost = expected; lost < seq && !declared; ++lost) report.audit_gaps.push_back(lost);
+        expected = seq + 1;
+      }
     }
     Statement gap(
         prepare("INSERT INTO audit(seq, ts_ms, actor, action, lease_id, team, detail) VALUES (?, ?, 'quotad', "
@@ -1179,6 +1295,80 @@ void Store::repair(int64_t now_ms, RepairReport& report) {
     rollback();
     throw;
   }
+}
+
+int64_t Store::open_id_epoch(int64_t now_ms, int64_t highest_elsewhere, const std::string& cause) {
+  begin_immediate();
+  try {
+    const int64_t first = next_id_epoch(std::max(highest_id(db_), highest_elsewhere));
+    Statement counter(prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)"));
+    for (const char* key : {"next_lease_id", "next_approval_id", "next_loan_id", "next_grant_id"}) {
+      sqlite3_reset(counter.get());
+      bind_text(counter.get(), 1, key);
+      bind_text(counter.get(), 2, std::to_string(first));
+      if (sqlite3_step(counter.get()) != SQLITE_DONE) fail("move the id sequences to a new epoch");
+    }
+    int64_t last_seq = 0;
+    {
+      Statement statement(prepare("SELECT COALESCE(MAX(seq), 0) FROM audit"));
+      if (sqlite3_step(statement.get()) == SQLITE_ROW) last_seq = sqlite3_column_int64(statement.get(), 0);
+    }
+    AuditEntry gap;
+    gap.seq = first;
+    gap.ts_ms = now_ms;
+    gap.actor = "quotad";
+    gap.action = "audit.gap";
+    gap.detail = "entries " + std::to_string(last_seq + 1) + " to " + std::to_string(first - 1) + " lost: " + cause +
+                 "; every id continues at " + std::to_string(first);
+    append_audit({gap});
+    commit();
+    return first;
+  } catch (...) {
+    rollback();
+    throw;
+  }
+}
+
+std::vector<std::string> Store::unrecorded_objects() {
+  // an audited lease is in the leases table for good (ended ones too) unless repair set it aside; loans and
+  // grants likewise, their ids leading the entries' details ("loan 7: ...", "grant 3: ...")
+  Statement statement(prepare(
+      "SELECT 'lease', lease_id, MIN(seq), action FROM audit WHERE lease_id > 0 AND lease_id NOT IN "
+      "(SELECT id FROM leases) AND lease_id NOT IN (SELECT row_id FROM quarantine WHERE source = 'leases') "
+      "GROUP BY lease_id "
+      "UNION ALL SELECT 'loan', CAST(substr(detail, 6) AS INTEGER) AS id, MIN(seq), action FROM audit WHERE action "
+      "LIKE 'loan.%' AND detail LIKE 'loan %' AND CAST(substr(detail, 6) AS INTEGER) NOT IN (SELECT id FROM loans) "
+      "AND CAST(substr(detail, 6) AS INTEGER) NOT IN (SELECT row_id FROM quarantine WHERE source = 'loans') "
+      "GROUP BY id "
+      "UNION ALL SELECT 'grant', CAST(substr(detail, 7) AS INTEGER) AS id, MIN(seq), action FROM audit WHERE action "
+      "= 'credit.granted' AND detail LIKE 'grant %' AND CAST(substr(detail, 7) AS INTEGER) NOT IN (SELECT id FROM "
+      "grants) AND CAST(substr(detail, 7) AS INTEGER) NOT IN (SELECT row_id FROM quarantine WHERE source = "
+      "'grants') GROUP BY id ORDER BY 3"));
+  std::vector<std::string> found;
+  while (sqlite3_step(statement.get()) == SQLITE_ROW) {
+    found.push_back(text(statement.get(), 0) + " " + std::to_string(sqlite3_column_int64(statement.get(), 1)) +
+                    ": the audit log records it (" + text(statement.get(), 3) + ", entry " +
+                    std::to_string(sqlite3_column_int64(statement.get(), 2)) + ") but no table holds it");
+  }
+  return found;
+}
+
+void prepare_database(const std::string& path, bool init, int64_t now_ms) {
+  if (std::filesystem::exists(path)) return;
+  const std::vector<std::string> backups = good_backups(path);
+  if (backups.empty()) return;  // a first start
+  if (!init) {
+    throw StoreError(path + ": no such database, but backups of one lie beside it (the newest: " + backups.front() +
+                     "); starting on an empty database would lose every lease, audit entry and ledger row: run "
+                     "`quotad repair-db --db " +
+                     path + "` to restore the newest, or start with --init to begin an empty one");
+  }
+  int64_t highest = 0;
+  for (const std::string& backup : backups) highest = std::max(highest, highest_id_of(backup));
+  Store store(path);
+  store.open_id_epoch(now_ms, highest,
+                      "a new empty database created with --init beside backups of an earlier one (the newest: " +
+                          std::filesystem::path(backups.front()).filename().string() + ")");
 }
 
 namespace {
@@ -1344,8 +1534,17 @@ AuditChainCheck verify_audit_chain(const std::string& db_path) {
     entry.team = text(rows.get(), 5);
     entry.detail = text(rows.get(), 6);
     ++check.entries;
-    if (entry.seq != expected) return broken(expected, "missing: deleted, or lost before a repair");
-    ++expected;
+    int64_t lost_from = 0;
+    int64_t lost_to = 0;
+    if (entry.seq != expected) {
+      // a restore's declared loss, itself chained (below) to the entries before it
+      if (!declared_gap(entry.action, entry.detail, lost_from, lost_to) || lost_from != expected ||
+          lost_to != entry.seq - 1) {
+        return broken(expected, "missing: deleted, or lost before a repair");
+      }
+      check.recorded_gaps.push_back(entry.detail);
+    }
+    expected = entry.seq + 1;
     if (sqlite3_column_type(rows.get(), 7) == SQLITE_NULL) {
       if (!chained) {
         ++check.unchained;

@@ -58,6 +58,16 @@ struct Snapshot {
 
 struct RepairReport;
 RepairReport repair_database(const std::string& path, int64_t now_ms);
+void prepare_database(const std::string& path, bool init, int64_t now_ms);
+
+// A restore (repair-db from a backup or of a damaged file, or a new database created beside backups) opens a new
+// id epoch: every id sequence (leases, approvals, loans, grants, audit entries) continues at least this far above
+// every id the restored state knows, rounded up to a multiple of it. Ids handed out after the backup, and lost
+// with the file, are therefore never handed out again (no quotad hands out a billion ids of one kind between two
+// backups), and a trainer holding one is told its lease is unknown rather than meeting someone else's.
+inline constexpr int64_t kIdEpochSpan = 1000000000;
+// The first id of the epoch a restore opens above `highest_known`.
+int64_t next_id_epoch(int64_t highest_known);
 
 class Store {
  public:
@@ -116,9 +126,17 @@ class Store {
   int schema_version();
   void set_schema_version(int version);
 
+  // Moves every id sequence to next_id_epoch() above everything this file and `highest_elsewhere` know, and
+  // appends the chained `audit.gap` entry that declares the audit entries in between lost, saying `cause`.
+  // Returns the epoch's first id.
+  int64_t open_id_epoch(int64_t now_ms, int64_t highest_elsewhere, const std::string& cause);
+  // "lease 4: ..." for every lease, loan or grant the audit log records but no table (nor quarantine) holds.
+  std::vector<std::string> unrecorded_objects();
+
   // repair_database's scratch copy takes the schema without auditing the steps (see there)
   Store(const std::string& path, bool full_sync, int busy_timeout_ms, bool audit_schema_steps);
   friend RepairReport repair_database(const std::string& path, int64_t now_ms);
+  friend void prepare_database(const std::string& path, bool init, int64_t now_ms);
 
   std::string path_;
   std::string audit_head_;
@@ -133,6 +151,9 @@ struct RepairReport {
   std::vector<std::string> salvaged;     // "leases: 12 rows" read from a damaged file into the restored one
   std::vector<std::string> quarantined;  // "leases row 9: <why>" for every row set aside
   std::vector<int64_t> audit_gaps;       // audit sequence numbers recorded as lost
+  int64_t id_epoch = 0;                  // the first id of the epoch a restore opened (0: none was needed)
+  std::string lost_entries;              // "entries 43 to 1999999999": what the restore's audit.gap declares
+  std::vector<std::string> unrecorded;   // objects the audit log records but the tables lack (see unrecorded_objects)
 };
 
 // Online backups (issue 30): a consistent copy of the live database through SQLite's backup API (quotad keeps
@@ -164,13 +185,22 @@ class PeriodicBackup {
 };
 
 // `quotad repair-db`: with quotad stopped, copies the database (and its WAL) to `<path>.bak-<now_ms>`, then
+// - a missing file: restores the newest good backup beside it (none: a StoreError, nothing created);
 // - a file that is empty or not a quotad database: restores the newest good backup; with none it refuses (a fresh
 //   database would lose every lease, audit entry and ledger row without a word);
 // - a file that fails `PRAGMA quick_check` (a damaged page): rebuilds it from the newest good backup (or, with
 //   none, from nothing) plus every row the damaged file still yields, table by table, newer rows winning;
 // then moves every lease or approval row that does not parse into the table `quarantine` (kept whole, with the
-// reason) and records each missing audit sequence number as an explicit `audit.gap` entry.
+// reason) and records each missing audit sequence number as an explicit `audit.gap` entry. A database restored or
+// rebuilt opens a new id epoch (kIdEpochSpan), its lost audit entries declared by one chained `audit.gap` entry.
+// Finally it names every lease, loan and grant the audit log records but the tables lack (a lost page).
 RepairReport repair_database(const std::string& path, int64_t now_ms);
+
+// What `quotad serve` does before opening `path`: nothing when it exists or when no backup of it lies beside it
+// (a first start creates it). A missing database with backups beside it is a StoreError naming the newest backup
+// and the two ways on (`quotad repair-db` restores it; `--init` starts an empty one), unless `init`: then an
+// empty database is created whose ids start in an epoch above every id the backups hold.
+void prepare_database(const std::string& path, bool init, int64_t now_ms);
 
 // The audit log's hash chain (issue 30): each entry stores the SHA-256 of the previous entry's link and its own
 // content (seq, time, actor, action, lease, team, detail), and meta keeps the head (its seq and link), all in the
@@ -185,6 +215,8 @@ struct AuditChainCheck {
   std::string head;
   int64_t broken_seq = 0;  // the first broken entry
   std::string problem;     // what is wrong with it
+  // The ranges a restore declared lost (its chained `audit.gap` entries), as those entries' details say them.
+  std::vector<std::string> recorded_gaps;
 };
 // `quotad audit --verify`: reads `db_path` read-only and recomputes the chain. A deleted entry (a gap, the first
 // or the last: the head in meta names it), an edited one (its link no longer matches), or an entry inserted around

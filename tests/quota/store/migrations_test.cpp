@@ -771,7 +771,7 @@ TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFiles
   EXPECT_TRUE(report.audit_gaps.empty());
   Db db(path);
   EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
-  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit"), "601");
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE seq <= 601"), "601");  // then the restore's audit.gap
   EXPECT_EQ(db.value("SELECT action FROM audit WHERE seq = 401"), "lease.granted");
   EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "1");
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {

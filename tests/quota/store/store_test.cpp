@@ -269,7 +269,9 @@ TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
   ASSERT_FALSE(report.salvaged.empty());
   EXPECT_GT(std::stoi(query_text(path, "SELECT COUNT(*) FROM audit WHERE action = 'x'")), 300);
   // what the damaged page held is recorded as lost, so the sequence has no silent hole
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), query_text(path, "SELECT MAX(seq) FROM audit"));
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit WHERE seq < 2000000000"),
+            query_text(path, "SELECT MAX(seq) FROM audit WHERE seq < 2000000000"));
+  EXPECT_EQ(report.id_epoch, 2 * kIdEpochSpan);  // rebuilt: what the lost page held may have named ids
   EXPECT_NO_THROW(Store reopened(path));
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
     if (entry.path().string().rfind(path + ".bak-", 0) == 0) std::filesystem::remove(entry.path());
@@ -723,10 +725,13 @@ TEST(QuotaBackup, RepairRebuildsADamagedFileFromTheBackupAndWhatTheFileStillYiel
   EXPECT_EQ(report.restored_from, path + ".backup-20261130T000000.000Z");
   ASSERT_FALSE(report.salvaged.empty());
   EXPECT_TRUE(report.audit_gaps.empty()) << "nothing lost: the backup held what the damaged page did";
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "600");
-  EXPECT_EQ(query_text(path, "SELECT MAX(seq) FROM audit"), "600");
+  // rebuilt: the ids continue in a new epoch, the entries in between declared lost by one entry
+  EXPECT_EQ(report.id_epoch, 2 * kIdEpochSpan);
+  EXPECT_EQ(report.lost_entries, "entries 601 to 1999999999");
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit WHERE seq <= 600"), "600");
+  EXPECT_EQ(query_text(path, "SELECT action FROM audit WHERE seq = 2000000000"), "audit.gap");
   Store repaired(path);
-  EXPECT_EQ(repaired.load(kMonday, 24 * kHour, 0).next_audit_seq, 601);
+  EXPECT_EQ(repaired.load(kMonday, 24 * kHour, 0).next_audit_seq, 2 * kIdEpochSpan + 1);
   remove_copies(path);
 }
 
@@ -756,7 +761,8 @@ TEST(QuotaBackup, AnEmptyFileIsRestoredFromABackupAndNeverRepairedIntoAFreshData
   std::filesystem::rename(backup, path + ".backup-20261130T000000.000Z");
   const RepairReport report = repair_database(path, kMonday + kHour);
   EXPECT_EQ(report.restored_from, path + ".backup-20261130T000000.000Z");
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "20");
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit WHERE seq <= 20"), "20");
+  EXPECT_EQ(report.id_epoch, 2 * kIdEpochSpan);
   remove_copies(path);
   remove_copies(whole);
 }
@@ -778,7 +784,170 @@ TEST(QuotaBackup, TheCommandsTakeABackupAndRepairFromIt) {
   std::ifstream report(out);
   const std::string text((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("restored from the backup " + path + ".backup-"), std::string::npos) << text;
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit"), "10");
+  EXPECT_NE(text.find("ids continue at 2000000000"), std::string::npos) << text;
+  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM audit WHERE seq <= 10"), "10");
+  remove_copies(path);
+}
+
+// The engine as quotad builds it from its database at start.
+Engine loaded_engine(Store& store, int64_t now_ms) {
+  Engine engine(testing::example_policy());
+  Snapshot snapshot = store.load(now_ms, 24 * kHour, 10000);
+  engine.restore(std::move(snapshot.leases), std::move(snapshot.approvals), std::move(snapshot.audit),
+                 std::move(snapshot.usage), snapshot.next_audit_seq, now_ms);
+  engine.reserve_ids(snapshot.next_lease_id, snapshot.next_approval_id);
+  engine.restore_ledger(std::move(snapshot.loans), std::move(snapshot.grants), snapshot.next_loan_id,
+                        snapshot.next_grant_id);
+  store.write(engine, engine.take_changes());
+  return engine;
+}
+
+LeaseRequest robotics_request() {
+  LeaseRequest request;
+  request.team = "team-robotics";
+  request.user = "erin";
+  request.job = "restore";
+  request.model = "yolov8s";
+  request.gpus = 1;
+  return request;
+}
+
+// Ids of one engine session: a lease, a loan and a grant.
+struct HandedOut {
+  int64_t lease = 0;
+  int64_t loan = 0;
+  int64_t grant = 0;
+};
+
+HandedOut hand_out(Engine& engine, Store& store, int64_t now_ms, bool loan = true) {
+  HandedOut ids;
+  const AcquireResult granted = engine.acquire(robotics_request(), now_ms);
+  EXPECT_EQ(granted.kind, AcquireResult::Kind::kGranted) << granted.reason;
+  ids.lease = granted.lease_id;
+  if (loan) ids.loan = engine.apply_loan("alice", 1, "restore", now_ms).id;  // two a month
+  ids.grant = engine.grant_credits("alice", 1, "restore", "carol", now_ms).id;
+  store.write(engine, engine.take_changes());
+  return ids;
+}
+
+// A backup, then five more grants, then the file gone: repair-db restores the backup, and no id of any kind handed
+// out after it comes again; one chained entry declares the audit entries lost, and verify names it.
+TEST(QuotaRestore, ADeletedDatabaseComesBackFromItsBackupAndNoIdIsHandedOutTwice) {
+  const std::string path = temp_db("restore_deleted");
+  remove_copies(path);
+  const int64_t now = kMonday + 13 * kHour;
+  HandedOut last;
+  {
+    Store store(path);
+    Engine engine = loaded_engine(store, now);
+    hand_out(engine, store, now);
+    backup_database(path, now, 24);
+    for (int i = 0; i < 5; ++i) last = hand_out(engine, store, now + kMinute, i == 0);
+  }
+  ASSERT_EQ(last.lease, 6);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+
+  try {
+    prepare_database(path, false, now + kHour);
+    ADD_FAILURE() << "an empty database would have been created beside the backup";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("quotad repair-db --db " + path), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("--init"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+
+  const RepairReport report = repair_database(path, now + kHour);
+  EXPECT_EQ(report.restored_from, path + ".backup-20261130T130000.000Z");
+  EXPECT_EQ(report.backup, "");  // nothing to copy
+  EXPECT_EQ(report.id_epoch, 2 * kIdEpochSpan);
+  EXPECT_TRUE(report.unrecorded.empty()) << report.unrecorded.front();
+  {
+    Store store(path);
+    Engine engine = loaded_engine(store, now + kHour);
+    EXPECT_EQ(engine.find(last.lease), nullptr) << "a lease granted after the backup is unknown, not someone else's";
+    const HandedOut next = hand_out(engine, store, now + kHour);
+    EXPECT_EQ(next.lease, 2 * kIdEpochSpan);
+    EXPECT_EQ(next.loan, 2 * kIdEpochSpan);
+    EXPECT_EQ(next.grant, 2 * kIdEpochSpan);
+    EXPECT_GT(engine.audit().back().seq, 2 * kIdEpochSpan);
+  }
+  const AuditChainCheck check = verify_audit_chain(path);
+  EXPECT_TRUE(check.intact) << check.problem;
+  ASSERT_EQ(check.recorded_gaps.size(), 1u);
+  EXPECT_EQ(check.recorded_gaps[0].rfind("entries ", 0), 0u) << check.recorded_gaps[0];
+  EXPECT_NE(check.recorded_gaps[0].find("the database was missing; restored from " +
+                                        std::filesystem::path(report.restored_from).filename().string() +
+                                        " (taken 2026-11-30 13:00:00 UTC)"),
+            std::string::npos)
+      << check.recorded_gaps[0];
+  // a second repair of the healthy file: the declared range is no hole, and no new epoch
+  const RepairReport again = repair_database(path, now + 2 * kHour);
+  EXPECT_TRUE(again.audit_gaps.empty());
+  EXPECT_EQ(again.id_epoch, 0);
+  Store store(path);
+  EXPECT_EQ(store.load(now + 2 * kHour, kHour, 0).next_lease_id, 2 * kIdEpochSpan + 1);
+  for (const char* suffix : {"", "-wal"}) std::filesystem::remove(again.backup + suffix);
+  remove_copies(path);
+}
+
+TEST(QuotaRestore, AMissingDatabaseIsCreatedOnlyWithoutBackupsOrWithInitAndThenAboveTheirIds) {
+  const std::string path = temp_db("restore_init");
+  remove_copies(path);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  prepare_database(path, false, kMonday);  // a first start: serve creates it
+  EXPECT_FALSE(std::filesystem::exists(path));
+  {
+    Store store(path);
+    execute(path, "INSERT OR REPLACE INTO meta(key, value) VALUES ('next_lease_id', '1500000001')");
+  }
+  backup_database(path, kMonday, 24);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  EXPECT_THROW(prepare_database(path, false, kMonday + kHour), StoreError);
+  prepare_database(path, true, kMonday + kHour);
+  ASSERT_TRUE(std::filesystem::exists(path));
+  {
+    Store store(path);
+    const Snapshot snapshot = store.load(kMonday + kHour, kHour, 10);
+    EXPECT_EQ(snapshot.next_lease_id, 3 * kIdEpochSpan);  // at least a span above the backup's 1,500,000,000
+    EXPECT_EQ(snapshot.next_approval_id, 3 * kIdEpochSpan);
+  }
+  EXPECT_TRUE(verify_audit_chain(path).intact);
+  prepare_database(path, true, kMonday + 2 * kHour);  // an existing database is left as it is
+  EXPECT_EQ(Store(path).load(kMonday + 2 * kHour, kHour, 10).next_lease_id, 3 * kIdEpochSpan);
+  remove_copies(path);
+}
+
+TEST(QuotaRestore, NextIdEpochIsAtLeastASpanAboveAndRound) {
+  EXPECT_EQ(next_id_epoch(0), kIdEpochSpan);
+  EXPECT_EQ(next_id_epoch(1), 2 * kIdEpochSpan);
+  EXPECT_EQ(next_id_epoch(kIdEpochSpan - 1), 2 * kIdEpochSpan);
+  EXPECT_EQ(next_id_epoch(kIdEpochSpan), 2 * kIdEpochSpan);
+  EXPECT_EQ(next_id_epoch(kIdEpochSpan + 1), 3 * kIdEpochSpan);
+}
+
+// A damaged page can lose a loan the audit log still records as approved: repair-db names it.
+TEST(QuotaRestore, RepairNamesEveryLeaseLoanAndGrantTheAuditRecordsButTheTablesLost) {
+  const std::string path = temp_db("restore_unrecorded");
+  remove_copies(path);
+  const int64_t now = kMonday + 13 * kHour;
+  HandedOut ids;
+  {
+    Store store(path);
+    Engine engine = loaded_engine(store, now);
+    ids = hand_out(engine, store, now);
+    engine.decide_loan(ids.loan, true, "carol", "ok", now);
+    store.write(engine, engine.take_changes());
+  }
+  execute(path, "DELETE FROM loans; DELETE FROM grants WHERE id = " + std::to_string(ids.grant) +
+                    "; DELETE FROM leases WHERE id = " + std::to_string(ids.lease));
+  const RepairReport report = repair_database(path, now + kHour);
+  ASSERT_EQ(report.unrecorded.size(), 3u);
+  EXPECT_EQ(report.unrecorded[0].rfind("lease 1: the audit log records it (lease.", 0), 0u) << report.unrecorded[0];
+  EXPECT_EQ(report.unrecorded[1].rfind("loan 1: the audit log records it (loan.requested, entry ", 0), 0u)
+      << report.unrecorded[1];
+  EXPECT_EQ(report.unrecorded[2].rfind("grant 1: the audit log records it (credit.granted, entry ", 0), 0u)
+      << report.unrecorded[2];
+  for (const char* suffix : {"", "-wal"}) std::filesystem::remove(report.backup + suffix);
   remove_copies(path);
 }
 
