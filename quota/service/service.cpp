@@ -95,7 +95,8 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
   clock_offset_ms_ = clock_() - monotonic_();
   local_clock_id_ = monotonic_clock_id(options_.monotonic_clock || options_.clock);
   if (!options_.db_path.empty()) {
-    store_ = std::make_unique<Store>(options_.db_path, options_.full_sync, options_.store_busy_timeout_ms);
+    store_ = open_store(parse_db_target(options_.db_path),
+                        {options_.full_sync, options_.store_busy_timeout_ms, options_.db_password_file});
     if (!options_.reload_per_call) {
       const int64_t now = clock_();
       Snapshot snapshot = store_->load(now, options_.keep_ended_ms, 10000);
@@ -112,7 +113,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
         engine_.note(now, "quotad", "state.unsound", "at load: " + error);
       }
       store_->write(engine_, engine_.take_changes());
-      replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
+      store_->replay_heartbeats(engine_, tracker_);  // the waste list survives a restart
       // A wall clock set back while quotad was down leaves live leases seen "in the future": the step was at
       // least that, and their clocks move back by it (else a dead job would keep its GPUs until then).
       int64_t latest = now;

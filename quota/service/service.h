@@ -24,7 +24,8 @@
 namespace yolo8::quota {
 
 struct ServiceOptions {
-  std::string db_path;             // empty: state in memory only
+  std::string db_path;             // --db: a SQLite file or a PostgreSQL URL (parse_db_target); empty: in memory only
+  std::string db_password_file;    // PostgreSQL: the password's file (empty: libpq's PGPASSWORD / PGPASSFILE)
   bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
   bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
@@ -224,7 +225,7 @@ class QuotaService {
   std::mutex mutex_;             // the engine and the tracker
   std::mutex store_mutex_;
   Engine engine_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<StateStore> store_;
   std::atomic<int64_t> last_tick_ms_{0};  // monotonic
   std::atomic<std::chrono::steady_clock::rep> store_down_until_{
       0};                          // steady clock  // the last saved tick (the maintenance thread)

@@ -1197,6 +1197,10 @@ void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTra
   }
 }
 
+void Store::replay_heartbeats(const Engine& engine, UtilTracker& tracker) {
+  yolo8::quota::replay_heartbeats(path_, engine, tracker);
+}
+
 StoreReader::StoreReader(const std::string& path) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";

@@ -1,0 +1,78 @@
+#include "quota/store/postgres_store.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/quota/postgres_cluster.h"
+#include "tests/quota/quota_test_util.h"
+
+namespace yolo8::quota {
+namespace {
+
+using testing::PostgresCluster;
+
+std::string query_text(const std::string& url, const std::string& sql) { return PostgresCluster::query_text(url, sql); }
+
+std::string open_error(const std::string& url) {
+  try {
+    PostgresStore store(url, "");
+  } catch (const StoreError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "opened";
+  return "";
+}
+
+// A new database gets every step in one go, recorded in schema_version; it has no history, so nothing is audited.
+TEST(QuotaPostgresSchema, AFreshDatabaseIsBroughtToTheCurrentVersionWithoutAuditEntries) {
+  const std::string url = PostgresCluster::get().fresh_database("fresh");
+  PostgresStore store(url, "");
+  EXPECT_EQ(store.schema_version(), kSchemaVersion);
+  EXPECT_EQ(query_text(url, "SELECT MAX(version) FROM schema_version"), std::to_string(kSchemaVersion));
+  EXPECT_EQ(query_text(url, "SELECT COUNT(*) FROM audit"), "0");
+  for (const char* table : {"meta", "leases", "approvals", "audit", "usage", "heartbeats", "quarantine", "loans",
+                            "grants", "memory_observations"}) {
+    EXPECT_EQ(query_text(url, std::string("SELECT to_regclass('") + table + "') IS NOT NULL"), "t") << table;
+  }
+}
+
+TEST(QuotaPostgresSchema, ReopeningAtTheSameVersionChangesNothing) {
+  const std::string url = PostgresCluster::get().fresh_database("reopen");
+  { PostgresStore create(url, ""); }
+  const std::string applied =
+      query_text(url, "SELECT string_agg(version || ':' || applied_ms, ',') FROM schema_version");
+  PostgresStore store(url, "");
+  EXPECT_EQ(store.schema_version(), kSchemaVersion);
+  EXPECT_EQ(query_text(url, "SELECT string_agg(version || ':' || applied_ms, ',') FROM schema_version"), applied);
+  EXPECT_EQ(query_text(url, "SELECT COUNT(*) FROM audit"), "0");
+}
+
+TEST(QuotaPostgresSchema, ADatabaseOfANewerVersionIsRefusedNamingBothVersions) {
+  const std::string url = PostgresCluster::get().fresh_database("newer");
+  { PostgresStore create(url, ""); }
+  PostgresCluster::execute(url, "INSERT INTO schema_version VALUES (99, 'from the future', 0)");
+  const std::string error = open_error(url);
+  EXPECT_NE(error.find(url + ": the quota database has schema version 99, this quotad knows up to " +
+                       std::to_string(kSchemaVersion)),
+            std::string::npos)
+      << error;
+}
+
+// A database that holds someone else's table of the same name: the step fails, naming itself, and nothing is left
+// behind (the steps and their record are one transaction).
+TEST(QuotaPostgresSchema, AStepThatFailsLeavesTheDatabaseAsItWas) {
+  const std::string url = PostgresCluster::get().fresh_database("foreign");
+  PostgresCluster::execute(url, "CREATE TABLE leases (anything TEXT)");
+  const std::string error = open_error(url);
+  EXPECT_NE(error.find("schema step 0 -> " + std::to_string(kSchemaVersion)), std::string::npos) << error;
+  EXPECT_NE(error.find("nothing was changed, the database stays at schema version 0"), std::string::npos) << error;
+  EXPECT_EQ(query_text(url, "SELECT to_regclass('schema_version') IS NULL AND to_regclass('meta') IS NULL"), "t");
+}
+
+TEST(QuotaPostgresSchema, AServerThatCannotBeReachedIsNamed) {
+  const std::string url = "postgresql:///quota?host=/nonexistent&user=postgres";
+  const std::string error = open_error(url);
+  EXPECT_EQ(error.rfind(url + ": cannot connect to the quota database: ", 0), 0u) << error;
+}
+
+}  // namespace
+}  // namespace yolo8::quota
