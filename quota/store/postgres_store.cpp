@@ -102,6 +102,20 @@ bool review_open(const std::string& body) {
   return (it->is_boolean() && it->get<bool>()) || (it->is_number() && *it == 1);
 }
 
+// A connection to `url`: the URL is expanded as the dbname; the password, when given, is added beside it (never
+// logged).
+PGconn* connect(const std::string& url, const std::string& password) {
+  const char* keywords[] = {"dbname", "fallback_application_name", password.empty() ? nullptr : "password", nullptr};
+  const char* values[] = {url.c_str(), "quotad", password.empty() ? nullptr : password.c_str(), nullptr};
+  PGconn* conn = PQconnectdbParams(keywords, values, 1);
+  if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
+    const std::string message = conn != nullptr ? trimmed(PQerrorMessage(conn)) : "out of memory";
+    PQfinish(conn);
+    throw StoreError(url + ": cannot connect to the quota database: " + message);
+  }
+  return conn;
+}
+
 }  // namespace
 
 class PostgresStore::Result {
@@ -162,17 +176,7 @@ struct PostgresStore::Params {
 };
 
 PostgresStore::PostgresStore(const std::string& url, const std::string& password, int busy_timeout_ms) : url_(url) {
-  // the URL is expanded as the dbname; the password, when given, is added beside it and never logged
-  const char* keywords[] = {"dbname", "fallback_application_name", "password", nullptr};
-  const char* values[] = {url.c_str(), "quotad", password.empty() ? nullptr : password.c_str(), nullptr};
-  if (password.empty()) keywords[2] = nullptr;
-  conn_ = PQconnectdbParams(keywords, values, 1);
-  if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-    const std::string message = conn_ != nullptr ? trimmed(PQerrorMessage(conn_)) : "out of memory";
-    PQfinish(conn_);
-    conn_ = nullptr;
-    throw StoreError(url_ + ": cannot connect to the quota database: " + message);
-  }
+  conn_ = connect(url, password);
   try {
     // notices (CREATE ... IF NOT EXISTS) would go to stderr; a write waits this long for the lock, then fails
     run("set up the session",
@@ -681,6 +685,50 @@ void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker
             Params().integer(id));
     for (int row = 0; row < rows.rows(); ++row) tracker.observe(id, rows.integer(row, 0), rows.real(row, 1));
   }
+}
+
+AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password) {
+  const std::unique_ptr<PGconn, void (*)(PGconn*)> conn(connect(url, password), PQfinish);
+  const auto run = [&](const char* sql, const std::vector<std::string>& params = {}) {
+    std::vector<const char*> values;
+    for (const std::string& value : params) values.push_back(value.c_str());
+    std::unique_ptr<PGresult, void (*)(PGresult*)> result(
+        PQexecParams(conn.get(), sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0),
+        PQclear);
+    const ExecStatusType status = PQresultStatus(result.get());
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+      throw StoreError(url + ": " + trimmed(PQerrorMessage(conn.get())));
+    }
+    return result;
+  };
+  run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  AuditChainVerifier verifier;
+  // a page at a time: the log can be long
+  for (int64_t after = 0;;) {
+    const auto rows =
+        run("SELECT seq, ts_ms, actor, action, lease_id, team, detail, chain FROM audit WHERE seq > $1 ORDER BY seq "
+            "LIMIT 10000",
+            {std::to_string(after)});
+    const int count = PQntuples(rows.get());
+    if (count == 0) break;
+    for (int row = 0; row < count; ++row) {
+      const auto value = [&](int column) { return std::string(PQgetvalue(rows.get(), row, column)); };
+      AuditEntry entry;
+      entry.seq = std::stoll(value(0));
+      entry.ts_ms = std::stoll(value(1));
+      entry.actor = value(2);
+      entry.action = value(3);
+      entry.lease_id = std::stoll(value(4));
+      entry.team = value(5);
+      entry.detail = value(6);
+      const bool linked = PQgetisnull(rows.get(), row, 7) == 0;
+      const std::string chain = linked ? value(7) : std::string();
+      if (!verifier.add(entry, linked ? &chain : nullptr)) return verifier.finish("");
+      after = entry.seq;
+    }
+  }
+  const auto head = run("SELECT value FROM meta WHERE key = 'audit_head'");
+  return verifier.finish(PQntuples(head.get()) > 0 ? PQgetvalue(head.get(), 0, 0) : "");
 }
 
 }  // namespace yolo8::quota

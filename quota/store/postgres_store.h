@@ -8,6 +8,7 @@
 #include <string>
 
 #include "quota/store/state_store.h"
+#include "quota/store/store.h"
 
 struct pg_conn;
 
@@ -58,5 +59,9 @@ class PostgresStore : public StateStore {
   pg_conn* conn_ = nullptr;
   bool in_tx_ = false;
 };
+
+// `quotad audit --verify` on a PostgreSQL database: its audit log and recorded head, read in one read-only
+// transaction (nothing is created or migrated), through AuditChainVerifier.
+AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password);
 
 }  // namespace yolo8::quota

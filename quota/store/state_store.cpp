@@ -14,6 +14,18 @@ namespace {
 
 bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
+// --db-password-file: its first line ("" when no file is named: libpq's PGPASSWORD / PGPASSFILE apply)
+std::string read_password(const std::string& file_name) {
+  if (file_name.empty()) return "";
+  std::ifstream file(file_name);
+  if (!file) throw StoreError("--db-password-file: cannot read " + file_name);
+  std::string password;
+  std::getline(file, password);
+  if (!password.empty() && password.back() == '\r') password.pop_back();
+  if (password.empty()) throw StoreError("--db-password-file: " + file_name + " holds no password");
+  return password;
+}
+
 }  // namespace
 
 DbTarget parse_db_target(const std::string& spec) {
@@ -50,15 +62,13 @@ std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOption
   if (target.kind == DbTarget::Kind::kSqlite) {
     return std::make_unique<Store>(target.location, options.full_sync, options.busy_timeout_ms);
   }
-  std::string password;
-  if (!options.password_file.empty()) {
-    std::ifstream file(options.password_file);
-    if (!file) throw StoreError("--db-password-file: cannot read " + options.password_file);
-    std::getline(file, password);
-    if (!password.empty() && password.back() == '\r') password.pop_back();
-    if (password.empty()) throw StoreError("--db-password-file: " + options.password_file + " holds no password");
-  }
-  return std::make_unique<PostgresStore>(target.location, password, options.busy_timeout_ms);
+  return std::make_unique<PostgresStore>(target.location, read_password(options.password_file),
+                                         options.busy_timeout_ms);
+}
+
+AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& options) {
+  if (target.kind == DbTarget::Kind::kSqlite) return verify_audit_chain(target.location);
+  return verify_postgres_audit_chain(target.location, read_password(options.password_file));
 }
 
 }  // namespace yolo8::quota

@@ -152,10 +152,30 @@ struct AuditChainCheck {
   int64_t broken_seq = 0;  // the first broken entry
   std::string problem;     // what is wrong with it
 };
-// `quotad audit --verify`: reads `db_path` read-only and recomputes the chain. A deleted entry (a gap, the first
-// or the last: the head in meta names it), an edited one (its link no longer matches), or an entry inserted around
-// the chain is named. Throws StoreError when the file cannot be read.
+// Recomputes the chain from the entries in sequence order, whichever database they come from. A deleted entry (a
+// gap, the first or the last: the recorded head names it), an edited one (its link no longer matches), or an entry
+// inserted around the chain is named.
+class AuditChainVerifier {
+ public:
+  // `chain`: the entry's stored link, nullptr when it has none. False once the chain is broken (stop reading).
+  bool add(const AuditEntry& entry, const std::string* chain);
+  // With the head meta records ("<seq> <link>", "" when none), after the last entry.
+  AuditChainCheck finish(const std::string& recorded_head);
+
+ private:
+  bool broken(int64_t seq, const std::string& problem);
+
+  AuditChainCheck check_;
+  std::string link_;
+  bool chained_ = false;
+  int64_t expected_ = 1;
+};
+
+// `quotad audit --verify`: reads `db_path` read-only and recomputes the chain (AuditChainVerifier). Throws
+// StoreError when the file cannot be read.
 AuditChainCheck verify_audit_chain(const std::string& db_path);
+// The same for the database `--db` names, SQLite or PostgreSQL (read in one read-only transaction).
+AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& options);
 
 // Read-only queries on a quota database, for what quotad reports from it (the monthly report, the quarter
 // statement, the usage history): the schema stays behind this file, so a change to a table changes its readers

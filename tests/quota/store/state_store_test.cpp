@@ -335,6 +335,42 @@ TEST_P(QuotaStateStore, TheAuditChainLinksEveryEntryAndItsHeadCarriesOver) {
   EXPECT_EQ(store->audit(0, 4).size(), 4u);
 }
 
+// `quotad audit --verify` recomputes the chain from either backend; with the append-only guard dropped, a deleted
+// or edited entry is named.
+TEST_P(QuotaStateStore, TheChainVerifiesAndADeletedOrEditedEntryIsNamed) {
+  const auto chained = [&](const std::string& name) {
+    const std::string db = fresh(name);
+    Changes changes;
+    for (int64_t seq = 1; seq <= 6; ++seq)
+      changes.audit.push_back(entry(seq, "team-cv", "entry " + std::to_string(seq)));
+    open(db)->write(Engine(testing::example_policy()), changes);
+    execute(db, GetParam() == Backend::kSqlite ? "DROP TRIGGER audit_no_update; DROP TRIGGER audit_no_delete;"
+                                               : "DROP TRIGGER audit_no_change ON audit");
+    return db;
+  };
+  const auto verify = [](const std::string& db) { return verify_audit_chain(parse_db_target(db), StoreOptions()); };
+  std::string db = chained("verify_intact");
+  AuditChainCheck check = verify(db);
+  EXPECT_TRUE(check.intact) << check.problem;
+  EXPECT_EQ(check.entries, 6);
+  EXPECT_EQ(check.head_seq, 6);
+  EXPECT_EQ(check.head, query_text(db, "SELECT chain FROM audit WHERE seq = 6"));
+  db = chained("verify_middle");
+  execute(db, "DELETE FROM audit WHERE seq = 3");
+  check = verify(db);
+  EXPECT_FALSE(check.intact);
+  EXPECT_EQ(check.broken_seq, 3);
+  db = chained("verify_last");
+  execute(db, "DELETE FROM audit WHERE seq = 6");
+  check = verify(db);
+  EXPECT_EQ(check.broken_seq, 6);
+  EXPECT_NE(check.problem.find("the last entries were deleted"), std::string::npos) << check.problem;
+  db = chained("verify_edit");
+  execute(db, "UPDATE audit SET detail = 'nothing happened' WHERE seq = 4");
+  check = verify(db);
+  EXPECT_EQ(check.problem, "entry 4: its hash does not match: the entry, or the one before it, was changed");
+}
+
 // The id sequences stay above every id ever stored: the meta counters, lease rows, and the lease ids audit and
 // heartbeat rows name.
 TEST_P(QuotaStateStore, IdSequencesStayAboveEveryIdEverStored) {
