@@ -194,26 +194,30 @@ PostgresStore::~PostgresStore() {
   if (conn_ != nullptr) PQfinish(conn_);
 }
 
-PostgresStore::Result PostgresStore::run(const std::string& what, const char* sql, const Params& params) {
-  // a connection lost between transactions (the server restarted) is made again; inside one the error stands
-  if (!in_tx_ && PQstatus(conn_) != CONNECTION_OK) PQreset(conn_);
-  std::vector<const char*> values;
-  for (size_t i = 0; i < params.values.size(); ++i)
-    values.push_back(params.nulls[i] ? nullptr : params.values[i].c_str());
-  Result result(PQexecParams(conn_, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0));
-  if (!result.ok()) {
+PostgresStore::Result PostgresStore::attempt(const std::string& what, const std::function<PGresult*()>& exec) {
+  for (int tries = 1;; ++tries) {
+    if (!in_tx_ && PQstatus(conn_) != CONNECTION_OK) PQreset(conn_);
+    Result result(exec());
+    if (result.ok()) return result;
+    // outside a transaction nothing was written: a connection lost since the last call (the server restarted, an
+    // idle timeout) is made again once; inside one the error stands
+    if (!in_tx_ && tries == 1 && PQstatus(conn_) == CONNECTION_BAD) continue;
     throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
   }
-  return result;
+}
+
+PostgresStore::Result PostgresStore::run(const std::string& what, const char* sql, const Params& params) {
+  std::vector<const char*> values;
+  for (size_t i = 0; i < params.values.size(); ++i) {
+    values.push_back(params.nulls[i] ? nullptr : params.values[i].c_str());
+  }
+  return attempt(what, [&] {
+    return PQexecParams(conn_, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0);
+  });
 }
 
 PostgresStore::Result PostgresStore::run(const std::string& what, const char* sql) {
-  if (!in_tx_ && PQstatus(conn_) != CONNECTION_OK) PQreset(conn_);
-  Result result(PQexec(conn_, sql));  // several statements allowed (the schema steps)
-  if (!result.ok()) {
-    throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
-  }
-  return result;
+  return attempt(what, [&] { return PQexec(conn_, sql); });  // several statements allowed (the schema steps)
 }
 
 void PostgresStore::begin() {
@@ -232,10 +236,17 @@ void PostgresStore::begin() {
 void PostgresStore::begin_immediate() { begin(); }
 
 void PostgresStore::commit() {
-  in_tx_ = false;
-  // COMMIT of a transaction a statement failed in answers ROLLBACK, not an error
-  const Result result = run("commit", "COMMIT");
-  if (result.command() != "COMMIT") throw StoreError(url_ + ": commit: the transaction was rolled back");
+  // still in the transaction while COMMIT runs: a lost connection is an error here, never made again (a COMMIT on a
+  // fresh connection would answer COMMIT for nothing)
+  try {
+    const Result result = run("commit", "COMMIT");
+    in_tx_ = false;
+    // COMMIT of a transaction a statement failed in answers ROLLBACK, not an error
+    if (result.command() != "COMMIT") throw StoreError(url_ + ": commit: the transaction was rolled back");
+  } catch (...) {
+    in_tx_ = false;
+    throw;
+  }
 }
 
 void PostgresStore::rollback() {

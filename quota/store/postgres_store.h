@@ -11,6 +11,7 @@
 #include "quota/store/store.h"
 
 struct pg_conn;
+struct pg_result;
 
 namespace yolo8::quota {
 
@@ -48,6 +49,7 @@ class PostgresStore : public StateStore {
   struct Params;
   Result run(const std::string& what, const char* sql, const Params& params);
   Result run(const std::string& what, const char* sql);
+  Result attempt(const std::string& what, const std::function<pg_result*()>& exec);
   // Every write goes through here: it joins an open transaction, or is one (begin, `body`, commit).
   void in_transaction(const std::function<void()>& body);
   void begin();

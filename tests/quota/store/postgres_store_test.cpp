@@ -68,6 +68,29 @@ TEST(QuotaPostgresSchema, AStepThatFailsLeavesTheDatabaseAsItWas) {
   EXPECT_EQ(query_text(url, "SELECT to_regclass('schema_version') IS NULL AND to_regclass('meta') IS NULL"), "t");
 }
 
+// A connection lost between transactions (the server restarted, an idle timeout) is made again at the next call;
+// a transaction it was in is lost, not reported committed.
+TEST(QuotaPostgresStore, ALostConnectionIsMadeAgainBetweenTransactionsButNotInsideOne) {
+  const std::string url = PostgresCluster::get().fresh_database("reconnect");
+  const auto terminate = [&] {
+    PostgresCluster::execute(url,
+                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                             "'quotad' AND datname = current_database()");
+  };
+  PostgresStore store(url, "");
+  store.set_meta("k", "1");
+  terminate();
+  EXPECT_EQ(store.meta("k"), "1");
+  terminate();
+  store.set_meta("k", "2");
+  EXPECT_EQ(store.meta("k"), "2");
+  store.begin_immediate();
+  store.set_meta("k", "3");
+  terminate();
+  EXPECT_THROW(store.commit(), StoreError);
+  EXPECT_EQ(store.meta("k"), "2");
+}
+
 TEST(QuotaPostgresSchema, AServerThatCannotBeReachedIsNamed) {
   const std::string url = "postgresql:///quota?host=/nonexistent&user=postgres";
   const std::string error = open_error(url);
