@@ -351,12 +351,13 @@ Snapshot PostgresStore::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit
     audit_head_ = meta("audit_head");
     {
       // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them; an ended emergency
-      // lease whose review is still open is kept however old (the text match narrows, review_open decides)
+      // lease whose review is still open is kept however old (the pattern narrows, review_open decides: every
+      // body names review_pending)
       const Result rows =
           run("read table leases",
-              "SELECT id, body, state NOT IN ('released','expired','rejected') OR ended_ms >= $1 FROM leases "
-              "WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= $1 OR body LIKE '%review_pending%' "
-              "ORDER BY id",
+              R"SQL(SELECT id, body, state NOT IN ('released','expired','rejected') OR ended_ms >= $1 FROM leases
+                    WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= $1
+                    OR body ~ '"review_pending"\s*:\s*(true|1)' ORDER BY id)SQL",
               Params().integer(now_ms - keep_ended_ms));
       for (int row = 0; row < rows.rows(); ++row) {
         const std::string body = rows.text(row, 1);
