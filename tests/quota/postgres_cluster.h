@@ -10,6 +10,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -17,6 +19,8 @@
 namespace yolo8::quota::testing {
 
 inline constexpr const char* kPostgresBin = "/usr/lib/postgresql/15/bin";
+// The one role of the cluster that must give its password (create it with PASSWORD '...').
+inline constexpr const char* kPasswordRole = "quotad_password";
 
 class PostgresCluster {
  public:
@@ -77,6 +81,14 @@ class PostgresCluster {
     if (run_as_owner(initdb + " -D " + data + " -U postgres -A trust -E UTF8 --locale=C --no-sync > " + log +
                      " 2>&1") != 0) {
       throw std::runtime_error("initdb failed: see " + log);
+    }
+    {
+      // the cluster trusts its socket's users, but kPasswordRole, whose password is checked (the store's password
+      // handling); the first matching line of pg_hba.conf applies
+      const std::string hba = data + "/pg_hba.conf";
+      std::ifstream in(hba);
+      const std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::ofstream(hba) << "local all " << kPasswordRole << " scram-sha-256\n" << rest;
     }
     // only the socket in the private folder: no port to collide with; durability is not what these tests check
     if (run_as_owner(std::string(kPostgresBin) + "/pg_ctl -D " + data + " -l " + log + " -w -o \"-k " + dir_.string() +

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
 #include "tests/quota/postgres_cluster.h"
 #include "tests/quota/quota_test_util.h"
 
@@ -89,6 +93,36 @@ TEST(QuotaPostgresStore, ALostConnectionIsMadeAgainBetweenTransactionsButNotInsi
   terminate();
   EXPECT_THROW(store.commit(), StoreError);
   EXPECT_EQ(store.meta("k"), "2");
+}
+
+// The password comes from --db-password-file or libpq's PGPASSWORD; a wrong one is libpq's error, naming the URL.
+TEST(QuotaPostgresStore, ThePasswordComesFromItsFileOrLibpqsEnvironment) {
+  const std::string admin = PostgresCluster::get().fresh_database("password");
+  const std::string scheme = "postgresql:///";  // the cluster's URLs: postgresql:///DB?host=...
+  const std::string database = admin.substr(scheme.size(), admin.find('?') - scheme.size());
+  PostgresCluster::execute(admin, std::string("DROP ROLE IF EXISTS ") + testing::kPasswordRole + "; CREATE ROLE " +
+                                      testing::kPasswordRole + " LOGIN PASSWORD 's3cret'; ALTER DATABASE \"" +
+                                      database + "\" OWNER TO " + testing::kPasswordRole);
+  const std::string url = admin.substr(0, admin.find("&user=")) + "&user=" + testing::kPasswordRole;
+  const std::string file = testing::temp_db("password_file");
+  StoreOptions options;
+  options.password_file = file;
+  std::ofstream(file) << "s3cret\n";
+  EXPECT_EQ(open_store(parse_db_target(url), options)->meta("audit_head"), "");
+  std::ofstream(file) << "wrong\n";
+  try {
+    open_store(parse_db_target(url), options);
+    ADD_FAILURE() << "opened with a wrong password";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find(url + ": cannot connect to the quota database: "), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("password authentication failed"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(open_store(parse_db_target(url)), StoreError) << "no password at all";
+  setenv("PGPASSWORD", "s3cret", 1);
+  EXPECT_NO_THROW(open_store(parse_db_target(url)));
+  unsetenv("PGPASSWORD");
+  std::filesystem::remove(file);
 }
 
 TEST(QuotaPostgresSchema, AServerThatCannotBeReachedIsNamed) {
