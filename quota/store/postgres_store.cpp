@@ -221,10 +221,11 @@ PostgresStore::Result PostgresStore::run(const std::string& what, const char* sq
 }
 
 void PostgresStore::begin() {
-  run("begin a transaction", "BEGIN");
+  // READ COMMITTED whatever the server's default: every statement after the lock sees what the writers before
+  // committed (a REPEATABLE READ snapshot would be taken before the lock is granted)
+  run("begin a transaction", "BEGIN ISOLATION LEVEL READ COMMITTED");
   in_tx_ = true;
   try {
-    // READ COMMITTED: every statement after the lock sees what the writers before committed
     const std::string lock = "SELECT pg_advisory_xact_lock(" + std::to_string(kWriteLockKey) + ")";
     run("wait for the write lock (another quotad or trainer holds it)", lock.c_str());
   } catch (...) {

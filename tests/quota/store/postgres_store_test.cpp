@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/quota/postgres_cluster.h"
 #include "tests/quota/quota_test_util.h"
@@ -93,6 +95,40 @@ TEST(QuotaPostgresStore, ALostConnectionIsMadeAgainBetweenTransactionsButNotInsi
   terminate();
   EXPECT_THROW(store.commit(), StoreError);
   EXPECT_EQ(store.meta("k"), "2");
+}
+
+// A writer that waited for the lock reads what the holder committed, whatever isolation the server defaults to:
+// here the second writer's audit entry links to the first's (a snapshot taken before the lock was granted would
+// link it to nothing and break the chain).
+TEST(QuotaPostgresStore, AWriterThatWaitedReadsWhatTheHolderCommitted) {
+  const std::string url = PostgresCluster::get().fresh_database("waited");
+  const std::string scheme = "postgresql:///";
+  PostgresCluster::execute(url, "ALTER DATABASE \"" + url.substr(scheme.size(), url.find('?') - scheme.size()) +
+                                    "\" SET default_transaction_isolation = 'repeatable read'");
+  PostgresStore holder(url, ""), other(url, "");
+  const Engine engine(testing::example_policy());
+  Changes first, second;
+  first.audit.resize(1);
+  first.audit[0].seq = 1;
+  second.audit.resize(1);
+  second.audit[0].seq = 2;
+  holder.begin_immediate();
+  holder.write(engine, first);
+  std::string failed;
+  std::thread waiting([&] {
+    try {
+      other.write(engine, second);
+    } catch (const StoreError& error) {
+      failed = error.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the other writer waits for the lock
+  holder.commit();
+  waiting.join();
+  EXPECT_EQ(failed, "");
+  const AuditChainCheck check = verify_audit_chain(parse_db_target(url), StoreOptions());
+  EXPECT_TRUE(check.intact) << check.problem;
+  EXPECT_EQ(check.head_seq, 2);
 }
 
 // The password comes from --db-password-file or libpq's PGPASSWORD; a wrong one is libpq's error, naming the URL.
