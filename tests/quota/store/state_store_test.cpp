@@ -135,7 +135,7 @@ class QuotaStateStore : public ::testing::TestWithParam<Backend> {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Backends, QuotaStateStore, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+INSTANTIATE_TEST_SUITE_P(QuotaBackends, QuotaStateStore, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          [](const ::testing::TestParamInfo<Backend>& param) {
                            return param.param == Backend::kSqlite ? "SQLite" : "PostgreSQL";
                          });
