@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
 jobs=${BUILD_JOBS:-$(nproc)}
-targets=(quota_core_unit_tests quota_store_unit_tests quota_service_unit_tests quota_client_unit_tests quota_server_unit_tests
+targets=(quota_core_unit_tests quota_store_unit_tests quota_store_backend_tests quota_service_unit_tests
+         quota_service_postgres_tests quota_client_unit_tests quota_server_unit_tests
          quota_server_integration_tests quota_chaos_tests quotad yolo_data_unit_tests yolo_data_integration_tests)
 # The tests that exercise quotad, the store, the client, the data pipeline and the loader's threads.
 test_regex='^(Data|Engine\.|Policy\.|PolicyValidation\.|Quota|Sha256|RenderK8s)'

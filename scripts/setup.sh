@@ -9,6 +9,7 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libopencv-dev libcli11-dev lib
           libhowardhinnant-date-dev libonnx-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev prometheus chromium
           patchelf   # patchelf: scripts/gpu_bundle.sh sets the bundle's RUNPATH (GpuBundle.CleanEnvironment)
           faketime   # faketime: QuotadUnderFaketime.* steps quotad's wall clock by 2 h
+          libpq-dev postgresql-15   # quotad's PostgreSQL store; its tests start a throwaway cluster
           podman runc debootstrap curl openssl jq)  # make images and the container tests (tests/deploy/container)
 
 missing=()

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -155,9 +156,29 @@ class Upkeep {
   OperationsFigures figures_;
 };
 
-int serve(const std::string& policy_path, const std::string& db, const std::string& listen, bool full_sync, int threads,
-          const std::string& tls_cert, const std::string& tls_key, int backup_every_min, int backup_keep,
-          int max_connections_per_address, int max_connections, int watch_every_s, bool init) {
+// The SQLite file `--db` names, for what only SQLite has; a PostgreSQL database is refused with what to use instead.
+std::string sqlite_only(const std::string& db, const std::string& command, const std::string& instead) {
+  const DbTarget target = parse_db_target(db);
+  if (target.kind == DbTarget::Kind::kPostgres) {
+    throw std::runtime_error(command + ": --db names a PostgreSQL database: " + instead +
+                             " (see 'PostgreSQL' in quota/README.md)");
+  }
+  return target.location;
+}
+
+int serve(const std::string& policy_path, const std::string& db, const std::string& db_password_file,
+          const std::string& listen, bool full_sync, int threads, const std::string& tls_cert,
+          const std::string& tls_key, int backup_every_min, int backup_keep, int max_connections_per_address,
+          int max_connections, int watch_every_s, bool init) {
+  const DbTarget target = parse_db_target(db);  // before anything starts: a URL with a password is refused
+  const bool sqlite = target.kind == DbTarget::Kind::kSqlite;
+  if (!sqlite && backup_every_min > 0) {
+    std::printf(
+        "quotad: %s is backed up by PostgreSQL's own means (pg_dump, continuous archiving): --backup-every "
+        "does not apply\n",
+        db.c_str());
+    backup_every_min = 0;
+  }
   const char* tokens_env = std::getenv("QUOTAD_TOKENS_FILE");
   const std::string tokens_path = tokens_env != nullptr ? tokens_env : "";
   Policy policy = load_policy(policy_path, tokens_path);
@@ -170,9 +191,10 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
     upkeep->watch("tls");
   }
   // Before the database is opened: a second quotad on it would expire the first one's leases under it.
-  const WriterLock writer(db);
+  std::optional<WriterLock> writer;
+  if (sqlite) writer.emplace(target.location);
   // never an empty database in place of one whose backups lie beside it, unless asked for
-  prepare_database(db, init, system_now_ms());
+  if (sqlite) prepare_database(target.location, init, system_now_ms());
   ServerOptions so;
   parse_listen(listen, so.host, so.port);
   so.threads = threads;
@@ -180,14 +202,15 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   so.max_connections = max_connections;
   so.tls_cert_file = tls_cert;
   so.tls_key_file = tls_key;
-  so.operations = [db, backup_every_min, upkeep] {
+  so.operations = [file = target.location, backup_every_min, upkeep] {
     OperationsFigures ops = upkeep->figures();
     ops.backup_interval_ms = int64_t{backup_every_min} * 60000;
-    if (ops.backup_interval_ms > 0) ops.newest_backup_ms = newest_backup_ms(db);  // a directory listing per scrape
+    if (ops.backup_interval_ms > 0) ops.newest_backup_ms = newest_backup_ms(file);  // a directory listing per scrape
     return ops;
   };
   ServiceOptions opts;
   opts.db_path = db;
+  opts.db_password_file = db_password_file;
   opts.full_sync = full_sync;
   // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503;
   // for a second after that, changes get 503 at once
@@ -208,7 +231,7 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
               service.policy().total_gpus(), service.policy().teams.size(), tls_cert.empty() ? "http" : "https",
               so.host.c_str(), port, db.c_str());
   std::fflush(stdout);
-  const PeriodicBackup backups(db, backup_every_min, backup_keep);  // online copies beside the database
+  const PeriodicBackup backups(target.location, backup_every_min, backup_keep);  // online copies beside a SQLite file
 
   // SIGHUP reloads every watched file; without it, a file whose content changed (checked every watch_every_s)
   // is reloaded. A file is tried once per content: a broken one is not retried until it changes or SIGHUP.
@@ -283,20 +306,31 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
 
 }  // namespace
 
+// The monthly report, the quarter statement and the recommendation read a SQLite file (StoreReader).
+constexpr const char* kReportsReadSqlite =
+    "the reports read a SQLite database only; PostgreSQL has no report reader yet";
+
 int main(int argc, char** argv) {
   CLI::App app{"quotad: GPU leases with department quotas"};
   app.require_subcommand(1);
 
-  std::string policy_path = "configs/quota-policy.yaml", db = "quotad.db", listen = "127.0.0.1:8470";
+  std::string policy_path = "configs/quota-policy.yaml", db = "quotad.db", db_password_file, listen = "127.0.0.1:8470";
   bool full_sync = false;
   int threads = 64;
   auto* serve_cmd = app.add_subcommand("serve", "run the service");
   serve_cmd->add_option("--policy", policy_path, "policy YAML")->capture_default_str();
-  serve_cmd->add_option("--db", db, "SQLite database (created if missing, unless backups of one lie beside it)")
+  serve_cmd
+      ->add_option("--db", db,
+                   "the database: a SQLite file (PATH or sqlite:PATH, created if missing, unless backups of one lie "
+                   "beside it) or a PostgreSQL URL "
+                   "(postgresql://USER@HOST/DB, no password in it)")
       ->capture_default_str();
+  serve_cmd->add_option("--db-password-file", db_password_file,
+                        "PostgreSQL: a file whose first line is the password (else libpq's PGPASSWORD / PGPASSFILE)");
   bool init_db = false;
   serve_cmd->add_flag("--init", init_db,
-                      "create a missing --db even where backups of one lie beside it (its ids start above theirs)");
+                      "SQLite: create a missing --db even where backups of one lie beside it (its ids start above "
+                      "theirs)");
   serve_cmd->add_option("--listen", listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
   serve_cmd->add_flag("--sync-full", full_sync, "fsync every commit (survives power loss; slower)");
   serve_cmd->add_option("--threads", threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
@@ -392,11 +426,13 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--after", after, "only entries after this sequence number");
   audit_cmd->add_option("--limit", limit, "at most this many entries")->check(CLI::Range(1, 1000));
   bool audit_verify = false;
-  std::string audit_db = "quotad.db";
+  std::string audit_db = "quotad.db", audit_password_file;
   audit_cmd->add_flag("--verify", audit_verify,
                       "recompute the audit log's hash chain from the database (read-only) and name the first broken "
                       "entry; exit 1 when broken");
-  audit_cmd->add_option("--db", audit_db, "with --verify: quotad's SQLite database")->capture_default_str();
+  audit_cmd->add_option("--db", audit_db, "with --verify: quotad's database (a SQLite file or a PostgreSQL URL)")
+      ->capture_default_str();
+  audit_cmd->add_option("--db-password-file", audit_password_file, "with --verify on PostgreSQL: the password's file");
 
   // the ledger (issue 19)
   std::string loan_state, ledger_text, ledger_user, ledger_month;
@@ -480,8 +516,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*serve_cmd) {
-      return serve(policy_path, db, listen, full_sync, threads, tls_cert, tls_key, backup_every_min, backup_keep,
-                   max_connections_per_address, max_connections, watch_every_s, init_db);
+      return serve(policy_path, db, db_password_file, listen, full_sync, threads, tls_cert, tls_key, backup_every_min,
+                   backup_keep, max_connections_per_address, max_connections, watch_every_s, init_db);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {
@@ -526,9 +562,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*table_cmd) {
-      if (!std::filesystem::exists(table_db)) throw std::runtime_error(table_db + ": no such database");
-      Store store(table_db);
-      const std::vector<ObservedRow> all = fit_observed(store.memory_observations());
+      const DbTarget table_target = parse_db_target(table_db);
+      if (table_target.kind == DbTarget::Kind::kSqlite && !std::filesystem::exists(table_target.location)) {
+        throw std::runtime_error(table_db + ": no such database");
+      }
+      const std::vector<ObservedRow> all = fit_observed(open_store(table_target)->memory_observations());
       // one table per device, precision and LibTorch version (an upgrade can change what a batch needs)
       std::map<std::string, std::vector<ObservedRow>> by_table;
       for (const auto& row : all) {
@@ -617,8 +655,8 @@ int main(int argc, char** argv) {
           throw std::runtime_error("--until: no such day '" + recommend_until + "'");
         }
       }
-      const UsageHistory history =
-          load_history(recommend_db, policy, now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
+      const UsageHistory history = load_history(sqlite_only(recommend_db, "recommend", kReportsReadSqlite), policy,
+                                                now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
       const Recommendation recommendation = recommend(policy, history);
       const std::string diff = policy_diff(policy_text, recommend_policy, policy, recommendation);
       std::printf("%s\n", recommendation_text(recommendation).c_str());
@@ -631,7 +669,8 @@ int main(int argc, char** argv) {
       if (!report_month.empty()) throw std::runtime_error("--quarter: give either --month or --quarter, not both");
       quarter_months(report_quarter);  // names --quarter before anything else is read
       if (report_policy.empty()) throw std::runtime_error("--policy: required with --quarter (the credit rules)");
-      const QuarterStatement statement = build_statement(report_db, report_quarter, load_policy(report_policy));
+      const QuarterStatement statement = build_statement(sqlite_only(report_db, "report", kReportsReadSqlite),
+                                                         report_quarter, load_policy(report_policy));
       const std::string text = report_format == "html"  ? statement_html(statement)
                                : report_format == "csv" ? statement_csv(statement)
                                                         : statement_markdown(statement);
@@ -642,7 +681,8 @@ int main(int argc, char** argv) {
       if (report_month.empty()) throw std::runtime_error("--month: required (or --quarter)");
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
-      const MonthlyReport report = build_report(report_db, report_month, policy.get(), report_top);
+      const MonthlyReport report =
+          build_report(sqlite_only(report_db, "report", kReportsReadSqlite), report_month, policy.get(), report_top);
       const std::string text = report_format == "html"  ? report_html(report)
                                : report_format == "csv" ? report_csv(report)
                                                         : report_markdown(report);
@@ -665,13 +705,20 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*backup_cmd) {
-      std::printf("quotad backup: %s\n", backup_database(backup_db, system_now_ms(), backup_keep_now).c_str());
+      const std::string file =
+          sqlite_only(backup_db, "backup",
+                      "back it up with pg_dump, or continuous WAL archiving for point-in-time recovery (PITR)");
+      std::printf("quotad backup: %s\n", backup_database(file, system_now_ms(), backup_keep_now).c_str());
       return 0;
     }
     if (*repair_cmd) {
-      const RepairReport report = repair_database(repair_db, system_now_ms());
+      const std::string file = sqlite_only(repair_db, "repair-db",
+                                           "PostgreSQL keeps its pages whole itself; restore a pg_dump or a point in "
+                                           "time (PITR), and move a row that does not parse to the table quarantine "
+                                           "by hand");
+      const RepairReport report = repair_database(file, system_now_ms());
       if (report.backup.empty()) {
-        std::printf("quotad repair-db: %s was missing\n", repair_db.c_str());
+        std::printf("quotad repair-db: %s was missing\n", file.c_str());
       } else {
         std::printf("quotad repair-db: copy kept as %s\n", report.backup.c_str());
       }
@@ -695,7 +742,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*audit_cmd && audit_verify) {
-      const AuditChainCheck check = verify_audit_chain(audit_db);
+      StoreOptions audit_options;
+      audit_options.password_file = audit_password_file;
+      const AuditChainCheck check = verify_audit_chain(parse_db_target(audit_db), audit_options);
       if (!check.intact) {
         std::printf("quotad audit --verify: %s: the chain is broken at %s\n", audit_db.c_str(), check.problem.c_str());
         return 1;

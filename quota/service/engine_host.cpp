@@ -43,7 +43,7 @@ const char* to_string(EngineMode mode) {
   return "?";
 }
 
-EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<Store> store,
+EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store,
                        HeartbeatBoard& board)
     : options_(options),
       mode_(mode_of(options, store != nullptr)),
@@ -87,7 +87,7 @@ void EngineHost::start_from_store() {
     engine_.note(now, "quotad", "state.unsound", "at load: " + error);
   }
   store_->write(engine_, engine_.take_changes());
-  replay_heartbeats(options_.db_path, engine_, tracker_);  // the waste list survives a restart
+  store_->replay_heartbeats(engine_, tracker_);  // the waste list survives a restart
   // A wall clock set back while quotad was down leaves live leases seen "in the future": the step was at
   // least that, and their clocks move back by it (else a dead job would keep its GPUs until then).
   int64_t latest = now;

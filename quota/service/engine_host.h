@@ -17,12 +17,13 @@
 #include "quota/core/engine.h"
 #include "quota/core/usage.h"
 #include "quota/service/heartbeat_board.h"
-#include "quota/store/store.h"
+#include "quota/store/state_store.h"
 
 namespace yolo8::quota {
 
 struct ServiceOptions {
-  std::string db_path;             // empty: state in memory only
+  std::string db_path;             // --db: a SQLite file or a PostgreSQL URL (parse_db_target); empty: in memory only
+  std::string db_password_file;    // PostgreSQL: the password's file (empty: libpq's PGPASSWORD / PGPASSFILE)
   bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
   bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
@@ -66,7 +67,7 @@ class Unavailable : public std::runtime_error {
 class EngineHost {
  public:
   // `store` null: state in memory only. Loads the stored state (kSingle), checked, with the heartbeats' history.
-  EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<Store> store, HeartbeatBoard& board);
+  EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store, HeartbeatBoard& board);
 
   EngineMode mode() const { return mode_; }
   bool has_store() const { return store_ != nullptr; }
@@ -126,7 +127,7 @@ class EngineHost {
   // Guards the store's connection, which heartbeat flushes and audit reads use outside the engine lock; taken
   // after mutex_ when both are held.
   std::mutex store_mutex_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<StateStore> store_;
   std::atomic<int64_t> last_tick_ms_{0};                             // monotonic: the last saved tick
   std::atomic<std::chrono::steady_clock::rep> store_down_until_{0};  // steady clock: changes fail fast until then
   std::atomic<uint64_t> preemptions_total_{0};

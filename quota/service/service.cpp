@@ -16,12 +16,10 @@ namespace {
 constexpr int kRetryAfterS = 2;
 
 // The store the options name; none for a state in memory only.
-std::unique_ptr<Store> open_store(const ServiceOptions& options) {
-  std::unique_ptr<Store> store;
-  if (!options.db_path.empty()) {
-    store = std::make_unique<Store>(options.db_path, options.full_sync, options.store_busy_timeout_ms);
-  }
-  return store;
+std::unique_ptr<StateStore> open_service_store(const ServiceOptions& options) {
+  if (options.db_path.empty()) return nullptr;
+  return open_store(parse_db_target(options.db_path),
+                    {options.full_sync, options.store_busy_timeout_ms, options.db_password_file});
 }
 
 json parse_body(const std::string& body) { return parse_request_body(body); }
@@ -44,7 +42,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
     : policy_(policy),
       options_(std::move(options)),
       board_(options_.max_pending_heartbeats),
-      host_(std::move(policy), options_, open_store(options_), board_) {}
+      host_(std::move(policy), options_, open_service_store(options_), board_) {}
 
 void QuotaService::tick() {
   if (host_.mode() == EngineMode::kLocal) {

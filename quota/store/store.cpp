@@ -1387,6 +1387,10 @@ void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTra
   }
 }
 
+void Store::replay_heartbeats(const Engine& engine, UtilTracker& tracker) {
+  yolo8::quota::replay_heartbeats(path_, engine, tracker);
+}
+
 StoreReader::StoreReader(const std::string& path) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -1496,6 +1500,65 @@ std::vector<AuditEntry> StoreReader::audit(const std::string& action, int64_t af
   return out;
 }
 
+bool AuditChainVerifier::broken(int64_t seq, const std::string& problem) {
+  check_.intact = false;
+  check_.broken_seq = seq;
+  check_.problem = "entry " + std::to_string(seq) + ": " + problem;
+  return false;
+}
+
+bool AuditChainVerifier::add(const AuditEntry& entry, const std::string* chain) {
+  if (!check_.intact) return false;
+  ++check_.entries;
+  if (entry.seq != expected_) {
+    // a restore's declared loss, itself chained (below) to the entries before it
+    int64_t lost_from = 0;
+    int64_t lost_to = 0;
+    if (!declared_gap(entry.action, entry.detail, lost_from, lost_to) || lost_from != expected_ ||
+        lost_to != entry.seq - 1) {
+      return broken(expected_, "missing: deleted, or lost before a repair");
+    }
+    check_.recorded_gaps.push_back(entry.detail);
+  }
+  expected_ = entry.seq + 1;
+  if (chain == nullptr) {
+    if (!chained_) {
+      ++check_.unchained;
+      return true;
+    }
+    return broken(entry.seq, entry.action == "audit.gap"
+                                 ? "lost: quotad repair-db recorded the gap"
+                                 : "has no hash: written into the log around quotad, after the chain began");
+  }
+  chained_ = true;
+  if (*chain != audit_chain_link(link_, entry)) {
+    return broken(entry.seq, "its hash does not match: the entry, or the one before it, was changed");
+  }
+  link_ = *chain;
+  check_.head_seq = entry.seq;
+  check_.head = link_;
+  return true;
+}
+
+AuditChainCheck AuditChainVerifier::finish(const std::string& recorded_head) {
+  if (!check_.intact) return check_;
+  if (recorded_head.empty()) {
+    if (chained_) broken(check_.head_seq, "the recorded head of the chain (meta audit_head) is missing");
+    return check_;
+  }
+  const int64_t head_seq = std::strtoll(recorded_head.c_str(), nullptr, 10);
+  const std::string head_link = recorded_head.substr(recorded_head.find(' ') + 1);
+  if (head_seq > check_.head_seq) {
+    broken(check_.head_seq + 1, "missing: the log ends at " + std::to_string(check_.head_seq) +
+                                    ", the recorded head is entry " + std::to_string(head_seq) +
+                                    " (the last entries were deleted)");
+  } else if (head_seq != check_.head_seq || head_link != check_.head) {
+    broken(check_.head_seq, "does not match the recorded head of the chain (entry " + std::to_string(head_seq) +
+                                "): it was changed or added after it was written");
+  }
+  return check_;
+}
+
 AuditChainCheck verify_audit_chain(const std::string& db_path) {
   const Connection db = open_connection(db_path, SQLITE_OPEN_READONLY);
   auto query = [&](const char* sql) {
@@ -1505,13 +1568,6 @@ AuditChainCheck verify_audit_chain(const std::string& db_path) {
     }
     return Statement(statement);
   };
-  AuditChainCheck check;
-  auto broken = [&](int64_t seq, const std::string& problem) {
-    check.intact = false;
-    check.broken_seq = seq;
-    check.problem = "entry " + std::to_string(seq) + ": " + problem;
-    return check;
-  };
   bool has_chain = false;
   {
     Statement columns = query("SELECT name FROM pragma_table_info('audit')");
@@ -1520,9 +1576,7 @@ AuditChainCheck verify_audit_chain(const std::string& db_path) {
   Statement rows =
       query(has_chain ? "SELECT seq, ts_ms, actor, action, lease_id, team, detail, chain FROM audit ORDER BY seq"
                       : "SELECT seq, ts_ms, actor, action, lease_id, team, detail, NULL FROM audit ORDER BY seq");
-  std::string link;
-  bool chained = false;
-  int64_t expected = 1;
+  AuditChainVerifier verifier;
   int rc = SQLITE_ROW;
   while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
     AuditEntry entry;
@@ -1533,35 +1587,9 @@ AuditChainCheck verify_audit_chain(const std::string& db_path) {
     entry.lease_id = sqlite3_column_int64(rows.get(), 4);
     entry.team = text(rows.get(), 5);
     entry.detail = text(rows.get(), 6);
-    ++check.entries;
-    int64_t lost_from = 0;
-    int64_t lost_to = 0;
-    if (entry.seq != expected) {
-      // a restore's declared loss, itself chained (below) to the entries before it
-      if (!declared_gap(entry.action, entry.detail, lost_from, lost_to) || lost_from != expected ||
-          lost_to != entry.seq - 1) {
-        return broken(expected, "missing: deleted, or lost before a repair");
-      }
-      check.recorded_gaps.push_back(entry.detail);
-    }
-    expected = entry.seq + 1;
-    if (sqlite3_column_type(rows.get(), 7) == SQLITE_NULL) {
-      if (!chained) {
-        ++check.unchained;
-        continue;
-      }
-      return broken(entry.seq, entry.action == "audit.gap"
-                                   ? "lost: quotad repair-db recorded the gap"
-                                   : "has no hash: written into the log around quotad, after the chain began");
-    }
-    chained = true;
-    const std::string stored = text(rows.get(), 7);
-    if (stored != audit_chain_link(link, entry)) {
-      return broken(entry.seq, "its hash does not match: the entry, or the one before it, was changed");
-    }
-    link = stored;
-    check.head_seq = entry.seq;
-    check.head = link;
+    const bool linked = sqlite3_column_type(rows.get(), 7) != SQLITE_NULL;
+    const std::string chain = linked ? text(rows.get(), 7) : std::string();
+    if (!verifier.add(entry, linked ? &chain : nullptr)) return verifier.finish("");
   }
   if (rc != SQLITE_DONE) throw StoreError(db_path + ": table audit: " + sqlite3_errmsg(db.get()));
   std::string head;
@@ -1569,22 +1597,7 @@ AuditChainCheck verify_audit_chain(const std::string& db_path) {
     Statement meta = query("SELECT value FROM meta WHERE key = 'audit_head'");
     if (sqlite3_step(meta.get()) == SQLITE_ROW) head = text(meta.get(), 0);
   }
-  if (head.empty()) {
-    if (chained) return broken(check.head_seq, "the recorded head of the chain (meta audit_head) is missing");
-    return check;
-  }
-  const int64_t head_seq = std::strtoll(head.c_str(), nullptr, 10);
-  const std::string head_link = head.substr(head.find(' ') + 1);
-  if (head_seq > check.head_seq) {
-    return broken(check.head_seq + 1, "missing: the log ends at " + std::to_string(check.head_seq) +
-                                          ", the recorded head is entry " + std::to_string(head_seq) +
-                                          " (the last entries were deleted)");
-  }
-  if (head_seq != check.head_seq || head_link != check.head) {
-    return broken(check.head_seq, "does not match the recorded head of the chain (entry " + std::to_string(head_seq) +
-                                      "): it was changed or added after it was written");
-  }
-  return check;
+  return verifier.finish(head);
 }
 
 }  // namespace yolo8::quota

@@ -1,5 +1,6 @@
 #pragma once
-// SQLite persistence of the engine: WAL mode, one transaction per state change, append-only audit.
+// SQLite persistence of the engine (the StateStore of a file): WAL mode, one transaction per state change,
+// append-only audit.
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
@@ -12,49 +13,12 @@
 #include "quota/core/engine.h"
 #include "quota/core/memory_learning.h"
 #include "quota/core/usage.h"
+#include "quota/store/state_store.h"
 
 struct sqlite3;
 struct sqlite3_stmt;
 
 namespace yolo8::quota {
-
-class StoreError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The newest schema version this quotad knows (PRAGMA user_version of its databases). Opening a database applies
-// the numbered steps it lacks, in order, in one transaction, each logged and audited (`schema.migrate`); a
-// database of a newer version is refused. See "Schema versions and upgrades" in quota/README.md.
-inline constexpr int kSchemaVersion = 8;
-
-// Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
-// keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
-inline constexpr int kMemoryObservationRunsKept = 100;
-
-struct HeartbeatSample {
-  int64_t lease_id = 0;
-  int64_t ts_ms = 0;
-  Telemetry telemetry;
-};
-
-struct Snapshot {
-  std::vector<Lease> leases;
-  std::vector<Approval> approvals;
-  std::vector<AuditEntry> audit;  // the latest entries only
-  std::map<std::pair<std::string, std::string>, double> usage;
-  int64_t next_audit_seq = 1;
-  // The persistent id sequences: above every id ever stored (meta counters, all lease and approval rows,
-  // and the lease ids that audit and heartbeat rows name), loaded or not.
-  int64_t next_lease_id = 1;
-  int64_t next_approval_id = 1;
-  // issue 19: every loan application and credit grant (few; never deleted)
-  std::vector<Loan> loans;
-  std::vector<CreditGrant> grants;
-  // above every loan and grant id stored, quarantined rows included (ids are never reused)
-  int64_t next_loan_id = 1;
-  int64_t next_grant_id = 1;
-};
 
 struct RepairReport;
 RepairReport repair_database(const std::string& path, int64_t now_ms);
@@ -69,7 +33,7 @@ inline constexpr int64_t kIdEpochSpan = 1000000000;
 // The first id of the epoch a restore opens above `highest_known`.
 int64_t next_id_epoch(int64_t highest_known);
 
-class Store {
+class Store : public StateStore {
  public:
   // Opens (creating) the database. `full_sync` = synchronous=FULL (survives power loss); otherwise NORMAL,
   // which in WAL mode still survives a crash of the process.
@@ -85,31 +49,33 @@ class Store {
   // audit entries. Running leases get their latest reported telemetry back from the heartbeat table.
   // A row that does not parse, or a gap in the audit sequence, is a StoreError naming the table, the row id
   // and the column (quotad repair-db sets such rows aside).
-  Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail);
+  Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) override;
   // Writes what the engine changed; inside an open transaction it joins it, otherwise it is one transaction.
-  void write(const Engine& engine, const Changes& changes);
-  void write_heartbeats(const std::vector<HeartbeatSample>& samples);
+  void write(const Engine& engine, const Changes& changes) override;
+  void write_heartbeats(const std::vector<HeartbeatSample>& samples) override;
 
   // Cross-process exclusive section (local mode): BEGIN IMMEDIATE ... COMMIT / ROLLBACK.
-  void begin_immediate();
-  void commit();
-  void rollback();
+  void begin_immediate() override;
+  void commit() override;
+  void rollback() override;
 
   // A value of the meta table, "" when absent; set_meta writes one (joining an open transaction). Local mode keeps
   // its processes' shared clock reference there.
-  std::string meta(const std::string& key) { return meta_value(key.c_str()); }
-  void set_meta(const std::string& key, const std::string& value);
+  std::string meta(const std::string& key) override { return meta_value(key.c_str()); }
+  void set_meta(const std::string& key, const std::string& value) override;
 
-  std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "");
-  int64_t count_heartbeats();
+  std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "") override;
+  int64_t count_heartbeats() override;
   // The memory peaks heartbeats reported with model, imgsz, batch, AMP, device and LibTorch version: one per run
   // and setting, of the latest kMemoryObservationRunsKept runs per model, device, AMP and LibTorch version.
-  std::vector<MemoryObservation> memory_observations();
+  std::vector<MemoryObservation> memory_observations() override;
+  // Through a read connection of its own (StoreReader), as quotad always did.
+  void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
-  const std::string& path() const { return path_; }
+  const std::string& path() const override { return path_; }
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
-  const std::string& audit_head() const { return audit_head_; }
+  const std::string& audit_head() const override { return audit_head_; }
 
  private:
   void exec(const char* sql);
@@ -218,10 +184,30 @@ struct AuditChainCheck {
   // The ranges a restore declared lost (its chained `audit.gap` entries), as those entries' details say them.
   std::vector<std::string> recorded_gaps;
 };
-// `quotad audit --verify`: reads `db_path` read-only and recomputes the chain. A deleted entry (a gap, the first
-// or the last: the head in meta names it), an edited one (its link no longer matches), or an entry inserted around
-// the chain is named. Throws StoreError when the file cannot be read.
+// Recomputes the chain from the entries in sequence order, whichever database they come from. A deleted entry (a
+// gap, the first or the last: the recorded head names it), an edited one (its link no longer matches), or an entry
+// inserted around the chain is named.
+class AuditChainVerifier {
+ public:
+  // `chain`: the entry's stored link, nullptr when it has none. False once the chain is broken (stop reading).
+  bool add(const AuditEntry& entry, const std::string* chain);
+  // With the head meta records ("<seq> <link>", "" when none), after the last entry.
+  AuditChainCheck finish(const std::string& recorded_head);
+
+ private:
+  bool broken(int64_t seq, const std::string& problem);
+
+  AuditChainCheck check_;
+  std::string link_;
+  bool chained_ = false;
+  int64_t expected_ = 1;
+};
+
+// `quotad audit --verify`: reads `db_path` read-only and recomputes the chain (AuditChainVerifier). Throws
+// StoreError when the file cannot be read.
 AuditChainCheck verify_audit_chain(const std::string& db_path);
+// The same for the database `--db` names, SQLite or PostgreSQL (read in one read-only transaction).
+AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& options);
 
 // Read-only queries on a quota database, for what quotad reports from it (the monthly report, the quarter
 // statement, the usage history): the schema stays behind this file, so a change to a table changes its readers

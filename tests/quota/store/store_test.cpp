@@ -102,30 +102,6 @@ TEST(QuotaStore, WritesStatesInTheSameTextFormAsBefore) {
   EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.state') FROM approvals WHERE id = 1"), "cancelled");
 }
 
-TEST(QuotaStore, AnEndedEmergencyLeaseLoadsUntilItsReviewIsClosed) {
-  const std::string path = temp_db("review_kept");
-  Engine engine(testing::example_policy());
-  LeaseRequest request;
-  request.team = "team-interns";
-  request.user = "ivan";
-  request.priority = Priority::kCritical;
-  request.justification = "demo day";
-  const int64_t id = engine.acquire(request, kMonday).lease_id;
-  request.priority = Priority::kNormal;
-  const int64_t normal = engine.acquire(request, kMonday).lease_id;
-  engine.release(id, Outcome::kCompleted, kMonday + kHour);
-  engine.release(normal, Outcome::kCompleted, kMonday + kHour);
-  Store store(path);
-  store.write(engine, engine.take_changes());
-  const Snapshot old = store.load(kMonday + 72 * kHour, 24 * kHour, 0);  // ended two days before
-  ASSERT_EQ(old.leases.size(), 1u);
-  EXPECT_EQ(old.leases[0].id, id);
-  EXPECT_TRUE(old.leases[0].review_pending);
-  engine.review_emergency(id, "admin", kMonday + 72 * kHour, "justified");
-  store.write(engine, engine.take_changes());
-  EXPECT_TRUE(store.load(kMonday + 72 * kHour, 24 * kHour, 0).leases.empty());
-}
-
 // issue 30: rows that parse but break invariants, edited into the database behind quotad's back (a second
 // lease on lease 1's GPU, a lease of 500 GPUs). After a restart each is in the quarantine table with why, gone
 // from the leases, audited; the first lease keeps its GPU; a second restart finds nothing more to do.
@@ -345,36 +321,6 @@ TEST(QuotaStore, LoansAndGrantsRoundTripAndABadLoanRowIsSetAsideWithoutReusingIt
 namespace yolo8::quota {
 namespace {
 
-// Heartbeats that carry a peak with model, imgsz, batch, AMP and device are kept as memory observations, one per
-// run and setting (its highest peak); telemetry without them is not.
-TEST(QuotaStore, HeartbeatPeaksWithTheirContextAreKeptAsMemoryObservations) {
-  const std::string path = testing::temp_db("memory_observations");
-  Store store(path);
-  Telemetry beat;
-  beat.memory_used_gib = 3.0;
-  beat.model = "yolov8n";
-  beat.imgsz = 640;
-  beat.batch = 16;
-  beat.amp = 1;
-  beat.device_name = "NVIDIA L4";
-  Telemetry higher = beat;
-  higher.memory_used_gib = 3.5;
-  Telemetry bare;
-  bare.memory_used_gib = 9.0;  // no context: nothing to learn from
-  Telemetry other = beat;
-  other.batch = 32;
-  other.memory_used_gib = 6.0;
-  store.write_heartbeats({{1, 1000, beat}, {1, 2000, higher}, {1, 3000, bare}, {2, 1500, other}});
-  const std::vector<MemoryObservation> seen = store.memory_observations();
-  ASSERT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[0].batch, 16);
-  EXPECT_DOUBLE_EQ(seen[0].peak_gib, 3.5);
-  EXPECT_TRUE(seen[0].amp);
-  EXPECT_EQ(seen[0].device, "NVIDIA L4");
-  EXPECT_EQ(seen[1].batch, 32);
-  EXPECT_EQ(store.count_heartbeats(), 4);
-}
-
 // The LibTorch version goes with each observation; a database written before the column existed gains it at
 // open, its older rows reading as "no version".
 TEST(QuotaStore, MemoryObservationsKeepTheLibtorchVersionAlsoOnAnOlderDatabase) {
@@ -400,43 +346,6 @@ TEST(QuotaStore, MemoryObservationsKeepTheLibtorchVersionAlsoOnAnOlderDatabase) 
   EXPECT_EQ(seen[0].batch, 8);
   EXPECT_EQ(seen[1].libtorch, "2.1.2");
   EXPECT_EQ(seen[1].batch, 16);
-}
-
-// Observations stay bounded: a run keeps one row per setting however many heartbeats it sends (its highest
-// peak), and only the latest kMemoryObservationRunsKept runs per model, device, precision and LibTorch version
-// are kept; other keys are untouched.
-TEST(QuotaStore, MemoryObservationsArePrunedToTheLatestRunsPerKey) {
-  const std::string path = temp_db("memory_observations_pruned");
-  Store store(path);
-  Telemetry beat;
-  beat.model = "yolov8n";
-  beat.imgsz = 640;
-  beat.batch = 16;
-  beat.amp = 1;
-  beat.device_name = "NVIDIA L4";
-  beat.libtorch = "2.1.2";
-  Telemetry other = beat;
-  other.model = "yolov8s";
-  other.memory_used_gib = 5.0;
-  store.write_heartbeats({{1, 500, other}});
-  const int runs = kMemoryObservationRunsKept + 3;
-  for (int run = 1; run <= runs; ++run) {
-    std::vector<HeartbeatSample> beats;
-    for (int second = 0; second < 5; ++second) {  // five heartbeats, the peak growing
-      beat.memory_used_gib = 1.0 + run * 0.01 + second * 0.001;
-      beats.push_back({100 + run, 1000LL * run + second, beat});
-    }
-    store.write_heartbeats(beats);
-  }
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM memory_observations WHERE model = 'yolov8n'"),
-            std::to_string(kMemoryObservationRunsKept));
-  EXPECT_EQ(query_text(path, "SELECT MIN(lease_id) FROM memory_observations WHERE model = 'yolov8n'"),
-            std::to_string(100 + 4));  // the three oldest runs went
-  EXPECT_EQ(query_text(path, "SELECT COUNT(*) FROM memory_observations WHERE model = 'yolov8s'"), "1");
-  const std::vector<MemoryObservation> seen = store.memory_observations();
-  ASSERT_EQ(seen.size(), static_cast<size_t>(kMemoryObservationRunsKept) + 1);
-  EXPECT_NEAR(seen.front().peak_gib, 1.0 + 4 * 0.01 + 0.004, 1e-9);  // the run's highest peak
-  EXPECT_EQ(store.count_heartbeats(), 5 * runs + 1);                 // the heartbeats themselves are not pruned here
 }
 
 // A restarted quotad still says where a running lease's utilisation came from (the metric's `source` label),

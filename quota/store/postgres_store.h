@@ -1,0 +1,69 @@
+#pragma once
+// PostgreSQL persistence of the engine: the tables and meaning of the SQLite layout (quota/store/store.cpp), types
+// mapped (BIGINT, DOUBLE PRECISION, TEXT), the schema in numbered steps recorded in the table schema_version, the
+// same append-only audit log with the same hash chain. Every write is one transaction that first takes one
+// transaction-scoped advisory lock: writers queue as SQLite's BEGIN IMMEDIATE makes them, and each sees what the
+// one before it committed. Backups and repair are PostgreSQL's own (pg_dump, continuous archiving).
+#include <functional>
+#include <string>
+
+#include "quota/store/state_store.h"
+#include "quota/store/store.h"
+
+struct pg_conn;
+struct pg_result;
+
+namespace yolo8::quota {
+
+class PostgresStore : public StateStore {
+ public:
+  // Connects to `url` (a libpq URL without a password; `password` when not empty, else libpq's PGPASSWORD /
+  // PGPASSFILE) and brings the schema to kSchemaVersion: the missing steps in one transaction, each logged and,
+  // on a database that already held quotad's tables, audited; a database of a newer version is refused naming both.
+  // `busy_timeout_ms`: how long a write waits for another writer before it fails (StoreError).
+  PostgresStore(const std::string& url, const std::string& password, int busy_timeout_ms = 30000);
+  ~PostgresStore() override;
+  PostgresStore(const PostgresStore&) = delete;
+  PostgresStore& operator=(const PostgresStore&) = delete;
+
+  Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) override;
+  void write(const Engine& engine, const Changes& changes) override;
+  void write_heartbeats(const std::vector<HeartbeatSample>& samples) override;
+  void begin_immediate() override;
+  void commit() override;
+  void rollback() override;
+  std::string meta(const std::string& key) override;
+  void set_meta(const std::string& key, const std::string& value) override;
+  std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "") override;
+  int64_t count_heartbeats() override;
+  std::vector<MemoryObservation> memory_observations() override;
+  void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
+  const std::string& audit_head() const override { return audit_head_; }
+  const std::string& path() const override { return url_; }
+
+  // The schema version the database records (0 before the first step).
+  int schema_version();
+
+ private:
+  class Result;
+  struct Params;
+  Result run(const std::string& what, const char* sql, const Params& params);
+  Result run(const std::string& what, const char* sql);
+  Result attempt(const std::string& what, const std::function<pg_result*()>& exec);
+  // Every write goes through here: it joins an open transaction, or is one (begin, `body`, commit).
+  void in_transaction(const std::function<void()>& body);
+  void begin();
+  void migrate_schema();
+  void append_audit(const std::vector<AuditEntry>& entries);
+
+  std::string url_;
+  std::string audit_head_;
+  pg_conn* conn_ = nullptr;
+  bool in_tx_ = false;
+};
+
+// `quotad audit --verify` on a PostgreSQL database: its audit log and recorded head, read in one read-only
+// transaction (nothing is created or migrated), through AuditChainVerifier.
+AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password);
+
+}  // namespace yolo8::quota

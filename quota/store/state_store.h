@@ -1,0 +1,118 @@
+#pragma once
+// What quotad keeps its state in, behind one interface: a SQLite file (Store, quota/store/store.h) or a PostgreSQL
+// database (PostgresStore, quota/store/postgres_store.h), chosen by `--db` through parse_db_target and open_store.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "quota/core/engine.h"
+#include "quota/core/memory_learning.h"
+#include "quota/core/usage.h"
+
+namespace yolo8::quota {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The newest schema version this quotad knows, of either backend (SQLite: PRAGMA user_version; PostgreSQL: the
+// table schema_version). Opening a database applies the numbered steps it lacks, in order, in one transaction, each
+// logged and audited (`schema.migrate`); a database of a newer version is refused. See "Schema versions and
+// upgrades" in quota/README.md.
+inline constexpr int kSchemaVersion = 8;
+
+// Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
+// keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
+inline constexpr int kMemoryObservationRunsKept = 100;
+
+struct HeartbeatSample {
+  int64_t lease_id = 0;
+  int64_t ts_ms = 0;
+  Telemetry telemetry;
+};
+
+struct Snapshot {
+  std::vector<Lease> leases;
+  std::vector<Approval> approvals;
+  std::vector<AuditEntry> audit;  // the latest entries only
+  std::map<std::pair<std::string, std::string>, double> usage;
+  int64_t next_audit_seq = 1;
+  // The persistent id sequences: above every id ever stored (meta counters, all lease and approval rows,
+  // and the lease ids that audit and heartbeat rows name), loaded or not.
+  int64_t next_lease_id = 1;
+  int64_t next_approval_id = 1;
+  // every loan application and credit grant (few; never deleted)
+  std::vector<Loan> loans;
+  std::vector<CreditGrant> grants;
+  // above every loan and grant id stored, quarantined rows included (ids are never reused)
+  int64_t next_loan_id = 1;
+  int64_t next_grant_id = 1;
+};
+
+// The engine's state in a database: what QuotaService calls, the same on every backend. Every error is a
+// StoreError naming the database (the file, or the URL).
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+
+  // Unfinished leases, leases that ended within `keep_ended_ms`, emergency leases whose review is open, approvals,
+  // the ledger, usage, the last `audit_tail` audit entries and the persistent id sequences. Running leases get their
+  // latest reported telemetry back from the heartbeat table. A row that does not parse, or a gap in the audit
+  // sequence, is a StoreError naming the table, the row id and the column.
+  virtual Snapshot load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) = 0;
+  // Writes what the engine changed; inside an open transaction it joins it, otherwise it is one transaction.
+  virtual void write(const Engine& engine, const Changes& changes) = 0;
+  virtual void write_heartbeats(const std::vector<HeartbeatSample>& samples) = 0;
+
+  // An exclusive section across processes (local mode): one holder at a time, reads inside see every commit made
+  // before it began. A write waits for the holder up to the busy timeout, then fails (StoreError).
+  virtual void begin_immediate() = 0;
+  virtual void commit() = 0;
+  virtual void rollback() = 0;
+
+  // A value of the meta table, "" when absent; set_meta writes one (joining an open transaction).
+  virtual std::string meta(const std::string& key) = 0;
+  virtual void set_meta(const std::string& key, const std::string& value) = 0;
+
+  virtual std::vector<AuditEntry> audit(int64_t after_seq, size_t limit, const std::string& team = "") = 0;
+  virtual int64_t count_heartbeats() = 0;
+  // The memory peaks heartbeats reported with model, imgsz, batch, AMP, device and LibTorch version: one per run
+  // and setting, of the latest kMemoryObservationRunsKept runs per model, device, AMP and LibTorch version.
+  virtual std::vector<MemoryObservation> memory_observations() = 0;
+  // Refolds the stored utilisation samples of the engine's running leases into `tracker` (quotad restarted), so
+  // the waste list survives a restart.
+  virtual void replay_heartbeats(const Engine& engine, UtilTracker& tracker) = 0;
+  // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
+  virtual const std::string& audit_head() const = 0;
+  // The file or the URL (never with a password), as errors and logs name it.
+  virtual const std::string& path() const = 0;
+};
+
+// Where `--db` points: a SQLite file or a PostgreSQL database.
+struct DbTarget {
+  enum class Kind { kSqlite, kPostgres };
+  Kind kind = Kind::kSqlite;
+  std::string location;  // the file, or the PostgreSQL URL as given (it holds no password)
+};
+
+// `--db`: "postgresql://..." or "postgres://..." (a libpq connection URL), "sqlite:PATH", or a plain PATH (SQLite).
+// A URL that carries a password (user:secret@, ?password=) is refused: a command line is visible to every user of
+// the machine; the password comes from --db-password-file or libpq's PGPASSWORD / PGPASSFILE. Throws StoreError
+// naming the option.
+DbTarget parse_db_target(const std::string& spec);
+
+struct StoreOptions {
+  bool full_sync = false;       // SQLite: synchronous=FULL (PostgreSQL: its own fsync settings apply)
+  int busy_timeout_ms = 30000;  // how long a write waits for another writer's lock before it fails
+  std::string password_file;    // PostgreSQL: a file holding the password (its first line); empty: libpq's own
+};
+
+// Opens (creating or upgrading the schema of) the database `target` names.
+std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOptions& options = {});
+
+}  // namespace yolo8::quota

@@ -1,0 +1,93 @@
+// `quotad serve --db postgresql://...` on a throwaway PostgreSQL: it serves, restarts onto what it wrote, and its
+// audit log verifies; what only SQLite has (backup, repair-db) is refused naming PostgreSQL's own means, and a
+// password never comes on the command line.
+#include <httplib.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/quota/postgres_cluster.h"
+#include "tests/quota/quota_test_util.h"
+#include "tests/quota/quotad_process.h"
+
+namespace yolo8::quota {
+namespace {
+
+using testing::PostgresCluster;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs quotad with `args` (each quoted for the shell), stdout and stderr to `out`; the exit status.
+int quotad(const std::vector<std::string>& args, const std::string& out) {
+  std::string command = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
+  for (const std::string& arg : args) command += " '" + arg + "'";
+  const int status = std::system((command + " > " + out + " 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(QuotadPostgres, ServesRestartsAndVerifiesItsAuditLog) {
+  const std::string url = PostgresCluster::get().fresh_database("quotad_serve");
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string policy = testing::example_policy_path();
+  {
+    yolo8::test::QuotadProcess quotad_process;
+    ASSERT_TRUE(quotad_process.start(policy, url, dir + "/pg_serve.log"));
+    httplib::Client client("127.0.0.1", quotad_process.port());
+    const auto granted = client.Post("/v1/leases", {{"Authorization", "Bearer alice-token"}}, R"({"model":"yolov8s"})",
+                                     "application/json");
+    ASSERT_TRUE(granted);
+    EXPECT_EQ(granted->status, 201) << granted->body;
+    EXPECT_TRUE(quotad_process.stop());
+  }
+  EXPECT_NE(read_text(dir + "/pg_serve.log").find("--backup-every does not apply"), std::string::npos);
+  {
+    yolo8::test::QuotadProcess again;
+    ASSERT_TRUE(again.start(policy, url, dir + "/pg_serve_again.log"));
+    httplib::Client client("127.0.0.1", again.port());
+    const auto lease = client.Get("/v1/leases/1", {{"Authorization", "Bearer alice-token"}});
+    ASSERT_TRUE(lease);
+    EXPECT_EQ(lease->status, 200) << lease->body;
+    EXPECT_NE(lease->body.find(R"("state":"granted")"), std::string::npos) << lease->body;
+    EXPECT_TRUE(again.stop());
+  }
+  const std::string out = dir + "/pg_verify.out";
+  EXPECT_EQ(quotad({"audit", "--verify", "--db", url}, out), 0) << read_text(out);
+  EXPECT_NE(read_text(out).find("1 entries, chain intact; head: entry 1 sha256 "), std::string::npos) << read_text(out);
+}
+
+TEST(QuotadPostgres, BackupAndRepairAreRefusedNamingPostgresOwnMeans) {
+  const std::string url = "postgresql://quotad@db.example/quota";
+  const std::string out = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp/pg_refused.out";
+  EXPECT_EQ(quotad({"backup", "--db", url}, out), 1);
+  EXPECT_NE(read_text(out).find("backup: --db names a PostgreSQL database: back it up with pg_dump"), std::string::npos)
+      << read_text(out);
+  EXPECT_EQ(quotad({"repair-db", "--db", url}, out), 1);
+  EXPECT_NE(read_text(out).find("repair-db: --db names a PostgreSQL database: "), std::string::npos) << read_text(out);
+  EXPECT_EQ(quotad({"report", "--month", "2026-11", "--db", url}, out), 1);
+  EXPECT_NE(read_text(out).find("the reports read a SQLite database only"), std::string::npos) << read_text(out);
+}
+
+TEST(QuotadPostgres, APasswordInTheUrlIsRefusedBeforeAnythingStarts) {
+  const std::string out = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp/pg_password.out";
+  EXPECT_EQ(quotad({"serve", "--policy", testing::example_policy_path(), "--db",
+                    "postgresql://quotad:s3cret@db.example/quota", "--listen", "127.0.0.1:0"},
+                   out),
+            1);
+  EXPECT_NE(read_text(out).find("--db: the PostgreSQL URL holds a password"), std::string::npos) << read_text(out);
+  EXPECT_NE(read_text(out).find("--db-password-file"), std::string::npos) << read_text(out);
+  EXPECT_EQ(read_text(out).find("s3cret"), std::string::npos) << read_text(out);
+  EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
+}
+
+}  // namespace
+}  // namespace yolo8::quota
