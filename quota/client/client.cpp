@@ -11,6 +11,8 @@
 #include <ostream>
 #include <random>
 
+#include "quota/client/bearer_token.h"
+#include "quota/client/resolver.h"
 #include "quota/client/transport.h"
 #include "quota/core/codec.h"
 
@@ -113,7 +115,15 @@ HttpTimeouts beat_timeouts(int heartbeat_interval_s) {
 
 }  // namespace
 
-bool is_unavailable(int status) { return status == 0 || status == 502 || status == 503 || status == 504; }
+AnswerClass answer_class(int status) {
+  static constexpr int kTransient[] = {0, 429, 500, 502, 503, 504};
+  if (std::find(std::begin(kTransient), std::end(kTransient), status) != std::end(kTransient)) {
+    return AnswerClass::kTransient;
+  }
+  return status >= 100 && status < 400 ? AnswerClass::kAnswered : AnswerClass::kRefused;
+}
+
+bool is_unavailable(int status) { return answer_class(status) == AnswerClass::kTransient; }
 
 std::string to_string(WaitStatus status) {
   switch (status) {
@@ -264,15 +274,29 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     transports_.push_back(make_local_transport(std::move(policy), options, config_.user));
   } else if (config_.mode.find("://") != std::string::npos) {
     endpoints_ = parse_endpoints(config_.mode);
-    for (const std::string& endpoint : endpoints_) {
-      transports_.push_back(make_http_transport(endpoint, config_.token, config_.ca_file));
+    if (!config_.token.empty() && !config_.token_file.empty()) {
+      throw std::invalid_argument("quota: a token and a token file are both given; use one");
     }
+    token_ = config_.token_file.empty() ? std::make_shared<BearerToken>(config_.token)
+                                        : BearerToken::from_file(config_.token_file);
+    resolver_ = std::make_shared<HostResolver>();
+    for (const std::string& endpoint : endpoints_)
+      transports_.push_back(make_http_transport(endpoint, http_options(HttpTimeouts{})));
   } else {
     throw std::invalid_argument("quota: '" + config_.mode + "' is not off, local or an http(s):// URL");
   }
 }
 
 QuotaClient::~QuotaClient() { stop_heartbeats(); }
+
+HttpOptions QuotaClient::http_options(const HttpTimeouts& timeouts) const {
+  HttpOptions options;
+  options.token = token_;
+  options.ca_file = config_.ca_file;
+  options.timeouts = timeouts;
+  options.resolver = resolver_;
+  return options;
+}
 
 int64_t QuotaClient::now_ms() const { return config_.clock ? config_.clock() : system_now_ms(); }
 
@@ -402,7 +426,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     }
     const double backoff =
         std::min(config_.retry_max_s, config_.retry_initial_s * std::pow(2.0, std::min(unavailable_attempts - 1, 30)));
-    const double after = retry_after_s(response);
+    const double after = std::min(retry_after_s(response), config_.retry_after_max_s);
     // equal jitter: trainers that lost quotad together do not come back together
     const double delay = std::min(left_s, std::max(after * uniform(1.0, 1.2), backoff * uniform(0.5, 1.0)));
     if (retry.on_retry) {
@@ -516,7 +540,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   if (config_.mode.find("://") != std::string::npos && beat_transports_.empty()) {
     for (const std::string& endpoint : endpoints_) {
       beat_transports_.push_back(
-          make_http_transport(endpoint, config_.token, config_.ca_file, beat_timeouts(lease_.heartbeat_interval_s)));
+          make_http_transport(endpoint, http_options(beat_timeouts(lease_.heartbeat_interval_s))));
     }
   }
   last_ok_steady_ms_ = steady_ms();
@@ -541,7 +565,9 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
       const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
       beat_unanswered_ = is_unavailable(response.status);
       if (beat_unanswered_) {
-        wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
+        // retry sooner while unreachable; a Retry-After (429, 503) is the least wait, up to an interval
+        const auto after_ms = static_cast<int64_t>(std::min(retry_after_s(response), 1e6) * 1000);
+        wait_ms = std::max<int64_t>({500, interval_ms / 4, std::min(interval_ms, after_ms)});
         continue;
       }
       wait_ms = interval_ms;

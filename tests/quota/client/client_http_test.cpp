@@ -2,10 +2,14 @@
 // Retry-After (a storage stall), 502 and 504 (a proxy in front of it), no answer at all (down, or accepting and
 // never answering). Asking for a lease retries them until the deadline; refusals are final; heartbeats and the
 // release never wait long for a hung quotad, and the release says whether quotad acknowledged it.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -50,8 +54,44 @@ TEST(QuotaClientHttp, RetryAnswersAreRetriedHonouringRetryAfterUntilGranted) {
   client.release(Outcome::kCompleted);
 }
 
+// A rate limit (429) and an internal error (500) are "not now" as a storage stall is: waited out, Retry-After
+// honoured, never a refusal.
+TEST(QuotaClientHttp, TooManyRequestsAndInternalErrorsAreRetriedUntilGranted) {
+  for (const int status : {429, 500}) {
+    SCOPED_TRACE(status);
+    FakeQuotad quotad({{status, 1}});
+    QuotaClient client(http_config(quotad.url()));
+    std::vector<RetryInfo> retries;
+    const LeaseInfo lease =
+        client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}});
+    EXPECT_EQ(lease.id, 7);
+    EXPECT_EQ(quotad.asked(), 2);
+    ASSERT_EQ(retries.size(), 1u);
+    EXPECT_EQ(retries[0].status, status);
+    EXPECT_GE(retries[0].retry_in_s, 1.0) << "Retry-After is the least wait";
+    EXPECT_LE(retries[0].retry_in_s, 1.2);
+    EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
+  }
+}
+
+// A Retry-After far beyond the client's patience (a proxy's hour) is cut to retry_after_max_s.
+TEST(QuotaClientHttp, ALongRetryAfterIsCapped) {
+  FakeQuotad quotad({{429, 3600}});
+  ClientConfig config = http_config(quotad.url());
+  config.retry_after_max_s = 0.2;
+  QuotaClient client(config);
+  std::vector<RetryInfo> retries;
+  const auto start = Clock::now();
+  EXPECT_EQ(
+      client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}}).id, 7);
+  ASSERT_EQ(retries.size(), 1u);
+  EXPECT_LE(retries[0].retry_in_s, 0.2 * 1.2 + 1e-9);
+  EXPECT_LT(seconds_since(start), 2.0);
+  client.release(Outcome::kCompleted);
+}
+
 TEST(QuotaClientHttp, RefusalsAreNotRetried) {
-  for (const int status : {400, 401, 403, 404, 409, 422}) {
+  for (const int status : {400, 401, 403, 404, 409, 422, 501}) {
     SCOPED_TRACE(status);
     FakeQuotad quotad({{status, 0}});
     QuotaClient client(http_config(quotad.url()));
@@ -199,6 +239,111 @@ TEST(QuotaClientHttp, AHungQuotadFencesInTimeAndTheReleaseIsNotAcknowledged) {
   EXPECT_LT(left_ms, 6000 - 2000);
   EXPECT_EQ(quotad.releases(), 0);
   std::cout << "fenced " << fenced_s << " s after quotad hung; release gave up after " << release_s << " s\n";
+}
+
+// A token file as Kubernetes updates a mounted Secret: the new text appears at once (renamed into place).
+void write_token(const std::string& path, const std::string& token) {
+  const std::string part = path + ".part";
+  std::ofstream(part) << token << "\n";
+  std::filesystem::rename(part, path);
+}
+
+std::string token_path(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/quota_client_token_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+ClientConfig token_file_config(const std::string& url, const std::string& file) {
+  ClientConfig config = http_config(url);
+  config.token.clear();
+  config.token_file = file;
+  return config;
+}
+
+// The Secret was rotated before the lease request: the 401 to the old token makes the client read the file
+// again and ask once more, with the new one.
+TEST(QuotaClientToken, TheLeaseRequestAfterARotationRetriesOnceWithTheNewToken) {
+  const std::string file = token_path("rotated-before-ask");
+  write_token(file, "token-a");
+  FakeQuotad quotad({});
+  quotad.accept_only("token-b");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  write_token(file, "token-b");
+  int retries = 0;
+  const LeaseInfo lease = client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo&) { ++retries; }, {}});
+  EXPECT_EQ(lease.id, 7);
+  EXPECT_EQ(retries, 0) << "a rotation is no outage";
+  EXPECT_EQ(quotad.unauthorized(), 1);
+  EXPECT_EQ(quotad.asked(), 1);
+  const std::vector<std::string> tokens = quotad.tokens();
+  ASSERT_GE(tokens.size(), 2u);
+  EXPECT_EQ(tokens[0], "Bearer token-a");
+  EXPECT_EQ(tokens[1], "Bearer token-b");
+  EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
+}
+
+// A running training: quotad stops taking the old token while the heartbeats go on; the next beat's 401 reads
+// the rotated file and the lease carries on, its release acknowledged.
+TEST(QuotaClientToken, HeartbeatsCarryOnThroughARotation) {
+  const std::string file = token_path("rotated-while-training");
+  write_token(file, "token-a");
+  FakeQuotad quotad({}, 6, 1);
+  quotad.accept_only("token-a");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  client.acquire(LeaseRequest{});
+  client.start_heartbeats();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int beats = quotad.beats();
+  ASSERT_GE(beats, 1);
+  write_token(file, "token-b");
+  quotad.accept_only("token-b");
+  const auto rotated = Clock::now();
+  while (quotad.beats() < beats + 2 && seconds_since(rotated) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(quotad.beats(), beats + 2) << "the beats after the rotation are answered";
+  EXPECT_EQ(quotad.unauthorized(), 1) << "one 401, then the new token";
+  EXPECT_FALSE(client.unreachable_too_long());
+  EXPECT_FALSE(client.lost());
+  const ReleaseAnswer answer = client.release(Outcome::kCompleted);
+  EXPECT_TRUE(answer.acknowledged);
+  EXPECT_EQ(quotad.tokens().back(), "Bearer token-b");
+}
+
+// The file still holds the token quotad refuses: one request, no retry, a refusal that names the file.
+TEST(QuotaClientToken, ARefusedTokenThatDidNotChangeIsARefusalNamingTheFile) {
+  const std::string file = token_path("unchanged");
+  write_token(file, "token-a");
+  FakeQuotad quotad({});
+  quotad.accept_only("token-b");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  try {
+    client.acquire(LeaseRequest{});
+    FAIL() << "granted with a refused token";
+  } catch (const QuotaRefused& refused) {
+    EXPECT_EQ(refused.status(), 401);
+    EXPECT_NE(std::string(refused.what()).find("invalid token (the token of " + file + ")"), std::string::npos)
+        << refused.what();
+  }
+  EXPECT_EQ(quotad.tokens().size(), 1u);
+}
+
+TEST(QuotaClientToken, AMissingFileOrBothATokenAndAFileAreErrorsNamingThem) {
+  const std::string missing = token_path("missing");
+  std::filesystem::remove(missing);
+  try {
+    QuotaClient client(token_file_config("http://127.0.0.1:1", missing));
+    FAIL() << "a client without its token file";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("quota_token_file: cannot read '" + missing + "'"), std::string::npos)
+        << error.what();
+  }
+  const std::string file = token_path("both");
+  write_token(file, "token-a");
+  ClientConfig both = token_file_config("http://127.0.0.1:1", file);
+  both.token = "token-b";
+  EXPECT_THROW(QuotaClient client(both), std::invalid_argument);
 }
 
 }  // namespace
