@@ -19,8 +19,8 @@ class BearerToken {
   std::string value() const;
   // The file it came from ("" when given as text).
   const std::string& file() const { return file_; }
-  // After a 401: reads the file again; true when it now holds another token (the caller retries once with it).
-  // False when given as text, or the file is unchanged or unreadable (why in `error` when not null).
+  // After a 401: reads the file again; true when it now holds another token. False when given as text, or the
+  // file is unchanged or unreadable (why in `error` when not null; the token stays as it was).
   bool reload(std::string* error = nullptr);
 
  private:

@@ -106,6 +106,14 @@ double least_retry_after_s(const std::vector<ApiResponse>& answers) {
   return least;
 }
 
+ApiRequest release_request(int64_t id, Outcome outcome) {
+  ApiRequest request;
+  request.method = "POST";
+  request.path = "/v1/leases/" + std::to_string(id) + "/release";
+  request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
+  return request;
+}
+
 // A heartbeat or release waits at most about one interval (1-3 s) for quotad: a later answer is no help, and the
 // trainer's stop must not wait longer than that for a hung quotad.
 HttpTimeouts beat_timeouts(int heartbeat_interval_s) {
@@ -654,10 +662,7 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
     // The final figures: the first beat goes out before any step, the next one an interval later.
     answering = !is_unavailable(beat_call(heartbeat_request(heartbeat_provider_())).response.status);
   }
-  ApiRequest request;
-  request.method = "POST";
-  request.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";
-  request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
+  const ApiRequest request = release_request(lease_.id, outcome);
   constexpr int64_t kReleaseRetryMs = 5000;
   const int64_t give_up = steady_ms() + (answering ? kReleaseRetryMs : 0);
   Routed routed;
@@ -668,8 +673,18 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
     if (steady_ms() + delay_ms > give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
+  release_answer_ = release_answer(routed);
+  return release_answer_;
+}
+
+ReleaseAnswer QuotaClient::release_earlier(int64_t id, Outcome outcome) {
+  if (!enabled()) return ReleaseAnswer{};
+  return release_answer(call(release_request(id, outcome)));
+}
+
+ReleaseAnswer QuotaClient::release_answer(const Routed& routed) {
   const ApiResponse& response = routed.response;
-  ReleaseAnswer& answer = release_answer_;
+  ReleaseAnswer answer;
   answer.status = response.status;
   answer.acknowledged = response.status == 200;
   if (answer.acknowledged) {

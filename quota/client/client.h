@@ -197,6 +197,9 @@ class QuotaClient {
   // its peak memory and last step. An unavailable quotad is tried once more (each endpoint once) when the
   // heartbeats got no answer, else for a few seconds; every call is bounded by the heartbeat timeouts.
   ReleaseAnswer release(Outcome outcome);
+  // Ends lease `id` of an earlier process (one whose release quotad never acknowledged) with `outcome`: one round
+  // of the endpoints; the answer as release() gives it.
+  ReleaseAnswer release_earlier(int64_t id, Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
 
   // Default local database path.
@@ -220,6 +223,8 @@ class QuotaClient {
   ApiRequest heartbeat_request(const Telemetry& telemetry) const;
   // Sleeps `seconds` in slices, polling hooks.check.
   void pause(double seconds, const RetryHooks& hooks) const;
+  // A release's answer: acknowledged only on 200.
+  static ReleaseAnswer release_answer(const Routed& routed);
   int64_t now_ms() const;
   int64_t steady_ms() const;
 

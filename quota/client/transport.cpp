@@ -82,10 +82,12 @@ class HttpTransport : public QuotaTransport {
     const std::string token = options_.token ? options_.token->value() : "";
     ApiResponse response = send(request, token);
     if (response.status != 401 || !options_.token || options_.token->file().empty()) return response;
-    // a rotated Secret: quotad takes the new token (the old one only until the overlap ends)
+    // a rotated Secret: quotad takes the new token (the old one only until the overlap ends); another connection
+    // of the client may have read it already, so the retry is whenever the token differs from the one sent
     std::string error;
-    if (options_.token->reload(&error)) {
-      response = send(request, options_.token->value());
+    options_.token->reload(&error);
+    if (const std::string current = options_.token->value(); current != token) {
+      response = send(request, current);
       if (response.status != 401) return response;
     }
     std::string reason = response.body.is_object() ? response.body.value("reason", "") : "";

@@ -128,6 +128,11 @@ class FakeQuotad {
     std::lock_guard<std::mutex> lock(mutex_);
     leader_ = leader;
   }
+  // Heartbeats and releases are answered again, after follow().
+  void lead() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    leader_.clear();
+  }
   // From now on only this bearer token is accepted.
   void accept_only(const std::string& token) {
     std::lock_guard<std::mutex> lock(mutex_);
