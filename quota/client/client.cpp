@@ -419,13 +419,15 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   // tries again, until unavailable_deadline_s after the call that began a run of such answers (`called`: when
   // this one began; a hung quotad takes the read timeout to give it).
   int unavailable_attempts = 0;
-  int64_t unavailable_since = 0;
-  int64_t called = 0;
+  // at the clock's own resolution: in whole milliseconds the deadline could pass up to one early
+  std::chrono::steady_clock::time_point unavailable_since;
+  std::chrono::steady_clock::time_point called;
   // With several endpoints an attempt is a round that tried each of them (route()).
   const auto wait_out = [&](const Routed& routed) {
     const ApiResponse& response = routed.response;
     if (unavailable_attempts++ == 0) unavailable_since = called;
-    const double unavailable_s = static_cast<double>(steady_ms() - unavailable_since) / 1000.0;
+    const double unavailable_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - unavailable_since).count();
     const double left_s = config_.unavailable_deadline_s - unavailable_s;
     if (left_s <= 0) {
       throw QuotaUnavailable(response.status, "quotad unavailable for " + fixed_text(unavailable_s, 0) +
@@ -452,7 +454,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   // the idempotency key makes the retries safe, at any endpoint (the replicas share one database): an ask that
   // was applied but not answered returns the same lease
   for (;;) {
-    called = steady_ms();
+    called = std::chrono::steady_clock::now();
     Routed routed = call(ask);
     if (!is_unavailable(routed.response.status)) {
       response = std::move(routed.response);
@@ -507,7 +509,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
       throw std::runtime_error("quota: gave up waiting for lease " + std::to_string(id));
     }
     std::this_thread::sleep_for(poll);
-    called = steady_ms();
+    called = std::chrono::steady_clock::now();
     Routed routed = call(poll_request);
     if (is_unavailable(routed.response.status)) {
       give_up_on_throw([&] { wait_out(routed); });
