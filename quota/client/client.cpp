@@ -560,6 +560,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   heartbeat_thread_ = std::thread([this, provider] {
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
+    int refused_status = 0;  // the last refusal's status, while the beats are refused
     const auto stopping = [this] {
       std::lock_guard<std::mutex> lock(heartbeat_mutex_);
       return heartbeat_stop_;
@@ -583,8 +584,12 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
       wait_ms = interval_ms;
       if (response.status != 200) {
         if (response.status == 404) lost_ = true;
+        // said once per status: a refused token (which file it came from) is fixed by the user, not by waiting
+        if (response.status != refused_status) notice("quotad refused the heartbeat (" + answer_text(response) + ")");
+        refused_status = response.status;
         continue;
       }
+      refused_status = 0;
       last_ok_steady_ms_ = steady_ms();
       // No exception may leave this thread: a state text this client does not know counts as not granted, as
       // any state but granted/revoking does, so the trainer stops using the GPUs.

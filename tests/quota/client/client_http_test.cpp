@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -327,6 +328,32 @@ TEST(QuotaClientToken, ARefusedTokenThatDidNotChangeIsARefusalNamingTheFile) {
         << refused.what();
   }
   EXPECT_EQ(quotad.tokens().size(), 1u);
+}
+
+// quotad stops taking the token while the file was not rotated: the beats are refused, which the client says once,
+// naming the file, and the lease is left to the fence.
+TEST(QuotaClientToken, RefusedHeartbeatsAreSaidOnceNamingTheFile) {
+  const std::string file = token_path("not-rotated");
+  write_token(file, "token-a");
+  FakeQuotad quotad({}, 6, 1);
+  std::mutex mutex;
+  std::vector<std::string> notices;
+  ClientConfig config = token_file_config(quotad.url(), file);
+  config.on_notice = [&](const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex);
+    notices.push_back(text);
+  };
+  QuotaClient client(config);
+  client.acquire(LeaseRequest{});
+  quotad.accept_only("token-b");
+  client.start_heartbeats();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));
+  EXPECT_GE(quotad.unauthorized(), 2);
+  EXPECT_EQ(quotad.beats(), 0);
+  client.stop_heartbeats();
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0], "quotad refused the heartbeat (401: invalid token (the token of " + file + "))");
 }
 
 TEST(QuotaClientToken, AMissingFileOrBothATokenAndAFileAreErrorsNamingThem) {
