@@ -2,6 +2,7 @@
 // Retry-After (a storage stall), 502 and 504 (a proxy in front of it), no answer at all (down, or accepting and
 // never answering). Asking for a lease retries them until the deadline; refusals are final; heartbeats and the
 // release never wait long for a hung quotad, and the release says whether quotad acknowledged it.
+#include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -17,7 +18,10 @@
 #include <vector>
 
 #include "quota/client/client.h"
+#include "quota/client/transport.h"
+#include "quota/core/sha256.h"
 #include "tests/quota/client/fake_quotad.h"
+#include "tests/quota/quotad_process.h"
 
 namespace yolo8::quota {
 namespace {
@@ -354,6 +358,55 @@ TEST(QuotaClientToken, RefusedHeartbeatsAreSaidOnceNamingTheFile) {
   std::lock_guard<std::mutex> lock(mutex);
   ASSERT_EQ(notices.size(), 1u);
   EXPECT_EQ(notices[0], "quotad refused the heartbeat (401: invalid token (the token of " + file + "))");
+}
+
+// The rotation end to end with quotad itself: its tokens file takes the new token beside the old one, the
+// Secret is rewritten, then quotad drops the old token; the heartbeat that meets the 401 reads the file again and
+// the lease runs on, its release acknowledged.
+TEST(QuotaClientToken, ARotationAtQuotadNeverCutsTheLease) {
+  const std::string dir = token_path("quotad");
+  const std::string tokens = dir + "-tokens.yaml";
+  const std::string old_hash = sha256_hex("alice-old-token");
+  const std::string new_hash = sha256_hex("alice-new-token");
+  const auto write_tokens = [&](const std::string& text) {
+    std::ofstream(tokens + ".part") << text;
+    std::filesystem::rename(tokens + ".part", tokens);
+  };
+  write_tokens("users:\n  alice: {token_sha256: " + old_hash + "}\n");
+  std::ofstream(dir + "-policy.yaml") << yolo8::test::one_gpu_policy(6, 1);
+  yolo8::test::QuotadProcess quotad;
+  std::filesystem::remove(dir + "-quota.db");
+  ASSERT_TRUE(quotad.start(dir + "-policy.yaml", dir + "-quota.db", dir + "-quotad.log", {"--backup-every", "0"},
+                           {"QUOTAD_TOKENS_FILE=" + tokens}));
+  const std::string file = token_path("secret");
+  write_token(file, "alice-old-token");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  LeaseRequest request;
+  request.team = "ta";
+  request.model = "yolov8n";
+  const LeaseInfo lease = client.acquire(request);
+  ASSERT_GT(lease.id, 0);
+  client.start_heartbeats();
+
+  write_tokens("users:\n  alice: {token_sha256: " + new_hash + ", previous_token_sha256: " + old_hash + "}\n");
+  ASSERT_EQ(::kill(quotad.pid(), SIGHUP), 0);
+  write_token(file, "alice-new-token");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  write_tokens("users:\n  alice: {token_sha256: " + new_hash + "}\n");
+  ASSERT_EQ(::kill(quotad.pid(), SIGHUP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // three beats at least, one of them meeting the 401
+
+  // the old token is refused now: the beats went on with the new one
+  ApiRequest list;
+  list.method = "GET";
+  list.path = "/v1/leases";
+  EXPECT_EQ(make_http_transport(quotad.url(), "alice-old-token")->call(list).status, 401);
+  EXPECT_FALSE(client.unreachable_too_long());
+  EXPECT_FALSE(client.lost());
+  const ReleaseAnswer answer = client.release(Outcome::kCompleted);
+  EXPECT_TRUE(answer.acknowledged) << answer.reason;
+  EXPECT_TRUE(answer.released_now);
+  EXPECT_TRUE(quotad.stop());
 }
 
 TEST(QuotaClientToken, AMissingFileOrBothATokenAndAFileAreErrorsNamingThem) {
