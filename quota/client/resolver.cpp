@@ -18,7 +18,6 @@ std::vector<std::string> system_lookup(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_ADDRCONFIG;
   addrinfo* found = nullptr;
   const int status = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (status != 0) throw std::runtime_error(::gai_strerror(status));

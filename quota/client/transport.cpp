@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <vector>
 
 namespace yolo8::quota {
 namespace {
@@ -73,21 +74,22 @@ class HttpTransport : public QuotaTransport {
 
   ApiResponse call(const ApiRequest& request) override {
     std::lock_guard<std::mutex> lock(mu_);
-    // httplib's own lookup has no deadline: the address comes from the resolver, within the connect timeout
+    // httplib's own lookup has no deadline: the addresses come from the resolver, within the connect timeout
+    std::vector<std::string> addresses;  // none: the host is an address
     if (!is_numeric_host(host_)) {
-      const Resolved resolved = options_.resolver->resolve(host_, options_.timeouts.connect_s);
+      Resolved resolved = options_.resolver->resolve(host_, options_.timeouts.connect_s);
       if (resolved.addresses.empty()) return no_answer("name lookup of " + host_ + " failed: " + resolved.error);
-      client_.set_hostname_addr_map({{host_, resolved.addresses[address_index_ % resolved.addresses.size()]}});
+      addresses = std::move(resolved.addresses);
     }
     const std::string token = options_.token ? options_.token->value() : "";
-    ApiResponse response = send(request, token);
+    ApiResponse response = send_to_any(request, token, addresses);
     if (response.status != 401 || !options_.token || options_.token->file().empty()) return response;
     // a rotated Secret: quotad takes the new token (the old one only until the overlap ends); another connection
     // of the client may have read it already, so the retry is whenever the token differs from the one sent
     std::string error;
     options_.token->reload(&error);
     if (const std::string current = options_.token->value(); current != token) {
-      response = send(request, current);
+      response = send_to_any(request, current, addresses);
       if (response.status != 401) return response;
     }
     std::string reason = response.body.is_object() ? response.body.value("reason", "") : "";
@@ -101,6 +103,21 @@ class HttpTransport : public QuotaTransport {
   void cancel() override { client_.stop(); }
 
  private:
+  // Sends to the host's addresses in turn, from the one that took the last call, while they refuse the connection
+  // (as httplib does with the addresses of its own lookup).
+  ApiResponse send_to_any(const ApiRequest& request, const std::string& token,
+                          const std::vector<std::string>& addresses) {
+    if (addresses.empty()) return send(request, token);
+    ApiResponse response;
+    for (size_t tried = 0; tried < addresses.size(); ++tried) {
+      client_.set_hostname_addr_map({{host_, addresses[address_index_ % addresses.size()]}});
+      response = send(request, token);
+      if (!connection_failed_) break;
+      ++address_index_;
+    }
+    return response;
+  }
+
   ApiResponse send(const ApiRequest& request, const std::string& token) {
     httplib::Headers headers;
     if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
@@ -110,13 +127,13 @@ class HttpTransport : public QuotaTransport {
                                  : client_.Post(request.path.c_str(), headers, request.body, "application/json");
     if (!result) {
       const httplib::Error error = result.error();
-      // one address of several refused: the next call tries the next one
-      if (error == httplib::Error::Connection || error == httplib::Error::ConnectionTimeout) ++address_index_;
+      connection_failed_ = error == httplib::Error::Connection || error == httplib::Error::ConnectionTimeout;
       if (error == httplib::Error::SSLServerVerification) {
         return no_answer(certificate_problem(client_.get_openssl_verify_result(), url_));
       }
       return no_answer("no answer: " + httplib::to_string(error));  // unreachable, or no answer in time
     }
+    connection_failed_ = false;
     ApiResponse response;
     response.status = result->status;
     if (result->has_header("Retry-After")) response.headers["Retry-After"] = result->get_header_value("Retry-After");
@@ -133,7 +150,8 @@ class HttpTransport : public QuotaTransport {
   std::string url_;
   std::string host_;
   HttpOptions options_;
-  size_t address_index_ = 0;  // which of the host's addresses to use
+  size_t address_index_ = 0;        // which of the host's addresses to try first
+  bool connection_failed_ = false;  // the last send could not connect
 };
 
 }  // namespace

@@ -139,6 +139,23 @@ TEST(QuotaTransport, TheNameLookupIsBoundedByTheConnectTimeout) {
   EXPECT_EQ(quotad.asked(), 1);
 }
 
+// A host with several addresses, the first of which refuses (127.0.0.2: the fake listens on 127.0.0.1 only): the
+// call goes on to the next one at once, as httplib's own lookup would.
+TEST(QuotaTransport, AnAddressThatRefusesPassesTheCallToTheHostsNext) {
+  FakeQuotad quotad({});
+  HttpOptions options;
+  int lookups = 0;
+  options.resolver = std::make_shared<HostResolver>([&](const std::string&) -> std::vector<std::string> {
+    ++lookups;
+    return {"127.0.0.2", "127.0.0.1"};
+  });
+  const auto transport = make_http_transport("http://quotad.invalid:" + std::to_string(quotad.port()), options);
+  EXPECT_EQ(transport->call(lease_request()).status, 201);
+  EXPECT_EQ(transport->call(lease_request()).status, 201);
+  EXPECT_EQ(quotad.asked(), 2);
+  EXPECT_EQ(lookups, 2) << "each call looks the host up afresh";
+}
+
 // The system's resolver end to end: quotad by the name localhost (whichever of its addresses answers).
 TEST(QuotaTransport, AQuotadNamedByItsHostNameIsReached) {
   FakeQuotad quotad({});
