@@ -11,6 +11,8 @@
 #include <ostream>
 #include <random>
 
+#include "quota/client/bearer_token.h"
+#include "quota/client/resolver.h"
 #include "quota/client/transport.h"
 #include "quota/core/codec.h"
 
@@ -104,6 +106,14 @@ double least_retry_after_s(const std::vector<ApiResponse>& answers) {
   return least;
 }
 
+ApiRequest release_request(int64_t id, Outcome outcome) {
+  ApiRequest request;
+  request.method = "POST";
+  request.path = "/v1/leases/" + std::to_string(id) + "/release";
+  request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
+  return request;
+}
+
 // A heartbeat or release waits at most about one interval (1-3 s) for quotad: a later answer is no help, and the
 // trainer's stop must not wait longer than that for a hung quotad.
 HttpTimeouts beat_timeouts(int heartbeat_interval_s) {
@@ -113,7 +123,15 @@ HttpTimeouts beat_timeouts(int heartbeat_interval_s) {
 
 }  // namespace
 
-bool is_unavailable(int status) { return status == 0 || status == 502 || status == 503 || status == 504; }
+AnswerClass answer_class(int status) {
+  static constexpr int kTransient[] = {0, 429, 500, 502, 503, 504};
+  if (std::find(std::begin(kTransient), std::end(kTransient), status) != std::end(kTransient)) {
+    return AnswerClass::kTransient;
+  }
+  return status >= 100 && status < 400 ? AnswerClass::kAnswered : AnswerClass::kRefused;
+}
+
+bool is_unavailable(int status) { return answer_class(status) == AnswerClass::kTransient; }
 
 std::string to_string(WaitStatus status) {
   switch (status) {
@@ -264,15 +282,29 @@ QuotaClient::QuotaClient(ClientConfig config) : config_(std::move(config)) {
     transports_.push_back(make_local_transport(std::move(policy), options, config_.user));
   } else if (config_.mode.find("://") != std::string::npos) {
     endpoints_ = parse_endpoints(config_.mode);
-    for (const std::string& endpoint : endpoints_) {
-      transports_.push_back(make_http_transport(endpoint, config_.token, config_.ca_file));
+    if (!config_.token.empty() && !config_.token_file.empty()) {
+      throw std::invalid_argument("quota: a token and a token file are both given; use one");
     }
+    token_ = config_.token_file.empty() ? std::make_shared<BearerToken>(config_.token)
+                                        : BearerToken::from_file(config_.token_file);
+    resolver_ = std::make_shared<HostResolver>();
+    for (const std::string& endpoint : endpoints_)
+      transports_.push_back(make_http_transport(endpoint, http_options(HttpTimeouts{})));
   } else {
     throw std::invalid_argument("quota: '" + config_.mode + "' is not off, local or an http(s):// URL");
   }
 }
 
 QuotaClient::~QuotaClient() { stop_heartbeats(); }
+
+HttpOptions QuotaClient::http_options(const HttpTimeouts& timeouts) const {
+  HttpOptions options;
+  options.token = token_;
+  options.ca_file = config_.ca_file;
+  options.timeouts = timeouts;
+  options.resolver = resolver_;
+  return options;
+}
 
 int64_t QuotaClient::now_ms() const { return config_.clock ? config_.clock() : system_now_ms(); }
 
@@ -387,13 +419,15 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   // tries again, until unavailable_deadline_s after the call that began a run of such answers (`called`: when
   // this one began; a hung quotad takes the read timeout to give it).
   int unavailable_attempts = 0;
-  int64_t unavailable_since = 0;
-  int64_t called = 0;
+  // at the clock's own resolution: in whole milliseconds the deadline could pass up to one early
+  std::chrono::steady_clock::time_point unavailable_since;
+  std::chrono::steady_clock::time_point called;
   // With several endpoints an attempt is a round that tried each of them (route()).
   const auto wait_out = [&](const Routed& routed) {
     const ApiResponse& response = routed.response;
     if (unavailable_attempts++ == 0) unavailable_since = called;
-    const double unavailable_s = static_cast<double>(steady_ms() - unavailable_since) / 1000.0;
+    const double unavailable_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - unavailable_since).count();
     const double left_s = config_.unavailable_deadline_s - unavailable_s;
     if (left_s <= 0) {
       throw QuotaUnavailable(response.status, "quotad unavailable for " + fixed_text(unavailable_s, 0) +
@@ -402,7 +436,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     }
     const double backoff =
         std::min(config_.retry_max_s, config_.retry_initial_s * std::pow(2.0, std::min(unavailable_attempts - 1, 30)));
-    const double after = retry_after_s(response);
+    const double after = std::min(retry_after_s(response), config_.retry_after_max_s);
     // equal jitter: trainers that lost quotad together do not come back together
     const double delay = std::min(left_s, std::max(after * uniform(1.0, 1.2), backoff * uniform(0.5, 1.0)));
     if (retry.on_retry) {
@@ -420,7 +454,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   // the idempotency key makes the retries safe, at any endpoint (the replicas share one database): an ask that
   // was applied but not answered returns the same lease
   for (;;) {
-    called = steady_ms();
+    called = std::chrono::steady_clock::now();
     Routed routed = call(ask);
     if (!is_unavailable(routed.response.status)) {
       response = std::move(routed.response);
@@ -475,7 +509,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
       throw std::runtime_error("quota: gave up waiting for lease " + std::to_string(id));
     }
     std::this_thread::sleep_for(poll);
-    called = steady_ms();
+    called = std::chrono::steady_clock::now();
     Routed routed = call(poll_request);
     if (is_unavailable(routed.response.status)) {
       give_up_on_throw([&] { wait_out(routed); });
@@ -516,7 +550,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   if (config_.mode.find("://") != std::string::npos && beat_transports_.empty()) {
     for (const std::string& endpoint : endpoints_) {
       beat_transports_.push_back(
-          make_http_transport(endpoint, config_.token, config_.ca_file, beat_timeouts(lease_.heartbeat_interval_s)));
+          make_http_transport(endpoint, http_options(beat_timeouts(lease_.heartbeat_interval_s))));
     }
   }
   last_ok_steady_ms_ = steady_ms();
@@ -526,6 +560,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
   heartbeat_thread_ = std::thread([this, provider] {
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
+    int refused_status = 0;  // the last refusal's status, while the beats are refused
     const auto stopping = [this] {
       std::lock_guard<std::mutex> lock(heartbeat_mutex_);
       return heartbeat_stop_;
@@ -541,14 +576,20 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
       const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
       beat_unanswered_ = is_unavailable(response.status);
       if (beat_unanswered_) {
-        wait_ms = std::max<int64_t>(500, interval_ms / 4);  // retry sooner while unreachable
+        // retry sooner while unreachable; a Retry-After (429, 503) is the least wait, up to an interval
+        const auto after_ms = static_cast<int64_t>(std::min(retry_after_s(response), 1e6) * 1000);
+        wait_ms = std::max<int64_t>({500, interval_ms / 4, std::min(interval_ms, after_ms)});
         continue;
       }
       wait_ms = interval_ms;
       if (response.status != 200) {
         if (response.status == 404) lost_ = true;
+        // said once per status: a refused token (which file it came from) is fixed by the user, not by waiting
+        if (response.status != refused_status) notice("quotad refused the heartbeat (" + answer_text(response) + ")");
+        refused_status = response.status;
         continue;
       }
+      refused_status = 0;
       last_ok_steady_ms_ = steady_ms();
       // No exception may leave this thread: a state text this client does not know counts as not granted, as
       // any state but granted/revoking does, so the trainer stops using the GPUs.
@@ -628,10 +669,7 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
     // The final figures: the first beat goes out before any step, the next one an interval later.
     answering = !is_unavailable(beat_call(heartbeat_request(heartbeat_provider_())).response.status);
   }
-  ApiRequest request;
-  request.method = "POST";
-  request.path = "/v1/leases/" + std::to_string(lease_.id) + "/release";
-  request.body = json{{"outcome", to_string(outcome == Outcome::kNone ? Outcome::kCompleted : outcome)}}.dump();
+  const ApiRequest request = release_request(lease_.id, outcome);
   constexpr int64_t kReleaseRetryMs = 5000;
   const int64_t give_up = steady_ms() + (answering ? kReleaseRetryMs : 0);
   Routed routed;
@@ -642,8 +680,18 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
     if (steady_ms() + delay_ms > give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
+  release_answer_ = release_answer(routed);
+  return release_answer_;
+}
+
+ReleaseAnswer QuotaClient::release_earlier(int64_t id, Outcome outcome) {
+  if (!enabled()) return ReleaseAnswer{};
+  return release_answer(call(release_request(id, outcome)));
+}
+
+ReleaseAnswer QuotaClient::release_answer(const Routed& routed) {
   const ApiResponse& response = routed.response;
-  ReleaseAnswer& answer = release_answer_;
+  ReleaseAnswer answer;
   answer.status = response.status;
   answer.acknowledged = response.status == 200;
   if (answer.acknowledged) {

@@ -17,13 +17,20 @@
 
 namespace yolo8::quota {
 
+class BearerToken;
+class HostResolver;
 class QuotaTransport;
+struct HttpOptions;
+struct HttpTimeouts;
 
 struct ClientConfig {
   // "off", "local", or quotad's URL such as "http://127.0.0.1:8470" or "https://quotad:8443"; or the URLs of its
   // replicas, comma-separated ("https://a:8470,https://b:8470", see parse_endpoints).
   std::string mode = "local";
-  std::string token;                // bearer token for URL mode
+  std::string token;  // bearer token for URL mode
+  // URL mode: the file holding the bearer token instead (a mounted Kubernetes Secret, a trailing newline ignored);
+  // read at the start and again after a 401, the request then sent once more when it changed (a rotation).
+  std::string token_file;
   std::string ca_file;              // https: the CA (PEM) quotad's certificate chains to; empty: the system's
   std::string local_db;             // local mode database; default $XDG_CACHE_HOME or ~/.cache/yolo8/quota.db
   std::string local_policy;         // local mode policy YAML; default: local_policy(local_gpus, ...)
@@ -32,12 +39,14 @@ struct ClientConfig {
   double local_gpu_memory_gib = 0;  // 0: unknown (16 GiB assumed)
   std::string user;                 // local mode user; default $USER
   double poll_interval_s = 1.0;
-  // While quotad does not answer (unreachable, or no answer within the timeouts) or answers 502, 503 or 504 (its
-  // "retry": a storage stall), acquire() waits and tries again for at most this long, then throws
-  // QuotaUnavailable. The waits grow from retry_initial_s to retry_max_s, with jitter; a Retry-After is the least.
+  // While quotad does not answer (unreachable, no answer within the timeouts, a name lookup that runs late) or
+  // answers a transient status (answer_class), acquire() waits and tries again for at most this long, then throws
+  // QuotaUnavailable. The waits grow from retry_initial_s to retry_max_s, with jitter; a Retry-After is the least,
+  // up to retry_after_max_s.
   double unavailable_deadline_s = 600;
   double retry_initial_s = 1.0;
   double retry_max_s = 30.0;
+  double retry_after_max_s = 300;
   std::function<int64_t()> clock;  // tests
   // What the client says unasked: which quotad answers when that changes (with several endpoints). Called from
   // the heartbeat thread too. Unset: a line on stdout.
@@ -61,8 +70,9 @@ std::string normalise_endpoint(const std::string& url);
 ClientConfig client_config_from_setting(const std::string& setting, int local_gpus = 1,
                                         double local_gpu_memory_gib = 0);
 
-// quotad stayed unavailable (no answer, 502, 503, 504) for ClientConfig::unavailable_deadline_s: worth trying again
-// later, unlike a refusal. `status`: the last answer's (0: none).
+// quotad stayed unavailable (no answer, or a transient status: answer_class) for
+// ClientConfig::unavailable_deadline_s: worth trying again later, unlike a refusal. `status`: the last answer's
+// (0: none).
 class QuotaUnavailable : public std::runtime_error {
  public:
   QuotaUnavailable(int status, const std::string& reason) : std::runtime_error(reason), status_(status) {}
@@ -72,7 +82,16 @@ class QuotaUnavailable : public std::runtime_error {
   int status_;
 };
 
-// The answers that say "not now" rather than "no": no answer at all (0), 502, 503 and 504.
+// What an answer's status means to the client.
+enum class AnswerClass {
+  kAnswered,   // 1xx-3xx: quotad's answer, read as such
+  kTransient,  // "not now": retried with back-off (a lease request until the deadline, then exit 75)
+  kRefused,    // "no": retrying cannot change it (bad token, not allowed, bad request), exit 2
+};
+// One table: no answer (0), 429 (quotad's rate limit), 500, 502, 503 (quotad's "retry": a storage stall) and 504
+// are transient; every other 4xx and 5xx a refusal.
+AnswerClass answer_class(int status);
+// answer_class(status) == kTransient.
 bool is_unavailable(int status);
 
 // The server said no (or the request was bad): HTTP-like status and the server's reason.
@@ -178,6 +197,9 @@ class QuotaClient {
   // its peak memory and last step. An unavailable quotad is tried once more (each endpoint once) when the
   // heartbeats got no answer, else for a few seconds; every call is bounded by the heartbeat timeouts.
   ReleaseAnswer release(Outcome outcome);
+  // Ends lease `id` of an earlier process (one whose release quotad never acknowledged) with `outcome`: one round
+  // of the endpoints; the answer as release() gives it.
+  ReleaseAnswer release_earlier(int64_t id, Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
 
   // Default local database path.
@@ -196,14 +218,20 @@ class QuotaClient {
   // Heartbeats and the release: short timeouts. `stop` ends a round between two endpoints.
   Routed beat_call(const ApiRequest& request, const std::function<bool()>& stop = {});
   void notice(const std::string& text) const;
+  // A connection's settings: the shared token and resolver, the CA file, `timeouts`.
+  HttpOptions http_options(const HttpTimeouts& timeouts) const;
   ApiRequest heartbeat_request(const Telemetry& telemetry) const;
   // Sleeps `seconds` in slices, polling hooks.check.
   void pause(double seconds, const RetryHooks& hooks) const;
+  // A release's answer: acknowledged only on 200.
+  static ReleaseAnswer release_answer(const Routed& routed);
   int64_t now_ms() const;
   int64_t steady_ms() const;
 
   ClientConfig config_;
-  std::vector<std::string> endpoints_;                       // the quotad URLs; "local" in local mode; none in mode off
+  std::shared_ptr<BearerToken> token_;      // URL mode; shared by every connection, so one reload serves them all
+  std::shared_ptr<HostResolver> resolver_;  // URL mode; one cache of the endpoints' addresses
+  std::vector<std::string> endpoints_;      // the quotad URLs; "local" in local mode; none in mode off
   std::vector<std::unique_ptr<QuotaTransport>> transports_;  // one per endpoint
   // Each quotad's own connection for heartbeats and the release, with timeouts from the lease's interval; made by
   // start_heartbeats (none in local mode: transports_ then).

@@ -3,6 +3,8 @@
 #include <memory>
 #include <string>
 
+#include "quota/client/bearer_token.h"
+#include "quota/client/resolver.h"
 #include "quota/core/api.h"
 #include "quota/core/policy.h"
 #include "quota/service/service.h"
@@ -30,9 +32,22 @@ struct HttpTimeouts {
 std::unique_ptr<QuotaTransport> make_local_transport(Policy policy, const ServiceOptions& options,
                                                      const std::string& user);
 
-// A shared quotad at `url` (http://host:port or https://host:port), with a bearer token when not empty. Over
-// https the server's certificate must chain to `ca_file` (PEM) when given, else to the system's CAs, and name
-// the host.
+struct HttpOptions {
+  // Sent as "Authorization: Bearer"; when read from a file, a 401 reads it again and, when it changed (a rotation),
+  // the request is sent once more with the new token. None: no header.
+  std::shared_ptr<BearerToken> token;
+  std::string ca_file;  // https: the CA (PEM) quotad's certificate chains to; empty: the system's
+  HttpTimeouts timeouts;
+  // Looks the host up within the connect timeout (a lookup that runs late reads as unreachable, status 0), its
+  // last good answer kept. Shared by a client's connections; none: one of the connection's own.
+  std::shared_ptr<HostResolver> resolver;
+};
+
+// A shared quotad at `url` (http://host:port or https://host:port). Over https the server's certificate must
+// chain to the CA file when given, else to the system's CAs, and name the host; a certificate that fails the
+// check answers status 0 with why ("certificate expired", and the URL).
+std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, HttpOptions options);
+// The same with a fixed token (none when empty).
 std::unique_ptr<QuotaTransport> make_http_transport(const std::string& url, const std::string& token,
                                                     const std::string& ca_file = "", HttpTimeouts timeouts = {});
 

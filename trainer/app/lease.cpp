@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -153,7 +155,9 @@ std::vector<int> node_gpu_indices(const std::vector<int>& device_ids, const std:
 }
 
 TrainingLease::TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
-                             LocalGpus local_gpus, const std::string& device_name) {
+                             LocalGpus local_gpus, const std::string& device_name,
+                             const std::filesystem::path& unreleased_file)
+    : quota_(settings.lease.quota), unreleased_file_(unreleased_file) {
   if (settings.lease.quota == "off") return;
   // Leases are for GPUs; a CPU run has nothing to share, unless it asks for a share explicitly (its budget is
   // then the share, enforced by the counting allocator).
@@ -164,10 +168,20 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
   quota::ClientConfig config = quota::client_config_from_setting(
       settings.lease.quota, uses_gpu ? std::max(1, local_gpus.count) : 1, uses_gpu ? local_gpus.memory_gib : 0.0);
   if (!settings.lease.quota_token.empty()) config.token = settings.lease.quota_token;
+  if (!settings.lease.quota_token_file.empty() && config.mode.find("://") != std::string::npos) {
+    config.token.clear();  // the file wins over $YOLO8_QUOTA_TOKEN
+    config.token_file = settings.lease.quota_token_file;
+  }
   if (!settings.lease.quota_db.empty()) config.local_db = settings.lease.quota_db;
   if (!settings.lease.user.empty()) config.user = settings.lease.user;
   config.unavailable_deadline_s = settings.lease.quota_retry_s;
-  client_ = std::make_unique<quota::QuotaClient>(config);
+  try {
+    client_ = std::make_unique<quota::QuotaClient>(config);
+  } catch (const std::invalid_argument& error) {
+    throw SettingsError(error.what());  // a token file that cannot be read: "quota_token_file: cannot read '...'"
+  }
+
+  release_earlier_lease();
 
   quota::LeaseRequest request;
   // The local quota's policy has one team, its user's: the service fills it in (the `team` setting is for quotad).
@@ -283,7 +297,8 @@ TrainingLease::TrainingLease(const Settings& settings, const std::string& job_na
 TrainingLease::~TrainingLease() {
   if (client_ && !released_) {
     try {
-      client_->release(quota::Outcome::kFailed);
+      const quota::ReleaseAnswer answer = client_->release(quota::Outcome::kFailed);
+      if (quota::is_unavailable(answer.status)) remember_unreleased(quota::Outcome::kFailed);
     } catch (const std::exception& error) {
       std::cerr << "yolo8: could not release the lease: " << error.what() << "\n";
     }
@@ -314,11 +329,72 @@ void TrainingLease::release(quota::Outcome outcome) {
     std::cout << " had already ended on quotad (" << answer.state << ")\n";
   } else if (quota::is_unavailable(answer.status)) {
     std::cout << " release not acknowledged (" << answer.reason << "): quotad expires it " << client_->lease().ttl_s
-              << " s after its last acknowledged heartbeat, at " << utc_time(client_->expires_at_ms()) << "\n";
+              << " s after its last acknowledged heartbeat, at " << utc_time(client_->expires_at_ms());
+    if (remember_unreleased(outcome))
+      std::cout << "; the next run here releases it (" << unreleased_file_.string() << ")";
+    std::cout << "\n";
   } else {
     std::cout << " release refused (" << answer.reason << ")\n";
   }
   std::cout.flush();
+}
+
+bool TrainingLease::remember_unreleased(quota::Outcome outcome) {
+  if (unreleased_file_.empty() || client_->lease().id == 0) return false;
+  const nlohmann::json record{{"lease_id", client_->lease().id},
+                              {"quota", quota_},
+                              {"outcome", quota::to_string(outcome)},
+                              {"expires_at", utc_time(client_->expires_at_ms())}};
+  // written whole or not at all: the next run reads a record or none
+  std::error_code error;
+  const std::filesystem::path part = unreleased_file_.string() + ".part";
+  std::filesystem::create_directories(unreleased_file_.parent_path(), error);
+  {
+    std::ofstream out(part, std::ios::trunc);
+    out << record.dump() << "\n";
+    if (!out.flush()) return false;
+  }
+  std::filesystem::rename(part, unreleased_file_, error);
+  return !error;
+}
+
+void TrainingLease::release_earlier_lease() {
+  if (unreleased_file_.empty() || !std::filesystem::exists(unreleased_file_)) return;
+  const std::string file = unreleased_file_.string();
+  std::ifstream in(unreleased_file_);
+  const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
+  const int64_t id = record.is_object() ? record.value("lease_id", int64_t{0}) : 0;
+  const std::string quota = record.is_object() ? record.value("quota", "") : "";
+  std::error_code error;
+  if (id <= 0) {
+    std::cout << file << " names no lease: removed\n";
+    std::filesystem::remove(unreleased_file_, error);
+    return;
+  }
+  std::cout << "Lease " << id << " of an earlier run here (its release was not acknowledged): ";
+  if (quota != quota_) {
+    std::cout << "asked of " << quota << ", not of quota=" << quota_ << "; left to expire there\n";
+    std::filesystem::remove(unreleased_file_, error);
+    return;
+  }
+  quota::Outcome outcome = quota::Outcome::kFailed;
+  try {
+    outcome = quota::parse_outcome(record.value("outcome", "failed"));
+  } catch (const std::exception&) {
+    outcome = quota::Outcome::kFailed;
+  }
+  const quota::ReleaseAnswer answer = client_->release_earlier(id, outcome);
+  if (answer.acknowledged && answer.released_now) {
+    std::cout << "released now (" << quota::to_string(outcome) << ")\n";
+  } else if (answer.acknowledged) {
+    std::cout << "had already ended on quotad (" << answer.state << ")\n";
+  } else if (quota::is_unavailable(answer.status)) {
+    std::cout << "release not acknowledged again (" << answer.reason << "); kept in " << file << "\n";
+    return;
+  } else {
+    std::cout << "release refused (" << answer.reason << ")\n";
+  }
+  std::filesystem::remove(unreleased_file_, error);
 }
 
 }  // namespace yolo8

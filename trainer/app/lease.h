@@ -3,6 +3,7 @@
 // turn a revocation or a long outage into a stop request, release with the outcome. No OpenCV, no data.
 
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -83,6 +84,10 @@ class StoppedWhileWaiting : public std::runtime_error {
   StoppedWhileWaiting() : std::runtime_error("stopped while waiting for a GPU lease") {}
 };
 
+// The run folder's record of a lease whose release quotad never acknowledged (quotad unavailable as the run
+// ended): the next run of the job there (a resume, a restarted pod) releases it before asking for its own.
+inline constexpr char kUnreleasedLeaseFile[] = "quota_lease.json";
+
 class TrainingLease {
  public:
   // Acquires (blocking while queued, printing the position) unless quota=off or the run has no GPU and quota
@@ -91,8 +96,11 @@ class TrainingLease {
   // contradicts the granted GPUs (bind_leased_devices), StoppedWhileWaiting on a stop request while it waits.
   // `local_gpus`: the local quota's inventory (a GPU run; a CPU run that asks for a share holds one slot).
   // `device_name` ("NVIDIA H200", "cpu") goes with the memory peaks the heartbeats report.
+  // `unreleased_file`: the run folder's kUnreleasedLeaseFile when known ("": none yet). A lease it records, asked
+  // of this quota setting, is released first (its outcome sent again), the file removed once quotad answered.
   TrainingLease(const Settings& settings, const std::string& job_name, bool uses_gpu, int gpus,
-                LocalGpus local_gpus = {}, const std::string& device_name = "");
+                LocalGpus local_gpus = {}, const std::string& device_name = "",
+                const std::filesystem::path& unreleased_file = {});
   // Releases as failed unless release() was called: a crash must not hold GPUs until the TTL.
   ~TrainingLease();
   TrainingLease(const TrainingLease&) = delete;
@@ -111,9 +119,18 @@ class TrainingLease {
   void check();
   // Gives the lease back and says how it went: "Lease N released" only when quotad acknowledged it, else when
   // quotad expires it. Bounded by the client's short timeouts (quota::QuotaClient::release).
+  // A release quotad does not acknowledge is recorded in `unreleased_file` (written atomically), for the next run.
   void release(quota::Outcome outcome);
+  // Where to record an unacknowledged release from now on (the run folder, once it is known).
+  void remember_unreleased_in(const std::filesystem::path& unreleased_file) { unreleased_file_ = unreleased_file; }
 
  private:
+  void release_earlier_lease();
+  // Records the lease after a release quotad did not acknowledge; true when written.
+  bool remember_unreleased(quota::Outcome outcome);
+
+  std::string quota_;  // the quota setting the lease was asked of
+  std::filesystem::path unreleased_file_;
   std::unique_ptr<quota::QuotaClient> client_;
   LeaseTelemetry telemetry_;
   DeviceBinding devices_;

@@ -147,8 +147,11 @@ const std::vector<Entry>& entries() {
        kResumable | kYolo8Only},
       {"quota_token", YOLO8_FIELD(lease.quota_token), "bearer token for quotad; empty = $YOLO8_QUOTA_TOKEN",
        kResumable | kSecret | kYolo8Only},
+      {"quota_token_file", YOLO8_FIELD(lease.quota_token_file),
+       "file holding the bearer token for quotad (a mounted Secret), read again after a 401: a rotation",
+       kResumable | kYolo8Only},
       {"quota_retry_s", YOLO8_FIELD(lease.quota_retry_s),
-       "seconds the lease request retries an unavailable quotad (no answer, 502, 503, 504) before exit 75",
+       "seconds the lease request retries an unavailable quotad (no answer, 429, 500, 502, 503, 504) before exit 75",
        kResumable | kYolo8Only},
       {"team", YOLO8_FIELD(lease.team), "team the lease is charged to", kYolo8Only},
       {"user", YOLO8_FIELD(lease.user), "user the lease is charged to; empty = $USER", kYolo8Only},
@@ -557,6 +560,8 @@ void validate(LeaseSettings& lease) {
   // each URL of a list, here rather than when the lease is asked for: a bad one is a bad setting (exit 2)
   if (quota != "local" && quota != "off") check_component([&] { quota::parse_endpoints(lease.quota); });
   if (quota == "local" || quota == "off") lease.quota = quota;
+  check(lease.quota_token.empty() || lease.quota_token_file.empty(), "quota_token",
+        "and 'quota_token_file' are both set: give the token one way");
   lease.priority = to_lower(lease.priority);
   check_choice("priority", lease.priority, {"low", "normal", "high", "critical"});
   check(std::isfinite(lease.quota_retry_s) && lease.quota_retry_s > 0, "quota_retry_s", "must be > 0 seconds");
@@ -685,9 +690,11 @@ void warn_of_secrets_on_the_command_line(const std::vector<std::pair<std::string
   for (const auto& [key, value] : pairs) {
     const Entry* entry = find_entry(key);
     if (entry == nullptr || !entry->secret || is_null_text(value)) continue;
-    std::cerr << "yolo8: warning: " << entry->name << "= on the command line shows in `ps` and in the Job's spec; "
-              << "set $YOLO8_QUOTA_TOKEN (from a Kubernetes Secret) or put it in a cfg=FILE.yaml only you can read. "
-              << "It is never written to args.yaml, yolo8_args.yaml, the checkpoints or the console.\n";
+    std::cerr
+        << "yolo8: warning: " << entry->name << "= on the command line shows in `ps` and in the Job's spec; "
+        << "set $YOLO8_QUOTA_TOKEN (from a Kubernetes Secret), give quota_token_file= (a mounted Secret) or put it in "
+        << "a cfg=FILE.yaml only you can read. "
+        << "It is never written to args.yaml, yolo8_args.yaml, the checkpoints or the console.\n";
   }
 }
 

@@ -21,10 +21,11 @@ class SettingsError : public std::runtime_error {
 
 // yolo8's own: the GPU lease from the quota service and the memory budget without one.
 struct LeaseSettings {
-  std::string quota = "local";  // local | off | http://HOST:PORT
-  std::string quota_db;         // local mode state file; "" = ~/.cache/yolo8/quota.db
-  std::string quota_token;      // bearer token for a remote quotad; "" = $YOLO8_QUOTA_TOKEN
-  double quota_retry_s = 600;   // start-up: how long an unavailable quotad is retried before exit 75
+  std::string quota = "local";   // local | off | http://HOST:PORT
+  std::string quota_db;          // local mode state file; "" = ~/.cache/yolo8/quota.db
+  std::string quota_token;       // bearer token for a remote quotad; "" = $YOLO8_QUOTA_TOKEN
+  std::string quota_token_file;  // file holding it instead (a mounted Secret), read again after a 401
+  double quota_retry_s = 600;    // start-up: how long an unavailable quotad is retried before exit 75
   std::string team = "default";
   std::string user;  // "" = $USER
   std::string priority = "normal";

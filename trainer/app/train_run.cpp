@@ -221,8 +221,17 @@ void TrainingRun::acquire_lease() {
         local_gpus.memory_gib = i == 0 ? gib : std::min(local_gpus.memory_gib, gib);
       }
     }
+    // The folder this run will write to, when known already (a resume; a fresh start that reuses its folder, as
+    // a restarted pod does): an earlier run's unacknowledged lease there is released first.
+    fs::path unreleased_file;
+    if (!run_dir_.empty()) {
+      unreleased_file = run_dir_ / kUnreleasedLeaseFile;
+    } else if (is_main_ && (settings_.exist_ok || settings_.resume == "auto")) {
+      unreleased_file = project_dir(settings_.project, settings_.task) /
+                        (settings_.name.empty() ? std::string("train") : settings_.name) / kUnreleasedLeaseFile;
+    }
     auto lease = std::make_unique<TrainingLease>(lease_settings, job_name, device_.is_cuda(), gpus, local_gpus,
-                                                 device_name(device_));
+                                                 device_name(device_), unreleased_file);
     std::lock_guard<std::mutex> lock(set_up_mutex_);  // the set-up watchdog may release it
     lease_ = std::move(lease);
   } catch (const quota::QuotaRefused& refused) {
@@ -286,6 +295,7 @@ void TrainingRun::open_run_dir() {
                    ? make_run_dir(project_dir(settings_.project, settings_.task), "train", settings_.name, reuse_folder)
                    : fs::temp_directory_path() / ("yolo8-rank" + std::to_string(dist_.rank()));
   }
+  if (is_main_ && lease_) lease_->remember_unreleased_in(run_dir_ / kUnreleasedLeaseFile);
   if (is_main_) {
     // args.yaml for Ultralytics (its get_cfg refuses keys it does not know), yolo8_args.yaml with every setting.
     app::write_text(run_dir_ / "args.yaml", ultralytics_args_yaml(ultralytics_args(settings_, run_dir_.string())));

@@ -20,6 +20,7 @@
 #include "quota/core/sha256.h"
 #include "tests/quota/quota_test_util.h"
 #include "tests/quota/quotad_process.h"
+#include "tests/quota/tls_util.h"
 
 namespace yolo8::quota {
 namespace {
@@ -248,22 +249,6 @@ TEST(QuotadReload, ARotatedTokenOverlapsWithThePreviousOneUntilTheNextReload) {
   EXPECT_TRUE(quotad.stop());
 }
 
-// A CA and a server certificate for 127.0.0.1 with `serial` valid for `days` (openssl CLI; under `faketime` when
-// `ago` is set, so the certificate was issued that long ago).
-bool make_certificate(const std::string& dir, const std::string& name, int serial, int days,
-                      const std::string& ago = "") {
-  const std::string prefix = ago.empty() ? "" : "faketime '" + ago + "' ";
-  const std::string command =
-      "cd '" + dir +
-      "' && (test -f ca.pem || openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=reload-ca "
-      "-keyout ca.key -out ca.pem) && openssl req -newkey rsa:2048 -nodes -subj /CN=quotad-" +
-      name + " -keyout " + name + ".key -out " + name +
-      ".csr && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && " + prefix + "openssl x509 -req -in " + name +
-      ".csr -CA ca.pem -CAkey ca.key -set_serial " + std::to_string(serial) + " -days " + std::to_string(days) +
-      " -extfile san.ext -out " + name + ".pem >> openssl.log 2>&1";
-  return std::system(command.c_str()) == 0;
-}
-
 // The serial (hex, as `openssl x509 -serial` prints it) of the certificate a new TLS connection is served.
 std::string served_serial(int port) {
   const std::string command = "openssl s_client -connect 127.0.0.1:" + std::to_string(port) +
@@ -297,8 +282,8 @@ TEST(QuotadReload, ARenewedCertificateIsServedToNewConnectionsAndTheLeasesStay) 
   const std::string dir = fresh_dir("tls");
   copy_memory_table(dir);
   write_text(dir + "/policy.yaml", example_text());
-  ASSERT_TRUE(make_certificate(dir, "first", 0x1001, 20)) << read_text(dir + "/openssl.log");
-  ASSERT_TRUE(make_certificate(dir, "second", 0x2002, 90)) << read_text(dir + "/openssl.log");
+  ASSERT_TRUE(testing::make_certificate(dir, "first", 0x1001, 20)) << read_text(dir + "/openssl.log");
+  ASSERT_TRUE(testing::make_certificate(dir, "second", 0x2002, 90)) << read_text(dir + "/openssl.log");
   fs::copy_file(dir + "/first.pem", dir + "/server.pem");
   fs::copy_file(dir + "/first.key", dir + "/server.key");
   yolo8::test::QuotadProcess quotad;
@@ -327,12 +312,12 @@ TEST(QuotadReload, ARenewedCertificateIsServedToNewConnectionsAndTheLeasesStay) 
 }
 
 TEST(QuotadReload, AnExpiredCertificateRefusesTheStartAndOneExpiringSoonWarns) {
-  if (std::system("command -v faketime >/dev/null 2>&1") != 0) GTEST_SKIP() << "faketime is not installed";
+  if (!testing::have_faketime()) GTEST_SKIP() << "faketime is not installed";
   const std::string dir = fresh_dir("expired");
   copy_memory_table(dir);
   write_text(dir + "/policy.yaml", example_text());
-  ASSERT_TRUE(make_certificate(dir, "expired", 7, 1, "-3 days")) << read_text(dir + "/openssl.log");
-  ASSERT_TRUE(make_certificate(dir, "soon", 8, 5)) << read_text(dir + "/openssl.log");
+  ASSERT_TRUE(testing::make_certificate(dir, "expired", 7, 1, "-3 days")) << read_text(dir + "/openssl.log");
+  ASSERT_TRUE(testing::make_certificate(dir, "soon", 8, 5)) << read_text(dir + "/openssl.log");
   const std::string bin = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
   const std::string run = bin + " serve --policy " + dir + "/policy.yaml --db " + dir +
                           "/quota.db --listen 127.0.0.1:0 --tls-cert " + dir + "/expired.pem --tls-key " + dir +

@@ -2,17 +2,26 @@
 // Retry-After (a storage stall), 502 and 504 (a proxy in front of it), no answer at all (down, or accepting and
 // never answering). Asking for a lease retries them until the deadline; refusals are final; heartbeats and the
 // release never wait long for a hung quotad, and the release says whether quotad acknowledged it.
+#include <signal.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "quota/client/client.h"
+#include "quota/client/transport.h"
+#include "quota/core/sha256.h"
 #include "tests/quota/client/fake_quotad.h"
+#include "tests/quota/quotad_process.h"
 
 namespace yolo8::quota {
 namespace {
@@ -50,8 +59,44 @@ TEST(QuotaClientHttp, RetryAnswersAreRetriedHonouringRetryAfterUntilGranted) {
   client.release(Outcome::kCompleted);
 }
 
+// A rate limit (429) and an internal error (500) are "not now" as a storage stall is: waited out, Retry-After
+// honoured, never a refusal.
+TEST(QuotaClientHttp, TooManyRequestsAndInternalErrorsAreRetriedUntilGranted) {
+  for (const int status : {429, 500}) {
+    SCOPED_TRACE(status);
+    FakeQuotad quotad({{status, 1}});
+    QuotaClient client(http_config(quotad.url()));
+    std::vector<RetryInfo> retries;
+    const LeaseInfo lease =
+        client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}});
+    EXPECT_EQ(lease.id, 7);
+    EXPECT_EQ(quotad.asked(), 2);
+    ASSERT_EQ(retries.size(), 1u);
+    EXPECT_EQ(retries[0].status, status);
+    EXPECT_GE(retries[0].retry_in_s, 1.0) << "Retry-After is the least wait";
+    EXPECT_LE(retries[0].retry_in_s, 1.2);
+    EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
+  }
+}
+
+// A Retry-After far beyond the client's patience (a proxy's hour) is cut to retry_after_max_s.
+TEST(QuotaClientHttp, ALongRetryAfterIsCapped) {
+  FakeQuotad quotad({{429, 3600}});
+  ClientConfig config = http_config(quotad.url());
+  config.retry_after_max_s = 0.2;
+  QuotaClient client(config);
+  std::vector<RetryInfo> retries;
+  const auto start = Clock::now();
+  EXPECT_EQ(
+      client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo& r) { retries.push_back(r); }, {}}).id, 7);
+  ASSERT_EQ(retries.size(), 1u);
+  EXPECT_LE(retries[0].retry_in_s, 0.2 * 1.2 + 1e-9);
+  EXPECT_LT(seconds_since(start), 2.0);
+  client.release(Outcome::kCompleted);
+}
+
 TEST(QuotaClientHttp, RefusalsAreNotRetried) {
-  for (const int status : {400, 401, 403, 404, 409, 422}) {
+  for (const int status : {400, 401, 403, 404, 409, 422, 501}) {
     SCOPED_TRACE(status);
     FakeQuotad quotad({{status, 0}});
     QuotaClient client(http_config(quotad.url()));
@@ -199,6 +244,186 @@ TEST(QuotaClientHttp, AHungQuotadFencesInTimeAndTheReleaseIsNotAcknowledged) {
   EXPECT_LT(left_ms, 6000 - 2000);
   EXPECT_EQ(quotad.releases(), 0);
   std::cout << "fenced " << fenced_s << " s after quotad hung; release gave up after " << release_s << " s\n";
+}
+
+// A token file as Kubernetes updates a mounted Secret: the new text appears at once (renamed into place).
+void write_token(const std::string& path, const std::string& token) {
+  const std::string part = path + ".part";
+  std::ofstream(part) << token << "\n";
+  std::filesystem::rename(part, path);
+}
+
+std::string token_path(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/quota_client_token_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+ClientConfig token_file_config(const std::string& url, const std::string& file) {
+  ClientConfig config = http_config(url);
+  config.token.clear();
+  config.token_file = file;
+  return config;
+}
+
+// The Secret was rotated before the lease request: the 401 to the old token makes the client read the file
+// again and ask once more, with the new one.
+TEST(QuotaClientToken, TheLeaseRequestAfterARotationRetriesOnceWithTheNewToken) {
+  const std::string file = token_path("rotated-before-ask");
+  write_token(file, "token-a");
+  FakeQuotad quotad({});
+  quotad.accept_only("token-b");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  write_token(file, "token-b");
+  int retries = 0;
+  const LeaseInfo lease = client.acquire(LeaseRequest{}, {}, 60, RetryHooks{[&](const RetryInfo&) { ++retries; }, {}});
+  EXPECT_EQ(lease.id, 7);
+  EXPECT_EQ(retries, 0) << "a rotation is no outage";
+  EXPECT_EQ(quotad.unauthorized(), 1);
+  EXPECT_EQ(quotad.asked(), 1);
+  const std::vector<std::string> tokens = quotad.tokens();
+  ASSERT_GE(tokens.size(), 2u);
+  EXPECT_EQ(tokens[0], "Bearer token-a");
+  EXPECT_EQ(tokens[1], "Bearer token-b");
+  EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
+}
+
+// A running training: quotad stops taking the old token while the heartbeats go on; the next beat's 401 reads
+// the rotated file and the lease carries on, its release acknowledged.
+TEST(QuotaClientToken, HeartbeatsCarryOnThroughARotation) {
+  const std::string file = token_path("rotated-while-training");
+  write_token(file, "token-a");
+  FakeQuotad quotad({}, 6, 1);
+  quotad.accept_only("token-a");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  client.acquire(LeaseRequest{});
+  client.start_heartbeats();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int beats = quotad.beats();
+  ASSERT_GE(beats, 1);
+  write_token(file, "token-b");
+  quotad.accept_only("token-b");
+  const auto rotated = Clock::now();
+  while (quotad.beats() < beats + 2 && seconds_since(rotated) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(quotad.beats(), beats + 2) << "the beats after the rotation are answered";
+  EXPECT_EQ(quotad.unauthorized(), 1) << "one 401, then the new token";
+  EXPECT_FALSE(client.unreachable_too_long());
+  EXPECT_FALSE(client.lost());
+  const ReleaseAnswer answer = client.release(Outcome::kCompleted);
+  EXPECT_TRUE(answer.acknowledged);
+  EXPECT_EQ(quotad.tokens().back(), "Bearer token-b");
+}
+
+// The file still holds the token quotad refuses: one request, no retry, a refusal that names the file.
+TEST(QuotaClientToken, ARefusedTokenThatDidNotChangeIsARefusalNamingTheFile) {
+  const std::string file = token_path("unchanged");
+  write_token(file, "token-a");
+  FakeQuotad quotad({});
+  quotad.accept_only("token-b");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  try {
+    client.acquire(LeaseRequest{});
+    FAIL() << "granted with a refused token";
+  } catch (const QuotaRefused& refused) {
+    EXPECT_EQ(refused.status(), 401);
+    EXPECT_NE(std::string(refused.what()).find("invalid token (the token of " + file + ")"), std::string::npos)
+        << refused.what();
+  }
+  EXPECT_EQ(quotad.tokens().size(), 1u);
+}
+
+// quotad stops taking the token while the file was not rotated: the beats are refused, which the client says once,
+// naming the file, and the lease is left to the fence.
+TEST(QuotaClientToken, RefusedHeartbeatsAreSaidOnceNamingTheFile) {
+  const std::string file = token_path("not-rotated");
+  write_token(file, "token-a");
+  FakeQuotad quotad({}, 6, 1);
+  std::mutex mutex;
+  std::vector<std::string> notices;
+  ClientConfig config = token_file_config(quotad.url(), file);
+  config.on_notice = [&](const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex);
+    notices.push_back(text);
+  };
+  QuotaClient client(config);
+  client.acquire(LeaseRequest{});
+  quotad.accept_only("token-b");
+  client.start_heartbeats();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));
+  EXPECT_GE(quotad.unauthorized(), 2);
+  EXPECT_EQ(quotad.beats(), 0);
+  client.stop_heartbeats();
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0], "quotad refused the heartbeat (401: invalid token (the token of " + file + "))");
+}
+
+// The rotation end to end with quotad itself: its tokens file takes the new token beside the old one, the
+// Secret is rewritten, then quotad drops the old token; the heartbeat that meets the 401 reads the file again and
+// the lease runs on, its release acknowledged.
+TEST(QuotaClientToken, ARotationAtQuotadNeverCutsTheLease) {
+  const std::string dir = token_path("quotad");
+  const std::string tokens = dir + "-tokens.yaml";
+  const std::string old_hash = sha256_hex("alice-old-token");
+  const std::string new_hash = sha256_hex("alice-new-token");
+  const auto write_tokens = [&](const std::string& text) {
+    std::ofstream(tokens + ".part") << text;
+    std::filesystem::rename(tokens + ".part", tokens);
+  };
+  write_tokens("users:\n  alice: {token_sha256: " + old_hash + "}\n");
+  std::ofstream(dir + "-policy.yaml") << yolo8::test::one_gpu_policy(6, 1);
+  yolo8::test::QuotadProcess quotad;
+  std::filesystem::remove(dir + "-quota.db");
+  ASSERT_TRUE(quotad.start(dir + "-policy.yaml", dir + "-quota.db", dir + "-quotad.log", {"--backup-every", "0"},
+                           {"QUOTAD_TOKENS_FILE=" + tokens}));
+  const std::string file = token_path("secret");
+  write_token(file, "alice-old-token");
+  QuotaClient client(token_file_config(quotad.url(), file));
+  LeaseRequest request;
+  request.team = "ta";
+  request.model = "yolov8n";
+  const LeaseInfo lease = client.acquire(request);
+  ASSERT_GT(lease.id, 0);
+  client.start_heartbeats();
+
+  write_tokens("users:\n  alice: {token_sha256: " + new_hash + ", previous_token_sha256: " + old_hash + "}\n");
+  ASSERT_EQ(::kill(quotad.pid(), SIGHUP), 0);
+  write_token(file, "alice-new-token");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  write_tokens("users:\n  alice: {token_sha256: " + new_hash + "}\n");
+  ASSERT_EQ(::kill(quotad.pid(), SIGHUP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // three beats at least, one of them meeting the 401
+
+  // the old token is refused now: the beats went on with the new one
+  ApiRequest list;
+  list.method = "GET";
+  list.path = "/v1/leases";
+  EXPECT_EQ(make_http_transport(quotad.url(), "alice-old-token")->call(list).status, 401);
+  EXPECT_FALSE(client.unreachable_too_long());
+  EXPECT_FALSE(client.lost());
+  const ReleaseAnswer answer = client.release(Outcome::kCompleted);
+  EXPECT_TRUE(answer.acknowledged) << answer.reason;
+  EXPECT_TRUE(answer.released_now);
+  EXPECT_TRUE(quotad.stop());
+}
+
+TEST(QuotaClientToken, AMissingFileOrBothATokenAndAFileAreErrorsNamingThem) {
+  const std::string missing = token_path("missing");
+  std::filesystem::remove(missing);
+  try {
+    QuotaClient client(token_file_config("http://127.0.0.1:1", missing));
+    FAIL() << "a client without its token file";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("quota_token_file: cannot read '" + missing + "'"), std::string::npos)
+        << error.what();
+  }
+  const std::string file = token_path("both");
+  write_token(file, "token-a");
+  ClientConfig both = token_file_config("http://127.0.0.1:1", file);
+  both.token = "token-b";
+  EXPECT_THROW(QuotaClient client(both), std::invalid_argument);
 }
 
 }  // namespace

@@ -71,6 +71,20 @@ TEST(QuotaClientLocal, ARunShorterThanAHeartbeatIntervalStillReportsItsPeak) {
   EXPECT_EQ(observations[0].batch, 16);
 }
 
+// One table of what a status means: "not now" is retried (a lease request until quota_retry_s, then exit 75),
+// "no" is final (exit 2).
+TEST(QuotaClientStatus, TransientAnswersAreRetriedAndRefusalsAreFinal) {
+  for (const int status : {0, 429, 500, 502, 503, 504}) {
+    EXPECT_EQ(answer_class(status), AnswerClass::kTransient) << status;
+    EXPECT_TRUE(is_unavailable(status)) << status;
+  }
+  for (const int status : {400, 401, 403, 404, 405, 409, 413, 422, 501, 505}) {
+    EXPECT_EQ(answer_class(status), AnswerClass::kRefused) << status;
+    EXPECT_FALSE(is_unavailable(status)) << status;
+  }
+  for (const int status : {200, 201, 202, 204}) EXPECT_EQ(answer_class(status), AnswerClass::kAnswered) << status;
+}
+
 TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
   EXPECT_EQ(client_config_from_setting("off").mode, "off");
   EXPECT_EQ(client_config_from_setting("local", 4).local_gpus, 4);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -24,6 +25,12 @@
 #include "quota/client/client.h"
 
 namespace yolo8::quota::testing {
+
+// The certificate and key (PEM files) of a fake that speaks https.
+struct FakeTls {
+  std::string cert;
+  std::string key;
+};
 
 // One answer of the fake: a status, Retry-After when > 0, and the leader a follower's 503 names when not empty
 // (the reason is then "not the leader", else "scripted").
@@ -40,12 +47,21 @@ struct Answer {
 // A quotad stand-in on a loopback port. POST /v1/leases takes its answers from `asks` (a 202 queues lease 7),
 // then grants lease 7; GET /v1/leases/7 takes its answers from `polls`, then says granted. Heartbeats and releases
 // answer 200 until hang(), after which they are never answered (until the fake goes away), or until follow(),
-// after which they answer as a follower does; close() stops it (its port refuses connections).
+// after which they answer as a follower does; close() stops it (its port refuses connections). After
+// accept_only(token) any other bearer token gets 401, as quotad answers it.
 class FakeQuotad {
  public:
-  FakeQuotad(std::vector<Answer> asks, int ttl_s = 60, int interval_s = 10, std::vector<Answer> polls = {})
-      : asks_(asks.begin(), asks.end()), polls_(polls.begin(), polls.end()), ttl_s_(ttl_s), interval_s_(interval_s) {
-    server_.Post("/v1/leases", [this](const httplib::Request& request, httplib::Response& response) {
+  // Over https when `tls` names a certificate and its key (PEM files).
+  FakeQuotad(std::vector<Answer> asks, int ttl_s = 60, int interval_s = 10, std::vector<Answer> polls = {},
+             const FakeTls& tls = {})
+      : server_(tls.cert.empty() ? std::make_unique<httplib::Server>()
+                                 : std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str())),
+        scheme_(tls.cert.empty() ? "http" : "https"),
+        asks_(asks.begin(), asks.end()),
+        polls_(polls.begin(), polls.end()),
+        ttl_s_(ttl_s),
+        interval_s_(interval_s) {
+    server_->Post("/v1/leases", [this](const httplib::Request& request, httplib::Response& response) {
       std::lock_guard<std::mutex> lock(mutex_);
       keys_.insert(request.get_header_value("Idempotency-Key"));
       ++asked_;
@@ -59,7 +75,7 @@ class FakeQuotad {
       }
       reply_error(response, answer);
     });
-    server_.Get("/v1/leases/7", [this](const httplib::Request&, httplib::Response& response) {
+    server_->Get("/v1/leases/7", [this](const httplib::Request&, httplib::Response& response) {
       std::lock_guard<std::mutex> lock(mutex_);
       const Answer answer = next(polls_);
       if (answer.status == 201) return reply(response, 200, lease("granted"));
@@ -69,24 +85,35 @@ class FakeQuotad {
       }
       reply_error(response, answer);
     });
-    server_.Post("/v1/leases/7/heartbeat", [this](const httplib::Request&, httplib::Response& response) {
+    server_->Post("/v1/leases/7/heartbeat", [this](const httplib::Request&, httplib::Response& response) {
       if (const auto follower = wait_while_hung()) return reply_error(response, *follower);
       ++beats_;
       reply(response, 200,
             nlohmann::json{{"state", "granted"}, {"ttl_s", ttl_s_}, {"heartbeat_interval_s", interval_s_}});
     });
-    server_.Post("/v1/leases/7/release", [this](const httplib::Request&, httplib::Response& response) {
+    server_->Post("/v1/leases/7/release", [this](const httplib::Request&, httplib::Response& response) {
       if (const auto follower = wait_while_hung()) return reply_error(response, *follower);
       ++releases_;
       nlohmann::json view = lease("released");
       view["released_now"] = true;
       reply(response, 200, view);
     });
-    port_ = server_.bind_to_any_port("127.0.0.1");  // listening from here: early connections wait in the backlog
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    server_->set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tokens_.push_back(request.get_header_value("Authorization"));
+      if (accepted_.empty() || request.get_header_value("Authorization") == "Bearer " + accepted_) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      ++unauthorized_;
+      reply(response, 401, nlohmann::json{{"error", "unauthorized"}, {"reason", "invalid token"}});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    port_ = server_->bind_to_any_port("127.0.0.1");  // listening from here: early connections wait in the backlog
+    thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
   ~FakeQuotad() { close(); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return scheme_ + "://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
   void hang() {
     std::lock_guard<std::mutex> lock(mutex_);
     hung_ = true;
@@ -101,19 +128,35 @@ class FakeQuotad {
     std::lock_guard<std::mutex> lock(mutex_);
     leader_ = leader;
   }
+  // Heartbeats and releases are answered again, after follow().
+  void lead() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    leader_.clear();
+  }
+  // From now on only this bearer token is accepted.
+  void accept_only(const std::string& token) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accepted_ = token;
+  }
+  // The Authorization headers of every request so far, in order.
+  std::vector<std::string> tokens() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return tokens_;
+  }
   void close() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       hung_ = false;
     }
     unhung_.notify_all();
-    server_.stop();
+    server_->stop();
     if (thread_.joinable()) thread_.join();
   }
   int asked() const { return asked_; }
   int beats() const { return beats_; }
   int releases() const { return releases_; }
-  int refused() const { return refused_; }  // the 502/503/504 answers given
+  int refused() const { return refused_; }  // the scripted error answers given
+  int unauthorized() const { return unauthorized_; }
   std::set<std::string> keys() {
     std::lock_guard<std::mutex> lock(mutex_);
     return keys_;
@@ -152,7 +195,8 @@ class FakeQuotad {
     return Answer{503, 1, leader_};
   }
 
-  httplib::Server server_;
+  std::unique_ptr<httplib::Server> server_;
+  std::string scheme_;
   std::thread thread_;
   int port_ = 0;
   std::mutex mutex_;
@@ -162,10 +206,13 @@ class FakeQuotad {
   std::deque<Answer> asks_;
   std::deque<Answer> polls_;
   std::set<std::string> keys_;
+  std::string accepted_;
+  std::vector<std::string> tokens_;
   std::atomic<int> asked_{0};
   std::atomic<int> beats_{0};
   std::atomic<int> releases_{0};
   std::atomic<int> refused_{0};
+  std::atomic<int> unauthorized_{0};
   int ttl_s_;
   int interval_s_;
 };

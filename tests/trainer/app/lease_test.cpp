@@ -1,13 +1,17 @@
 // The trainer's lease in the local quota mode: the client config comes from quota::client_config_from_setting,
-// with quota_db, user and quota_token on top of it.
+// with quota_db, user and quota_token on top of it; against a fake quotad, the record of an unacknowledged release.
 #include "trainer/app/lease.h"
 
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 
+#include "tests/quota/client/fake_quotad.h"
 #include "trainer/core/stop_signal.h"
 
 namespace yolo8 {
@@ -39,6 +43,73 @@ TEST(TrainingLease, LocalModeUsesTheQuotaDbAndUser) {
   EXPECT_GT(again.id(), 0);
   again.release(quota::Outcome::kCompleted);
   fs::remove_all(root);
+}
+
+// quotad answers nothing usable as the run ends (a follower's 503 naming a leader the setting does not list): the
+// release is not acknowledged, so "released" is not printed and the lease is recorded in the run folder; the
+// next run there releases it (its outcome again) before asking for its own, and removes the record.
+TEST(TrainingLease, AnUnacknowledgedReleaseIsRecordedAndTheNextRunReleasesIt) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("yolo8_lease_record_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const fs::path record = dir / kUnreleasedLeaseFile;
+  quota::testing::FakeQuotad quotad({}, 6, 1);
+  Settings settings;
+  settings.lease.quota = quotad.url();
+  settings.model = "yolov8n.yaml";
+  {
+    TrainingLease lease(settings, "job", /*uses_gpu=*/false, 1, {}, "cpu", record);
+    ASSERT_EQ(lease.id(), 7);
+    quotad.follow("http://127.0.0.1:1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a heartbeat meets it
+    ::testing::internal::CaptureStdout();
+    lease.release(quota::Outcome::kPreempted);
+    const std::string output = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(output.find("Lease 7 released"), std::string::npos) << output;
+    EXPECT_NE(output.find("Lease 7 release not acknowledged"), std::string::npos) << output;
+    EXPECT_NE(output.find("the next run here releases it (" + record.string() + ")"), std::string::npos) << output;
+  }
+  ASSERT_TRUE(fs::exists(record));
+  EXPECT_FALSE(fs::exists(record.string() + ".part"));
+  EXPECT_EQ(quotad.releases(), 0);
+
+  quotad.lead();
+  ::testing::internal::CaptureStdout();
+  TrainingLease next(settings, "job", false, 1, {}, "cpu", record);
+  const std::string output = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(output.find("Lease 7 of an earlier run here (its release was not acknowledged): released now (preempted)"),
+            std::string::npos)
+      << output;
+  EXPECT_LT(output.find("of an earlier run here"), output.find("Asking ")) << "released before the new request";
+  EXPECT_EQ(quotad.releases(), 1);
+  EXPECT_FALSE(fs::exists(record));
+  next.release(quota::Outcome::kCompleted);
+  EXPECT_EQ(quotad.releases(), 2);
+  fs::remove_all(dir);
+}
+
+// A record of a lease asked of another quota service is not sent here: the lease expires there.
+TEST(TrainingLease, ARecordOfAnotherQuotaIsLeftToExpireThere) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("yolo8_lease_other_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path record = dir / kUnreleasedLeaseFile;
+  std::ofstream(record) << R"({"lease_id": 7, "quota": "http://quotad-old:8470", "outcome": "completed"})";
+  quota::testing::FakeQuotad quotad({});
+  Settings settings;
+  settings.lease.quota = quotad.url();
+  settings.model = "yolov8n.yaml";
+  ::testing::internal::CaptureStdout();
+  TrainingLease lease(settings, "job", false, 1, {}, "cpu", record);
+  const std::string output = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(output.find("Lease 7 of an earlier run here (its release was not acknowledged): asked of "
+                        "http://quotad-old:8470, not of quota=" +
+                        quotad.url() + "; left to expire there"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(quotad.releases(), 0);
+  EXPECT_FALSE(fs::exists(record));
+  lease.release(quota::Outcome::kCompleted);
+  fs::remove_all(dir);
 }
 
 TEST(TrainingLease, OffAndCpuLocalRunsHoldNoLease) {

@@ -217,8 +217,13 @@ TEST(LeaseOutage, AStoppedQuotadLeavesTheStepsGoingAndTheRunExits75WithinTheTtl)
   EXPECT_EQ(out.find("Lease 1 released"), std::string::npos) << out;
   EXPECT_TRUE(std::regex_search(
       out, std::regex(R"(Lease 1 release not acknowledged \(no answer: Read\): quotad expires it 12 s after its last )"
-                      R"(acknowledged heartbeat, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n)")))
+                      R"(acknowledged heartbeat, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; the next run here releases it )"
+                      R"(\(.*/runs/run/quota_lease\.json\)\n)")))
       << out;
+  // the record the next run in the folder releases the lease from
+  const std::string record = read_text(root / "runs" / "run" / "quota_lease.json");
+  EXPECT_NE(record.find(R"("lease_id":1)"), std::string::npos) << record;
+  EXPECT_NE(record.find(R"("outcome":"preempted")"), std::string::npos) << record;
   EXPECT_TRUE(quotad.stop());
   fs::remove_all(root);
 }

@@ -42,6 +42,21 @@ TEST(Settings, TheQuotaTokenIsNeverWrittenNorPrinted) {
   EXPECT_EQ(std::count_if(infos.begin(), infos.end(), [](const SettingInfo& info) { return info.secret; }), 1);
 }
 
+// The token comes one way: as text (quota_token, $YOLO8_QUOTA_TOKEN) or from a file (quota_token_file), whose
+// path is an ordinary setting, written and shown.
+TEST(Settings, AQuotaTokenAndATokenFileTogetherAreAnErrorNamingBoth) {
+  try {
+    resolve_settings({{"quota_token", "t"}, {"quota_token_file", "/var/run/secrets/quotad/token"}}, "train");
+    FAIL() << "both accepted";
+  } catch (const SettingsError& error) {
+    EXPECT_NE(std::string(error.what()).find("'quota_token' and 'quota_token_file' are both set"), std::string::npos)
+        << error.what();
+  }
+  const Settings settings = resolve_settings({{"quota_token_file", "/var/run/secrets/quotad/token"}}, "train");
+  EXPECT_EQ(settings.lease.quota_token_file, "/var/run/secrets/quotad/token");
+  EXPECT_NE(settings_to_yaml(settings).find("quota_token_file: /var/run/secrets/quotad/token"), std::string::npos);
+}
+
 TEST(Settings, DefaultsMatchUltralytics) {
   const Settings settings;
   EXPECT_EQ(settings.project, "");  // runs/detect, as the reference lays run folders out
@@ -375,8 +390,9 @@ TEST(Settings, ResumableKeysAreFlaggedInTheTable) {
   for (const auto& info : setting_infos()) {
     if (info.resumable) resumable.push_back(info.name);
   }
-  EXPECT_EQ(resumable, (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota", "quota_db",
-                                                 "quota_token", "quota_retry_s", "gpu_mem", "threads"}));
+  EXPECT_EQ(resumable,
+            (std::vector<std::string>{"batch", "device", "workers", "verbose", "plots", "quota", "quota_db",
+                                      "quota_token", "quota_token_file", "quota_retry_s", "gpu_mem", "threads"}));
 }
 
 TEST(Settings, ResumeKeepsTheSavedRecipe) {

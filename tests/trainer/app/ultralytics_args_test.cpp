@@ -180,7 +180,7 @@ TEST(UltralyticsArgs, HoldsEveryUltralyticsKeyInItsOrderAndNoneOfOurs) {
   const auto& infos = setting_infos();
   EXPECT_EQ(std::count_if(infos.begin(), infos.end(),
                           [](const SettingInfo& info) { return is_yolo8_only_setting(info.name); }),
-            16);
+            17);
 }
 
 TEST(UltralyticsArgs, ValuesHaveTheTypesGetCfgChecks) {
