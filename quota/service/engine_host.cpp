@@ -43,6 +43,15 @@ const char* to_string(EngineMode mode) {
   return "?";
 }
 
+bool serves_state(EngineMode mode) {
+  switch (mode) {
+    case EngineMode::kMemory:
+    case EngineMode::kSingle:
+    case EngineMode::kLocal: return true;
+  }
+  return false;
+}
+
 EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store,
                        HeartbeatBoard& board)
     : options_(options),

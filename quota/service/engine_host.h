@@ -57,6 +57,9 @@ enum class EngineMode {
   // (503 naming the leader) and takes over with load_whole_state().
 };
 const char* to_string(EngineMode mode);
+// Whether a process in `mode` answers from the state it holds (GET /readyz): a follower will not, so that no
+// traffic reaches it; a mode added here decides its readiness here.
+bool serves_state(EngineMode mode);
 
 // The store could not take a write in time (another process holds its lock, a slow disk): nothing changed.
 class Unavailable : public std::runtime_error {
@@ -70,6 +73,8 @@ class EngineHost {
   EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store, HeartbeatBoard& board);
 
   EngineMode mode() const { return mode_; }
+  // The leader's address a follower names in its refusals; empty in every mode there is so far.
+  const std::string& leader() const { return leader_; }
   bool has_store() const { return store_ != nullptr; }
   int64_t now() const { return clock_(); }
   int64_t monotonic_now() const { return monotonic_(); }
@@ -114,6 +119,7 @@ class EngineHost {
 
   const ServiceOptions options_;
   const EngineMode mode_;
+  std::string leader_;
   HeartbeatBoard& board_;
   std::function<int64_t()> clock_;
   std::function<int64_t()> monotonic_;

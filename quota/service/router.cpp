@@ -103,6 +103,8 @@ const std::vector<Router::Route>& Router::table() {
       {{"GET", "/v1/balance", kToken, kApi}, ledger},
       {{"GET", "/healthz", kOpen, kFast},
        [](S& s, const Caller&, const ApiRequest&, const P&, int64_t) { return s.healthz(); }},
+      {{"GET", "/readyz", kOpen, kFast},
+       [](S& s, const Caller&, const ApiRequest&, const P&, int64_t) { return s.readyz(); }},
       {{"GET", "/metrics", kPage, kApi}, nullptr},
       {{"GET", "/", kPage, kApi}, nullptr},
       {{"GET", "/status", kPage, kApi}, nullptr},

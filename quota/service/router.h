@@ -12,10 +12,10 @@
 
 namespace yolo8::quota {
 
-// Who may call a route: anyone (/healthz), a bearer token (every /v1 call), or anyone for a page the HTTP
+// Who may call a route: anyone (/healthz, /readyz), a bearer token (every /v1 call), or anyone for a page the HTTP
 // front renders itself (/metrics, the status page; the embedded service answers those 404).
 enum class RouteAccess { kOpen, kToken, kPage };
-// Which workers answer a route: heartbeats and /healthz never queue behind other calls or slow clients.
+// Which workers answer a route: heartbeats and the probes never queue behind other calls or slow clients.
 enum class RouteLane { kApi, kFast };
 
 struct RouteSpec {

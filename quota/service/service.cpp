@@ -195,6 +195,22 @@ ApiResponse QuotaService::healthz() {
   return response;
 }
 
+ApiResponse readiness_answer(bool serves, const std::string& role, const std::string& leader) {
+  ApiResponse response;
+  response.body = json{{"ready", serves}, {"role", role}};
+  if (!serves) {
+    response.status = 503;
+    response.headers["Retry-After"] = std::to_string(kRetryAfterS);
+    response.body["leader"] = leader.empty() ? json(nullptr) : json(leader);
+  }
+  return response;
+}
+
+ApiResponse QuotaService::readyz() {
+  const EngineMode mode = host_.mode();
+  return readiness_answer(serves_state(mode), to_string(mode), host_.leader());
+}
+
 ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
   LeaseRequest request = lease_request_from_json(parse_body(req.body));
   if (request.team.empty()) request.team = caller.team;

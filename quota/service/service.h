@@ -45,6 +45,11 @@ struct ServiceView {
   int64_t now_ms;
 };
 
+// GET /readyz: 200 {ready: true, role} from a process that serves the state (`serves`, its mode `role`); else 503
+// with Retry-After and {ready: false, role, leader}, the leader (null while unknown) being where traffic belongs.
+// /healthz stays liveness: it answers whenever the process does.
+ApiResponse readiness_answer(bool serves, const std::string& role, const std::string& leader);
+
 class QuotaService {
  public:
   QuotaService(Policy policy, ServiceOptions options);
@@ -92,6 +97,7 @@ class QuotaService {
   bool can_act(const Caller& caller, const Lease& lease) const;
   nlohmann::json lease_view(const Lease& lease, int64_t now_ms);
   ApiResponse healthz();
+  ApiResponse readyz();
   ApiResponse acquire(const Caller& caller, const ApiRequest& req);
   ApiResponse get_lease(const Caller& caller, int64_t id);
   ApiResponse list_leases(const Caller& caller, const ApiRequest& req);

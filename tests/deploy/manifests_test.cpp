@@ -39,6 +39,8 @@ struct Object {
   std::string kind() const { return node["kind"].as<std::string>(""); }
   std::string name() const { return dig(node, {"metadata", "name"}).as<std::string>(""); }
   std::string ns() const { return dig(node, {"metadata", "namespace"}).as<std::string>(""); }
+  // quotad's high-availability variant, which takes the place of the platform's quotad Deployment and PVC.
+  bool ha() const { return file.rfind("k8s/quotad-ha/", 0) == 0; }
 };
 
 fs::path deploy_dir() { return fs::path(test::kSourceDir) / "deploy"; }
@@ -87,9 +89,10 @@ std::vector<Object> of_kind(const std::string& kind) {
   return out;
 }
 
-const Object* find_object(const std::string& kind, const std::string& ns, const std::string& name) {
+// An object of the platform (`ha` false) or of quotad's HA variant (`ha` true).
+const Object* find_object(const std::string& kind, const std::string& ns, const std::string& name, bool ha = false) {
   for (const auto& o : objects()) {
-    if (o.kind() == kind && o.ns() == ns && o.name() == name) return &o;
+    if (o.kind() == kind && o.ns() == ns && o.name() == name && o.ha() == ha) return &o;
   }
   return nullptr;
 }
@@ -188,7 +191,8 @@ TEST(DeployManifests, EveryObjectHasApiVersionKindAndName) {
     EXPECT_FALSE(o.kind().empty()) << "kind missing";
     if (o.kind() == "Kustomization") continue;  // a kustomize file, not an API object
     EXPECT_FALSE(o.name().empty()) << o.kind() << " without metadata.name";
-    EXPECT_TRUE(seen.insert(o.kind() + "/" + o.ns() + "/" + o.name()).second)
+    // the HA variant's objects replace the platform's of the same name
+    EXPECT_TRUE(seen.insert(std::string(o.ha() ? "ha:" : "") + o.kind() + "/" + o.ns() + "/" + o.name()).second)
         << "duplicate " << o.kind() << " " << o.ns() << "/" << o.name();
   }
   EXPECT_GE(seen.size(), 25u);
@@ -197,7 +201,8 @@ TEST(DeployManifests, EveryObjectHasApiVersionKindAndName) {
 TEST(DeployManifests, KustomizationsListEveryObjectFileButTheJobTemplates) {
   std::set<std::string> listed;
   const auto kustomizations = of_kind("Kustomization");
-  ASSERT_EQ(kustomizations.size(), 3u);  // the platform, the Kueue variant and the Prometheus Operator's rules
+  // the platform, the Kueue variant, the Prometheus Operator's rules and quotad's HA variant
+  ASSERT_EQ(kustomizations.size(), 4u);
   for (const auto& k : kustomizations) {
     const fs::path dir = (deploy_dir() / k.file).parent_path();
     for (const auto& res : strings(k.node["resources"])) {
@@ -354,6 +359,105 @@ TEST(DeployManifests, QuotadIsOneReplicaRecreateWithHealthProbes) {
   const YAML::Node pol = policy();
   for (const auto& kv : tokens["users"]) {
     EXPECT_TRUE(pol["users"][kv.first.as<std::string>()].IsDefined()) << kv.first;
+  }
+}
+
+// quotad's HA variant: two replicas on PostgreSQL, one per node, ready only while serving the state, the database
+// password from a Secret's file only, no volume, hardened as the single replica is.
+TEST(DeployManifests, QuotadHaIsTwoReplicasOnPostgresqlReadyOnlyWhileServing) {
+  const Object* dep = find_object("Deployment", "yolo8-system", "quotad", true);
+  const Object* single = find_object("Deployment", "yolo8-system", "quotad");
+  ASSERT_NE(dep, nullptr);
+  ASSERT_NE(single, nullptr);
+  const YAML::Node spec = dep->node["spec"];
+  EXPECT_EQ(spec["replicas"].as<int>(0), 2);
+  const YAML::Node labels = spec["template"]["metadata"]["labels"];
+  EXPECT_TRUE(selects(spec["selector"]["matchLabels"], labels));
+  const YAML::Node pod = spec["template"]["spec"];
+  const YAML::Node c = container(pod, "quotad");
+  ASSERT_TRUE(c.IsDefined());
+  EXPECT_EQ(c["image"].as<std::string>(""),
+            container(single->node["spec"]["template"]["spec"], "quotad")["image"].as<std::string>("x"));
+
+  // readiness (/readyz) takes a follower out of the Service; liveness (/healthz) only asks that the process answers
+  EXPECT_EQ(dig(c, {"readinessProbe", "httpGet", "path"}).as<std::string>(""), "/readyz");
+  EXPECT_EQ(dig(c, {"livenessProbe", "httpGet", "path"}).as<std::string>(""), "/healthz");
+  EXPECT_EQ(dig(c, {"startupProbe", "httpGet", "path"}).as<std::string>(""), "/healthz");
+  const Object* svc = find_object("Service", "yolo8-system", "quotad");
+  ASSERT_NE(svc, nullptr);
+  EXPECT_TRUE(selects(svc->node["spec"]["selector"], labels));
+  EXPECT_FALSE(svc->node["spec"]["publishNotReadyAddresses"].as<bool>(false)) << "followers would get traffic";
+
+  // one replica per node
+  YAML::Node term(YAML::NodeType::Undefined);
+  const YAML::Node required =
+      dig(pod, {"affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution"});
+  const YAML::Node preferred =
+      dig(pod, {"affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution"});
+  if (required.IsSequence() && required.size() > 0) term.reset(required[0]);
+  if (!term.IsDefined() && preferred.IsSequence() && preferred.size() > 0) {
+    term.reset(dig(preferred[0], {"podAffinityTerm"}));
+  }
+  ASSERT_TRUE(term.IsDefined()) << "no pod anti-affinity";
+  EXPECT_EQ(term["topologyKey"].as<std::string>(""), "kubernetes.io/hostname");
+  EXPECT_TRUE(selects(term["labelSelector"]["matchLabels"], labels));
+
+  // voluntary evictions leave one replica
+  const Object* pdb = find_object("PodDisruptionBudget", "yolo8-system", "quotad", true);
+  ASSERT_NE(pdb, nullptr);
+  EXPECT_EQ(pdb->node["spec"]["minAvailable"].as<int>(0), 1);
+  EXPECT_TRUE(selects(pdb->node["spec"]["selector"]["matchLabels"], labels));
+
+  // serve --db URL --db-password-file FILE: the URL from the ConfigMap, without a password; the password a file
+  // of the Secret quotad-db, never a literal in the args or the environment
+  const auto args = strings(c["args"]);
+  ASSERT_FALSE(args.empty());
+  EXPECT_EQ(args[0], "serve");
+  std::map<std::string, std::string> flags;
+  for (size_t i = 1; i + 1 < args.size(); i += 2) flags[args[i]] = args[i + 1];
+  ASSERT_EQ(flags["--db"], "$(QUOTAD_DB_URL)");
+  const YAML::Node url_ref = dig(env_var(c, "QUOTAD_DB_URL"), {"valueFrom", "configMapKeyRef"});
+  const Object* db = find_object("ConfigMap", "yolo8-system", url_ref["name"].as<std::string>(""), true);
+  ASSERT_NE(db, nullptr);
+  const std::string url = db->node["data"][url_ref["key"].as<std::string>("")].as<std::string>("");
+  EXPECT_EQ(url.rfind("postgresql://", 0), 0u) << url;
+  const std::string authority = url.substr(13, url.find('/', 13) - 13);
+  EXPECT_NE(authority.find('@'), std::string::npos) << url;
+  EXPECT_EQ(authority.substr(0, authority.find('@')).find(':'), std::string::npos) << "a password in " << url;
+  EXPECT_NE(authority.find(":5432"), std::string::npos) << url;
+  std::map<std::string, std::string> mount_of_volume;
+  for (const auto& m : c["volumeMounts"]) {
+    mount_of_volume[m["name"].as<std::string>()] = m["mountPath"].as<std::string>();
+  }
+  std::string password_file;
+  for (const auto& vol : pod["volumes"]) {
+    EXPECT_FALSE(vol["persistentVolumeClaim"].IsDefined()) << "the state lives in PostgreSQL";
+    if (dig(vol, {"secret", "secretName"}).as<std::string>("") != "quotad-db") continue;
+    const YAML::Node item = vol["secret"]["items"][0];
+    password_file = mount_of_volume[vol["name"].as<std::string>()] + "/" + item["path"].as<std::string>("password");
+  }
+  EXPECT_EQ(flags["--db-password-file"], password_file);
+  EXPECT_EQ(password_file, "/var/run/secrets/quotad-db/password");
+  for (const auto& e : c["env"]) {
+    EXPECT_FALSE(dig(e, {"valueFrom", "secretKeyRef"}).IsDefined()) << e["name"] << ": secrets come as files";
+  }
+  EXPECT_EQ(find_object("Secret", "yolo8-system", "quotad-db", true), nullptr) << "no password in the repository";
+  for (const auto& o : objects()) {
+    if (o.ha()) EXPECT_NE(o.kind(), "PersistentVolumeClaim") << o.file;
+  }
+
+  // the policy and the tokens as the single replica has them; hardened the same way
+  const YAML::Node single_pod = single->node["spec"]["template"]["spec"];
+  const YAML::Node single_c = container(single_pod, "quotad");
+  EXPECT_EQ(flags["--policy"], strings(single_c["args"])[2]);
+  EXPECT_EQ(YAML::Dump(env_var(c, "QUOTAD_TOKENS_FILE")), YAML::Dump(env_var(single_c, "QUOTAD_TOKENS_FILE")));
+  EXPECT_EQ(YAML::Dump(pod["securityContext"]), YAML::Dump(single_pod["securityContext"]));
+  EXPECT_EQ(YAML::Dump(c["securityContext"]), YAML::Dump(single_c["securityContext"]));
+  EXPECT_TRUE(c["securityContext"]["readOnlyRootFilesystem"].as<bool>(false));
+  EXPECT_EQ(pod["securityContext"]["runAsUser"].as<int>(0), 10001);
+  for (const char* kind : {"requests", "limits"}) {
+    EXPECT_GT(quantity(c["resources"][kind]["memory"]), 0) << kind;
+    EXPECT_GT(quantity(c["resources"][kind]["cpu"]), 0) << kind;
   }
 }
 

@@ -58,6 +58,58 @@ TEST_F(RouterTest, OpenRoutesNeedNoCallerAndTokenRoutesAskOnce) {
   EXPECT_EQ(calls_, 1);
 }
 
+// Readiness is open and in the fast lane like liveness, and reports this process's mode as its role.
+TEST_F(RouterTest, ReadyzAnswersWithoutACallerAndNamesTheRole) {
+  const ApiResponse ready = dispatch("GET", "/readyz");
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_EQ(ready.body["ready"], true);
+  EXPECT_EQ(ready.body["role"], "memory");
+  EXPECT_FALSE(ready.body.contains("leader"));
+  EXPECT_EQ(ready.headers.count("Retry-After"), 0u);
+  EXPECT_EQ(calls_, 0);
+  EXPECT_EQ(Router::match("GET", "/readyz").lane(), RouteLane::kFast);
+  const ApiResponse post = dispatch("POST", "/readyz");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.headers.at("Allow"), "GET");
+}
+
+TEST(RouterReadiness, EveryModeThatServesTheStateIsReady) {
+  const std::string db = testing::temp_db("router_readyz");
+  for (const bool local : {false, true}) {
+    ServiceOptions options;
+    options.db_path = db;
+    options.reload_per_call = local;
+    QuotaService service(testing::example_policy(), options);
+    const ApiResponse ready = Router::dispatch(service, api_call("GET", "/readyz", ""),
+                                               [](const ApiRequest&) -> std::variant<Caller, ApiResponse> {
+                                                 return error_response(401, "no caller for an open route");
+                                               });
+    EXPECT_EQ(ready.status, 200) << local;
+    EXPECT_EQ(ready.body["ready"], true) << local;
+    EXPECT_EQ(ready.body["role"], local ? "local" : "single");
+  }
+  for (const EngineMode mode : {EngineMode::kMemory, EngineMode::kSingle, EngineMode::kLocal}) {
+    EXPECT_TRUE(serves_state(mode)) << to_string(mode);
+  }
+}
+
+// A process that does not serve the state (a follower) is taken out of the Service's endpoints: 503, with
+// Retry-After, naming the leader; /healthz keeps answering it alive.
+TEST(RouterReadiness, AProcessThatDoesNotServeTheStateIs503NamingTheLeader) {
+  const ApiResponse follower = readiness_answer(false, "follower", "https://quotad-1:8470");
+  EXPECT_EQ(follower.status, 503);
+  EXPECT_FALSE(follower.headers.at("Retry-After").empty());
+  EXPECT_EQ(follower.body["ready"], false);
+  EXPECT_EQ(follower.body["role"], "follower");
+  EXPECT_EQ(follower.body["leader"], "https://quotad-1:8470");
+  const ApiResponse electing = readiness_answer(false, "follower", "");
+  EXPECT_EQ(electing.status, 503);
+  EXPECT_TRUE(electing.body.at("leader").is_null());
+  const ApiResponse leader = readiness_answer(true, "single", "");
+  EXPECT_EQ(leader.status, 200);
+  EXPECT_EQ(leader.body["ready"], true);
+}
+
 TEST_F(RouterTest, ARefusalFromTheGateIsTheAnswer) {
   const ApiResponse answer = Router::dispatch(
       service_, api_call("GET", "/v1/teams", ""),

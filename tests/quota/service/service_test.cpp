@@ -397,18 +397,19 @@ TEST(QuotaRoutes, AnUnansweredMethodGets405WithAllowFromTheTable) {
 
 // Issue 29: the heartbeat lane came from a request-line prefix, so POST /v1/leases/?x=/heartbeat reached the
 // heartbeat workers and acquired a lease there. The lane is the table's now, decided on the path alone.
-TEST(QuotaRoutes, OnlyTheHeartbeatAndHealthzRoutesTakeTheFastLane) {
+TEST(QuotaRoutes, OnlyTheHeartbeatAndTheProbesTakeTheFastLane) {
   EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/").lane(), RouteLane::kApi);
   EXPECT_EQ(QuotaService::routes()[static_cast<size_t>(QuotaService::match_route("POST", "/v1/leases/").index)].pattern,
             "/v1/leases");
   EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/7/heartbeat").lane(), RouteLane::kFast);
   EXPECT_EQ(QuotaService::match_route("GET", "/healthz").lane(), RouteLane::kFast);
+  EXPECT_EQ(QuotaService::match_route("GET", "/readyz").lane(), RouteLane::kFast);
   EXPECT_EQ(QuotaService::match_route("GET", "/v1/leases/7/heartbeat").lane(), RouteLane::kApi);  // 405
   EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/7/release").lane(), RouteLane::kApi);
   EXPECT_EQ(QuotaService::match_route("POST", "/v1/heartbeat").lane(), RouteLane::kApi);  // 404
   int fast = 0;
   for (const RouteSpec& route : QuotaService::routes()) fast += route.lane == RouteLane::kFast;
-  EXPECT_EQ(fast, 2);
+  EXPECT_EQ(fast, 3);
   // and the service routes that request by its path: an acquire, under the normal rules
   QuotaService s(testing::example_policy(), ServiceOptions{});
   ApiRequest tricky = api_call("POST", "/v1/leases/?x=/heartbeat", "alice-token", "{}");
