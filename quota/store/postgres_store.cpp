@@ -16,9 +16,6 @@ namespace yolo8::quota {
 
 namespace {
 
-// The one advisory lock every write transaction takes first ("quotad" in ASCII): writers queue behind it.
-constexpr int64_t kWriteLockKey = 0x71756f746164;
-
 // One numbered step of the PostgreSQL schema: applied once, in order, never edited after it shipped (a change is a
 // new step, here and in SQLite's kMigrations, with the same number). PostgreSQL came with schema version 8, so its
 // first step creates that layout whole; "user" is quoted (a reserved word in PostgreSQL).
@@ -228,6 +225,14 @@ void PostgresStore::begin() {
   try {
     const std::string lock = "SELECT pg_advisory_xact_lock(" + std::to_string(kWriteLockKey) + ")";
     run("wait for the write lock (another quotad or trainer holds it)", lock.c_str());
+    if (fence_epoch_ > 0) {
+      const Result lead = run("read the leader's epoch", "SELECT epoch FROM quotad_leader WHERE id = 1");
+      const int64_t epoch = lead.rows() == 1 ? lead.integer(0, 0) : 0;
+      if (epoch != fence_epoch_) {
+        throw StoreError(url_ + ": fenced: another replica leads (epoch " + std::to_string(epoch) +
+                         "), this one led in epoch " + std::to_string(fence_epoch_) + ": nothing written");
+      }
+    }
   } catch (...) {
     rollback();
     throw;

@@ -15,6 +15,11 @@ struct pg_result;
 
 namespace yolo8::quota {
 
+// The advisory locks of quotad's sessions: every write transaction takes the write lock first (writers queue behind
+// it); the leading replica holds the leadership lock for as long as its session lives (postgres_leadership.h).
+inline constexpr int64_t kWriteLockKey = 0x71756f746164;  // "quotad" in ASCII
+inline constexpr int64_t kLeadershipLockKey = kWriteLockKey + 1;
+
 class PostgresStore : public StateStore {
  public:
   // Connects to `url` (a libpq URL without a password; `password` when not empty, else libpq's PGPASSWORD /
@@ -43,6 +48,10 @@ class PostgresStore : public StateStore {
 
   // The schema version the database records (0 before the first step).
   int schema_version();
+  // From now on every write transaction first checks that the lead is still in `epoch` (table quotad_leader) and
+  // fails, writing nothing, once another replica has taken over (PostgresLeadership): a replica that lost the lead
+  // never changes state, even before it notices.
+  void fence(int64_t epoch) { fence_epoch_ = epoch; }
 
  private:
   class Result;
@@ -60,6 +69,7 @@ class PostgresStore : public StateStore {
   std::string audit_head_;
   pg_conn* conn_ = nullptr;
   bool in_tx_ = false;
+  int64_t fence_epoch_ = 0;  // 0: not fenced (a single replica)
 };
 
 // `quotad audit --verify` on a PostgreSQL database: its audit log and recorded head, read in one read-only
