@@ -1,6 +1,7 @@
 // quotad: the GPU lease service (serve) and its admin verbs, which talk to a running server.
 #include <httplib.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -169,7 +170,7 @@ std::string sqlite_only(const std::string& db, const std::string& command, const
 int serve(const std::string& policy_path, const std::string& db, const std::string& db_password_file,
           const std::string& listen, bool full_sync, int threads, const std::string& tls_cert,
           const std::string& tls_key, int backup_every_min, int backup_keep, int max_connections_per_address,
-          int max_connections, int watch_every_s, bool init) {
+          int max_connections, int watch_every_s, bool init, const std::string& advertise) {
   const DbTarget target = parse_db_target(db);  // before anything starts: a URL with a password is refused
   const bool sqlite = target.kind == DbTarget::Kind::kSqlite;
   if (!sqlite && backup_every_min > 0) {
@@ -211,6 +212,14 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   ServiceOptions opts;
   opts.db_path = db;
   opts.db_password_file = db_password_file;
+  if (!sqlite) {
+    // what a follower's 503 names: the URL trainers reach this replica at
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    opts.replica_address = !advertise.empty() ? advertise
+                                              : std::string(tls_cert.empty() ? "http" : "https") + "://" + host + ":" +
+                                                    std::to_string(so.port);
+  }
   opts.full_sync = full_sync;
   // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503;
   // for a second after that, changes get 503 at once
@@ -327,6 +336,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--db-password-file", db_password_file,
                         "PostgreSQL: a file whose first line is the password (else libpq's PGPASSWORD / PGPASSFILE)");
+  std::string advertise;
+  serve_cmd->add_option("--advertise", advertise,
+                        "PostgreSQL replicas: the URL trainers reach this replica at, which the others name while it "
+                        "leads (default: http(s)://HOSTNAME:PORT)");
   bool init_db = false;
   serve_cmd->add_flag("--init", init_db,
                       "SQLite: create a missing --db even where backups of one lie beside it (its ids start above "
@@ -517,7 +530,7 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) {
       return serve(policy_path, db, db_password_file, listen, full_sync, threads, tls_cert, tls_key, backup_every_min,
-                   backup_keep, max_connections_per_address, max_connections, watch_every_s, init_db);
+                   backup_keep, max_connections_per_address, max_connections, watch_every_s, init_db, advertise);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {

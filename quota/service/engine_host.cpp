@@ -27,8 +27,9 @@ std::string monotonic_clock_id(bool injected) {
 }
 constexpr const char* kClockReferenceKey = "local_clock_reference";
 
-EngineMode mode_of(const ServiceOptions& options, bool has_store) {
+EngineMode mode_of(const ServiceOptions& options, bool has_store, bool replicated) {
   if (!has_store) return EngineMode::kMemory;
+  if (replicated) return EngineMode::kFollower;  // until it takes the lead
   return options.reload_per_call ? EngineMode::kLocal : EngineMode::kSingle;
 }
 
@@ -39,6 +40,8 @@ const char* to_string(EngineMode mode) {
     case EngineMode::kMemory: return "memory";
     case EngineMode::kSingle: return "single";
     case EngineMode::kLocal: return "local";
+    case EngineMode::kLeader: return "leader";
+    case EngineMode::kFollower: return "follower";
   }
   return "?";
 }
@@ -47,15 +50,18 @@ bool serves_state(EngineMode mode) {
   switch (mode) {
     case EngineMode::kMemory:
     case EngineMode::kSingle:
-    case EngineMode::kLocal: return true;
+    case EngineMode::kLocal:
+    case EngineMode::kLeader: return true;
+    case EngineMode::kFollower: return false;
   }
   return false;
 }
 
 EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store,
-                       HeartbeatBoard& board)
+                       HeartbeatBoard& board, std::unique_ptr<PostgresLeadership> leadership)
     : options_(options),
-      mode_(mode_of(options, store != nullptr)),
+      mode_(mode_of(options, store != nullptr, leadership != nullptr)),
+      leadership_(std::move(leadership)),
       board_(board),
       engine_(std::move(policy)),
       tracker_(engine_.policy().waste_gpu_util_below, static_cast<int64_t>(engine_.policy().waste_after_s) * 1000),
@@ -69,6 +75,64 @@ EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique
   if (mode_ == EngineMode::kSingle) start_from_store();
   last_tick_ms_ = monotonic_();
   board_.publish(engine_, Changes{}, true, clock_());
+  if (leadership_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try_to_lead_locked();
+  }
+}
+
+std::string EngineHost::follower_refusal() const {
+  const std::string leader = this->leader();
+  return "follower: this quotad replica does not lead; " +
+         (leader.empty() ? std::string("no leader is known yet, retry shortly") : "the leader is " + leader);
+}
+
+std::string EngineHost::leader() const {
+  std::lock_guard<std::mutex> lock(leader_mutex_);
+  return leader_;
+}
+
+void EngineHost::set_leader(std::string address) {
+  std::lock_guard<std::mutex> lock(leader_mutex_);
+  leader_ = std::move(address);
+}
+
+void EngineHost::try_to_lead_locked() {
+  const int64_t started = monotonic_();
+  if (!leadership_->try_lead(clock_())) {
+    set_leader(leadership_->leader_address());
+    return;
+  }
+  try {
+    store_->fence(leadership_->epoch());
+    tracker_ =
+        UtilTracker(engine_.policy().waste_gpu_util_below, static_cast<int64_t>(engine_.policy().waste_after_s) * 1000);
+    start_from_store();
+  } catch (const std::exception& error) {
+    // the state could not be loaded: leave the lead to a replica that can
+    std::fprintf(stderr, "quotad: took the lead (epoch %lld) but could not load the state: %s\n",
+                 static_cast<long long>(leadership_->epoch()), error.what());
+    leadership_->resign();
+    return;
+  }
+  const int64_t now = clock_();
+  engine_.note(now, "quotad", "replica.lead",
+               "this replica (" + options_.replica_address + ") leads in epoch " +
+                   std::to_string(leadership_->epoch()) + "; the state loaded in " +
+                   std::to_string(monotonic_() - started) + " ms");
+  store_->write(engine_, engine_.take_changes());
+  last_tick_ms_ = monotonic_();
+  mode_ = EngineMode::kLeader;
+  set_leader(options_.replica_address);
+  board_.publish(engine_, Changes{}, true, now);
+  std::fprintf(stderr, "quotad: this replica leads (epoch %lld)\n", static_cast<long long>(leadership_->epoch()));
+}
+
+void EngineHost::step_down_locked(const std::string& why) {
+  if (mode_ != EngineMode::kLeader) return;
+  mode_ = EngineMode::kFollower;
+  set_leader(leadership_->leader_address());  // the replica that took over, if one has
+  std::fprintf(stderr, "quotad: this replica no longer leads (%s): it follows\n", why.c_str());
 }
 
 void EngineHost::load_whole_state(int64_t now_ms, bool restart) {
@@ -192,6 +256,7 @@ void EngineHost::note_write_failed() {
 
 ApiResponse EngineHost::run(const std::function<ApiResponse()>& op, bool writes) {
   if (mode_ == EngineMode::kLocal) return run_local(op);
+  if (mode_ == EngineMode::kFollower) throw Unavailable(follower_refusal());
   // After a failed write, changes fail fast for a moment instead of queueing behind the stalled store (each
   // would hold the engine lock for the whole busy timeout in turn).
   auto store_down = [&] {
@@ -199,6 +264,7 @@ ApiResponse EngineHost::run(const std::function<ApiResponse()>& op, bool writes)
   };
   if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
   std::unique_lock<std::mutex> lock(mutex_);
+  if (mode_ == EngineMode::kFollower) throw Unavailable(follower_refusal());  // stepped down meanwhile
   if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
   merge_reports_locked();
   // before the snapshot: a step is a fact, kept (and stored with the next write) even if this change fails
@@ -218,6 +284,7 @@ ApiResponse EngineHost::run(const std::function<ApiResponse()>& op, bool writes)
       // a read changes nothing, so cannot get here; never answer success on lost state
       if (!before) throw;
       engine_.load(std::move(*before));
+      if (leadership_ && !leadership_->leads()) step_down_locked(error.what());
       throw Unavailable(std::string("storage: the change was not saved and not applied: ") + error.what());
     }
   }
@@ -230,6 +297,12 @@ void EngineHost::tick(const std::map<std::string, int>& auth_attempts) {
   if (mode_ == EngineMode::kLocal) {
     run_local([] { return ApiResponse{}; });
     return;
+  }
+  if (leadership_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (mode_ == EngineMode::kLeader && !leadership_->leads()) step_down_locked("its database session ended");
+    if (mode_ == EngineMode::kFollower) try_to_lead_locked();
+    if (mode_ == EngineMode::kFollower) return;
   }
   int64_t now_monotonic = 0;
   run(

@@ -17,13 +17,16 @@
 #include "quota/core/engine.h"
 #include "quota/core/usage.h"
 #include "quota/service/heartbeat_board.h"
+#include "quota/store/postgres_leadership.h"
 #include "quota/store/state_store.h"
 
 namespace yolo8::quota {
 
 struct ServiceOptions {
-  std::string db_path;             // --db: a SQLite file or a PostgreSQL URL (parse_db_target); empty: in memory only
-  std::string db_password_file;    // PostgreSQL: the password's file (empty: libpq's PGPASSWORD / PGPASSFILE)
+  std::string db_path;           // --db: a SQLite file or a PostgreSQL URL (parse_db_target); empty: in memory only
+  std::string db_password_file;  // PostgreSQL: the password's file (empty: libpq's PGPASSWORD / PGPASSFILE)
+  // PostgreSQL: where this replica serves, as trainers name it (a follower's 503 names the leader's)
+  std::string replica_address;
   bool reload_per_call = false;    // local mode: several processes share db_path; each call locks and reloads it
   bool full_sync = false;          // SQLite synchronous=FULL instead of NORMAL
   std::function<int64_t()> clock;  // UTC ms; the system clock when empty
@@ -53,8 +56,11 @@ enum class EngineMode {
   kMemory,  // no store: the state lives and dies with the process
   kSingle,  // this process owns the store: the state is loaded once, kept in memory and every change written
   kLocal,   // processes share the store (local mode): each call locks it, reloads the whole state, writes, commits
-  // A replica adds its modes here: a leader is kSingle that also ships its changes; a follower refuses changes
-  // (503 naming the leader) and takes over with load_whole_state().
+  // Replicas sharing a PostgreSQL database (PostgresLeadership): the leader is kSingle with its writes fenced by
+  // its epoch; a follower holds no state, answers every call 503 naming the leader, and tries to take the lead at
+  // every tick (then it loads the whole state, as a start does).
+  kLeader,
+  kFollower,
 };
 const char* to_string(EngineMode mode);
 // Whether a process in `mode` answers from the state it holds (GET /readyz): a follower will not, so that no
@@ -70,11 +76,13 @@ class Unavailable : public std::runtime_error {
 class EngineHost {
  public:
   // `store` null: state in memory only. Loads the stored state (kSingle), checked, with the heartbeats' history.
-  EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store, HeartbeatBoard& board);
+  // With `leadership` (replicas on PostgreSQL) it starts as a follower and takes the lead at once when it is free.
+  EngineHost(Policy policy, const ServiceOptions& options, std::unique_ptr<StateStore> store, HeartbeatBoard& board,
+             std::unique_ptr<PostgresLeadership> leadership = nullptr);
 
-  EngineMode mode() const { return mode_; }
-  // The leader's address a follower names in its refusals; empty in every mode there is so far.
-  const std::string& leader() const { return leader_; }
+  EngineMode mode() const { return mode_.load(); }
+  // The leader's address a follower names in its refusals, as the leader recorded it; "" while unknown.
+  std::string leader() const;
   bool has_store() const { return store_ != nullptr; }
   int64_t now() const { return clock_(); }
   int64_t monotonic_now() const { return monotonic_(); }
@@ -116,9 +124,19 @@ class EngineHost {
   void merge_reports_locked();
   void count_committed(const Changes& changes);
   void note_write_failed();
+  // A follower's attempt to lead (at the start and every tick): on success the whole state is loaded and the
+  // store fenced with the new epoch, as a start does; the gap since the last leader's heartbeats is credited the
+  // way a restart's is (running leases get a fresh heartbeat clock).
+  void try_to_lead_locked();
+  // The lead is lost (its database session ended, a write was fenced): nothing more is served from this state.
+  void step_down_locked(const std::string& why);
+  void set_leader(std::string address);
+  std::string follower_refusal() const;
 
   const ServiceOptions options_;
-  const EngineMode mode_;
+  std::atomic<EngineMode> mode_;
+  std::unique_ptr<PostgresLeadership> leadership_;
+  mutable std::mutex leader_mutex_;  // guards leader_ (read by refusals outside the engine lock)
   std::string leader_;
   HeartbeatBoard& board_;
   std::function<int64_t()> clock_;

@@ -22,6 +22,14 @@ std::unique_ptr<StateStore> open_service_store(const ServiceOptions& options) {
                     {options.full_sync, options.store_busy_timeout_ms, options.db_password_file});
 }
 
+// Replicas on PostgreSQL elect their leader; none on SQLite (one writer per file) or in memory.
+std::unique_ptr<PostgresLeadership> open_service_leadership(const ServiceOptions& options) {
+  if (options.db_path.empty() || options.reload_per_call) return nullptr;
+  return open_leadership(parse_db_target(options.db_path),
+                         {options.full_sync, options.store_busy_timeout_ms, options.db_password_file},
+                         options.replica_address);
+}
+
 json parse_body(const std::string& body) { return parse_request_body(body); }
 
 // The optional free-text `note` of a decision or review body (at most 2000 characters kept).
@@ -42,7 +50,7 @@ QuotaService::QuotaService(Policy policy, ServiceOptions options)
     : policy_(policy),
       options_(std::move(options)),
       board_(options_.max_pending_heartbeats),
-      host_(std::move(policy), options_, open_service_store(options_), board_) {}
+      host_(std::move(policy), options_, open_service_store(options_), board_, open_service_leadership(options_)) {}
 
 void QuotaService::tick() {
   if (host_.mode() == EngineMode::kLocal) {
@@ -180,6 +188,12 @@ ApiResponse QuotaService::handle(const ApiRequest& req_in) {
   } catch (const Unavailable& exception) {
     response = error_response(503, exception.what());
     response.headers["Retry-After"] = std::to_string(kRetryAfterS);
+    // a follower names the leader, so clients go there at once
+    if (!serves_state(host_.mode())) {
+      const std::string leader = host_.leader();
+      response.body["error"] = exception.what();
+      response.body["leader"] = leader.empty() ? json(nullptr) : json(leader);
+    }
   } catch (const std::exception& exception) {
     response = error_response(500, exception.what());
   }
@@ -320,6 +334,8 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
     if (!beat.reason.empty()) response.body["reason"] = beat.reason;
     return response;
   };
+  // a follower's board is not the state: heartbeats go to the leader
+  if (!serves_state(host_.mode())) throw Unavailable("follower: this quotad replica does not lead");
   if (host_.mode() != EngineMode::kLocal) {
     // hot path: answered from the board, never waiting for the engine lock or the database; the report
     // reaches the engine at the next locked call (or tick) and the database with the next batch

@@ -3,6 +3,7 @@
 #include <libpq-fe.h>
 
 #include <memory>
+#include <vector>
 
 #include "quota/store/postgres_store.h"
 #include "quota/store/state_store.h"
@@ -23,8 +24,11 @@ std::string first_line(const char* message) {
 ResultPtr run(pg_conn* conn, const char* sql, const std::vector<std::string>& params = {}) {
   std::vector<const char*> values;
   for (const std::string& value : params) values.push_back(value.c_str());
-  ResultPtr result(
-      PQexecParams(conn, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0), PQclear);
+  // without parameters: PQexec, which takes several statements
+  ResultPtr result(params.empty() ? PQexec(conn, sql)
+                                  : PQexecParams(conn, sql, static_cast<int>(values.size()), nullptr, values.data(),
+                                                 nullptr, nullptr, 0),
+                   PQclear);
   const ExecStatusType status = PQresultStatus(result.get());
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) return ResultPtr(nullptr, PQclear);
   return result;
@@ -119,6 +123,12 @@ bool PostgresLeadership::leads() {
   // the lock lives and dies with this session: a session that answers still holds it
   leading_ = PQstatus(conn_) == CONNECTION_OK && run(conn_, "SELECT 1") != nullptr;
   return leading_;
+}
+
+void PostgresLeadership::resign() {
+  if (!leading_) return;
+  leading_ = false;
+  run(conn_, "SELECT pg_advisory_unlock($1::bigint)", {std::to_string(kLeadershipLockKey)});
 }
 
 std::string PostgresLeadership::leader_address() {

@@ -29,6 +29,8 @@ class PostgresLeadership {
   // replica must stop changing state and follow.
   bool leads();
   int64_t epoch() const { return epoch_; }
+  // Gives the lead up (its lock released; the epoch stays, so the next leader's is higher).
+  void resign();
   // The current leader's address as it recorded it; "" when none has led yet or the database cannot be read.
   std::string leader_address();
 

@@ -51,7 +51,7 @@ class PostgresStore : public StateStore {
   // From now on every write transaction first checks that the lead is still in `epoch` (table quotad_leader) and
   // fails, writing nothing, once another replica has taken over (PostgresLeadership): a replica that lost the lead
   // never changes state, even before it notices.
-  void fence(int64_t epoch) { fence_epoch_ = epoch; }
+  void fence(int64_t epoch) override { fence_epoch_ = epoch; }
 
  private:
   class Result;

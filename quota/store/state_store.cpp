@@ -5,6 +5,7 @@
 #include <fstream>
 #include <memory>
 
+#include "quota/store/postgres_leadership.h"
 #include "quota/store/postgres_store.h"
 #include "quota/store/store.h"
 
@@ -64,6 +65,12 @@ std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOption
   }
   return std::make_unique<PostgresStore>(target.location, read_password(options.password_file),
                                          options.busy_timeout_ms);
+}
+
+std::unique_ptr<PostgresLeadership> open_leadership(const DbTarget& target, const StoreOptions& options,
+                                                    const std::string& address) {
+  if (target.kind == DbTarget::Kind::kSqlite) return nullptr;
+  return std::make_unique<PostgresLeadership>(target.location, read_password(options.password_file), address);
 }
 
 AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& options) {

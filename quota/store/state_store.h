@@ -89,6 +89,9 @@ class StateStore {
   virtual void replay_heartbeats(const Engine& engine, UtilTracker& tracker) = 0;
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
   virtual const std::string& audit_head() const = 0;
+  // From now on every write first checks that the lead is still in `epoch` and fails, writing nothing, once another
+  // replica has taken over. SQLite has no replicas (one writer per file, its lock makes sure): nothing to check.
+  virtual void fence(int64_t epoch) = 0;
   // The file or the URL (never with a password), as errors and logs name it.
   virtual const std::string& path() const = 0;
 };
@@ -114,5 +117,11 @@ struct StoreOptions {
 
 // Opens (creating or upgrading the schema of) the database `target` names.
 std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOptions& options = {});
+
+class PostgresLeadership;
+// The leadership among the replicas sharing the database `target` names (postgres_leadership.h), this replica
+// serving at `address`; none for SQLite, whose one writer the file lock makes sure of.
+std::unique_ptr<PostgresLeadership> open_leadership(const DbTarget& target, const StoreOptions& options,
+                                                    const std::string& address);
 
 }  // namespace yolo8::quota

@@ -76,6 +76,7 @@ class Store : public StateStore {
   const std::string& path() const override { return path_; }
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
   const std::string& audit_head() const override { return audit_head_; }
+  void fence(int64_t) override {}  // one writer per file: the writer lock (writer_lock.h) makes sure
 
  private:
   void exec(const char* sql);
