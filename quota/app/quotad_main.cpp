@@ -216,9 +216,11 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
     // what a follower's 503 names: the URL trainers reach this replica at
     char host[256] = {};
     gethostname(host, sizeof host - 1);
+    // with port 0 the port is known only once serving: nothing to name then without --advertise
     opts.replica_address = !advertise.empty() ? advertise
+                           : so.port == 0     ? std::string()
                                               : std::string(tls_cert.empty() ? "http" : "https") + "://" + host + ":" +
-                                                    std::to_string(so.port);
+                                                std::to_string(so.port);
   }
   opts.full_sync = full_sync;
   // a state change waits at most 2 s for SQLite (another process holding the lock, a slow disk), then 503;
