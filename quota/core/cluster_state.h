@@ -104,11 +104,14 @@ struct Lease {
   int64_t approval_id = 0;
   int64_t created_ms = 0;
   int64_t granted_ms = 0;
-  int64_t last_seen_ms = 0;
+  int64_t last_seen_ms = 0;  // the last sign of life received from the trainer (heartbeat, poll): billing
+  // The heartbeat clock where quotad moved it past last_seen_ms (its outage credit, a restart): the ttl counts
+  // from the later of the two (Engine::expiry_clock), billing from last_seen_ms only. 0: never moved.
+  int64_t heartbeat_clock_ms = 0;
   int64_t deadline_ms = 0;  // revoking: release by then
   int64_t ended_ms = 0;
-  int64_t free_at_ms = 0;  // expired: GPUs return at this time
-  int64_t charged_until_ms = 0;
+  int64_t free_at_ms = 0;           // expired: GPUs return at this time
+  int64_t charged_until_ms = 0;     // billed up to here (Engine::charge)
   double gpu_hours = 0;             // charged so far
   int64_t preempted_for = 0;        // the waiting lease this victim makes room for
   std::vector<int64_t> waiting_on;  // victims this queued lease waits for

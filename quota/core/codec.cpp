@@ -159,6 +159,7 @@ json to_json(const Lease& lease, const Policy& policy) {
               {"created_ms", lease.created_ms},
               {"granted_ms", lease.granted_ms},
               {"last_seen_ms", lease.last_seen_ms},
+              {"heartbeat_clock_ms", lease.heartbeat_clock_ms},
               {"deadline_ms", lease.deadline_ms},
               {"ended_ms", lease.ended_ms},
               {"free_at_ms", lease.free_at_ms},
@@ -358,6 +359,7 @@ Lease lease_from_json(const json& record) {
   lease.created_ms = record.value("created_ms", int64_t{0});
   lease.granted_ms = record.value("granted_ms", int64_t{0});
   lease.last_seen_ms = record.value("last_seen_ms", int64_t{0});
+  lease.heartbeat_clock_ms = record.value("heartbeat_clock_ms", int64_t{0});  // rows of an older quotad: none
   lease.deadline_ms = record.value("deadline_ms", int64_t{0});
   lease.ended_ms = record.value("ended_ms", int64_t{0});
   lease.free_at_ms = record.value("free_at_ms", int64_t{0});

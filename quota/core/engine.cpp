@@ -710,11 +710,10 @@ void Engine::credit_outage(int64_t from_ms, int64_t to_ms) {
   for (auto& [id, lease] : state_.leases) {
     const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
     if (!running && lease.state != LeaseState::kQueued) continue;
-    if (lease.last_seen_ms < to_ms) lease.last_seen_ms = std::min(to_ms, lease.last_seen_ms + gap);
-    if (lease.state == LeaseState::kRevoking) {
-      lease.deadline_ms += gap;
-      state_.changes.leases.insert(id);
-    }
+    const int64_t clock = expiry_clock(lease);
+    if (clock < to_ms) lease.heartbeat_clock_ms = std::min(to_ms, clock + gap);
+    if (lease.state == LeaseState::kRevoking) lease.deadline_ms += gap;
+    state_.changes.leases.insert(id);
     ++extended;
   }
   log(to_ms, "quotad", "quotad.outage", nullptr,
@@ -736,6 +735,7 @@ void Engine::clock_stepped(int64_t step_ms, int64_t now_ms) {
       lease.free_at_ms += step_ms;
     } else {
       lease.last_seen_ms = moved(lease.last_seen_ms);
+      lease.heartbeat_clock_ms = moved(lease.heartbeat_clock_ms);
     }
     if (running) {
       lease.granted_ms = moved(lease.granted_ms);
@@ -756,29 +756,33 @@ std::string Engine::waiting_reason(int64_t lease_id, int64_t now_ms) const {
   return lease != nullptr && lease->state == LeaseState::kQueued ? queue_reason(*lease, now_ms) : "";
 }
 
+int64_t Engine::expiry_clock(const Lease& lease) { return std::max(lease.last_seen_ms, lease.heartbeat_clock_ms); }
+
 int64_t Engine::billable_until(const Lease& lease, int64_t until_ms) const {
-  return std::min(until_ms,
-                  std::max(lease.last_seen_ms, lease.granted_ms) + static_cast<int64_t>(policy_.ttl_s) * 1000);
+  return std::min(until_ms, std::max(lease.last_seen_ms, lease.granted_ms) +
+                                static_cast<int64_t>(policy_.heartbeat_interval_s) * 1000);
 }
 
 void Engine::seen(Lease& lease, int64_t seen_ms) {
   const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
-  // a gap longer than the ttl (an unreported clock step, a history without heartbeats) bills the ttl only:
-  // billed up to the cap now, the rest of the gap skipped
-  if (running && seen_ms > billable_until(lease, seen_ms)) charge(lease, seen_ms);
+  if (running && seen_ms > expiry_clock(lease) + static_cast<int64_t>(policy_.ttl_s) * 1000) {
+    charge(lease, seen_ms);
+    lease.charged_until_ms = std::max(lease.charged_until_ms, seen_ms);
+    state_.changes.leases.insert(lease.id);
+  }
   lease.last_seen_ms = seen_ms;
 }
 
 void Engine::charge(Lease& lease, int64_t until_ms) {
   if (lease.granted_ms == 0) return;
   const int64_t from = std::max(lease.charged_until_ms, lease.granted_ms);
-  if (until_ms <= from) return;
   const int64_t billed_until = billable_until(lease, until_ms);
-  const double hours = static_cast<double>(std::max<int64_t>(0, billed_until - from)) / 3.6e6 * lease.units(policy_);
+  if (billed_until <= from) return;
+  const double hours = static_cast<double>(billed_until - from) / 3.6e6 * lease.units(policy_);
   const auto key = std::make_pair(lease.req.user, month_key(until_ms));
   state_.usage[key] += hours;
   lease.gpu_hours += hours;
-  lease.charged_until_ms = until_ms;
+  lease.charged_until_ms = billed_until;
   add_fair_usage(policy_, state_.fair_usage, lease.req.team, lease.req.user, hours, until_ms);
   state_.changes.usage.insert(key);
   state_.changes.leases.insert(lease.id);
@@ -917,13 +921,13 @@ void Engine::tick(int64_t now_ms) {
       end_lease(lease, LeaseState::kExpired, Outcome::kPreempted, now_ms, now_ms,
                 "did not release by the preemption deadline", "quotad");
     } else if ((lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) &&
-               now_ms - lease.last_seen_ms > ttl) {
-      const int64_t end = lease.last_seen_ms + ttl;
+               now_ms - expiry_clock(lease) > ttl) {
+      const int64_t end = expiry_clock(lease) + ttl;
       end_lease(lease, LeaseState::kExpired, Outcome::kNone, end, end + grace,
                 "no heartbeat for " + std::to_string(policy_.ttl_s) + " s", "quotad");
     } else if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking) {
       if (now_ms - std::max(lease.charged_until_ms, lease.granted_ms) >= kAccrueEveryMs) charge(lease, now_ms);
-    } else if (lease.state == LeaseState::kQueued && now_ms - lease.last_seen_ms > ttl) {
+    } else if (lease.state == LeaseState::kQueued && now_ms - expiry_clock(lease) > ttl) {
       end_lease(lease, LeaseState::kExpired, Outcome::kCancelled, now_ms, now_ms,
                 "queued request not polled for " + std::to_string(policy_.ttl_s) + " s", "quotad");
     }
@@ -1061,7 +1065,7 @@ void Engine::restore(std::vector<Lease> leases, std::vector<Approval> approvals,
     if (restart_now_ms > 0) {
       if (lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking ||
           lease.state == LeaseState::kQueued) {
-        lease.last_seen_ms = std::max(lease.last_seen_ms, restart_now_ms);
+        lease.heartbeat_clock_ms = std::max(lease.heartbeat_clock_ms, restart_now_ms);
       }
       if (lease.state == LeaseState::kRevoking) {
         lease.deadline_ms = std::max(lease.deadline_ms, restart_now_ms + static_cast<int64_t>(policy_.ttl_s) * 1000);

@@ -197,7 +197,8 @@ class Engine {
   void touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms);
   // quotad itself could not serve from `from_ms` to `to_ms` (stalled, stopped, restarting): the heartbeat clocks
   // of running and queued leases and the deadlines of revoking ones move by that time, so nobody loses a lease
-  // for quotad's own unavailability. Audited as `quotad.outage`.
+  // for quotad's own unavailability. Billing stays with the last sign of life (charge): the outage is billed only
+  // to a trainer heard from again after it. Audited as `quotad.outage`.
   void credit_outage(int64_t from_ms, int64_t to_ms);
   // The wall clock stepped by `step_ms` against the monotonic clock (an NTP correction, a hand-set date): the
   // clocks of live leases (last seen, granted, charged until, deadlines, GPUs' return) move with it, so that
@@ -281,7 +282,8 @@ class Engine {
   void load(EngineState state) { state_ = std::move(state); }
   // Rebuilds state from storage.
   // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
-  // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs.
+  // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs;
+  // one no trainer heartbeats again ends a ttl later, billed to its last sign of life (charge).
   // The loaded leases are checked against the current inventory (issue 30), each finding audited and left in
   // take_changes() for the store: a lease on GPUs the inventory no longer has (a node removed or renamed) moves to
   // the GPUs its trainer's UUIDs name where they are free, else it ends (expired, the node named); a row that
@@ -305,12 +307,20 @@ class Engine {
   void schedule(int64_t now_ms);
   void end_lease(Lease& lease, LeaseState state, Outcome outcome, int64_t end_ms, int64_t free_at_ms,
                  const std::string& reason, const std::string& actor);
-  // Bills a running lease up to `until_ms`, each heartbeat interval capped at the ttl (billable_until): the
-  // lease could use its GPUs at most ttl after its last sign of life. Charged-until moves to `until_ms`.
+  // The billing rule: a running lease's GPU time is billed up to its last sign of life (last_seen_ms: a
+  // heartbeat or poll received from its trainer) plus at most one heartbeat interval, and never past `until_ms`
+  // (now, or its end). Time between two signs of life is billed whole (the trainer kept training), unless the
+  // second came after the lease's heartbeat deadline (then skipped: seen). So an expired lease is billed to its
+  // last heartbeat + interval, not to its expiry; a late release likewise; quotad's outage credit and a
+  // restart's fresh heartbeat clock (expiry_clock) bill nothing unless the trainer is heard from again.
+  // Charged-until moves to what was billed (billable_until, the one place the rule is applied).
   void charge(Lease& lease, int64_t until_ms);
   int64_t billable_until(const Lease& lease, int64_t until_ms) const;
-  // A sign of life at `seen_ms` (a heartbeat, a poll): the gap before it billed at most the ttl.
+  // A sign of life at `seen_ms` (a heartbeat, a poll): one after the heartbeat deadline (an unreported clock
+  // step, a history without heartbeats) bills the gap before it as the lease's end would, the rest skipped.
   void seen(Lease& lease, int64_t seen_ms);
+  // The time the ttl counts from: the last sign of life or, later, where quotad moved the heartbeat clock.
+  static int64_t expiry_clock(const Lease& lease);
   void log(int64_t now_ms, const std::string& actor, const std::string& action, const Lease* lease,
            const std::string& detail);
   // Recomputes the queue order (and the fair-share factors in it); called once per change, read by the rest.

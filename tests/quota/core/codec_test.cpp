@@ -116,6 +116,26 @@ TEST(QuotaCodec, ALeaseRecordKeepsItsTelemetrysMemoryContext) {
   EXPECT_TRUE(back.telemetry.is_memory_observation());
 }
 
+// The heartbeat clock quotad moved (outage credit, restart) is kept apart from the last sign of life, which
+// billing goes by; a row of an older quotad has none and counts from its last sign of life.
+TEST(QuotaCodec, ALeaseRecordKeepsItsHeartbeatClockApartFromItsLastSignOfLife) {
+  Lease lease;
+  lease.id = 4;
+  lease.state = LeaseState::kGranted;
+  lease.last_seen_ms = 1000;
+  lease.heartbeat_clock_ms = 41000;
+  lease.charged_until_ms = 11000;
+  const json row = to_json(lease, Policy{});
+  const Lease back = lease_from_json(row);
+  EXPECT_EQ(back.last_seen_ms, 1000);
+  EXPECT_EQ(back.heartbeat_clock_ms, 41000);
+  EXPECT_EQ(back.charged_until_ms, 11000);
+  json old = row;
+  old.erase("heartbeat_clock_ms");
+  EXPECT_EQ(lease_from_json(old).heartbeat_clock_ms, 0);
+  EXPECT_EQ(lease_from_json(old).last_seen_ms, 1000);
+}
+
 // On a shared GPU the device's memory is every lease's sum: the heartbeat also carries the trainer's own
 // process's (NVML per PID), through the wire, the lease record and the merge of later heartbeats.
 TEST(QuotaCodec, TelemetryCarriesTheProcesssOwnGpuMemory) {

@@ -985,10 +985,11 @@ Policy fair_policy() {
   return load_policy_from_string(yaml, "fair.yaml");
 }
 
-// A running lease's heartbeats every 30 s from `from_ms` until `to_ms` (billing goes by heartbeat intervals,
-// each capped at the ttl).
+// A running lease's heartbeats every heartbeat interval from `from_ms` until `to_ms` (billing goes by signs of
+// life: a lease is billed up to its last heartbeat plus at most one interval).
 void heartbeat_until(Engine& e, int64_t lease_id, int64_t from_ms, int64_t to_ms) {
-  for (int64_t t = from_ms + 30000; t < to_ms; t += 30000) e.heartbeat(lease_id, {}, t);
+  const int64_t interval = static_cast<int64_t>(e.policy().heartbeat_interval_s) * 1000;
+  for (int64_t t = from_ms + interval; t < to_ms; t += interval) e.heartbeat(lease_id, {}, t);
 }
 
 // Issue 19: within a priority, the team (and user) with less recent use against its share goes first; the
@@ -1444,7 +1445,8 @@ TEST(Engine, AClockStepBackMovesTheHeartbeatClocksSoExpiryStaysOnTime) {
   EXPECT_EQ(e.find(alive)->state, LeaseState::kGranted);
   e.release(alive, Outcome::kCompleted, back + 7000);
   EXPECT_NEAR(e.find(alive)->gpu_hours, 10.0 / 3600, 1e-12);  // t0 .. t0 + 10 s of real time
-  EXPECT_NEAR(e.find(silent)->gpu_hours, 8.0 / 3600, 1e-12);
+  // to its last heartbeat (t0 + 2 s) plus one interval, not to its expiry
+  EXPECT_NEAR(e.find(silent)->gpu_hours, 4.0 / 3600, 1e-12);
   expect_sound(e, back + 7000);
 }
 
@@ -1470,9 +1472,9 @@ TEST(Engine, AClockStepForwardBillsNothingExtra) {
 }
 
 // A forward step nobody reported (clock_stepped not called: a step between two checks, a process that started
-// after it) bills the gap up to the ttl only: 3 s before the step, the 6 s ttl, 2 s after it (16 GPU-hours
-// before billing was capped).
-TEST(Engine, AnUnreportedClockStepForwardBillsAtMostTheTtl) {
+// after it) bills the gap up to one heartbeat interval only: 3 s before the step, the 2 s interval after the
+// last heartbeat, 2 s after it (16 GPU-hours before billing was capped).
+TEST(Engine, AnUnreportedClockStepForwardBillsAtMostOneInterval) {
   Engine e(six_second_ttl_policy());
   const int64_t t0 = kInsideWindow;
   const auto granted = e.acquire(req("team-cv", "alice", 8), t0);
@@ -1483,15 +1485,15 @@ TEST(Engine, AnUnreportedClockStepForwardBillsAtMostTheTtl) {
     e.heartbeat(granted.lease_id, {}, ahead + s * 1000);
     e.tick(ahead + s * 1000);
   }
-  EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), (3 + 6 + 2) * 8.0 / 3600, 1e-12);
+  EXPECT_NEAR(e.used_gpu_hours("alice", month_key(ahead), ahead + 2000), (3 + 2 + 2) * 8.0 / 3600, 1e-12);
   e.release(granted.lease_id, Outcome::kCompleted, ahead + 2000);
-  EXPECT_NEAR(e.find(granted.lease_id)->gpu_hours, (3 + 6 + 2) * 8.0 / 3600, 1e-12);
+  EXPECT_NEAR(e.find(granted.lease_id)->gpu_hours, (3 + 2 + 2) * 8.0 / 3600, 1e-12);
 }
 
-// Issue 30: billing goes by heartbeat intervals, each capped at the ttl (what the lease could have used: it holds
-// its GPUs at most ttl after its last heartbeat). One gap of 2 h between heartbeats bills 6 s, not 2 h; a
-// release long after the last heartbeat bills the ttl of that gap too.
-TEST(Engine, AHeartbeatGapOfTwoHoursBillsAtMostTheTtl) {
+// Billing goes by signs of life: up to the last heartbeat plus at most one interval. One gap of 2 h between
+// heartbeats (past the ttl: the lease was dead by then) bills the 2 s interval, not 2 h; a release long after
+// the last heartbeat bills one interval of that gap too.
+TEST(Engine, AHeartbeatGapOfTwoHoursBillsAtMostOneInterval) {
   Engine e(six_second_ttl_policy());
   const int64_t t0 = kOutsideWindow;
   const auto lease = e.acquire(req("team-robotics", "erin"), t0);
@@ -1499,11 +1501,11 @@ TEST(Engine, AHeartbeatGapOfTwoHoursBillsAtMostTheTtl) {
   e.heartbeat(lease.lease_id, {}, t0 + 2000);
   e.heartbeat(lease.lease_id, {}, t0 + 2000 + 2 * kHour);  // no tick in between: the gap is seen whole
   EXPECT_EQ(e.find(lease.lease_id)->state, LeaseState::kGranted);
-  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 6) / 3600.0, 1e-12);
+  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 2) / 3600.0, 1e-12);
   e.heartbeat(lease.lease_id, {}, t0 + 4000 + 2 * kHour);
   e.release(lease.lease_id, Outcome::kCompleted, t0 + 4000 + 4 * kHour);
-  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 6 + 2 + 6) / 3600.0, 1e-12);
-  EXPECT_NEAR(e.used_gpu_hours("erin", month_key(t0), t0 + 5 * kHour), (2 + 6 + 2 + 6) / 3600.0, 1e-12);
+  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, (2 + 2 + 2 + 2) / 3600.0, 1e-12);
+  EXPECT_NEAR(e.used_gpu_hours("erin", month_key(t0), t0 + 5 * kHour), (2 + 2 + 2 + 2) / 3600.0, 1e-12);
   expect_sound(e, t0 + 5 * kHour);
 }
 
@@ -1697,6 +1699,138 @@ TEST(Engine, AnAdminsCriticalRequestMayExceedTheCap) {
   EXPECT_EQ(allowed.kind, Kind::kGranted) << allowed.reason;
   EXPECT_TRUE(has_audit(e, "emergency.granted", allowed.lease_id));
   expect_sound(e, t);
+}
+
+// ---- billing: up to the last sign of life plus at most one heartbeat interval, never past the end ----
+
+constexpr int64_t kSecond = 1000;
+
+// Heartbeats of `ids` every 10 s (the example's interval) from `from_ms` + 10 s to `to_ms`, the engine ticking
+// every second from `from_ms` + 1 s to `to_ms`.
+void run_with_heartbeats(Engine& e, const std::vector<int64_t>& ids, int64_t from_ms, int64_t to_ms) {
+  for (int64_t t = from_ms + kSecond; t <= to_ms; t += kSecond) {
+    if ((t - from_ms) % (10 * kSecond) == 0) {
+      for (int64_t id : ids) e.heartbeat(id, {}, t);
+    }
+    e.tick(t);
+  }
+}
+
+void tick_until(Engine& e, int64_t from_ms, int64_t to_ms) {
+  for (int64_t t = from_ms + kSecond; t <= to_ms; t += kSecond) e.tick(t);
+}
+
+double seconds_of_one_gpu(double seconds) { return seconds / 3600; }
+
+TEST(EngineBilling, AnExpiredLeaseIsBilledToItsLastHeartbeatPlusOneIntervalNotToItsExpiry) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  const auto lease = e.acquire(req("team-cv", "alice"), t0);
+  ASSERT_EQ(lease.kind, Kind::kGranted);
+  run_with_heartbeats(e, {lease.lease_id}, t0, t0 + 30 * kSecond);
+  tick_until(e, t0 + 30 * kSecond, t0 + 95 * kSecond);
+  const Lease* ended = e.find(lease.lease_id);
+  EXPECT_EQ(ended->state, LeaseState::kExpired);
+  EXPECT_EQ(ended->ended_ms, t0 + 90 * kSecond);  // the ttl after the last heartbeat
+  EXPECT_NEAR(ended->gpu_hours, seconds_of_one_gpu(40), 1e-12);
+  EXPECT_NEAR(e.usage().at({"alice", month_key(t0)}), seconds_of_one_gpu(40), 1e-12);
+  EXPECT_NEAR(e.used_gpu_hours("alice", month_key(t0), t0 + 95 * kSecond), seconds_of_one_gpu(40), 1e-12);
+}
+
+// quotad out for 40 s; three trainers stop cleanly 4 s into it (they cannot release, so they checkpoint and
+// exit). The outage credit keeps their leases past the usual ttl, but each is billed only to its last heartbeat
+// plus one interval (50 s for 44 s of use). Two end as expired (the outcome quotad could know); the third is
+// released late by its trainer's next run, billed the same.
+TEST(EngineBilling, AnOutageDuringWhichThreeTrainersStopBillsEachOnlyItsOwnUse) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  const std::vector<std::string> users = {"alice", "bob", "erin"};
+  std::vector<int64_t> ids;
+  for (const auto& user : users) {
+    const auto lease = e.acquire(req(user == "erin" ? "team-robotics" : "team-cv", user), t0);
+    ASSERT_EQ(lease.kind, Kind::kGranted) << lease.reason;
+    ids.push_back(lease.lease_id);
+  }
+  run_with_heartbeats(e, ids, t0, t0 + 44 * kSecond);  // last heartbeats at 40 s; the trainers stop at 44 s
+  const int64_t back = t0 + 85 * kSecond;              // quotad did not serve from 45 s to 85 s
+  e.credit_outage(t0 + 45 * kSecond, back);
+  EXPECT_TRUE(has_audit(e, "quotad.outage", 0));
+  tick_until(e, back, t0 + 125 * kSecond);
+  for (int64_t id : ids) EXPECT_EQ(e.find(id)->state, LeaseState::kGranted);        // 85 s unseen, the outage credited
+  EXPECT_TRUE(e.release(ids[2], Outcome::kCompleted, t0 + 125 * kSecond, "erin"));  // the resumed run's release
+  tick_until(e, t0 + 125 * kSecond, t0 + 145 * kSecond);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Lease* lease = e.find(ids[i]);
+    EXPECT_EQ(lease->state, i == 2 ? LeaseState::kReleased : LeaseState::kExpired) << users[i];
+    EXPECT_NEAR(lease->gpu_hours, seconds_of_one_gpu(50), 1e-12) << users[i];
+    EXPECT_NEAR(e.usage().at({users[i], month_key(t0)}), seconds_of_one_gpu(50), 1e-12) << users[i];
+  }
+  expect_sound(e, t0 + 145 * kSecond);
+}
+
+// A trainer that keeps training through an outage longer than the ttl and heartbeats after it used the time in
+// between: billed whole, from grant to release.
+TEST(EngineBilling, ATrainerHeartbeatingAgainAfterAnOutageIsBilledTheWholeTime) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  const auto lease = e.acquire(req("team-cv", "alice", 2), t0);
+  ASSERT_EQ(lease.kind, Kind::kGranted);
+  run_with_heartbeats(e, {lease.lease_id}, t0, t0 + 44 * kSecond);
+  const int64_t back = t0 + 125 * kSecond;  // 80 s out
+  e.credit_outage(t0 + 45 * kSecond, back);
+  e.tick(back);
+  run_with_heartbeats(e, {lease.lease_id}, back - 5 * kSecond, t0 + 200 * kSecond);  // heartbeats from 130 s
+  ASSERT_EQ(e.find(lease.lease_id)->state, LeaseState::kGranted);
+  EXPECT_TRUE(e.release(lease.lease_id, Outcome::kCompleted, t0 + 200 * kSecond));
+  EXPECT_NEAR(e.find(lease.lease_id)->gpu_hours, 2 * seconds_of_one_gpu(200), 1e-12);
+  EXPECT_NEAR(e.usage().at({"alice", month_key(t0)}), 2 * seconds_of_one_gpu(200), 1e-12);
+}
+
+// A release is no sign of life: one arriving long after the last heartbeat bills to that heartbeat plus one
+// interval; one within the interval bills to the release.
+TEST(EngineBilling, ALateReleaseBillsToTheLastHeartbeatPlusOneInterval) {
+  Engine e(testing::example_policy());
+  const int64_t t0 = kOutsideWindow;
+  const auto late = e.acquire(req("team-cv", "alice"), t0);
+  const auto prompt = e.acquire(req("team-cv", "bob"), t0);
+  ASSERT_EQ(late.kind, Kind::kGranted);
+  ASSERT_EQ(prompt.kind, Kind::kGranted);
+  run_with_heartbeats(e, {late.lease_id, prompt.lease_id}, t0, t0 + 30 * kSecond);
+  tick_until(e, t0 + 30 * kSecond, t0 + 35 * kSecond);
+  EXPECT_TRUE(e.release(prompt.lease_id, Outcome::kCompleted, t0 + 35 * kSecond));
+  tick_until(e, t0 + 35 * kSecond, t0 + 55 * kSecond);
+  EXPECT_TRUE(e.release(late.lease_id, Outcome::kCompleted, t0 + 55 * kSecond));
+  EXPECT_NEAR(e.find(prompt.lease_id)->gpu_hours, seconds_of_one_gpu(35), 1e-12);
+  EXPECT_NEAR(e.find(late.lease_id)->gpu_hours, seconds_of_one_gpu(40), 1e-12);
+  EXPECT_EQ(e.find(late.lease_id)->ended_ms, t0 + 55 * kSecond);
+}
+
+// A restart 10 minutes after the last heartbeats: the restored leases get a fresh heartbeat clock (one ttl to be
+// heard from), but the downtime is billed only to a trainer heard from again after it.
+TEST(EngineBilling, ARestartBillsTheDowntimeOnlyToLeasesHeartbeatedAgain) {
+  const int64_t t0 = kOutsideWindow;
+  Engine before(testing::example_policy());
+  const auto silent = before.acquire(req("team-cv", "alice"), t0);
+  const auto alive = before.acquire(req("team-cv", "bob"), t0);
+  ASSERT_EQ(silent.kind, Kind::kGranted);
+  ASSERT_EQ(alive.kind, Kind::kGranted);
+  run_with_heartbeats(before, {silent.lease_id, alive.lease_id}, t0, t0 + 30 * kSecond);
+  const int64_t restart = t0 + 10 * kMinute;
+  Engine after(testing::example_policy());
+  after.restore(stored_leases(before), {}, {}, before.usage(), 1, restart);
+  EXPECT_EQ(after.find(silent.lease_id)->heartbeat_clock_ms, restart);
+  EXPECT_EQ(after.find(silent.lease_id)->last_seen_ms, t0 + 30 * kSecond);
+  EXPECT_NEAR(after.used_gpu_hours("alice", month_key(t0), restart), seconds_of_one_gpu(40), 1e-12);
+  run_with_heartbeats(after, {alive.lease_id}, restart, restart + 59 * kSecond);
+  EXPECT_EQ(after.find(silent.lease_id)->state, LeaseState::kGranted);
+  tick_until(after, restart + 59 * kSecond, restart + 61 * kSecond);
+  EXPECT_EQ(after.find(silent.lease_id)->state, LeaseState::kExpired);  // within one ttl of the restart
+  EXPECT_EQ(after.find(silent.lease_id)->ended_ms, restart + 60 * kSecond);
+  EXPECT_NEAR(after.find(silent.lease_id)->gpu_hours, seconds_of_one_gpu(40), 1e-12);
+  EXPECT_NEAR(after.usage().at({"alice", month_key(t0)}), seconds_of_one_gpu(40), 1e-12);
+  EXPECT_TRUE(after.release(alive.lease_id, Outcome::kCompleted, restart + 61 * kSecond));
+  // the downtime included; its last heartbeat at restart + 50 s, plus one interval
+  EXPECT_NEAR(after.find(alive.lease_id)->gpu_hours, seconds_of_one_gpu(10 * 60 + 60), 1e-12);
 }
 }  // namespace
 }  // namespace yolo8::quota

@@ -273,6 +273,67 @@ TEST(QuotaLoopback, KillMinusNineUnderLoadLosesNoLease) {
   EXPECT_TRUE(errors.empty()) << errors.front();
 }
 
+// quotad stopped (SIGSTOP) for 8 s, longer than the 6 s ttl. alice's trainer stops during the outage, bob's keeps
+// training and heartbeats after it. The outage is credited (neither loses its lease to it), alice's lease ends
+// billed to her last heartbeat plus one 2 s interval, bob's is billed the whole time: the usage ledger quotad
+// stored says so.
+TEST(QuotaLoopback, AnOutageBillsATrainerThatStoppedDuringItOnlyItsOwnUse) {
+  const std::string dir = temp_dir();
+  const std::string policy =
+      write_file(dir + "/outage.yaml", sixteen_gpu_policy(0, "{ttl_s: 6, heartbeat_interval_s: 2, expiry_grace_s: 1}"));
+  const std::string db = dir + "/outage.db";
+  for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(db + s);
+  yolo8::test::QuotadProcess q;
+  ASSERT_TRUE(q.start(policy, db, dir + "/outage.log")) << "quotad did not start; see " << dir << "/outage.log";
+  httplib::Client c("127.0.0.1", q.port());
+  c.set_read_timeout(2, 0);
+  auto seconds_since = [](Clock::time_point from) {
+    return std::chrono::duration<double>(Clock::now() - from).count();
+  };
+  auto sleep_s = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+  const auto asked = Clock::now();
+  json a, b;
+  ASSERT_EQ(post(c, "/v1/leases", "alice-token", R"({"job":"a","model":"yolov8n"})", &a), 201) << a.dump();
+  ASSERT_EQ(post(c, "/v1/leases", "bob-token", R"({"job":"b","model":"yolov8n"})", &b), 201) << b.dump();
+  const auto granted = Clock::now();
+  const std::string alice = "/v1/leases/" + std::to_string(a["lease_id"].get<int64_t>());
+  const std::string bob = "/v1/leases/" + std::to_string(b["lease_id"].get<int64_t>());
+  for (int i = 0; i < 2; ++i) {
+    sleep_s(2);
+    ASSERT_EQ(post(c, alice + "/heartbeat", "alice-token", "{}"), 200);
+    ASSERT_EQ(post(c, bob + "/heartbeat", "bob-token", "{}"), 200);
+  }
+  const double alice_used_s = seconds_since(asked);  // her trainer stops now
+  ASSERT_EQ(::kill(q.pid(), SIGSTOP), 0);
+  sleep_s(8);
+  ASSERT_EQ(::kill(q.pid(), SIGCONT), 0);
+  sleep_s(1.5);  // quotad's maintenance credits the outage first
+  ASSERT_EQ(post(c, bob + "/heartbeat", "bob-token", "{}"), 200);
+  json seen;
+  ASSERT_EQ(get(c, alice, "alice-token", &seen), 200);
+  EXPECT_EQ(seen["state"], "granted") << "quotad's outage was not credited";
+  for (int i = 0; i < 4; ++i) {
+    sleep_s(2);
+    ASSERT_EQ(post(c, bob + "/heartbeat", "bob-token", "{}"), 200);
+  }
+  const double bob_used_s = seconds_since(granted);
+  ASSERT_EQ(post(c, bob + "/release", "bob-token", R"({"outcome":"completed"})"), 200);
+  ASSERT_EQ(get(c, alice, "alice-token", &seen), 200);
+  EXPECT_EQ(seen["state"], "expired");
+  EXPECT_TRUE(q.stop());
+  ServiceOptions so;
+  so.db_path = db;
+  QuotaService reopened(load_policy(policy), so);
+  std::map<std::string, double> billed_s;
+  reopened.inspect([&](const Engine& e) {
+    for (const auto& [key, hours] : e.usage()) billed_s[key.first] += hours * 3600;
+  });
+  EXPECT_LE(billed_s["alice"], alice_used_s + 2 + 0.01);  // her use plus at most one interval
+  EXPECT_GE(billed_s["alice"], alice_used_s - 1);
+  EXPECT_GE(billed_s["bob"], bob_used_s - 0.5);  // the outage included
+  EXPECT_LE(billed_s["bob"], seconds_since(asked));
+}
+
 TEST(QuotaLoopback, HostileInputsGetTheRight4xxAndTheServerKeepsServing) {
   const Policy policy = load_policy_from_string(sixteen_gpu_policy(), "sixteen.yaml");
   QuotaService service(policy, ServiceOptions{});

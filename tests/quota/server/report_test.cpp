@@ -33,8 +33,8 @@ int64_t month_start(const std::string& month) {
   return a;
 }
 
-// One lease at a time: grant at `start`, heartbeats every 30 s at `util` (within the policy's 60 s ttl, which caps
-// what a gap between heartbeats bills), release after `hours`.
+// One lease at a time: grant at `start`, heartbeats every 30 s at `util` (within the policy's 60 s ttl, so each
+// gap is billed whole) up to its release after `hours` (billed to the last heartbeat plus at most one interval).
 void run_lease(testing::ScriptedHistory& h, int64_t start, const std::string& token, const std::string& body,
                double hours, double util) {
   *h.clock = start;
@@ -43,7 +43,7 @@ void run_lease(testing::ScriptedHistory& h, int64_t start, const std::string& to
   const int64_t id = r.body["lease_id"].get<int64_t>();
   const std::string path = "/v1/leases/" + std::to_string(id);
   const int64_t end = start + static_cast<int64_t>(hours * static_cast<double>(kHour));
-  for (int64_t t = start; t < end; t += kMinute / 2) {
+  for (int64_t t = start; t <= end; t += kMinute / 2) {
     *h.clock = t;
     ASSERT_EQ(h.post(path + "/heartbeat", token, R"({"gpu_util":)" + std::to_string(util) + "}"), 200);
   }

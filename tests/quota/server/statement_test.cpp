@@ -82,13 +82,13 @@ struct History {
     return response.body;
   }
   // A lease of `gpus` whole GPUs from `start` for `hours`, heartbeating every 30 s (within the policy's 60 s ttl,
-  // which caps what a gap between heartbeats bills), charged at its release.
+  // so each gap is billed whole) up to its release (billed to the last heartbeat plus at most one interval).
   void run(const std::string& token, int gpus, int64_t start, double hours) {
     *clock = start;
     const json granted = post("/v1/leases", token, R"({"model":"yolov8s","gpus":)" + std::to_string(gpus) + "}", 201);
     const std::string path = "/v1/leases/" + std::to_string(granted.value("lease_id", 0));
     const int64_t end = start + static_cast<int64_t>(hours * static_cast<double>(kHour));
-    for (int64_t t = start + kMinute / 2; t < end; t += kMinute / 2) {
+    for (int64_t t = start + kMinute / 2; t <= end; t += kMinute / 2) {
       *clock = t;
       post(path + "/heartbeat", token, "{}", 200);
     }
