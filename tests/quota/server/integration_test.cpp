@@ -525,7 +525,8 @@ TEST(QuotaLoopback, HttpsWithTheCaFileAcquiresHeartbeatsAndReleasesAndWithoutItI
       "&& openssl req -newkey rsa:2048 -nodes -subj /CN=quotad -keyout server.key -out server.csr "
       "&& printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext "
       "&& openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext "
-      "-out server.pem) > openssl.log 2>&1";
+      "-out server.pem) > '" +
+      dir + "/openssl.log' 2>&1";
   ASSERT_EQ(std::system(("(" + make_certs).c_str()), 0) << dir << "/openssl.log";
   yolo8::test::QuotadProcess quotad;
   write_file(dir + "/policy.yaml", two_gpu_policy());
