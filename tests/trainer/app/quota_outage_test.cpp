@@ -3,7 +3,8 @@
 // down at start ends the run with exit 75 at the start-up deadline (quota_retry_s), never 1 or 2; a SIGTERM while
 // waiting exits 75 at once; a stopped quotad (SIGSTOP: it accepts connections and answers nothing) leaves the
 // steps going, and the run checkpoints and exits 75 within ttl - interval of its last heartbeat, saying that its
-// release was not acknowledged. And stdout reaches a pipe (kubectl logs) line by line.
+// release was not acknowledged; a run whose quotad leader is killed goes on with the replica that takes over. And
+// stdout reaches a pipe (kubectl logs) line by line.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,6 +23,7 @@
 
 #include "data/synth.h"
 #include "tests/quota/client/fake_quotad.h"
+#include "tests/quota/postgres_cluster.h"
 #include "tests/quota/quotad_process.h"
 #include "tests/quota/write_lock_holder.h"
 #include "tests/trainer/process_util.h"
@@ -225,6 +227,45 @@ TEST(LeaseOutage, AStoppedQuotadLeavesTheStepsGoingAndTheRunExits75WithinTheTtl)
   EXPECT_NE(record.find(R"("lease_id":1)"), std::string::npos) << record;
   EXPECT_NE(record.find(R"("outcome":"preempted")"), std::string::npos) << record;
   EXPECT_TRUE(quotad.stop());
+  fs::remove_all(root);
+}
+
+// Two quotad replicas on one PostgreSQL database: the leader is killed (kill -9) while the run trains. The run's
+// heartbeats go on to the replica that took over (the next of its quota URLs), the lease is kept, and the run
+// completes, its release acknowledged there.
+TEST(LeaseFailover, ATrainerHeartbeatingThroughALeaderKillKeepsItsLeaseAndCompletes) {
+  const fs::path root = fresh_root("failover");
+  std::ofstream(root / "policy.yaml") << kPolicy;
+  const std::string url = quota::testing::PostgresCluster::get().fresh_database("trainer_failover");
+  test::QuotadProcess leader;
+  ASSERT_TRUE(leader.start((root / "policy.yaml").string(), url, (root / "leader.log").string()))
+      << read_text(root / "leader.log");
+  test::QuotadProcess follower;
+  ASSERT_TRUE(follower.start((root / "policy.yaml").string(), url, (root / "follower.log").string()))
+      << read_text(root / "follower.log");
+  const fs::path log = root / "train.log";
+  const pid_t child = test::spawn_yolo8(train_args(root, leader.url() + "," + follower.url(), 8),
+                                        {{"YOLO8_QUOTA_TOKEN", "alice-token"}}, log.string());
+  for (const auto until = Clock::now() + std::chrono::seconds(120);
+       step_lines(read_text(log)) < 6 && Clock::now() < until;) {
+    int status = 0;
+    ASSERT_NE(waitpid(child, &status, WNOHANG), child) << read_text(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(step_lines(read_text(log)), 6) << read_text(log);
+  leader.kill_hard();
+  const int steps_before = step_lines(read_text(log));
+  const Ended ended = wait_exit(child, Clock::now(), 300);
+  const std::string out = read_text(log);
+  std::cout << step_lines(out) - steps_before << " steps after the leader was killed; exit " << ended.exit_code << " "
+            << ended.seconds << " s after the kill\n";
+  EXPECT_EQ(ended.exit_code, kExitCompleted) << out << read_text(root / "follower.log");
+  EXPECT_GT(step_lines(out), steps_before) << out;
+  EXPECT_NE(out.find("Lease 1 released (completed)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Stopped (quota service"), std::string::npos) << out;
+  EXPECT_NE(read_text(root / "follower.log").find("this replica leads"), std::string::npos)
+      << read_text(root / "follower.log");
+  EXPECT_TRUE(follower.stop());
   fs::remove_all(root);
 }
 
