@@ -22,7 +22,8 @@ namespace yolo8::test {
 class QuotadProcess {
  public:
   // `listen`: HOST:PORT; a fixed port lets a replica restart where its clients and peers know it.
-  explicit QuotadProcess(std::string listen = "127.0.0.1:0") : listen_(std::move(listen)) {}
+  QuotadProcess() = default;
+  explicit QuotadProcess(std::string listen) : listen_(std::move(listen)) {}
   // Starts `quotad serve`; returns false (see the log) when it did not print its port within 10 s.
   // `env`: "NAME=value" entries set for quotad only (LD_PRELOAD of libfaketime, ...).
   bool start(const std::string& policy, const std::string& db, const std::string& log,
@@ -87,7 +88,7 @@ class QuotadProcess {
   ~QuotadProcess() { kill_hard(); }
 
  private:
-  std::string listen_;
+  std::string listen_ = "127.0.0.1:0";
   pid_t pid_ = -1;
   int port_ = 0;
 };
