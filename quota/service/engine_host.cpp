@@ -130,8 +130,10 @@ void EngineHost::try_to_lead_locked() {
 
 void EngineHost::step_down_locked(const std::string& why) {
   if (mode_ != EngineMode::kLeader) return;
-  mode_ = EngineMode::kFollower;
+  // the successor is named before the mode changes: a refusal or /readyz answered meanwhile must not name this
+  // replica, whose address leader_ still holds, as the leader
   set_leader(leadership_->leader_address());  // the replica that took over, if one has
+  mode_ = EngineMode::kFollower;
   std::fprintf(stderr, "quotad: this replica no longer leads (%s): it follows\n", why.c_str());
 }
 

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test_paths.h"
@@ -20,6 +21,9 @@ namespace yolo8::test {
 
 class QuotadProcess {
  public:
+  // `listen`: HOST:PORT; a fixed port lets a replica restart where its clients and peers know it.
+  QuotadProcess() = default;
+  explicit QuotadProcess(std::string listen) : listen_(std::move(listen)) {}
   // Starts `quotad serve`; returns false (see the log) when it did not print its port within 10 s.
   // `env`: "NAME=value" entries set for quotad only (LD_PRELOAD of libfaketime, ...).
   bool start(const std::string& policy, const std::string& db, const std::string& log,
@@ -35,7 +39,7 @@ class QuotadProcess {
         const auto equals = entry.find('=');
         ::setenv(entry.substr(0, equals).c_str(), entry.substr(equals + 1).c_str(), 1);
       }
-      std::vector<std::string> args = {bin, "serve", "--policy", policy, "--db", db, "--listen", "127.0.0.1:0"};
+      std::vector<std::string> args = {bin, "serve", "--policy", policy, "--db", db, "--listen", listen_};
       args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
       for (auto& arg : args) argv.push_back(arg.data());
@@ -84,6 +88,7 @@ class QuotadProcess {
   ~QuotadProcess() { kill_hard(); }
 
  private:
+  std::string listen_ = "127.0.0.1:0";
   pid_t pid_ = -1;
   int port_ = 0;
 };
