@@ -244,7 +244,7 @@ TEST(LeaseFailover, ATrainerHeartbeatingThroughALeaderKillKeepsItsLeaseAndComple
   ASSERT_TRUE(follower.start((root / "policy.yaml").string(), url, (root / "follower.log").string()))
       << read_text(root / "follower.log");
   const fs::path log = root / "train.log";
-  const pid_t child = test::spawn_yolo8(train_args(root, leader.url() + "," + follower.url(), 8),
+  const pid_t child = test::spawn_yolo8(train_args(root, leader.url() + "," + follower.url(), 30),
                                         {{"YOLO8_QUOTA_TOKEN", "alice-token"}}, log.string());
   for (const auto until = Clock::now() + std::chrono::seconds(120);
        step_lines(read_text(log)) < 6 && Clock::now() < until;) {
@@ -261,6 +261,8 @@ TEST(LeaseFailover, ATrainerHeartbeatingThroughALeaderKillKeepsItsLeaseAndComple
             << ended.seconds << " s after the kill\n";
   EXPECT_EQ(ended.exit_code, kExitCompleted) << out << read_text(root / "follower.log");
   EXPECT_GT(step_lines(out), steps_before) << out;
+  // several heartbeats after the kill, each answered by the replica that took over
+  EXPECT_GT(ended.seconds, 3 * kHeartbeatS) << out;
   EXPECT_NE(out.find("Lease 1 released (completed)"), std::string::npos) << out;
   EXPECT_EQ(out.find("Stopped (quota service"), std::string::npos) << out;
   EXPECT_NE(read_text(root / "follower.log").find("this replica leads"), std::string::npos)
