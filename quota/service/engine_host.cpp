@@ -27,6 +27,11 @@ std::string monotonic_clock_id(bool injected) {
 }
 constexpr const char* kClockReferenceKey = "local_clock_reference";
 
+// The waste tracker the policy's thresholds make, with nothing observed yet.
+UtilTracker fresh_tracker(const Policy& policy) {
+  return UtilTracker(policy.waste_gpu_util_below, static_cast<int64_t>(policy.waste_after_s) * 1000);
+}
+
 EngineMode mode_of(const ServiceOptions& options, bool has_store, bool replicated) {
   if (!has_store) return EngineMode::kMemory;
   if (replicated) return EngineMode::kFollower;  // until it takes the lead
@@ -64,7 +69,7 @@ EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique
       leadership_(std::move(leadership)),
       board_(board),
       engine_(std::move(policy)),
-      tracker_(engine_.policy().waste_gpu_util_below, static_cast<int64_t>(engine_.policy().waste_after_s) * 1000),
+      tracker_(fresh_tracker(engine_.policy())),
       store_(std::move(store)) {
   clock_ = options_.clock ? options_.clock : system_now_ms;
   monotonic_ = options_.monotonic_clock ? options_.monotonic_clock : options_.clock ? options_.clock : steady_now_ms;
@@ -105,8 +110,7 @@ void EngineHost::try_to_lead_locked() {
   }
   try {
     store_->fence(leadership_->epoch());
-    tracker_ =
-        UtilTracker(engine_.policy().waste_gpu_util_below, static_cast<int64_t>(engine_.policy().waste_after_s) * 1000);
+    tracker_ = fresh_tracker(engine_.policy());
     start_from_store();
   } catch (const std::exception& error) {
     // the state could not be loaded: leave the lead to a replica that can

@@ -83,6 +83,8 @@ class EngineHost {
   EngineMode mode() const { return mode_.load(); }
   // The leader's address a follower names in its refusals, as the leader recorded it; "" while unknown.
   std::string leader() const;
+  // What a follower answers every call with (503): that it does not lead, and who does when known.
+  std::string follower_refusal() const;
   bool has_store() const { return store_ != nullptr; }
   int64_t now() const { return clock_(); }
   int64_t monotonic_now() const { return monotonic_(); }
@@ -131,7 +133,6 @@ class EngineHost {
   // The lead is lost (its database session ended, a write was fenced): nothing more is served from this state.
   void step_down_locked(const std::string& why);
   void set_leader(std::string address);
-  std::string follower_refusal() const;
 
   const ServiceOptions options_;
   std::atomic<EngineMode> mode_;

@@ -335,7 +335,7 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
     return response;
   };
   // a follower's board is not the state: heartbeats go to the leader
-  if (!serves_state(host_.mode())) throw Unavailable("follower: this quotad replica does not lead");
+  if (!serves_state(host_.mode())) throw Unavailable(host_.follower_refusal());
   if (host_.mode() != EngineMode::kLocal) {
     // hot path: answered from the board, never waiting for the engine lock or the database; the report
     // reaches the engine at the next locked call (or tick) and the database with the next batch
