@@ -93,6 +93,16 @@ class QuotadProcess {
   int port_ = 0;
 };
 
+// Runs `quotad ARGS` (each quoted for the shell) with stdout and stderr to `out`; its exit status. With `limit_s`,
+// it is ended after that many seconds (a command expected to refuse must not hang the test when it does not).
+inline int run_quotad(const std::vector<std::string>& args, const std::string& out, int limit_s = 0) {
+  std::string command = (limit_s > 0 ? "timeout " + std::to_string(limit_s) + " " : std::string()) +
+                        std::string(kBinaryDir) + "/quota/quotad";
+  for (const std::string& arg : args) command += " '" + arg + "'";
+  const int status = std::system((command + " > '" + out + "' 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // One node with one GPU, team `ta` with member alice (token "alice-token") and an admin ("admin-token"), yolov8n
 // self-service, no credits: the smallest policy a trainer's lease runs under, with the lease timing a test needs.
 inline std::string one_gpu_policy(int ttl_s, int heartbeat_interval_s) {

@@ -41,20 +41,10 @@ namespace {
 
 using nlohmann::json;
 using testing::PostgresCluster;
+using testing::read_text;
+using testing::test_dir;
+using yolo8::test::run_quotad;
 using Clock = std::chrono::steady_clock;
-
-std::string test_dir() {
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A loopback port free now (the kernel's pick), for a replica that must restart on the same one.
 int free_port() {
@@ -172,13 +162,6 @@ bool wait_for(Done done, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return done();
-}
-
-int quotad(const std::vector<std::string>& args, const std::string& out) {
-  std::string command = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
-  for (const std::string& arg : args) command += " '" + arg + "'";
-  const int status = std::system((command + " > " + out + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // What clients were told: the last acknowledged state of each lease, loan and grant.
@@ -392,7 +375,7 @@ TEST(QuotadFailover, TheLeaderKilledAtRandomMomentsUnderLoadLosesNothingAcknowle
 
   for (auto& replica : replicas) EXPECT_TRUE(replica->stop());
   const std::string out = dir + "/failover_verify.out";
-  EXPECT_EQ(quotad({"audit", "--verify", "--db", url}, out), 0) << read_text(out);
+  EXPECT_EQ(run_quotad({"audit", "--verify", "--db", url}, out), 0) << read_text(out);
 }
 
 TEST(QuotadFailover, ALeaderCutFromTheDatabaseIsFencedAndReportsFollower) {

@@ -22,28 +22,9 @@ namespace yolo8::quota {
 namespace {
 
 using testing::PostgresCluster;
-
-// The folder the tests' logs and outputs go to (created: it may be the first test of a fresh build).
-std::string test_dir() {
-  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Runs quotad with `args` (each quoted for the shell), stdout and stderr to `out`; the exit status.
-int quotad(const std::vector<std::string>& args, const std::string& out) {
-  std::string command = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
-  for (const std::string& arg : args) command += " '" + arg + "'";
-  const int status = std::system((command + " > " + out + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using testing::read_text;
+using testing::test_dir;
+using yolo8::test::run_quotad;
 
 TEST(QuotadPostgres, ServesRestartsAndVerifiesItsAuditLog) {
   const std::string url = PostgresCluster::get().fresh_database("quotad_serve");
@@ -71,7 +52,7 @@ TEST(QuotadPostgres, ServesRestartsAndVerifiesItsAuditLog) {
     EXPECT_TRUE(again.stop());
   }
   const std::string out = dir + "/pg_verify.out";
-  EXPECT_EQ(quotad({"audit", "--verify", "--db", url}, out), 0) << read_text(out);
+  EXPECT_EQ(run_quotad({"audit", "--verify", "--db", url}, out), 0) << read_text(out);
   // the grant and each start's replica.lead
   EXPECT_NE(read_text(out).find("3 entries, chain intact; head: entry 3 sha256 "), std::string::npos) << read_text(out);
 }
@@ -79,20 +60,20 @@ TEST(QuotadPostgres, ServesRestartsAndVerifiesItsAuditLog) {
 TEST(QuotadPostgres, BackupAndRepairAreRefusedNamingPostgresOwnMeans) {
   const std::string url = "postgresql://quotad@db.example/quota";
   const std::string out = test_dir() + "/pg_refused.out";
-  EXPECT_EQ(quotad({"backup", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"backup", "--db", url}, out), 1);
   EXPECT_NE(read_text(out).find("backup: --db names a PostgreSQL database: back it up with pg_dump"), std::string::npos)
       << read_text(out);
-  EXPECT_EQ(quotad({"repair-db", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"repair-db", "--db", url}, out), 1);
   EXPECT_NE(read_text(out).find("repair-db: --db names a PostgreSQL database: "), std::string::npos) << read_text(out);
-  EXPECT_EQ(quotad({"report", "--month", "2026-11", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"report", "--month", "2026-11", "--db", url}, out), 1);
   EXPECT_NE(read_text(out).find("the reports read a SQLite database only"), std::string::npos) << read_text(out);
 }
 
 TEST(QuotadPostgres, APasswordInTheUrlIsRefusedBeforeAnythingStarts) {
   const std::string out = test_dir() + "/pg_password.out";
-  EXPECT_EQ(quotad({"serve", "--policy", testing::example_policy_path(), "--db",
-                    "postgresql://quotad:s3cret@db.example/quota", "--listen", "127.0.0.1:0"},
-                   out),
+  EXPECT_EQ(run_quotad({"serve", "--policy", testing::example_policy_path(), "--db",
+                        "postgresql://quotad:s3cret@db.example/quota", "--listen", "127.0.0.1:0"},
+                       out),
             1);
   EXPECT_NE(read_text(out).find("--db: the PostgreSQL URL holds a password"), std::string::npos) << read_text(out);
   EXPECT_NE(read_text(out).find("--db-password-file"), std::string::npos) << read_text(out);

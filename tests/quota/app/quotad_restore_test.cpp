@@ -19,24 +19,8 @@ namespace yolo8::quota {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string file_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-const std::string& quotad_binary() {
-  static const std::string path = std::string(yolo8::test::kBinaryDir) + "/quota/quotad";
-  return path;
-}
-
-// `quotad ARGS` with its output in `out`; its exit status.
-int run_quotad(const std::string& args, const std::string& out) {
-  const int status = std::system(("timeout 20 " + quotad_binary() + " " + args + " > " + out + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using testing::read_text;
+using yolo8::test::run_quotad;
 
 // A one-GPU lease for `token`, released at once when `release`; its id, -1 when refused.
 int64_t lease(httplib::Client& client, const std::string& token, bool release) {
@@ -68,29 +52,29 @@ TEST(QuotadRestore, ABackupThenFiveGrantsThenTheFileGone) {
   int64_t last = 0;
   {
     yolo8::test::QuotadProcess quotad;
-    ASSERT_TRUE(quotad.start((dir / "policy.yaml").string(), db, log, no_backups)) << file_text(log);
+    ASSERT_TRUE(quotad.start((dir / "policy.yaml").string(), db, log, no_backups)) << read_text(log);
     httplib::Client client(quotad.url());
-    ASSERT_GT(lease(client, "alice-token", true), 0) << file_text(log);
-    ASSERT_EQ(run_quotad("backup --db " + db, out), 0) << file_text(out);
+    ASSERT_GT(lease(client, "alice-token", true), 0) << read_text(log);
+    ASSERT_EQ(run_quotad({"backup", "--db", db}, out), 0) << read_text(out);
     for (int i = 0; i < 5; ++i) last = lease(client, "alice-token", i < 4);  // the last one still running
     ASSERT_EQ(last, 6);
     ASSERT_TRUE(quotad.stop());
   }
   for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db + suffix);
 
-  EXPECT_EQ(run_quotad("serve --policy " + (dir / "policy.yaml").string() + " --db " + db +
-                           " --listen 127.0.0.1:0 --backup-every 0",
-                       out),
+  EXPECT_EQ(run_quotad({"serve", "--policy", (dir / "policy.yaml").string(), "--db", db, "--listen", "127.0.0.1:0",
+                        "--backup-every", "0"},
+                       out, 20),
             1);
-  EXPECT_NE(file_text(out).find("quotad repair-db --db " + db), std::string::npos) << file_text(out);
+  EXPECT_NE(read_text(out).find("quotad repair-db --db " + db), std::string::npos) << read_text(out);
   EXPECT_FALSE(fs::exists(db));
 
-  ASSERT_EQ(run_quotad("repair-db --db " + db, out), 0) << file_text(out);
-  EXPECT_NE(file_text(out).find("restored from the backup " + db + ".backup-"), std::string::npos) << file_text(out);
-  EXPECT_NE(file_text(out).find("ids continue at 2000000000"), std::string::npos) << file_text(out);
+  ASSERT_EQ(run_quotad({"repair-db", "--db", db}, out), 0) << read_text(out);
+  EXPECT_NE(read_text(out).find("restored from the backup " + db + ".backup-"), std::string::npos) << read_text(out);
+  EXPECT_NE(read_text(out).find("ids continue at 2000000000"), std::string::npos) << read_text(out);
 
   yolo8::test::QuotadProcess restored;
-  ASSERT_TRUE(restored.start((dir / "policy.yaml").string(), db, log, no_backups)) << file_text(log);
+  ASSERT_TRUE(restored.start((dir / "policy.yaml").string(), db, log, no_backups)) << read_text(log);
   httplib::Client client(restored.url());
   const auto beat = client.Post(("/v1/leases/" + std::to_string(last) + "/heartbeat").c_str(),
                                 {{"Authorization", "Bearer alice-token"}}, "{}", "application/json");
@@ -99,11 +83,11 @@ TEST(QuotadRestore, ABackupThenFiveGrantsThenTheFileGone) {
   EXPECT_EQ(lease(client, "alice-token", false), 2000000000);
   EXPECT_TRUE(restored.stop());
 
-  ASSERT_EQ(run_quotad("audit --verify --db " + db, out), 0) << file_text(out);
-  EXPECT_NE(file_text(out).find("chain intact"), std::string::npos) << file_text(out);
-  EXPECT_NE(file_text(out).find("recorded gap: entries "), std::string::npos) << file_text(out);
-  EXPECT_NE(file_text(out).find("lost: the database was missing; restored from quota.db.backup-"), std::string::npos)
-      << file_text(out);
+  ASSERT_EQ(run_quotad({"audit", "--verify", "--db", db}, out), 0) << read_text(out);
+  EXPECT_NE(read_text(out).find("chain intact"), std::string::npos) << read_text(out);
+  EXPECT_NE(read_text(out).find("recorded gap: entries "), std::string::npos) << read_text(out);
+  EXPECT_NE(read_text(out).find("lost: the database was missing; restored from quota.db.backup-"), std::string::npos)
+      << read_text(out);
   fs::remove_all(dir);
 }
 

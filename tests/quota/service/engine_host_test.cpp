@@ -15,16 +15,6 @@ namespace {
 using testing::kHour;
 using testing::kMonday;
 
-LeaseRequest request(const std::string& team, const std::string& user) {
-  LeaseRequest r;
-  r.team = team;
-  r.user = user;
-  r.job = "job";
-  r.model = "yolov8s";
-  r.gpus = 1;
-  return r;
-}
-
 ServiceOptions options_for(const std::string& db, int64_t now_ms) {
   ServiceOptions options;
   options.db_path = db;
@@ -58,7 +48,7 @@ TEST(EngineHost, AChangeTheStoreDidNotTakeLeavesTheStateEqualToBefore) {
   int64_t granted = 0;
   host.run(
       [&] {
-        granted = host.engine().acquire(request("team-cv", "alice"), now).lease_id;
+        granted = host.engine().acquire(testing::lease_request("team-cv", "alice"), now).lease_id;
         return ApiResponse{};
       },
       true);
@@ -74,7 +64,7 @@ TEST(EngineHost, AChangeTheStoreDidNotTakeLeavesTheStateEqualToBefore) {
     EXPECT_THROW(host.run(
                      [&] {
                        host.engine().release(granted, Outcome::kCompleted, now);
-                       host.engine().acquire(request("team-robotics", "erin"), now);
+                       host.engine().acquire(testing::lease_request("team-robotics", "erin"), now);
                        host.engine().tick(now + kHour);
                        return ApiResponse{};
                      },
@@ -112,7 +102,7 @@ TEST(EngineHost, TheBoardsReportsReachTheEngineWithTheNextCall) {
   int64_t id = 0;
   host.run(
       [&] {
-        id = host.engine().acquire(request("team-cv", "alice"), now).lease_id;
+        id = host.engine().acquire(testing::lease_request("team-cv", "alice"), now).lease_id;
         return ApiResponse{};
       },
       true);

@@ -12,23 +12,13 @@ namespace {
 using testing::kHour;
 using testing::kMonday;
 
-LeaseRequest request(const std::string& team, const std::string& user) {
-  LeaseRequest r;
-  r.team = team;
-  r.user = user;
-  r.job = "job";
-  r.model = "yolov8s";
-  r.gpus = 8;
-  return r;
-}
-
 const Caller kAlice{"alice", "team-cv", Role::kMember};
 
 TEST(HeartbeatBoard, AnswersFromWhatWasPublishedWithTheOneRuleForActing) {
   const int64_t now = kMonday + 13 * kHour;
   Engine engine(testing::example_policy());
-  const int64_t granted = engine.acquire(request("team-cv", "alice"), now).lease_id;
-  const int64_t queued = engine.acquire(request("team-cv", "alice"), now).lease_id;
+  const int64_t granted = engine.acquire(testing::lease_request("team-cv", "alice", 8), now).lease_id;
+  const int64_t queued = engine.acquire(testing::lease_request("team-cv", "alice", 8), now).lease_id;
   HeartbeatBoard board(100);
   HeartbeatResult result;
   EXPECT_EQ(board.beat(kAlice, granted, Telemetry{}, now, now, true, result), HeartbeatBoard::Answer::kUnknownLease);

@@ -711,16 +711,6 @@ Engine loaded_engine(Store& store, int64_t now_ms) {
   return engine;
 }
 
-LeaseRequest robotics_request() {
-  LeaseRequest request;
-  request.team = "team-robotics";
-  request.user = "erin";
-  request.job = "restore";
-  request.model = "yolov8s";
-  request.gpus = 1;
-  return request;
-}
-
 // Ids of one engine session: a lease, a loan and a grant.
 struct HandedOut {
   int64_t lease = 0;
@@ -730,7 +720,7 @@ struct HandedOut {
 
 HandedOut hand_out(Engine& engine, Store& store, int64_t now_ms, bool loan = true) {
   HandedOut ids;
-  const AcquireResult granted = engine.acquire(robotics_request(), now_ms);
+  const AcquireResult granted = engine.acquire(testing::lease_request("team-robotics", "erin"), now_ms);
   EXPECT_EQ(granted.kind, AcquireResult::Kind::kGranted) << granted.reason;
   ids.lease = granted.lease_id;
   if (loan) ids.loan = engine.apply_loan("alice", 1, "restore", now_ms).id;  // two a month
