@@ -16,6 +16,11 @@
 #       it on CPATH).
 #   prometheus-cpp core                                              quotad's /metrics (found on its own)
 #   Howard Hinnant's date (date.h, header-only)                      the quota calendar (quota/core/calendar.cpp)
+#   libpq (header, library) and its runtime closure: Kerberos/GSSAPI, OpenLDAP, SASL, GnuTLS and what those load
+#       quotad's PostgreSQL store, linked into yolo8 through the quota client's local mode; a bare machine has none
+#       of them, and the loader needs every DT_NEEDED library even though yolo8 never opens PostgreSQL there.
+# After the download every shared library in the packages is checked: each library it needs must be in the
+# packages or be glibc/the GCC runtime, so a missing one fails here and not on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(
@@ -25,6 +30,10 @@ packages=(
   libgtest-dev libgmock-dev
   prometheus-cpp-dev libprometheus-cpp-core1.0
   libhowardhinnant-date-dev
+  libpq-dev libpq5
+  libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1
+  libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3
+  libgnutls30 libnettle8 libhogweed6 libgmp10 libidn2-0 libunistring2 libtasn1-6 libp11-kit0 libffi8
 )
 mkdir -p .deps/debs
 cd .deps/debs
@@ -36,4 +45,29 @@ if (( count != ${#packages[@]} )); then
   echo "gpu_deps: expected ${#packages[@]} .deb files, got $count" >&2
   exit 1
 fi
+unpacked=$(mktemp -d)
+trap 'rm -rf "$unpacked"' EXIT
+for deb in ./*.deb; do dpkg -x "$deb" "$unpacked"; done
+python3 - "$unpacked" <<'PY'
+import os, re, subprocess, sys
+
+root = sys.argv[1]
+base = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libutil.so.1", "libresolv.so.2",
+        "ld-linux-x86-64.so.2", "libstdc++.so.6", "libgcc_s.so.1"}
+libraries = {}
+for folder, _, files in os.walk(root):
+    for name in files:
+        if re.search(r"\.so(\.\d+)*$", name):
+            libraries.setdefault(name, os.path.join(folder, name))
+missing = []
+for name, path in sorted(libraries.items()):
+    if os.path.islink(path) and not os.path.exists(path):
+        continue
+    dynamic = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    for needed in re.findall(r"\(NEEDED\).*\[(.*)\]", dynamic):
+        if needed not in base and needed not in libraries:
+            missing.append(f"{needed} (needed by {name})")
+if missing:
+    sys.exit("gpu_deps: the packages lack libraries they need: " + ", ".join(sorted(set(missing))))
+PY
 echo "gpu_deps: $count .deb files in .deps/debs, $(du -sh . | cut -f1)"
