@@ -1,4 +1,4 @@
-"""yolo8 beside Ultralytics 8.0.232 (the peer), in one run on this machine with the same compute threads: issue 27's
+"""yolo8 beside Ultralytics 8.0.232 (the peer), in one run on this machine with the same compute threads: the
 four workloads. benchmarks/peer_compare.sh runs this with the system python3 (standard library only); the peer runs
 through scripts/peer.sh (scripts/peer/{pipeline_bench,train_run,infer_bench}.py), ours through build/ binaries.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# yolo8 beside Ultralytics 8.0.232 (issue 27), in one run on this machine with the same compute threads:
+# yolo8 beside Ultralytics 8.0.232, in one run on this machine with the same compute threads:
 #   1. data pipeline: augmented images per CPU-second at 640 and 320, one worker and all workers;
 #   2. end to end: yolov8n from scratch, 160 px, batch 16, EPOCHS (40) with validation, SEEDS (2) seeds each side,
 #      interleaved: wall time launch to exit and final mAP50-95, mean and min-max;

@@ -136,7 +136,7 @@ std::string make_certificates(const std::string& dir) {
   return tls;
 }
 
-// The hostile run's attackers from the trainers' own address, 127.0.0.1 (issue 30): wrong tokens at
+// The hostile run's attackers from the trainers' own address, 127.0.0.1: wrong tokens at
 // `wrong_per_s`, `idle` silent sockets (reopened when closed), `readers` clients pipelining requests and
 // never reading.
 struct SharedAddressAttack {

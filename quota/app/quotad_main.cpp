@@ -449,7 +449,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   audit_cmd->add_option("--db-password-file", audit_password_file, "with --verify on PostgreSQL: the password's file");
 
-  // the ledger (issue 19)
+  // the ledger
   std::string loan_state, ledger_text, ledger_user, ledger_month;
   double ledger_hours = 0;
   int64_t loan_id = 0;

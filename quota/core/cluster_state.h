@@ -32,7 +32,7 @@ struct LeaseRequest {
   int imgsz = 640;
   int batch = 0;          // images per step over all GPUs; 0 = auto (the trainer fits it)
   int gpus = 0;           // 0 = policy default; the guaranteed GPUs
-  int max_gpus = 0;       // per-job burst (issue 19): up to this many GPUs while they are idle; 0 = gpus
+  int max_gpus = 0;       // per-job burst: up to this many GPUs while they are idle; 0 = gpus
   double memory_gib = 0;  // per GPU: the share for shared leases, a minimum GPU size otherwise
   Priority priority = Priority::kNormal;
   bool preemptible = true;
@@ -123,7 +123,7 @@ struct Lease {
   bool holds_gpus(int64_t now_ms) const;
 };
 
-// A team's and a user's standing in the fair share (issue 19): recent use (GPU-hours decayed with
+// A team's and a user's standing in the fair share: recent use (GPU-hours decayed with
 // fair_share.half_life_h) as a fraction of all recent use, against the normalised share.
 struct FairShare {
   double factor = 1;  // 2^(-team usage/team share) x 2^(-user usage/user share); 1 without recent use

@@ -144,7 +144,7 @@ struct Changes {
   std::set<int64_t> loans;
   std::set<int64_t> grants;
   // Lease rows restore() found breaking an invariant (two leases on one GPU, more GPUs than the inventory): no
-  // longer in the engine; the store moves each row to its quarantine table with the reason (issue 30).
+  // longer in the engine; the store moves each row to its quarantine table with the reason.
   struct Quarantined {
     std::string why;
     int64_t at_ms = 0;
@@ -237,7 +237,7 @@ class Engine {
   // The figures behind credit_allowance().
   MonthCredit month_credit_of(const std::string& user, const std::string& month) const;
 
-  // Loan applications and contribution credits (issue 19; defined in ledger.cpp). Refusals throw LedgerError.
+  // Loan applications and contribution credits (defined in ledger.cpp). Refusals throw LedgerError.
   // `user` applies for `gpu_hours` more this month; a lead of the user's team or an admin decides, never the
   // applicant. Approved loans raise the month's allowance; the overrun is repaid from the next month's credits.
   // A repeated `idempotency_key` of the same user returns the loan it created, unchanged (`replayed` set).
@@ -284,7 +284,7 @@ class Engine {
   // `audit` may be only the latest entries; `next_audit_seq` continues the numbering. A restart
   // (`restart_now_ms` > 0) gives running leases a fresh heartbeat clock, since quotad's downtime is not theirs;
   // one no trainer heartbeats again ends a ttl later, billed to its last sign of life (charge).
-  // The loaded leases are checked against the current inventory (issue 30), each finding audited and left in
+  // The loaded leases are checked against the current inventory, each finding audited and left in
   // take_changes() for the store: a lease on GPUs the inventory no longer has (a node removed or renamed) moves to
   // the GPUs its trainer's UUIDs name where they are free, else it ends (expired, the node named); a row that
   // breaks an invariant (more GPUs than the inventory, a GPU another lease already holds) is quarantined.

@@ -1,5 +1,5 @@
 #pragma once
-// The credit ledger beyond the monthly allowance (issue 19): loan applications a lead approves, repaid from the
+// The credit ledger beyond the monthly allowance: loan applications a lead approves, repaid from the
 // next month's credits, and contribution credits an admin or lead grants. Records, their JSON forms, the
 // allowance formula the engine, the quarter statement and the monthly report share, and quarter helpers.
 // No I/O. The Engine methods that change these records are defined in ledger.cpp.

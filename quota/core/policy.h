@@ -61,7 +61,7 @@ struct Team {
   std::vector<BurstWindow> burst_windows;
   std::vector<std::string> leads;
   std::vector<std::string> members;
-  double share = -1;          // fair-share weight (issue 19); < 0: the base
+  double share = -1;          // fair-share weight; < 0: the base
   int max_gpus_per_user = 0;  // GPUs one member of the team may hold at once; 0: no cap
   double share_weight() const { return share >= 0 ? share : base; }
   // Limit in force at `now_ms`: burst inside a window, base otherwise.
@@ -129,7 +129,7 @@ struct Policy {
   std::map<std::string, User> users;
   double emergency_pool_fraction = 0.15;
   // emergency.max_gpus_per_request: the most GPUs a critical request by a non-admin may ask for; -1 (absent) is
-  // the pool's size, so one member's emergency can never revoke more than the pool would have held (issue 30)
+  // the pool's size, so one member's emergency can never revoke more than the pool would have held
   int emergency_max_gpus_per_request = -1;
   // defaults for requests that declare nothing
   int default_gpus = 1;
@@ -164,7 +164,7 @@ struct Policy {
   // credits, GPU-hours per member per month; 0 disables credits
   double monthly_gpu_hours = 100;
   double loan_gpu_hours = 0;
-  // issue 19: the loan above is granted without asking when `automatic_loan` is on (the behaviour before);
+  // The loan above is granted without asking when `automatic_loan` is on (the behaviour before);
   // loan applications (POST /v1/loans) need a lead's approval, at most `loan_applications_per_month` per member
   // and month (0: none) and `max_loan_gpu_hours_per_month` GPU-hours in all; contribution credits granted to a
   // member are capped at `max_grant_gpu_hours_per_quarter` per quarter (0: no grants)
@@ -176,7 +176,7 @@ struct Policy {
   int max_imgsz = 4096;
   int max_batch = 4096;
   int max_queued_per_user = 50;  // queued or pending requests one user may have at once (429 past it)
-  // fair share (issue 19): within a priority the queue is ordered by 2^(-usage/share) of the team times that of
+  // fair share: within a priority the queue is ordered by 2^(-usage/share) of the team times that of
   // the user, the usage decayed with this half-life (hours); 0: arrival order
   double fair_share_half_life_h = 0;
   // waste: a running lease reporting GPU utilisation below `waste_gpu_util_below` for at least

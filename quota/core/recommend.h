@@ -1,5 +1,5 @@
 #pragma once
-// Quotas recommended from history (issue 19): per team, base and burst from the GPUs it held and waited for,
+// Quotas recommended from history: per team, base and burst from the GPUs it held and waited for,
 // its queue waits and its idle time, with the figures behind each number, and the change as a unified diff of
 // the policy file. Pure: the history comes in (quotad recommend reads it from the store), no I/O.
 #include <cstdint>

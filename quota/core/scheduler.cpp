@@ -92,7 +92,7 @@ Ask ask_of(const ClusterState& state, const Lease& lease) {
 double held_gpus(const ClusterState& state, const std::function<bool(const Lease&)>& match,
                  const std::set<int64_t>& ignore) {
   // a GPU carrying any shared lease of the matched leases counts whole: nobody else can use it whole, so
-  // counting the memory share would let a team hold many GPUs while counting as a fraction of one (issue 15)
+  // counting the memory share would let a team hold many GPUs while counting as a fraction of one
   double whole = 0;
   std::set<int> shared_gpus;
   for (const auto& [id, lease] : state.leases) {
@@ -564,7 +564,8 @@ Decision schedule(const ClusterState& state) {
   const std::vector<QueueEntry> initial = order_queue(state);
   size_t granted = 0;
   // requests alike in everything the decision reads (their Ask) get the same answer until something changes:
-  // a flood of identical requests (issue 15: 1,200 from one member) costs one check per pass, not one per request
+  // a flood of identical requests (1,200 from one member, seen in testing) costs one check per pass, not one per
+  // request
   std::set<decltype(ask_key(std::declval<Ask>()))> refused;
   for (const QueueEntry& entry : initial) {
     const Lease& original = state.leases.at(entry.lease_id);

@@ -60,7 +60,7 @@ double added_gpus(const ClusterState& state, const Ask& ask, int64_t self, const
 // `devices`: where it would go (a shared lease joining a GPU with the user's shares adds nothing); null: anywhere.
 std::string user_cap_reason(const ClusterState& state, const Ask& ask, int64_t self, const std::vector<int>* devices);
 
-// The fair share (issue 19): decayed recent use of `key` ("team:<name>" / "user:<name>").
+// The fair share: decayed recent use of `key` ("team:<name>" / "user:<name>").
 double decayed(const Policy& policy, const FairUsage& usage, const std::string& key, int64_t now_ms);
 // Adds `gpu_hours` used at `at_ms` to the team's and the user's recent use.
 void add_fair_usage(const Policy& policy, FairUsage& usage, const std::string& team, const std::string& user,

@@ -230,7 +230,7 @@ void QuotaServer::connection_started(MHD_Connection* connection, void** socket_c
     // The newcomer may be a trainer about to send its token; the oldest unauthenticated connection still
     // waiting for a request (an idle socket of a flood) makes room. If every one of them has a request in
     // flight (answers a client does not read), the newcomer is admitted on probation: its request is served
-    // if it carries a valid token, else answered 429 (issue 30: a shared address never locks out a token).
+    // if it carries a valid token, else answered 429 (a shared address never locks out a token).
     Peer* oldest = nullptr;
     for (auto& [key, other] : peers_) {
       if (other.get() != &ref && other->counted && other->deadline_ms != 0 && other->address == ref.address &&

@@ -1,5 +1,5 @@
 #pragma once
-// The monthly journal's advice (issue 30): suggestions, each with the month's figures behind it, the biggest
+// The monthly journal's advice: suggestions, each with the month's figures behind it, the biggest
 // savings among them, and the month's typical cases per model. Pure: computed from a built MonthlyReport alone.
 #include <string>
 #include <vector>

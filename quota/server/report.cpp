@@ -240,7 +240,7 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
   for (const auto& [id, lease] : leases) {
     if (members.count(lease.req.user) && members[lease.req.user].empty()) members[lease.req.user] = lease.req.team;
   }
-  // loans and grants raise allowances (issue 19); the tables are small (a few records per member and month)
+  // loans and grants raise allowances; the tables are small (a few records per member and month)
   const LedgerTotals ledger = ledger_totals(reader.loans(), reader.grants());
   for (const auto& [user, team] : members) {
     ReportCredit credit;

@@ -1,6 +1,6 @@
 #pragma once
 // `quotad report --quarter YYYY-Qn`: the quarter-end statement per member (balance, loans, contribution credits
-// and a ranking), read from quotad's SQLite store (issue 19).
+// and a ranking), read from quotad's SQLite store.
 #include <cstdint>
 #include <map>
 #include <string>

@@ -447,7 +447,7 @@ Snapshot Store::load(int64_t now_ms, int64_t keep_ended_ms, size_t audit_tail) {
   {
     // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
     Statement statement(
-        // emergency leases whose review is still open are kept however old (issue 15: the review was lost)
+        // emergency leases whose review is still open are kept however old (else the review would be lost)
         prepare("SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR ended_ms >= ? "
                 "OR (CASE WHEN json_valid(body) THEN json_extract(body, '$.review_pending') END) = 1"));
     sqlite3_bind_int64(statement.get(), 1, now_ms - keep_ended_ms);

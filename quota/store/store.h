@@ -123,7 +123,7 @@ struct RepairReport {
   std::vector<std::string> unrecorded;   // objects the audit log records but the tables lack (see unrecorded_objects)
 };
 
-// Online backups (issue 30): a consistent copy of the live database through SQLite's backup API (quotad keeps
+// Online backups: a consistent copy of the live database through SQLite's backup API (quotad keeps
 // serving), written as `<path>.backup-<UTC time>` beside it (atomically: a temporary file renamed), of which the
 // newest `keep` are kept. Returns the new file's path. Throws StoreError naming the file.
 std::string backup_database(const std::string& path, int64_t now_ms, int keep = 24);
@@ -169,7 +169,7 @@ RepairReport repair_database(const std::string& path, int64_t now_ms);
 // empty database is created whose ids start in an epoch above every id the backups hold.
 void prepare_database(const std::string& path, bool init, int64_t now_ms);
 
-// The audit log's hash chain (issue 30): each entry stores the SHA-256 of the previous entry's link and its own
+// The audit log's hash chain: each entry stores the SHA-256 of the previous entry's link and its own
 // content (seq, time, actor, action, lease, team, detail), and meta keeps the head (its seq and link), all in the
 // entry's transaction. Entries written before the chain existed (an older quotad) have no link and are counted.
 std::string audit_chain_link(const std::string& previous_link, const AuditEntry& entry);
@@ -233,7 +233,7 @@ class StoreReader {
   void util_samples_of(int64_t lease_id, const UtilVisitor& visit);
   // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
   std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {});
-  // Every loan and every contribution grant, by id (none in a database no quotad of issue 19 has opened).
+  // Every loan and every contribution grant, by id (none in a database from before the ledger).
   std::vector<Loan> loans();
   std::vector<CreditGrant> grants();
   // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.

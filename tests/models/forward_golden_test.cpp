@@ -8,7 +8,7 @@
 namespace yolo8 {
 namespace {
 
-constexpr double kTol = 1e-4;  // issue 3
+constexpr double kTol = 1e-4;
 
 void check_forward_case(LoadedModel loaded, const std::string& label) {
   const auto fc = test::load_case("forward_case.pt");

@@ -1,4 +1,4 @@
-// Issue 30, clock steps on the real `quotad serve`: the process runs under libfaketime (Debian's `faketime`), whose
+// Clock steps on the real `quotad serve`: the process runs under libfaketime (Debian's `faketime`), whose
 // wall clock follows a file we rewrite while it serves ("+0", then "-2h" or "+2h"), while its monotonic clock runs
 // on (FAKETIME_DONT_FAKE_MONOTONIC), as with an NTP step. Skipped where libfaketime is not installed.
 #include <httplib.h>
@@ -108,7 +108,7 @@ class QuotadUnderFaketime : public ::testing::Test {
   std::unique_ptr<httplib::Client> client_;
 };
 
-// Before issue 30 a lease without heartbeats was still held 20 s after a 2 h backward step (ttl 6 s): expiry went
+// Before the fix a lease without heartbeats was still held 20 s after a 2 h backward step (ttl 6 s): expiry went
 // by wall-clock differences, so a dead job would have kept its GPUs for 2 h.
 TEST_F(QuotadUnderFaketime, AfterA2hStepBackALeaseWithoutHeartbeatsExpiresWithinItsTtl) {
   const int64_t silent = acquire(1);
@@ -135,7 +135,7 @@ TEST_F(QuotadUnderFaketime, AfterA2hStepBackALeaseWithoutHeartbeatsExpiresWithin
   EXPECT_EQ(audited("clock.step"), 1);
 }
 
-// Before issue 30 an 8-GPU lease was billed 16 GPU-hours for 6 s across a 2 h forward step; here 2 GPUs for
+// Before the fix an 8-GPU lease was billed 16 GPU-hours for 6 s across a 2 h forward step; here 2 GPUs for
 // about 7 s (a bill of the step would be 4 GPU-hours).
 TEST_F(QuotadUnderFaketime, AfterA2hStepForwardALeaseIsBilledItsRealSeconds) {
   const auto start = Steady::now();

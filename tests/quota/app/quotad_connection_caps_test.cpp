@@ -1,4 +1,4 @@
-// Issue 30, items 1 and 6, on the real `quotad serve`: `--max-connections-per-address` raises the cap on one
+// On the real `quotad serve`: `--max-connections-per-address` raises the cap on one
 // address's unauthenticated connections (the proxy case), the default holds it at 32, `--max-connections` caps
 // them all; and 32 idle sockets from the trainers' shared address do not lock out a heartbeat with a valid token.
 #include <arpa/inet.h>

@@ -156,7 +156,7 @@ TEST(QuotadMemoryTable, TheProcessOverheadIsNamedByCheckPolicyAndKeptByTheLearne
   EXPECT_DOUBLE_EQ(load_memory_table(table).process_overhead_gib, -1);
 }
 
-// Issue 29: --tls-cert and --tls-key go together, and a file that is no PEM is refused naming the flag and the
+// --tls-cert and --tls-key go together, and a file that is no PEM is refused naming the flag and the
 // file, before anything is served.
 TEST(QuotadServe, TlsFlagsComeTogetherAndMustNamePemFiles) {
   const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";

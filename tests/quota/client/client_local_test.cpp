@@ -96,7 +96,7 @@ TEST(QuotaClientLocal, ConfigFromTheTrainerSetting) {
   EXPECT_EQ(u.mode, "http://quotad:8470");
   EXPECT_EQ(u.token, "tok");
   EXPECT_TRUE(u.ca_file.empty());
-  // issue 29: https, with the CA file from the environment
+  // Https, with the CA file from the environment
   setenv("YOLO8_QUOTA_CA_FILE", "/etc/yolo8/quotad-ca.pem", 1);
   const ClientConfig s = client_config_from_setting("https://quotad:8443");
   EXPECT_EQ(s.mode, "https://quotad:8443");

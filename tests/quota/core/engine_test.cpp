@@ -662,7 +662,7 @@ size_t gpus_touched(const Engine& e, const std::string& team, int64_t now) {
   return devices.size();
 }
 
-// Issue 15: team-interns (base 2) held all 17 non-pool GPUs through 68 small shared leases while counting as
+// Team-interns (base 2) held all 17 non-pool GPUs through 68 small shared leases while counting as
 // 1.33 GPUs, and team-cv stayed queued below its base.
 TEST(Engine, SharedLeasesCountTheirGpusWholeSoATeamCannotHoldTheClusterThroughThem) {
   Engine e(testing::example_policy());
@@ -887,7 +887,7 @@ TEST(Engine, PruneKeepsEndedEmergencyLeasesUntilTheirReview) {
   EXPECT_EQ(e.find(crit.lease_id), nullptr);
 }
 
-// Issue 15: the queue order is computed once per change and read by status and positions.
+// The queue order is computed once per change and read by status and positions.
 TEST(Engine, AThousandQueuedRequestsAndTheirStatusStayCheap) {
   Policy policy = testing::example_policy();
   policy.max_queued_per_user = 2000;
@@ -918,7 +918,7 @@ TEST(Engine, AThousandQueuedRequestsAndTheirStatusStayCheap) {
   EXPECT_EQ(e.queue_position(ids[0]), 0);
 }
 
-// Issue 19: a request names gpus (guaranteed) and max_gpus (burst from idle GPUs, revoked first).
+// A request names gpus (guaranteed) and max_gpus (burst from idle GPUs, revoked first).
 TEST(Engine, PerJobBurstTakesOnlyIdleGpusAndIsRevokedFirst) {
   Engine e(testing::example_policy());
   const int64_t t0 = kInsideWindow;  // team-cv may hold 14
@@ -992,7 +992,7 @@ void heartbeat_until(Engine& e, int64_t lease_id, int64_t from_ms, int64_t to_ms
   for (int64_t t = from_ms + interval; t < to_ms; t += interval) e.heartbeat(lease_id, {}, t);
 }
 
-// Issue 19: within a priority, the team (and user) with less recent use against its share goes first; the
+// Within a priority, the team (and user) with less recent use against its share goes first; the
 // order turns as usage decays.
 TEST(Engine, FairShareOrdersTheQueueAndTheOrderTurnsAsUsageDecays) {
   Engine e(fair_policy());
@@ -1057,7 +1057,7 @@ TEST(Engine, WithoutFairShareTheQueueIsFirstComeFirstServed) {
   EXPECT_EQ(e.status_of(wait_a.lease_id, t).reason.find("fair share"), std::string::npos);
 }
 
-// Issue 19: GPUs held per user, a per-team policy key.
+// GPUs held per user, a per-team policy key.
 TEST(Engine, PerUserGpuCapKeepsOneMemberFromTakingTheTeam) {
   Policy policy = testing::example_policy();
   policy.teams.at("team-cv").max_gpus_per_user = 3;
@@ -1100,7 +1100,7 @@ TEST(Engine, InvalidRequestsAreRefusedWithTheKey) {
   EXPECT_TRUE(e.leases().empty());
 }
 
-// ---- issue 16: a lease goes where the trainer already runs (its node, the GPUs it sees) ----
+// ---- a lease goes where the trainer already runs (its node, the GPUs it sees) ----
 
 std::string device_of(const Engine& e, int64_t lease_id, size_t at = 0) {
   const Lease* lease = e.find(lease_id);
@@ -1413,7 +1413,7 @@ TEST(EnginePinning, RandomPinnedRequestsKeepTheInvariants) {
   EXPECT_GT(granted_pinned, 20);
 }
 
-// Issue 30: a wall-clock step, as the service reports it (QuotaService follows the monotonic clock).
+// A wall-clock step, as the service reports it (QuotaService follows the monotonic clock).
 Policy six_second_ttl_policy() {
   Policy policy = testing::example_policy();
   policy.ttl_s = 6;
@@ -1509,7 +1509,7 @@ TEST(Engine, AHeartbeatGapOfTwoHoursBillsAtMostOneInterval) {
   expect_sound(e, t0 + 5 * kHour);
 }
 
-// ---- issue 30: the loaded state against the inventory, and the privileged channel's size ----
+// ---- the loaded state against the inventory, and the privileged channel's size ----
 
 // The engine's leases as the store keeps them (devices by "node:index"), for a restore under another policy.
 std::vector<Lease> stored_leases(const Engine& e) {
@@ -1530,7 +1530,7 @@ Policy renamed(const std::string& from, const std::string& to) {
   return p;
 }
 
-// Non-critical GPUs held (the figure issue 30 saw at 21 of 17).
+// Non-critical GPUs held (a figure once seen at 21 of 17).
 int held_gpus(const Engine& e, int64_t now) {
   std::set<int> held;
   for (const auto& [id, lease] : e.leases()) {

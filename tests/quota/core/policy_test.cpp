@@ -157,7 +157,7 @@ TEST(Policy, ErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("teams.t.burst"), std::string::npos) << e;
 }
 
-// Each bad value below was accepted before issue 15; every error names the file, the line and the key.
+// Each bad value below was once accepted; every error names the file, the line and the key.
 TEST(PolicyValidation, NonFiniteNumbersAreRefused) {
   std::string e = error_of(minimal() + "emergency_pool: .nan\n");
   EXPECT_NE(e.find("test.yaml:11: emergency_pool"), std::string::npos) << e;
@@ -202,7 +202,7 @@ TEST(PolicyValidation, RangesAreChecked) {
   EXPECT_NE(e.find("test.yaml:13: leases.heartbeat_interval_s"), std::string::npos) << e;
 }
 
-// Issue 19's scheduling keys: fair_share.half_life_h, teams.<t>.share and teams.<t>.max_gpus_per_user.
+// The scheduling keys: fair_share.half_life_h, teams.<t>.share and teams.<t>.max_gpus_per_user.
 TEST(PolicyValidation, SchedulingKeysAreReadAndChecked) {
   const Policy p = load_policy_from_string(
       minimal("    share: 3\n    max_gpus_per_user: 2\n") + "fair_share: {half_life_h: 168}\n", "test.yaml");
@@ -346,7 +346,7 @@ TEST(PolicyReload, TheSummaryNamesWhatChangedAndTheRefusalWhatNeedsARestart) {
   EXPECT_NE(reload_refusal(before, waste).find("waste: changed"), std::string::npos);
 }
 
-// Issue 15: the deployment mounts the token hashes as a Secret and names it in QUOTAD_TOKENS_FILE.
+// The deployment mounts the token hashes as a Secret and names it in QUOTAD_TOKENS_FILE.
 TEST(PolicyValidation, TokenHashesComeFromTheTokensFile) {
   const std::string policy =
       "inventory:\n  nodes:\n    - {name: n1, gpus: 4, memory_gib: 24}\n"
@@ -433,7 +433,7 @@ TEST(PolicyValidation, GpuUuidsAreOnePerGpuUniqueAndWellFormed) {
   EXPECT_FALSE(is_gpu_uuid("MIG-GPU-5b1a3c7e-0d2f-4e61-9a8b-1c2d3e4f5a62/1"));
 }
 
-// The example policy limits shared leases to the small models (issue 16).
+// The example policy limits shared leases to the small models.
 TEST(Policy, ExampleSharesGpusOnlyForSmallModels) {
   const Policy p = testing::example_policy();
   EXPECT_EQ(p.shared_models, (std::vector<std::string>{"yolov8n", "yolov8s"}));
@@ -442,7 +442,7 @@ TEST(Policy, ExampleSharesGpusOnlyForSmallModels) {
   for (const auto& model : p.shared_models) EXPECT_TRUE(p.memory_table.has(model)) << model;
 }
 
-// issue 30: the privileged channel is sized by policy; absent it is the emergency pool (a member's emergency
+// The privileged channel is sized by policy; absent it is the emergency pool (a member's emergency
 // takes no more than the pool would have held), and a bad value names the file, line and key.
 TEST(Policy, EmergencyMaxGpusPerRequestDefaultsToThePoolAndIsChecked) {
   Policy absent = load_policy_from_string(minimal() + "emergency_pool: 0.25\n", "test.yaml");

@@ -1,4 +1,4 @@
-// Chaos and security suite of issue 15 (label integration; run alone with --gtest_filter='QuotaChaos.*'):
+// Chaos and security suite (label integration; run alone with --gtest_filter='QuotaChaos.*'):
 // a storage stall, restarts after long quiet periods, hostile clients on loopback.
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -48,7 +48,7 @@ double ms_since(Steady::time_point start) {
   return std::chrono::duration<double, std::milli>(Steady::now() - start).count();
 }
 
-// Issue 15, failure 2: another process holds the write lock. Before: the acquire blocked 30 s, answered 503,
+// Another process holds the write lock. Before: the acquire blocked 30 s, answered 503,
 // yet the lease was granted in memory, its audit row was missing for good, and a heartbeating lease expired.
 TEST(QuotaChaos, AStorageStallLeavesNoPhantomStateNoAuditGapAndNoExpiredLease) {
   const std::string db = temp_db("chaos_stall");
@@ -167,7 +167,7 @@ struct Served {
   json audit() { return call("GET", "/v1/audit?limit=1000", "admin-token").body["audit"]; }
 };
 
-// Issue 15, failure 6: a lead approved their own yolov8x request.
+// A lead approved their own yolov8x request.
 TEST(QuotaChaos, NobodyApprovesTheirOwnRequest) {
   Served served;
   const ApiResponse asked =
@@ -181,7 +181,7 @@ TEST(QuotaChaos, NobodyApprovesTheirOwnRequest) {
   EXPECT_EQ(admin_ok.status, 200) << admin_ok.body.dump();
 }
 
-// Issue 15, failure 6: an admin acquiring for alice was audited as alice; a user outside the policy was granted.
+// An admin acquiring for alice was audited as alice; a user outside the policy was granted.
 TEST(QuotaChaos, ActingOnBehalfIsAuditedWithBothNamesAndUnknownUsersAreRefused) {
   Served served;
   const ApiResponse for_alice =
@@ -208,8 +208,8 @@ TEST(QuotaChaos, ActingOnBehalfIsAuditedWithBothNamesAndUnknownUsersAreRefused) 
   EXPECT_EQ(wrong_team.status, 403) << wrong_team.body.dump();
 }
 
-// Issue 15, failure 6: 29,594 token guesses in 3 s, no throttling, no audit row.
-// Issue 30, item 1: the block was per address, so wrong tokens from the address trainers share (a TLS
+// 29,594 token guesses in 3 s, no throttling, no audit row.
+// The block was per address, so wrong tokens from the address trainers share (a TLS
 // proxy, a NAT) locked out every valid token there. Now a wrong token is throttled per (address, token).
 TEST(QuotaChaos, FailedAuthenticationIsThrottledPerAddressAndTokenAndAuditedInAggregate) {
   Served served;
@@ -296,7 +296,7 @@ TEST(QuotaChaos, DistinctWrongTokensFromOneAddressAreThrottledWhileValidTokensTh
   EXPECT_EQ(served.call("GET", "/v1/teams", "alice-token", "", guesser).status, 200);
 }
 
-// Issue 15, failure 6: a NUL byte in a justification cut the audit text while the lease kept the rest.
+// A NUL byte in a justification cut the audit text while the lease kept the rest.
 TEST(QuotaChaos, ControlCharactersInFreeTextAreRefusedNamingTheField) {
   Served served;
   ApiResponse answer =
@@ -315,7 +315,7 @@ TEST(QuotaChaos, ControlCharactersInFreeTextAreRefusedNamingTheField) {
   EXPECT_EQ(note.body["reason"].get<std::string>().rfind("note: ", 0), 0u) << note.body.dump();
 }
 
-// Issue 15, failure 6: POST /metrics and POST /healthz answered 200 (the service's routes; the pages are the
+// POST /metrics and POST /healthz answered 200 (the service's routes; the pages are the
 // HTTP server's and covered on loopback).
 TEST(QuotaChaos, ReadOnlyRoutesAnswer405WithAllow) {
   Served served;
@@ -334,7 +334,7 @@ TEST(QuotaChaos, ReadOnlyRoutesAnswer405WithAllow) {
   EXPECT_EQ(served.call("GET", "/v1/nothing", "alice-token").status, 404);
 }
 
-// Issue 15, failure 8: one member queued 1,200 requests.
+// One member queued 1,200 requests.
 TEST(QuotaChaos, APerUserCapOnQueuedRequestsAnswers429) {
   Policy policy = testing::example_policy();
   policy.max_queued_per_user = 3;
@@ -391,7 +391,7 @@ int64_t resident_kib() {
   return 0;
 }
 
-// Issue 15, failure 1: 80 sockets each sending a byte every few seconds starved /healthz and the heartbeats
+// 80 sockets each sending a byte every few seconds starved /healthz and the heartbeats
 // for ~24 s and a healthy lease expired. Here: 80 drips (from another loopback address, so the per-address
 // limit is not what saves us) against a lease with a 3 s TTL that heartbeats every second.
 TEST(QuotaChaos, SlowDripConnectionsStarveNeitherHeartbeatsNorHealthz) {
@@ -453,7 +453,7 @@ TEST(QuotaChaos, SlowDripConnectionsStarveNeitherHeartbeatsNorHealthz) {
   server.stop();
 }
 
-// Issue 15, failure 1: four 40 MB header blocks (or 400,000 headers) were answered 200 and resident memory
+// Four 40 MB header blocks (or 400,000 headers) were answered 200 and resident memory
 // grew from 12 MB to 762 MB for good.
 TEST(QuotaChaos, HugeOrManyHeadersGet431AndMemoryStaysBounded) {
   QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
@@ -494,7 +494,7 @@ TEST(QuotaChaos, HugeOrManyHeadersGet431AndMemoryStaysBounded) {
   server.stop();
 }
 
-// Issue 15: per-address connection limit, and 405 from the read-only pages for every other method.
+// Per-address connection limit, and 405 from the read-only pages for every other method.
 TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
   QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
   ServerOptions options;
@@ -531,7 +531,7 @@ TEST(QuotaChaos, PerClientConnectionLimitAnd405OnReadOnlyPages) {
   server.stop();
 }
 
-// Issue 30, item 1: a connection that presented a valid token no longer counts against its address's cap,
+// A connection that presented a valid token no longer counts against its address's cap,
 // so idle sockets from the same address cannot push it out; the idle ones make room among themselves.
 TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForIdleSocketsFromItsAddress) {
   QuotaService service(load_policy_from_string(short_ttl_policy(), "short.yaml"), ServiceOptions{});
@@ -571,7 +571,7 @@ TEST(QuotaChaos, AnAuthenticatedConnectionIsNeverEvictedForIdleSocketsFromItsAdd
   server.stop();
 }
 
-// Issue 30, item 6: when every unauthenticated connection of an address has an answer in flight (clients that
+// When every unauthenticated connection of an address has an answer in flight (clients that
 // pipeline and never read), none is idle to make room. Before, the newcomer was refused at once, before it could
 // show its token: a trainer behind the proxy was locked out. Now it is admitted on probation: served with a valid
 // token, 429 without one.
@@ -673,7 +673,7 @@ TrainerRun heartbeat_under(const std::string& policy, ServerOptions options, int
   return run;
 }
 
-// Issue 30, item 1: 100 wrong tokens a second from the address the trainers share. Before: the address was
+// 100 wrong tokens a second from the address the trainers share. Before: the address was
 // blocked after 5 failures (growing to 60 s), every heartbeat got 429 and the 6 s-TTL lease expired.
 TEST(QuotaChaos, WrongTokensFromTheTrainersOwnAddressNeverThrottleTheTrainer) {
   std::atomic<int> attacker_throttled{0};
@@ -720,7 +720,7 @@ TEST(QuotaChaos, DistinctWrongTokensFromTheTrainersOwnAddressNeverThrottleTheTra
   EXPECT_GT(attacker_throttled.load(), 200);
 }
 
-// Issue 30, item 1: 32 idle sockets from the trainers' address. Before: every further connection from it got
+// 32 idle sockets from the trainers' address. Before: every further connection from it got
 // 429, heartbeats included, and the lease expired. Here 40 idle sockets, reopened as soon as one is closed.
 TEST(QuotaChaos, IdleSocketsFromTheTrainersAddressLeaveHeartbeatsAnswered) {
   std::atomic<int> evicted{0};
@@ -748,7 +748,7 @@ TEST(QuotaChaos, IdleSocketsFromTheTrainersAddressLeaveHeartbeatsAnswered) {
   EXPECT_GT(evicted.load(), 0) << "the idle sockets were never capped";
 }
 
-// Issue 30, item 2: clients that pipeline requests and never read their answers. Before (the request gate),
+// Clients that pipeline requests and never read their answers. Before (the request gate),
 // each blocked write held a heartbeat worker for 10 s and a 6 s-TTL lease expired. Now libmicrohttpd writes
 // without blocking and a worker only builds the answer: four such clients, on the fast lane's routes too,
 // hold no worker.
@@ -789,7 +789,7 @@ TEST(QuotaChaos, FourSlowReadersPipeliningLoseNoLease) {
   EXPECT_TRUE(run.granted_at_end) << "the lease expired";
 }
 
-// Issue 15, failure 7: team-interns (base 2) held all 17 non-pool GPUs through 68 shared leases while counting
+// Team-interns (base 2) held all 17 non-pool GPUs through 68 shared leases while counting
 // as 1.33 GPUs; team-cv stayed queued below its base and nothing was preempted.
 TEST(QuotaChaos, SixtyEightSharedLeasesHoldNoMoreThanTheBaseAndEveryTeamReachesItsOwn) {
   FakeClock clock;
@@ -819,7 +819,7 @@ TEST(QuotaChaos, SixtyEightSharedLeasesHoldNoMoreThanTheBaseAndEveryTeamReachesI
   EXPECT_TRUE(service.check_invariants().empty());
 }
 
-// Issue 15, failure 8: one member queued 1,200 requests; heartbeats took 7.9 s and 13.4 s and the status page
+// One member queued 1,200 requests; heartbeats took 7.9 s and 13.4 s and the status page
 // 1.2 s (the queue position was recomputed by re-sorting for every row).
 TEST(QuotaChaos, AQueueOfTwelveHundredKeepsHeartbeatsTicksAndTheStatusPageFast) {
   FakeClock clock;
@@ -861,7 +861,7 @@ TEST(QuotaChaos, AQueueOfTwelveHundredKeepsHeartbeatsTicksAndTheStatusPageFast) 
   EXPECT_LT(worst_tick_ms, 500);
   EXPECT_LT(page_ms, 1000);
   EXPECT_NE(page.find("team-robotics uses 6.0 of the 6.0"), std::string::npos);
-  EXPECT_NE(page.find("; fair share "), std::string::npos);  // issue 19: the reason shows the fair-share standing
+  EXPECT_NE(page.find("; fair share "), std::string::npos);  // the reason shows the fair-share standing
 }
 
 }  // namespace

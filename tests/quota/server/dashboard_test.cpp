@@ -208,7 +208,7 @@ TEST(QuotadDashboard, UnitsAPersonReadsWithoutGuessing) {
 }
 
 // A share of a whole (utilisation, credit used) scales to 100 %: without `max`, Grafana scales a bar gauge to its
-// largest value, so the heaviest member's bar looks full however far under the credit it is (issue 30).
+// largest value, so the heaviest member's bar looks full however far under the credit it is.
 TEST(QuotadDashboard, SharesScaleToAWhole) {
   const json d = load_dashboard();
   int shares = 0;

@@ -137,7 +137,7 @@ TEST(QuotaLoopback, TwoHundredConcurrentAcquiresNeverOverAllocate) {
           body["gpus"] = 1 + i % 3;
         }
         if (i % 7 == 0) body["priority"] = "high";
-        if (i % 4 == 1) body["node"] = i % 8 == 1 ? "n1" : "n2";  // pinned where the trainer runs (issue 16)
+        if (i % 4 == 1) body["node"] = i % 8 == 1 ? "n1" : "n2";  // pinned where the trainer runs
         const int st = post(c, "/v1/leases", i % 2 ? "alice-token" : "bob-token", body.dump());
         (st == 201 ? granted : st == 202 ? queued : other)++;
       });
@@ -513,7 +513,7 @@ TEST(QuotaLoopback, ClientSelfFencesWhenQuotadIsUnreachable) {
   q.stop_heartbeats();
 }
 
-// Issue 29: TLS end to end. The test makes a CA and a server certificate for 127.0.0.1 (openssl CLI), runs the
+// TLS end to end. The test makes a CA and a server certificate for 127.0.0.1 (openssl CLI), runs the
 // quotad binary with --tls-cert/--tls-key, and a client given quota=https://… and the CA file acquires,
 // heartbeats and releases; a client without the CA, or speaking plain HTTP, gets nothing.
 TEST(QuotaLoopback, HttpsWithTheCaFileAcquiresHeartbeatsAndReleasesAndWithoutItIsRefused) {

@@ -1,4 +1,4 @@
-// The journal's advice (issue 30): each rule on a hand-made month, then a scripted month in a real quotad database
+// The journal's advice: each rule on a hand-made month, then a scripted month in a real quotad database
 // whose journal names the wasteful job, the team over its base and the member near the credit with their figures.
 #include "quota/server/journal_advice.h"
 

@@ -1,5 +1,5 @@
-// Loopback tests of the ledger's endpoints (issue 19): loan applications, contribution credits, balances, with
-// the hardening rules of issue 15 (authentication, roles, validation, 405, limits, audit) and a restart.
+// Loopback tests of the ledger's endpoints: loan applications, contribution credits, balances, with
+// the hardening rules (authentication, roles, validation, 405, limits, audit) and a restart.
 #include <httplib.h>
 
 #include <gtest/gtest.h>

@@ -72,7 +72,7 @@ TEST(QuotadMetricsLive, PromtoolAcceptsTheExpositionAndTheGpusAddUp) {
 
 TEST(QuotadMetricsLive, PromtoolRejectsTheOldNames) {
   if (!have_promtool()) GTEST_SKIP() << "promtool is not installed (Debian package `prometheus`)";
-  // the check above can fail: the names issue 18 found are refused by the same command
+  // the check above can fail: names once shipped by mistake are refused by the same command
   const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/old_metrics_" + std::to_string(::getpid()) + ".txt";

@@ -156,7 +156,7 @@ TEST(QuotadMetrics, WasteListSurvivesARestart) {
               (0.15 * 30 + 0.80 * 60) / 90, 1e-9);
 }
 
-// The audit chain's head (issue 30) is exported, as written and after a restart, equal to what
+// The audit chain's head is exported, as written and after a restart, equal to what
 // `quotad audit --verify` recomputes from the database: an external copy of it can be compared.
 TEST(QuotadMetrics, TheAuditChainHeadIsExported) {
   const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";

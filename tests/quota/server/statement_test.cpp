@@ -178,7 +178,7 @@ StatementMember with_balance(const std::string& user, double balance, double gra
   return member;
 }
 
-// Ranked as printed (issue 30): 12.04, 12.03 and 12.02 all print 12.0, so they share the 2nd place and the next
+// Ranked as printed: 12.04, 12.03 and 12.02 all print 12.0, so they share the 2nd place and the next
 // member is 5th; before, the ranking compared three decimals and printed one (2nd, 2nd, 4th on the same "12.0").
 TEST(QuotadStatement, MembersWithTheSamePrintedBalanceShareARank) {
   std::vector<StatementMember> members = {with_balance("erin", 11.9), with_balance("carol", 12.03),

@@ -91,7 +91,7 @@ TEST(QuotadStatusPage, EmptyServiceAndEscaping) {
   EXPECT_EQ(format_duration_ms(3 * 3600000 + 5 * 60000), "3 h 05 min");
 }
 
-// Hovering a running lease's GPUs shows where it runs and how it was matched to what the trainer sees (issue 16).
+// Hovering a running lease's GPUs shows where it runs and how it was matched to what the trainer sees.
 TEST(QuotadStatusPage, RunningLeaseNamesItsGpusAndTheirMatch) {
   ServiceOptions o;
   o.clock = [] { return testing::kMonday; };

@@ -90,7 +90,7 @@ TEST(QuotaService, RestartRestoresEveryLeaseApprovalAndAudit) {
   for (size_t i = 0; i < audit.size(); ++i) EXPECT_EQ(audit[i]["seq"], static_cast<int64_t>(i) + 1);
 }
 
-// Issue 30: quotad restarted with node-b gone from the inventory (here: named node-z, without UUIDs to match).
+// Quotad restarted with node-b gone from the inventory (here: named node-z, without UUIDs to match).
 // Its leases end at start, audited and stored before anything is served: a second restart loads them ended,
 // and the cluster is granted again without counting a GPU twice. A member's critical request for all 20 GPUs is
 // refused with the policy key; nothing is revoked.
@@ -145,7 +145,7 @@ TEST(QuotaService, ARestartWithoutANodeEndsItsLeasesAuditedAndStored) {
   for (const json& lease : leases) EXPECT_NE(lease["state"], "revoking") << lease.dump();
 }
 
-// Issue 15: after a restart where the newest leases ended long ago (so none is loaded into memory), the next
+// After a restart where the newest leases ended long ago (so none is loaded into memory), the next
 // lease and approval ids still continue the sequence instead of overwriting old rows.
 TEST(QuotaService, IdsAreNeverReusedAfterOldLeasesLeaveMemory) {
   const std::string db = temp_db("ids");
@@ -299,7 +299,7 @@ TEST(QuotaService, IdempotencyKeyHeaderReplaysTheLease) {
   EXPECT_EQ(s.handle(r).status, 400);
 }
 
-// Issue 19: GET /v1/queue lists the queue in order with each request's reason and fair-share standing.
+// GET /v1/queue lists the queue in order with each request's reason and fair-share standing.
 TEST(QuotaService, QueueRouteListsTheOrderWithReasons) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
   for (int i = 0; i < 6; ++i) ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", "{}")).status, 201);
@@ -334,7 +334,7 @@ TEST(QuotaService, MetricsExposeTeamsAndStates) {
   EXPECT_NE(m.find("quotad_member_gpu_seconds{month="), std::string::npos) << m;
 }
 
-// Issue 16: through the API, a node or GPU UUID the inventory contradicts is a 400 naming it; a matched lease
+// Through the API, a node or GPU UUID the inventory contradicts is a 400 naming it; a matched lease
 // shows its GPUs' UUIDs, and keeps them across a restart.
 TEST(QuotaService, PinnedRequestsAreMatchedOrRefusedWithTheReason) {
   const std::string db = temp_db("pinned");
@@ -375,7 +375,7 @@ TEST(QuotaService, PinnedRequestsAreMatchedOrRefusedWithTheReason) {
   EXPECT_TRUE(errors.empty()) << errors.front();
 }
 
-// Issue 29: one route table. A method the path does not answer gets 405 with the table's methods in Allow.
+// One route table. A method the path does not answer gets 405 with the table's methods in Allow.
 TEST(QuotaRoutes, AnUnansweredMethodGets405WithAllowFromTheTable) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -395,7 +395,7 @@ TEST(QuotaRoutes, AnUnansweredMethodGets405WithAllowFromTheTable) {
   EXPECT_EQ(s.handle(api_call("GET", "/healthz", "")).status, 200);
 }
 
-// Issue 29: the heartbeat lane came from a request-line prefix, so POST /v1/leases/?x=/heartbeat reached the
+// The heartbeat lane came from a request-line prefix, so POST /v1/leases/?x=/heartbeat reached the
 // heartbeat workers and acquired a lease there. The lane is the table's now, decided on the path alone.
 TEST(QuotaRoutes, OnlyTheHeartbeatAndTheProbesTakeTheFastLane) {
   EXPECT_EQ(QuotaService::match_route("POST", "/v1/leases/").lane(), RouteLane::kApi);
@@ -418,7 +418,7 @@ TEST(QuotaRoutes, OnlyTheHeartbeatAndTheProbesTakeTheFastLane) {
   EXPECT_EQ(s.handle(api_call("POST", "/v1/leases/?x=/heartbeat", "nope", "{}")).status, 401);
 }
 
-// Issue 29: the heartbeat's authorization was a copy of can_act's rule on the server's path (answered from the
+// The heartbeat's authorization was a copy of can_act's rule on the server's path (answered from the
 // board); one rule now, and both paths answer alike: the holder, a lead of its team and an admin may beat,
 // a teammate and another team's member may not.
 TEST(QuotaRoutes, HeartbeatAuthorizationIsOneRuleOnTheBoardAndUnderTheLock) {
@@ -445,7 +445,7 @@ TEST(QuotaRoutes, HeartbeatAuthorizationIsOneRuleOnTheBoardAndUnderTheLock) {
   }
 }
 
-// Issue 30, for free with the table: a 404 or 405 names neither the caller's path nor its method, so a long
+// For free with the table: a 404 or 405 names neither the caller's path nor its method, so a long
 // path gets a short answer.
 TEST(QuotaRoutes, RefusalsDoNotEchoThePath) {
   QuotaService s(testing::example_policy(), ServiceOptions{});
@@ -462,7 +462,7 @@ TEST(QuotaRoutes, RefusalsDoNotEchoThePath) {
   }
 }
 
-// Issue 29: the route list in quota/README.md is the table, line for line.
+// The route list in quota/README.md is the table, line for line.
 TEST(QuotaRoutes, ReadmeListsTheRouteTable) {
   std::ifstream readme(std::string(yolo8::test::kSourceDir) + "/quota/README.md");
   ASSERT_TRUE(readme) << "quota/README.md";
@@ -485,7 +485,7 @@ TEST(QuotaRoutes, ReadmeListsTheRouteTable) {
   EXPECT_EQ(listed, table);
 }
 
-// Issue 30: the wall clock steps by `step_ms` while the monotonic clock runs on; the server ticks every second
+// The wall clock steps by `step_ms` while the monotonic clock runs on; the server ticks every second
 // (outage detection as the server sets it). ttl 6 s.
 struct SteppedClocks {
   Clock wall;
@@ -566,7 +566,7 @@ TEST(QuotaService, AfterTheClockStepsForwardAnEightGpuLeaseIsBilledItsRealSecond
   EXPECT_EQ(count_audit(s, "quotad.outage"), 0);
 }
 
-// Issue 30: the utilisation tracker follows a step too. A lease at 5 % utilisation heartbeats every second for
+// The utilisation tracker follows a step too. A lease at 5 % utilisation heartbeats every second for
 // 3 s, the wall clock steps by ±2 h, 3 more: its samples cover 5 s and it has been low for 5 s (before the fix a
 // step forward counted 2 h of low time, and a step back dropped every later sample as out of order).
 TEST(QuotaService, AClockStepMovesTheUtilisationTrackersTimesToo) {
@@ -595,7 +595,7 @@ TEST(QuotaService, AClockStepMovesTheUtilisationTrackersTimesToo) {
   }
 }
 
-// Issue 30: local mode (each call reloads the shared database) follows a step too, once for all its processes:
+// Local mode (each call reloads the shared database) follows a step too, once for all its processes:
 // the wall clock's offset against the monotonic clock is kept in the database. Before, a step forward expired
 // every lease at the next call (2 h without a heartbeat), and after a step back a dead job's lease stayed 2 h.
 TEST(QuotaService, LocalModeFollowsAClockStepOnceAcrossItsProcesses) {

@@ -102,7 +102,7 @@ TEST(QuotaStore, WritesStatesInTheSameTextFormAsBefore) {
   EXPECT_EQ(query_text(path, "SELECT json_extract(body, '$.state') FROM approvals WHERE id = 1"), "cancelled");
 }
 
-// issue 30: rows that parse but break invariants, edited into the database behind quotad's back (a second
+// Rows that parse but break invariants, edited into the database behind quotad's back (a second
 // lease on lease 1's GPU, a lease of 500 GPUs). After a restart each is in the quarantine table with why, gone
 // from the leases, audited; the first lease keeps its GPU; a second restart finds nothing more to do.
 TEST(QuotaStore, RowsThatBreakInvariantsAreQuarantinedAtLoadWithAnAuditEntry) {
@@ -182,7 +182,7 @@ TEST(QuotaStore, AnUnknownStoredStateIsAnErrorNamingTableRowAndField) {
       << approval_error;
 }
 
-// Issue 15: a lease row whose JSON does not parse stops the load naming the table, the row id and the column;
+// A lease row whose JSON does not parse stops the load naming the table, the row id and the column;
 // repair_database keeps a copy, sets the row aside whole and touches nothing else.
 TEST(QuotaStore, ARowThatDoesNotParseIsNamedAndRepairSetsItAside) {
   const std::string path = temp_db("bad_json");
@@ -212,7 +212,7 @@ TEST(QuotaStore, ARowThatDoesNotParseIsNamedAndRepairSetsItAside) {
   std::filesystem::remove(report.backup);
 }
 
-// Issue 15: a file with a page of garbage is refused at open (before the fix quotad served on it).
+// A file with a page of garbage is refused at open (before the fix quotad served on it).
 TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
   const std::string path = temp_db("garbage_page");
   {
@@ -239,7 +239,7 @@ TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
     EXPECT_NE(message.find("damaged"), std::string::npos) << message;
     EXPECT_NE(message.find("quick_check"), std::string::npos) << message;
   }
-  // without a backup, repair-db keeps what the file still yields and records what it lost (issue 30)
+  // without a backup, repair-db keeps what the file still yields and records what it lost
   const RepairReport report = repair_database(path, kMonday);
   EXPECT_TRUE(report.restored_from.empty());
   ASSERT_FALSE(report.salvaged.empty());
@@ -254,7 +254,7 @@ TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
   }
 }
 
-// Issue 15: a hole in the audit sequence stops the load naming the first missing entry; repair records it.
+// A hole in the audit sequence stops the load naming the first missing entry; repair records it.
 TEST(QuotaStore, AnAuditGapIsFoundAtStartAndRecordedByRepair) {
   const std::string path = temp_db("audit_gap");
   { Store create(path); }
@@ -444,7 +444,7 @@ TEST(QuotaStore, TheProcessGpuMemoryOfTheLastHeartbeatSurvivesARestart) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The audit log's hash chain (issue 30): with the append-only triggers dropped, a deleted or edited entry is named.
+// The audit log's hash chain: with the append-only triggers dropped, a deleted or edited entry is named.
 
 AuditEntry entry(int64_t seq, const std::string& detail) {
   AuditEntry e;
@@ -582,7 +582,7 @@ TEST(QuotaAuditChain, TheCommandNamesTheBrokenEntryAndFails) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Online backups and the repair that uses them (issue 30).
+// Online backups and the repair that uses them.
 
 void add_audit_rows(const std::string& path, int from, int to) {
   std::string rows = "BEGIN;";
@@ -930,7 +930,7 @@ TEST(QuotaStoreReader, ReadsBackWhatTheStoreWrote) {
   EXPECT_EQ(reader.audit("", all.front().seq).size(), all.size() - 1);
 }
 
-// A database no quotad of issue 19 has opened has no loans or grants tables: nothing was lent or granted.
+// A database from before the ledger has no loans or grants tables: nothing was lent or granted.
 TEST(QuotaStoreReader, ADatabaseOlderThanTheLedgerHasNoLoansOrGrants) {
   const std::string path = temp_db("reader_before_ledger");
   { Store create(path); }

@@ -1,4 +1,4 @@
-// The trainer's lease against the real services (issue 16), on CPU where the counting allocator enforces the
+// The trainer's lease against the real services, on CPU where the counting allocator enforces the
 // budget: batch=-1 sized to the memory of the leased GPU through a quotad process, and two trainers sharing one
 // GPU of the local quota, each capped to its share.
 #include <sys/wait.h>

@@ -308,7 +308,7 @@ TEST(Settings, UnimplementedSettingsAreRefused) {
   EXPECT_NO_THROW(resolve_settings({{"profile", "false"}, {"label_smoothing", "0"}}, "train"));
 }
 
-// quotad serves HTTPS (issue 29) and the client verifies it against $YOLO8_QUOTA_CA_FILE: https:// is taken; another
+// quotad serves HTTPS and the client verifies it against $YOLO8_QUOTA_CA_FILE: https:// is taken; another
 // scheme is refused here, before the dataset scan and the model build.
 TEST(Settings, QuotaTakesHttpsAndRefusesOtherSchemesUpFront) {
   EXPECT_EQ(resolve_settings({{"quota", "https://quotad:8470"}}, "train").lease.quota, "https://quotad:8470");

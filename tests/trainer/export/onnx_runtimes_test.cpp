@@ -24,7 +24,7 @@
 namespace yolo8 {
 namespace {
 
-constexpr double kRelTol = 1e-3;  // issue 17
+constexpr double kRelTol = 1e-3;
 
 struct Case {
   int64_t height, width, opset;
