@@ -1,5 +1,6 @@
 // `quotad memory-table --observed` on a database of real heartbeats: one table per device, precision and LibTorch
-// version, the version named in the provenance; `quotad serve`'s TLS flags refused when they cannot work.
+// version, the version named in the provenance; `quotad serve`'s TLS flags refused when they cannot work; the
+// exit-code contract yolo8 and quotad share (common/exit_codes.h).
 #include <httplib.h>
 #include <sys/wait.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "quota/core/policy.h"
 #include "quota/store/store.h"
 #include "tests/quota/quota_test_util.h"
@@ -259,6 +261,35 @@ TEST(QuotadServe, TheBackupAgeIsExported) {
   EXPECT_GE(age, 0);
   EXPECT_LT(age, 30);
   EXPECT_TRUE(quotad.stop());
+}
+
+// quotad keeps the exit-code contract of yolo8 (common/exit_codes.h): 0 done, 2 for what retrying cannot change (a
+// bad flag, policy or value, a database the command cannot use, a request the server refused as such), 1 for the
+// rest (an unreachable server, a broken audit chain).
+TEST(QuotadExitCodes, FollowTheContractYolo8Shares) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string out = dir + "/exit_codes.out", err = dir + "/exit_codes.err";
+  EXPECT_EQ(quotad("--help", out, err), kExitCompleted);
+  EXPECT_EQ(quotad("", out, err), kExitBadInput);
+  EXPECT_EQ(quotad("serve --no-such-flag", out, err), kExitBadInput);
+  EXPECT_NE(read_text(err).find("--no-such-flag"), std::string::npos) << read_text(err);
+  EXPECT_EQ(quotad("serve --threads 1", out, err), kExitBadInput);
+  const std::string policy = dir + "/exit_codes_policy.yaml";
+  std::ofstream(policy) << "gpus: lots\n";
+  EXPECT_EQ(quotad("check-policy " + policy, out, err), kExitBadInput);
+  EXPECT_NE(read_text(err).find(policy), std::string::npos) << read_text(err);
+  EXPECT_EQ(quotad("report --month 2026-13 --db " + testing::temp_db("exit_codes"), out, err), kExitBadInput);
+  EXPECT_NE(read_text(err).find("--month"), std::string::npos) << read_text(err);
+  EXPECT_EQ(quotad("report --quarter 2026-Q1 --month 2026-01", out, err), kExitBadInput);
+  EXPECT_EQ(quotad("teams --server http://127.0.0.1:1", out, err), kExitFailure);
+  EXPECT_NE(read_text(err).find("cannot reach http://127.0.0.1:1"), std::string::npos) << read_text(err);
+
+  yolo8::test::QuotadProcess server;
+  ASSERT_TRUE(server.start(testing::example_policy_path(), testing::temp_db("exit_codes_served"),
+                           dir + "/exit_codes_served.log"));
+  EXPECT_EQ(quotad("teams --server " + server.url() + " --token not-a-token", out, err), kExitBadInput);
+  EXPECT_NE(read_text(err).find("HTTP 401"), std::string::npos) << read_text(err);
+  EXPECT_TRUE(server.stop());
 }
 
 }  // namespace

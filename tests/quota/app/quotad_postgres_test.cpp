@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/exit_codes.h"
 #include "tests/quota/postgres_cluster.h"
 #include "tests/quota/quota_test_util.h"
 #include "tests/quota/quotad_process.h"
@@ -60,12 +61,12 @@ TEST(QuotadPostgres, ServesRestartsAndVerifiesItsAuditLog) {
 TEST(QuotadPostgres, BackupAndRepairAreRefusedNamingPostgresOwnMeans) {
   const std::string url = "postgresql://quotad@db.example/quota";
   const std::string out = test_dir() + "/pg_refused.out";
-  EXPECT_EQ(run_quotad({"backup", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"backup", "--db", url}, out), kExitBadInput);
   EXPECT_NE(read_text(out).find("backup: --db names a PostgreSQL database: back it up with pg_dump"), std::string::npos)
       << read_text(out);
-  EXPECT_EQ(run_quotad({"repair-db", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"repair-db", "--db", url}, out), kExitBadInput);
   EXPECT_NE(read_text(out).find("repair-db: --db names a PostgreSQL database: "), std::string::npos) << read_text(out);
-  EXPECT_EQ(run_quotad({"report", "--month", "2026-11", "--db", url}, out), 1);
+  EXPECT_EQ(run_quotad({"report", "--month", "2026-11", "--db", url}, out), kExitBadInput);
   EXPECT_NE(read_text(out).find("the reports read a SQLite database only"), std::string::npos) << read_text(out);
 }
 
