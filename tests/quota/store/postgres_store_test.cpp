@@ -1,11 +1,16 @@
 #include "quota/store/postgres_store.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <thread>
 
 #include "tests/quota/postgres_cluster.h"
@@ -165,6 +170,40 @@ TEST(QuotaPostgresSchema, AServerThatCannotBeReachedIsNamed) {
   const std::string url = "postgresql:///quota?host=/nonexistent&user=postgres";
   const std::string error = open_error(url);
   EXPECT_EQ(error.rfind(url + ": cannot connect to the quota database: ", 0), 0u) << error;
+}
+
+// The throwaway cluster of a test binary that crashes (no destructor runs) is stopped and its folder removed once
+// the binary is gone, so a crash leaves no PostgreSQL running behind it.
+TEST(QuotaPostgresCluster, TheClusterOfACrashedTestBinaryIsStoppedAndRemoved) {
+  int channel[2];
+  ASSERT_EQ(pipe2(channel, O_CLOEXEC), 0);  // the cluster the child starts must not hold the pipe open
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(channel[0]);
+    auto* cluster = new PostgresCluster();  // never deleted: the crash
+    const std::string url = cluster->url("postgres");
+    const bool written = write(channel[1], url.data(), url.size()) == static_cast<ssize_t>(url.size());
+    _exit(written ? 0 : 1);
+  }
+  close(channel[1]);
+  std::string url;
+  char buffer[512];
+  for (ssize_t got; (got = read(channel[0], buffer, sizeof buffer)) > 0;) url.append(buffer, static_cast<size_t>(got));
+  close(channel[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not start a cluster";
+  const auto host = url.find("host=");
+  ASSERT_NE(host, std::string::npos) << url;
+  const std::filesystem::path folder = url.substr(host + 5, url.find('&', host) - host - 5);
+  ASSERT_TRUE(std::filesystem::exists(folder)) << folder;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::filesystem::exists(folder) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(std::filesystem::exists(folder)) << folder << " outlived the crashed binary";
+  EXPECT_THROW(PostgresCluster::query_text(url, "SELECT 1"), std::runtime_error) << "the server still answers";
 }
 
 }  // namespace
