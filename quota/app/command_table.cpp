@@ -34,7 +34,7 @@ std::string sqlite_only(const std::string& db, const std::string& command, const
   const DbTarget target = parse_db_target(db);
   if (target.kind == DbTarget::Kind::kPostgres) {
     throw UsageError(command + ": --db names a PostgreSQL database: " + instead +
-                     " (see 'PostgreSQL' in quota/README.md)");
+                     " (see 'PostgreSQL' in docs/quotad-operations.md)");
   }
   return target.location;
 }

@@ -39,7 +39,7 @@ struct ServeArgs {
   int backup_every_min = 60;
   int backup_keep = 24;
   // connections that have not yet presented a valid token, per peer address; behind a TLS proxy or a NAT
-  // every trainer shares one address (quota/README.md, threat model)
+  // every trainer shares one address (docs/quotad-security.md)
   int max_connections_per_address = ServerOptions{}.max_connections_per_client;
   int max_connections = ServerOptions{}.max_connections;
   int watch_every_s = 5;

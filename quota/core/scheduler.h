@@ -79,7 +79,8 @@ struct QueueEntry {
 std::vector<QueueEntry> order_queue(const ClusterState& state);
 
 // The preemption rules, in the order they are tried: the first that applies to a (victim, waiting request)
-// pair decides whether the victim may be revoked for it. quota/README.md ("Preemption") says the same.
+// pair decides whether the victim may be revoked for it. docs/quotad-policy.md ("Rules the engine applies") says the
+// same.
 enum class PreemptionRule {
   kNotRunning,           // keep: only granted leases are revoked (revoking ones already go)
   kCritical,             // keep: critical leases are never revoked
