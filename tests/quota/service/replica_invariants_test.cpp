@@ -78,13 +78,14 @@ struct Counts {
 
 class ReplicaRun {
  public:
-  ReplicaRun(uint32_t seed, const std::string& url) : rng_(seed), url_(url) {
+  ReplicaRun(uint32_t seed, const std::string& url) : rng_(seed), order_rng_(seed + 1000), url_(url) {
     now_ = std::make_shared<std::atomic<int64_t>>(testing::kMonday + 8 * testing::kHour +
                                                   static_cast<int64_t>(pick(4)) * testing::kHour);
     const int replicas = 2 + pick(2);
     for (int i = 0; i < replicas; ++i) add_replica();
     EXPECT_TRUE(await_one_leader("the start"));
     target_ = serving_;
+    leads_audited_ = leads_audited();
   }
 
   void run(int operations) {
@@ -107,6 +108,11 @@ class ReplicaRun {
     const AuditChainCheck chain = verify_audit_chain(parse_db_target(url_), StoreOptions());
     EXPECT_TRUE(chain.intact) << where() << "audit entry " << chain.broken_seq << ": " << chain.problem;
     EXPECT_EQ(chain.unchained, 0);
+    // no takeover found the stored state at odds with the invariants, and every replica that led audited it
+    EXPECT_EQ(PostgresCluster::query_text(url_, "SELECT COUNT(*) FROM audit WHERE action = 'state.unsound'"), "0")
+        << PostgresCluster::query_text(url_,
+                                       "SELECT string_agg(detail, '; ') FROM audit WHERE action = 'state.unsound'");
+    EXPECT_GE(leads_audited(), counts_.failovers + 1);
     EXPECT_GT(chain.entries, 0);
   }
 
@@ -116,6 +122,10 @@ class ReplicaRun {
   int pick(int n) { return static_cast<int>(rng_() % static_cast<unsigned>(n)); }
   std::string where() const { return "step " + std::to_string(step_) + ": "; }
   int64_t now() const { return now_->load(); }
+
+  int leads_audited() const {
+    return std::stoi(PostgresCluster::query_text(url_, "SELECT COUNT(*) FROM audit WHERE action = 'replica.lead'"));
+  }
 
   std::string add_replica() {
     const std::string address = "http://r" + std::to_string(next_replica_++) + ":8470";
@@ -134,7 +144,7 @@ class ReplicaRun {
   void tick_all() {
     std::vector<std::string> order;
     for (const auto& [address, replica] : replicas_) order.push_back(address);
-    std::shuffle(order.begin(), order.end(), rng_);
+    std::shuffle(order.begin(), order.end(), order_rng_);
     for (const std::string& address : order) tick(address);
   }
   void tick(const std::string& address) {
@@ -172,7 +182,7 @@ class ReplicaRun {
       for (const auto& [address, replica] : replicas_) {
         if (address != skip) order.push_back(address);
       }
-      std::shuffle(order.begin(), order.end(), rng_);
+      std::shuffle(order.begin(), order.end(), order_rng_);
       for (const std::string& address : order) tick(address);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -448,27 +458,36 @@ class ReplicaRun {
     return std::move(*copy);
   }
 
+  // Terminates the backends `where` selects (a condition on pg_stat_activity) and waits until they are gone, so
+  // that the cut is complete before anyone ticks (pg_terminate_backend only signals them).
+  void terminate_backends(const std::string& where) {
+    const std::string pids = PostgresCluster::query_text(
+        url_,
+        "SELECT COALESCE(string_agg(pid::text, ','), '0') FROM (SELECT pid, pg_terminate_backend(pid) FROM "
+        "pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND (" +
+            where + ")) AS cut");
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (PostgresCluster::query_text(url_, "SELECT COUNT(*) FROM pg_stat_activity WHERE pid IN (" + pids + ")") !=
+           "0") {
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << where << ": backends " << pids << " still live after 5 s";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
   void fail_leader() {
     switch (pick(3)) {
       case 0: fail_leader_by("destroyed", [&] { replicas_.erase(serving_); }); break;
       case 1:
         // its leadership session ends (a partition, an administrator); the process and its store's connection live
         fail_leader_by("session terminated", [&] {
-          PostgresCluster::execute(url_,
-                                   "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
-                                   "'advisory' AND granted AND objid = " +
-                                       std::to_string(kLeadershipLockKey & 0xffffffff) +
-                                       " AND database = (SELECT oid FROM pg_database WHERE datname = "
-                                       "current_database())");
+          terminate_backends("pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = " +
+                             std::to_string(kLeadershipLockKey & 0xffffffff) +
+                             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))");
         });
         break;
       default:
         // every session of the database ends (PostgreSQL restarted under them): stores reconnect, anyone may lead
-        fail_leader_by("all sessions terminated", [&] {
-          PostgresCluster::execute(url_,
-                                   "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                                   "current_database() AND pid <> pg_backend_pid()");
-        });
+        fail_leader_by("all sessions terminated", [&] { terminate_backends("true"); });
         break;
     }
   }
@@ -499,11 +518,17 @@ class ReplicaRun {
     if (alive && kind == "session terminated" && pick(2) == 0) {
       ASSERT_TRUE(await_one_leader(kind, old));
       const std::string next = serving_;
+      leads_audited_ = leads_audited();
       const Engine taken_over = snapshot(next);
       expect_carried_over(*before, taken_over, kind);
       return;  // the client still calls the old leader, is refused (fenced) and follows the hint
     }
+    tick_all();  // every replica notices (a cut leader only at its tick: until then it is the one ready)
     ASSERT_TRUE(await_one_leader(kind));
+    // a takeover happened (by another replica, or by the same one after its session ended), and was audited
+    const int leads = leads_audited();
+    EXPECT_GT(leads, leads_audited_) << where() << "no replica.lead after the leader was " << kind;
+    leads_audited_ = leads;
     expect_carried_over(*before, snapshot(serving_), kind);
   }
 
@@ -605,12 +630,22 @@ class ReplicaRun {
       for (int64_t id : acked_.grants) {
         EXPECT_EQ(engine.grants().count(id), 1u) << where() << "acknowledged grant " << id << " missing";
       }
+      // nothing the client was not told of: every lease, approval, loan and grant is an acknowledged one
+      for (const auto& [id, lease] : engine.leases()) {
+        EXPECT_EQ(acked_.leases.count(id), 1u)
+            << where() << "lease " << id << " of " << lease.req.user << " was never acknowledged";
+      }
+      EXPECT_EQ(engine.approvals().size(), acked_.approvals.size()) << where();
+      EXPECT_EQ(engine.loans().size(), acked_.loans.size()) << where();
+      EXPECT_EQ(engine.grants().size(), acked_.grants.size()) << where();
       EXPECT_GT(engine.next_lease_id(), acked_.max_lease) << where();
       EXPECT_GT(engine.next_approval_id(), acked_.max_approval) << where();
     });
   }
 
   std::mt19937 rng_;
+  // the order of the replicas' ticks: how many rounds a takeover takes depends on timing, and must not shift rng_
+  std::mt19937 order_rng_;
   std::string url_;
   std::shared_ptr<std::atomic<int64_t>> now_;
   std::map<std::string, std::unique_ptr<QuotaService>> replicas_;  // by address
@@ -619,6 +654,7 @@ class ReplicaRun {
   std::string target_;   // where the client sends its next call
   std::string serving_;  // the replica that answered last (or took the lead last)
   int step_ = -1;
+  int leads_audited_ = 0;  // replica.lead entries in the database after the last failover
   Acknowledged acked_;
   std::map<int64_t, json> requests_;  // the body of each keyed acquire, for its replay
   Counts counts_;
