@@ -121,7 +121,6 @@ class ReplicaRun {
  private:
   int pick(int n) { return static_cast<int>(rng_() % static_cast<unsigned>(n)); }
   std::string where() const { return "step " + std::to_string(step_) + ": "; }
-  int64_t now() const { return now_->load(); }
 
   int leads_audited() const {
     return std::stoi(PostgresCluster::query_text(url_, "SELECT COUNT(*) FROM audit WHERE action = 'replica.lead'"));
