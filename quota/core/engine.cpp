@@ -730,7 +730,15 @@ void Engine::clock_stepped(int64_t step_ms, int64_t now_ms) {
     const bool running = lease.state == LeaseState::kGranted || lease.state == LeaseState::kRevoking;
     const bool waiting = lease.state == LeaseState::kQueued || lease.state == LeaseState::kPendingApproval;
     const bool draining = lease.holds_gpus(before_ms) && !running;  // expired, its GPUs not returned yet
-    if (!running && !waiting && !draining) continue;
+    if (!running && !waiting && !draining) {
+      // expired, its GPUs returned before the step (another lease may hold them now): a step back must not hand
+      // them to it again
+      if (lease.holds_gpus(now_ms)) {
+        lease.free_at_ms = now_ms;
+        state_.changes.leases.insert(id);
+      }
+      continue;
+    }
     if (draining) {
       lease.free_at_ms += step_ms;
     } else {

@@ -158,6 +158,19 @@ void EngineHost::load_whole_state(int64_t now_ms, bool restart) {
 void EngineHost::start_from_store() {
   const int64_t now = clock_();
   load_whole_state(now, true);
+  // A wall clock set back while quotad was down (or a replica's clock behind its predecessor's) leaves live leases
+  // seen "in the future": the step was at least that, and their clocks move back by it (else a dead job would keep
+  // its GPUs until then). Followed before the check below, which judges the state at this clock's now.
+  int64_t latest = now;
+  for (const auto& [id, lease] : engine_.leases()) {
+    if (!is_terminal(lease.state)) latest = std::max(latest, lease.last_seen_ms);
+  }
+  const bool set_back = latest - now > options_.clock_step_after_ms;
+  if (set_back) {
+    std::fprintf(stderr, "quotad: stored leases were seen %lld ms after the wall clock's now: it was set back\n",
+                 static_cast<long long>(latest - now));
+    engine_.clock_stepped(now - latest, now);
+  }
   // what restore() found against the inventory (leases ended, remapped or quarantined) is audited and stored
   // before anything is served. What check_invariants still finds comes from a policy edit the held leases
   // predate (a bigger pool, a lower max_leases_per_gpu): new grants respect the policy and the held leases
@@ -167,18 +180,7 @@ void EngineHost::start_from_store() {
   }
   store_->write(engine_, engine_.take_changes());
   store_->replay_heartbeats(engine_, tracker_);  // the waste list survives a restart
-  // A wall clock set back while quotad was down leaves live leases seen "in the future": the step was at
-  // least that, and their clocks move back by it (else a dead job would keep its GPUs until then).
-  int64_t latest = now;
-  for (const auto& [id, lease] : engine_.leases()) {
-    if (!is_terminal(lease.state)) latest = std::max(latest, lease.last_seen_ms);
-  }
-  if (latest - now > options_.clock_step_after_ms) {
-    std::fprintf(stderr, "quotad: stored leases were seen %lld ms after the wall clock's now: it was set back\n",
-                 static_cast<long long>(latest - now));
-    engine_.clock_stepped(now - latest, now);
-    tracker_.clock_stepped(now - latest, now);
-  }
+  if (set_back) tracker_.clock_stepped(now - latest, now);
 }
 
 void EngineHost::follow_clock_locked() {

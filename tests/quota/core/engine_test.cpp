@@ -1450,6 +1450,31 @@ TEST(Engine, AClockStepBackMovesTheHeartbeatClocksSoExpiryStaysOnTime) {
   expect_sound(e, back + 7000);
 }
 
+// An expired lease keeps its GPUs for the expiry grace only; once they went back (and another lease has them), a
+// wall clock stepped back past that moment must not give them to it again.
+TEST(Engine, AClockStepBackDoesNotGiveAnExpiredLeaseTheGpusItReturned) {
+  Engine e(six_second_ttl_policy());
+  const int64_t t0 = kOutsideWindow;
+  LeaseRequest pinned = req("team-robotics", "erin");
+  pinned.node = "node-c";
+  pinned.node_gpus = {0};
+  const int64_t silent = e.acquire(pinned, t0).lease_id;
+  e.tick(t0 + 7000);
+  ASSERT_EQ(e.find(silent)->state, LeaseState::kExpired);
+  const int64_t returned = e.find(silent)->free_at_ms;  // t0 + 6 s + the 30 s grace
+  pinned.team = "team-cv";
+  pinned.user = "alice";
+  const auto next = e.acquire(pinned, returned + 4000);
+  ASSERT_EQ(next.kind, Kind::kGranted);
+  const int64_t back = returned + 5000 - 35000;  // 1 s later, the wall clock 35 s back: before `returned`
+  e.clock_stepped(-35000, back);
+  EXPECT_FALSE(e.find(silent)->holds_gpus(back));
+  EXPECT_TRUE(e.find(next.lease_id)->holds_gpus(back));
+  expect_sound(e, back);
+  e.tick(back);
+  expect_sound(e, back);
+}
+
 TEST(Engine, AClockStepForwardBillsNothingExtra) {
   Engine e(six_second_ttl_policy());
   const int64_t t0 = kInsideWindow;

@@ -686,5 +686,39 @@ TEST(QuotaService, AClockSetBackWhileQuotadWasDownDoesNotKeepADeadJobsGpus) {
   EXPECT_EQ(count_audit(again, "clock.step"), 1);
 }
 
+// The same, past the moment an expired lease's GPU went back to the pool and to another lease: that lease keeps it
+// alone, and the load finds nothing unsound (before, the load checked the state before following the step, and the
+// step left the expired lease holding the GPU again, beside the lease that had it).
+TEST(QuotaService, AClockSetBackWhileQuotadWasDownDoesNotGiveAnExpiredLeaseItsReturnedGpuAgain) {
+  const std::string db = temp_db("clock_back_returned");
+  SteppedClocks clocks;
+  ServiceOptions o = stepped_options(clocks);
+  o.db_path = db;
+  const std::string on_gpu0 = R"({"model":"yolov8s","node":"node-c","node_gpus":[0]})";
+  {
+    QuotaService s(six_second_ttl_policy(), o);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "erin-token", on_gpu0)).status, 201);
+    // erin's job dies: expired after 6 s without a heartbeat, its GPU back after the 30 s expiry grace
+    for (int i = 0; i < 40; ++i) {
+      clocks.advance(1000);
+      s.tick();
+    }
+    ASSERT_EQ(s.handle(api_call("GET", "/v1/leases/1", "erin-token")).body["state"], "expired");
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", on_gpu0)).status, 201);
+    clocks.advance(1000);
+    ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/2/heartbeat", "alice-token", "{}")).status, 200);
+    s.flush_heartbeats();
+    s.tick();
+  }
+  *clocks.wall.t -= 40000;  // before erin's GPU went back
+  *clocks.monotonic.t = 0;  // a new process
+  QuotaService again(six_second_ttl_policy(), o);
+  const std::vector<std::string> errors = again.check_invariants();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(count_audit(again, "state.unsound"), 0);
+  EXPECT_EQ(count_audit(again, "clock.step"), 1);
+  EXPECT_EQ(again.handle(api_call("GET", "/v1/leases/2", "alice-token")).body["state"], "granted");
+}
+
 }  // namespace
 }  // namespace yolo8::quota
