@@ -1,17 +1,18 @@
-// How a training run ends, all in this file (the rest of TrainingRun is train_run.cpp):
-//   - it finishes: every epoch done, or patience or time= reached (the time limit checkpoints and ends as a
-//     completion): finish() in train_run.cpp, exit 0;
-//   - a stop request: SIGTERM or SIGINT (trainer/core/stop_signal.h, installed by main and again by the set-up), or
-//     the lease revoked or lost (TrainingLease::check, lease.cpp, requests the stop). Before training: the lease is
-//     given back and the run exits 75 (exit_before_training), quotad unreachable past quota_retry_s too (set_up);
-//     inside an epoch: last.pt at that step, then 75 (stop_inside_epoch); at an epoch's end: 75 (stop_at_epoch_end);
-//     all ranks of a data-parallel run agree on the stop first;
-//   - a stop the set-up does not honour within 2 s (a long trial step, a CUDA initialisation): its watchdog gives
+// How a training run ends. Every way but the plain finish is in this file:
+//   - finished: every epoch, or patience or time= reached at an epoch's end: finish() in train_run.cpp, exit 0;
+//   - a stop request: SIGTERM or SIGINT (trainer/core/stop_signal.h; main installs the handlers, the set-up again),
+//     the lease revoked or lost (TrainingLease::check in lease.cpp requests the stop), or time= reached inside an
+//     epoch. Data-parallel ranks agree on it first. Before training the lease is given back, exit 75
+//     (exit_before_training); inside an epoch last.pt is written at that step (stop_inside_epoch), at an epoch's
+//     end its checkpoints are (stop_at_epoch_end); then the lease is released and the cost written, exit 75, or 0
+//     for time= (exit_after_stop);
+//   - quotad unreachable past quota_retry_s before training: exit 75, a later pod can start (set_up);
+//   - a stop the set-up has not honoured within 2 s (a long trial step, a CUDA initialisation): its watchdog gives
 //     the lease back and leaves with std::_Exit(75) (watch_set_up);
-//   - a stop while the data loader delivers nothing (a read stuck on a hung filesystem): checkpointed where it
-//     can be, then std::_Exit without the destructors (exit_while_stalled);
+//   - a stop while the data loader delivers nothing (a read stuck on a hung filesystem): checkpointed where it can
+//     be, then std::_Exit without the destructors (exit_while_stalled);
 //   - an error: thrown to run_yolo8 (trainer/modes/mode_table.h): bad settings or data 2, anything else 1.
-// Exit codes: trainer/core/exit_codes.h.
+// The exit codes: trainer/core/exit_codes.h.
 
 #include <cstdio>
 #include <iomanip>

@@ -1,5 +1,5 @@
 #pragma once
-// Building blocks shared by the dataset-driven modes (train in train_run.cpp; val and predict in modes.cpp):
+// Building blocks shared by the dataset-driven modes (train in run/train_run.cpp; val and predict in modes/):
 // the loader config, dataset splits, devices, validation passes. Needs OpenCV (data/).
 
 #include <torch/torch.h>
