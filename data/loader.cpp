@@ -229,7 +229,7 @@ DataLoader::Loaded DataLoader::load_image(size_t i) const {
   }
   // JPEG scales by 1/2, 1/4, 1/8 inside the DCT: decoding a large photo straight to >= imgsz is several times faster.
   // Only for training, whose augmentation dwarfs the difference: validation decodes the full image, as the
-  // reference does, so that its pixels and metrics match (tests/trainer/app/val_golden_test.cpp).
+  // reference does, so that its pixels and metrics match (tests/trainer/support/val_golden_test.cpp).
   int reduce = 1;
   const int long0 = std::max(rec.width, rec.height);
   if (augment && is_jpeg(rec.image)) {

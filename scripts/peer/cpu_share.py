@@ -1,4 +1,4 @@
-"""Prints the cores this process may use, by the rule of our trainer's threads=0 (trainer/app/cpu_share.cpp): the
+"""Prints the cores this process may use, by the rule of our trainer's threads=0 (trainer/runtime/cpu_share.cpp): the
 CPU affinity, capped by the smallest cgroup quota (v2 cpu.max of the process's cgroup and every parent, v1
 cpu.cfs_quota_us) rounded down, at least 1; divided among LOCAL_WORLD_SIZE ranks when that is set."""
 import os

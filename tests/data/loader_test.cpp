@@ -263,7 +263,7 @@ TEST_P(DataValidationLoader, RectBatchesMapBack) {
 INSTANTIATE_TEST_SUITE_P(DataSizes, DataValidationLoader, ::testing::Values(128, 64));
 
 // Without rect, validation letterboxes every image into imgsz x imgsz and keeps the file order (the reference's
-// validator when `rect` is off; tests/trainer/app/val_golden_test.cpp pins the pixels).
+// validator when `rect` is off; tests/trainer/support/val_golden_test.cpp pins the pixels).
 TEST(DataLoader, SquareValidationKeepsFileOrder) {
   auto idx = index_of(synth_yaml(), "val");
   LoaderConfig cfg;

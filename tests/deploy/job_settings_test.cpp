@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "test_paths.h"
-#include "trainer/app/settings.h"
+#include "trainer/cli/settings.h"
 
 namespace yolo8 {
 namespace {

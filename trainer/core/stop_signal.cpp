@@ -6,7 +6,7 @@
 #include <atomic>
 #include <csignal>
 
-#include "trainer/core/exit_codes.h"
+#include "common/exit_codes.h"
 
 namespace yolo8 {
 namespace {

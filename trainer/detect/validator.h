@@ -1,6 +1,6 @@
 #pragma once
 // Validation bookkeeping on ready tensors: NMS, mapping boxes back to the original images, metrics, optional
-// COCO JSON and validation loss. The loop over a data loader lives in trainer/app (mode_support).
+// COCO JSON and validation loss. The loop over a data loader lives in trainer/support (mode_support).
 
 #include <torch/torch.h>
 

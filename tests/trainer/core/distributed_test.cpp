@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "models/yolo.h"
-#include "trainer/app/launcher.h"
 #include "trainer/core/train_step.h"
 #include "trainer/detect/loss.h"
+#include "trainer/run/launcher.h"
 
 namespace yolo8 {
 namespace {

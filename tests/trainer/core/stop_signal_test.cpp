@@ -7,7 +7,7 @@
 
 #include <csignal>
 
-#include "trainer/core/exit_codes.h"
+#include "common/exit_codes.h"
 
 namespace yolo8 {
 namespace {
