@@ -2,12 +2,16 @@
 // quota client, heartbeating as a trainer does), quotad killed, its database restored from the backup by
 // `repair-db` and quotad started again on the same port. No id is reused, every holder re-attaches its lease from
 // its receipt (same id and GPUs) and releases it at the end as a finished run does, `audit --verify` reports the
-// restore's gap and the audit log has one `lease.reattach` entry per lease.
+// restore's gap and the audit log has one `lease.reattach` entry per lease. The same with a real `yolo8 train`
+// run (on the CPU) among the holders: it trains on through the restore and exits 0.
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -18,6 +22,7 @@
 #include "quota/client/client.h"
 #include "tests/quota/quota_test_util.h"
 #include "tests/quota/quotad_process.h"
+#include "tests/trainer/process_util.h"
 
 namespace yolo8::quota {
 namespace {
@@ -137,6 +142,104 @@ TEST(QuotadReattach, FiveRunningLeasesARestoreLostComeBackFromTheirReceipts) {
 
   ASSERT_EQ(run_quotad({"audit", "--verify", "--db", db}, out), 0) << read_text(out);
   EXPECT_NE(read_text(out).find("chain intact"), std::string::npos) << read_text(out);
+  EXPECT_NE(read_text(out).find("recorded gap: entries "), std::string::npos) << read_text(out);
+  fs::remove_all(dir);
+}
+
+// Waits until `log` holds `text`; false at `limit_s` or when the child exited first.
+bool wait_for_text(pid_t child, const fs::path& log, const std::string& text, double limit_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(limit_s * 1000));
+  while (std::chrono::steady_clock::now() < until) {
+    if (read_text(log.string()).find(text) != std::string::npos) return true;
+    int status = 0;
+    if (waitpid(child, &status, WNOHANG) == child) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// The trainer's side needs nothing but the client: its heartbeats meet "unknown lease", the client presents the
+// receipt, and the run never learns its lease was lost.
+TEST(QuotadReattach, ARealTrainingRunTrainsOnThroughTheRestoreAndExitsZero) {
+  const fs::path yolo8 = fs::path(yolo8::test::kBinaryDir) / "trainer" / "yolo8";
+  if (!fs::exists(yolo8)) GTEST_SKIP() << yolo8 << " is not built (a LibTorch build)";
+  const fs::path dir = fs::path(yolo8::test::kBinaryDir) / "quota_test_tmp" / "reattach_trainer";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(testing::example_policy_path()).parent_path() / "memory-table.yaml",
+                dir / "memory-table.yaml");
+  std::ofstream(dir / "policy.yaml") << fast_policy();
+  const std::string policy = (dir / "policy.yaml").string();
+  const std::string db = (dir / "quota.db").string();
+  const std::string log = (dir / "quotad.log").string();
+  const std::string out = (dir / "command.out").string();
+  const std::vector<std::string> no_backups = {"--backup-every", "0"};
+  const pid_t synth = yolo8::test::spawn_yolo8(
+      {"data", "synth", "out=" + (dir / "ds").string(), "train=16", "val=4", "imgsz=64", "seed=11"});
+  int status = 0;
+  ASSERT_EQ(waitpid(synth, &status, 0), synth);
+  ASSERT_EQ(yolo8::test::exit_code_of(status), 0);
+
+  auto quotad = std::make_unique<yolo8::test::QuotadProcess>();
+  ASSERT_TRUE(quotad->start(policy, db, log, no_backups)) << read_text(log);
+  const int port = quotad->port();
+  ASSERT_EQ(run_quotad({"backup", "--db", db}, out), 0) << read_text(out);
+  std::vector<std::unique_ptr<QuotaClient>> holders;
+  for (const std::string user : {"bob", "erin", "alice", "ivan"}) {
+    holders.push_back(std::make_unique<QuotaClient>(holder_config(quotad->url(), user)));
+    LeaseRequest request;
+    request.model = "yolov8n";
+    request.job = user + "-run";
+    holders.back()->acquire(request);
+    holders.back()->start_heartbeats();
+  }
+  const fs::path train_log = dir / "train.log";
+  const pid_t trainer = yolo8::test::spawn_yolo8(
+      {"train", "data=" + (dir / "ds" / "data.yaml").string(), "model=yolov8n.yaml", "imgsz=64", "batch=4", "epochs=12",
+       "workers=1", "threads=1", "device=cpu", "val=false", "plots=false", "quota=" + quotad->url(), "team=team-cv",
+       "user=alice", "project=" + (dir / "runs").string(), "name=run"},
+      {{"YOLO8_QUOTA_TOKEN", "alice-token"}}, train_log.string());
+  ASSERT_TRUE(wait_for_text(trainer, train_log, "Lease 5 granted", 60)) << read_text(train_log.string());
+  ASSERT_TRUE(wait_for_text(trainer, train_log, " box ", 60)) << read_text(train_log.string());  // training
+
+  quotad->kill_hard();
+  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db + suffix);
+  ASSERT_EQ(run_quotad({"repair-db", "--db", db}, out), 0) << read_text(out);
+  quotad = std::make_unique<yolo8::test::QuotadProcess>("127.0.0.1:" + std::to_string(port));
+  ASSERT_TRUE(quotad->start(policy, db, log, no_backups)) << read_text(log);
+  EXPECT_TRUE(wait_for_text(trainer, train_log, "re-attached from the grant receipt", 20))
+      << read_text(train_log.string());
+
+  const auto since = std::chrono::steady_clock::now();
+  int code = -1;
+  while (std::chrono::steady_clock::now() - since < std::chrono::seconds(240)) {
+    if (waitpid(trainer, &status, WNOHANG) == trainer) {
+      code = yolo8::test::exit_code_of(status);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (code == -1) {
+    ::kill(trainer, SIGKILL);
+    waitpid(trainer, &status, 0);
+  }
+  const std::string train_text = read_text(train_log.string());
+  EXPECT_EQ(code, 0) << train_text;
+  EXPECT_NE(train_text.find("Lease 5 released (completed)"), std::string::npos) << train_text;
+  for (const auto& holder : holders) {
+    EXPECT_EQ(holder->reattachments(), 1);
+    EXPECT_TRUE(holder->release(Outcome::kCompleted).acknowledged);
+  }
+  httplib::Client http(quotad->url());
+  const auto audit = http.Get("/v1/audit?limit=1000", {{"Authorization", "Bearer admin-token"}});
+  ASSERT_TRUE(audit && audit->status == 200);
+  const nlohmann::json entries = nlohmann::json::parse(audit->body)["audit"];
+  EXPECT_EQ(std::count_if(entries.begin(), entries.end(),
+                          [](const nlohmann::json& entry) { return entry["action"] == "lease.reattach"; }),
+            5)
+      << audit->body;
+  EXPECT_TRUE(quotad->stop());
+  ASSERT_EQ(run_quotad({"audit", "--verify", "--db", db}, out), 0) << read_text(out);
   EXPECT_NE(read_text(out).find("recorded gap: entries "), std::string::npos) << read_text(out);
   fs::remove_all(dir);
 }
