@@ -229,7 +229,7 @@ class QuotaClient {
   // Sleeps `seconds` in slices, polling hooks.check.
   void pause(double seconds, const RetryHooks& hooks) const;
   // quotad answered "unknown lease" for the held lease: its receipt presented (POST /v1/leases/{id}/reattach).
-  // True when quotad re-admitted it; said either way through notice().
+  // True when quotad re-admitted it; said either way through notice() (nothing without a receipt).
   bool reattach(const std::function<bool()>& stop = {});
   static bool unknown_lease(const ApiResponse& response);
   // A release's answer: acknowledged only on 200.

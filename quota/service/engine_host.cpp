@@ -266,7 +266,9 @@ void EngineHost::credit_outage_locked() {
   const int64_t now_monotonic = monotonic_();
   const int64_t gap = now_monotonic - last_tick_ms_.load();
   if (gap <= options_.outage_after_ms) return;
-  const int64_t now = clock_();
+  // in the engine's frame as of the last clock check, as the reports merged next are: a step since is followed
+  // after them and moves the credited clocks with the rest
+  const int64_t now = now_monotonic + clock_offset_ms_;
   engine_.credit_outage(now - gap, now);
   last_tick_ms_ = now_monotonic;
 }
