@@ -465,6 +465,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
   if (response.status == 201) {
     lease_ = lease_info(response.body.at("lease"));
     lease_.memory_row = response.body.value("memory_row", "");
+    lease_.receipt = response.body.at("lease").value("receipt", json());
     last_ok_steady_ms_ = steady_ms();
     return lease_;
   }
@@ -521,6 +522,7 @@ LeaseInfo QuotaClient::acquire(const LeaseRequest& request, const std::function<
     const LeaseState state = lease_state_of(response.body);
     if (state == LeaseState::kGranted || state == LeaseState::kRevoking) {
       lease_ = lease_info(response.body);
+      lease_.receipt = response.body.value("receipt", json());
       last_ok_steady_ms_ = steady_ms();
       if (state == LeaseState::kRevoking) {
         revoked_ = true;
@@ -561,6 +563,7 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
     const int64_t interval_ms = std::max(1, lease_.heartbeat_interval_s) * 1000;
     int64_t wait_ms = 0;
     int refused_status = 0;  // the last refusal's status, while the beats are refused
+    bool reattach_refused = false;
     const auto stopping = [this] {
       std::lock_guard<std::mutex> lock(heartbeat_mutex_);
       return heartbeat_stop_;
@@ -573,7 +576,15 @@ void QuotaClient::start_heartbeats(std::function<Telemetry()> provider) {
         }
       }
       // a follower's 503 leads the beat to the leader, a silent quotad to the next one: the lease goes on there
-      const ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
+      ApiResponse response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
+      // a database restored from a backup older than the grant: the receipt gets the lease back, then beat on
+      if (unknown_lease(response) && !reattach_refused) {
+        if (reattach(stopping)) {
+          response = beat_call(heartbeat_request(provider ? provider() : Telemetry{}), stopping).response;
+        } else {
+          reattach_refused = true;  // presented once: the lease is lost (a refusal does not change by asking again)
+        }
+      }
       beat_unanswered_ = is_unavailable(response.status);
       if (beat_unanswered_) {
         // retry sooner while unreachable; a Retry-After (429, 503) is the least wait, up to an interval
@@ -673,8 +684,14 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
   constexpr int64_t kReleaseRetryMs = 5000;
   const int64_t give_up = steady_ms() + (answering ? kReleaseRetryMs : 0);
   Routed routed;
+  bool reattach_tried = lost_;  // a receipt the heartbeats presented in vain is not presented again
   for (;;) {
     routed = beat_call(request);
+    // quotad lost the lease with a restore: back from its receipt, then released (and billed) as it should be
+    if (unknown_lease(routed.response) && !reattach_tried) {
+      reattach_tried = true;
+      if (reattach()) continue;
+    }
     if (!is_unavailable(routed.response.status)) break;
     const int64_t delay_ms = static_cast<int64_t>(std::clamp(retry_after_s(routed.response), 0.5, 1.0) * 1000);
     if (steady_ms() + delay_ms > give_up) break;
@@ -682,6 +699,28 @@ ReleaseAnswer QuotaClient::release(Outcome outcome) {
   }
   release_answer_ = release_answer(routed);
   return release_answer_;
+}
+
+bool QuotaClient::unknown_lease(const ApiResponse& response) {
+  return response.status == 404 && reason_of(response).rfind("unknown lease", 0) == 0;
+}
+
+bool QuotaClient::reattach(const std::function<bool()>& stop) {
+  const std::string id = std::to_string(lease_.id);
+  if (!lease_.receipt.is_object()) return false;  // granted by a quotad without receipts: lost, as before
+  ApiRequest request;
+  request.method = "POST";
+  request.path = "/v1/leases/" + id + "/reattach";
+  request.body = json{{"receipt", lease_.receipt}}.dump();
+  const Routed routed = beat_call(request, stop);
+  if (routed.response.status == 200 && routed.response.body.value("state", "") == to_string(LeaseState::kGranted)) {
+    ++reattachments_;
+    notice("quotad did not know lease " + id + " (its database was restored from an older backup): re-attached " +
+           "from the grant receipt, same id and GPUs");
+    return true;
+  }
+  notice("quotad did not know lease " + id + " and refused its grant receipt (" + answer_text(routed.response) + ")");
+  return false;
 }
 
 ReleaseAnswer QuotaClient::release_earlier(int64_t id, Outcome outcome) {

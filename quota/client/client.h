@@ -117,6 +117,9 @@ struct LeaseInfo {
   int ttl_s = 0;
   int heartbeat_interval_s = 0;
   int preempt_grace_s = 0;
+  // The grant receipt quotad signed (null from a quotad without receipts): presented should quotad answer a
+  // heartbeat or the release "unknown lease" (a database restored from a backup that predates the grant).
+  nlohmann::json receipt;
 };
 
 // Why acquire() waits; the texts are the "status" the service answers a lease request with.
@@ -201,6 +204,8 @@ class QuotaClient {
   // of the endpoints; the answer as release() gives it.
   ReleaseAnswer release_earlier(int64_t id, Outcome outcome);
   const LeaseInfo& lease() const { return lease_; }
+  // How often quotad re-admitted this lease from its receipt (it had lost it with a restore).
+  int reattachments() const { return reattachments_; }
 
   // Default local database path.
   static std::string default_local_db();
@@ -223,6 +228,10 @@ class QuotaClient {
   ApiRequest heartbeat_request(const Telemetry& telemetry) const;
   // Sleeps `seconds` in slices, polling hooks.check.
   void pause(double seconds, const RetryHooks& hooks) const;
+  // quotad answered "unknown lease" for the held lease: its receipt presented (POST /v1/leases/{id}/reattach).
+  // True when quotad re-admitted it; said either way through notice() (nothing without a receipt).
+  bool reattach(const std::function<bool()>& stop = {});
+  static bool unknown_lease(const ApiResponse& response);
   // A release's answer: acknowledged only on 200.
   static ReleaseAnswer release_answer(const Routed& routed);
   int64_t now_ms() const;
@@ -240,6 +249,7 @@ class QuotaClient {
   LeaseInfo lease_;
   std::atomic<bool> revoked_{false};
   std::atomic<bool> lost_{false};
+  std::atomic<int> reattachments_{0};
   std::atomic<int64_t> deadline_ms_{0};
   std::atomic<int64_t> last_ok_steady_ms_{0};
   std::atomic<bool> beat_unanswered_{false};  // the last heartbeat got no answer (or 502/503/504)

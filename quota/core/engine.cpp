@@ -694,6 +694,122 @@ HeartbeatResult Engine::heartbeat(int64_t lease_id, const Telemetry& telemetry, 
   return result;
 }
 
+ReattachResult Engine::reattach(const LeaseReceipt& receipt, const std::string& key, const std::string& caller,
+                                bool recorded, int64_t now_ms) {
+  ReattachResult result;
+  auto refuse = [&](ReattachResult::Kind kind, const std::string& why) {
+    result.kind = kind;
+    result.reason = why;
+    return result;
+  };
+  const std::string id = std::to_string(receipt.lease_id);
+  if (!receipt_verifies(receipt, key)) {
+    return refuse(ReattachResult::Kind::kBadSignature, "receipt: the signature does not match lease " + id +
+                                                           "'s facts (altered, forged, or signed by another database)");
+  }
+  if (caller != receipt.user) {
+    return refuse(ReattachResult::Kind::kWrongUser,
+                  "user: lease " + id + " was granted to " + receipt.user + ", not to " + caller);
+  }
+  if (const Lease* held = find(receipt.lease_id)) {
+    return refuse(ReattachResult::Kind::kHeld,
+                  "lease " + id + " is known here (" + to_string(held->state) + "): nothing to re-attach");
+  }
+  if (recorded) {
+    return refuse(ReattachResult::Kind::kHeld,
+                  "lease " + id + " is recorded in the database (it ended): nothing to re-attach");
+  }
+  const int64_t epoch_first = state_.next_lease / kIdEpochSpan * kIdEpochSpan;
+  if (receipt.lease_id <= 0 || receipt.lease_id >= epoch_first) {
+    return refuse(ReattachResult::Kind::kCurrentEpoch,
+                  "lease " + id + " belongs to the current id epoch (ids from " + std::to_string(epoch_first) +
+                      "): it was not lost with a restore, so it cannot be re-attached");
+  }
+  const auto team_it = policy_.teams.find(receipt.team);
+  const auto user_it = policy_.users.find(receipt.user);
+  if (team_it == policy_.teams.end() || user_it == policy_.users.end()) {
+    return refuse(ReattachResult::Kind::kNotAdmitted,
+                  "policy: team " + receipt.team + " or user " + receipt.user + " is no longer in the policy");
+  }
+  Priority priority = Priority::kNormal;
+  try {
+    priority = parse_priority(receipt.priority);
+  } catch (const PolicyError& error) {
+    return refuse(ReattachResult::Kind::kNotAdmitted, std::string("receipt.priority: ") + error.what());
+  }
+  std::vector<int> devices;
+  for (const std::string& name : receipt.devices) {
+    auto gpu = std::find_if(policy_.gpus.begin(), policy_.gpus.end(), [&](const Gpu& g) { return g.id() == name; });
+    if (gpu == policy_.gpus.end()) {
+      return refuse(ReattachResult::Kind::kNotAdmitted, "devices: GPU " + name + " is no longer in the inventory");
+    }
+    devices.push_back(static_cast<int>(gpu - policy_.gpus.begin()));
+  }
+  if (devices.empty()) return refuse(ReattachResult::Kind::kNotAdmitted, "devices: the receipt names no GPU");
+  for (const auto& [other_id, other] : state_.leases) {
+    if (!other.holds_gpus(now_ms)) continue;
+    for (const int device : devices) {
+      if (std::find(other.devices.begin(), other.devices.end(), device) == other.devices.end()) continue;
+      if (!receipt.shared || !other.shared) {
+        return refuse(ReattachResult::Kind::kDevicesTaken,
+                      "devices: GPU " + policy_.gpus[static_cast<size_t>(device)].id() + " is held by lease " +
+                          std::to_string(other_id) + " (" + other.req.user + ", team " + other.req.team + ") now");
+      }
+    }
+  }
+  Lease lease;
+  lease.id = receipt.lease_id;
+  lease.req.team = receipt.team;
+  lease.req.user = receipt.user;
+  lease.req.job = receipt.job;
+  lease.req.model = receipt.model;
+  lease.req.priority = priority;
+  lease.req.preemptible = receipt.preemptible;
+  lease.req.shared = receipt.shared;
+  lease.req.gpus = receipt.shared ? 1 : static_cast<int>(devices.size());
+  lease.req.memory_gib = receipt.memory_gib;
+  lease.state = LeaseState::kGranted;
+  lease.gpus = static_cast<int>(devices.size());
+  lease.shared = receipt.shared;
+  lease.memory_gib = receipt.memory_gib;
+  lease.devices = devices;
+  lease.emergency = priority == Priority::kCritical;
+  lease.created_ms = receipt.granted_ms;
+  lease.granted_ms = std::min(receipt.granted_ms, now_ms);
+  // billed from the grant: this database holds none of the lease's time (charged_until stays at the grant)
+  lease.charged_until_ms = lease.granted_ms;
+  lease.last_seen_ms = now_ms;
+  const Team& team = team_it->second;
+  const double used = team_units(receipt.team, now_ms);
+  const double units = lease.units(policy_);
+  if (priority != Priority::kCritical && used + units > team.limit_at(now_ms) + kEps) {
+    return refuse(ReattachResult::Kind::kNotAdmitted,
+                  "team " + team.name + " uses " + fixed_text(used) + " of the " + fixed_text(team.limit_at(now_ms)) +
+                      " GPUs allowed now; lease " + id + " needs " + fixed_text(units, 2) + " more");
+  }
+  lease.over_base = priority != Priority::kCritical && used + units > team.base + kEps;
+  // what the scheduler checks of a grant (shares within a GPU's memory, leases per GPU) on the state with it
+  const std::vector<std::string> before = check_invariants(now_ms);
+  state_.leases[lease.id] = lease;
+  for (const std::string& error : check_invariants(now_ms)) {
+    if (std::find(before.begin(), before.end(), error) != before.end()) continue;
+    state_.leases.erase(lease.id);
+    return refuse(ReattachResult::Kind::kDevicesTaken, "devices: " + error);
+  }
+  state_.changes.leases.insert(lease.id);
+  const Lease& stored = state_.leases.at(lease.id);
+  log(now_ms, caller, "lease.reattach", &stored,
+      "re-admitted from its grant receipt (lost with a restore): job " + receipt.job + ", model " + receipt.model +
+          ", " + describe_devices(stored) +
+          (receipt.shared ? " (shared " + fixed_text(receipt.memory_gib) + " GiB)" : "") + ", priority " +
+          receipt.priority + ", granted " + utc_text(receipt.granted_ms, "%Y-%m-%d %H:%M:%S UTC") + " under a ttl of " +
+          std::to_string(receipt.ttl_s) + " s; billed from the grant (" +
+          std::to_string(std::max<int64_t>(0, now_ms - lease.granted_ms) / 1000) + " s ago)");
+  order_queue(now_ms);
+  result.kind = ReattachResult::Kind::kReattached;
+  return result;
+}
+
 void Engine::touch(int64_t lease_id, const Telemetry& telemetry, int64_t seen_ms) {
   auto it = state_.leases.find(lease_id);
   if (it == state_.leases.end() || is_terminal(it->second.state)) return;

@@ -14,9 +14,15 @@
 #include "quota/core/cluster_state.h"
 #include "quota/core/ledger.h"
 #include "quota/core/policy.h"
+#include "quota/core/receipt.h"
 #include "quota/core/scheduler.h"
 
 namespace yolo8::quota {
+
+// A restore (quotad repair-db) opens a new id epoch: every id sequence continues at the next multiple of this
+// above every id the restored state knows (store.h, next_id_epoch), so ids below the current epoch's first id are
+// never handed out again.
+inline constexpr int64_t kIdEpochSpan = 1000000000;
 
 struct Approval {
   int64_t id = 0;
@@ -128,6 +134,21 @@ struct HeartbeatResult {
   std::string reason;
 };
 
+// The answer to a grant receipt presented for a lease this quotad does not hold (Engine::reattach).
+struct ReattachResult {
+  enum class Kind {
+    kReattached,
+    kBadSignature,  // forged, altered, or signed under another database's key
+    kWrongUser,     // the caller is not the receipt's user
+    kHeld,          // the id is one this quotad holds (or held): heartbeat it, or it has ended
+    kCurrentEpoch,  // the id belongs to the current id epoch: it was never lost with a restore
+    kDevicesTaken,  // a GPU of the receipt is held by another lease now
+    kNotAdmitted,   // the team's limit, or the policy (team, user, GPUs no longer in it), does not admit it now
+  };
+  Kind kind = Kind::kBadSignature;
+  std::string reason;
+};
+
 struct TeamStatus {
   std::string name;
   double base = 0, burst = 0, limit_now = 0, in_use = 0;
@@ -210,6 +231,15 @@ class Engine {
   FairShare fair_share(const std::string& team, const std::string& user, int64_t now_ms) const;
   // Why a queued lease waits (the `reason` of status_of without its queue position); "" for others.
   std::string waiting_reason(int64_t lease_id, int64_t now_ms) const;
+  // A lease a restored database lacks (granted after the backup), presented by `caller` with its grant receipt
+  // signed under `key`: re-admitted with its id, GPUs, share and grant time when the signature holds, the caller is
+  // the receipt's user, the id lies below the current id epoch (next_lease_id(): ids there are never handed out
+  // again) and is not held, its GPUs are free now and the team's limit admits it (critical leases: the emergency
+  // pool, as at a grant). Credits are not checked again: the work was admitted when granted and is billed anyway,
+  // from the receipt's grant time (nothing of it is in this database). Audited as `lease.reattach`.
+  // `recorded`: the store holds a row with this id (a lease ended long ago, no longer loaded): refused as held.
+  ReattachResult reattach(const LeaseReceipt& receipt, const std::string& key, const std::string& caller, bool recorded,
+                          int64_t now_ms);
   // Queued / pending leases may be cancelled by releasing them. False if unknown or already ended.
   bool release(int64_t lease_id, Outcome outcome, int64_t now_ms, const std::string& actor = "");
   // Moves an approved request into the queue. Throws PolicyError if not pending.

@@ -77,6 +77,7 @@ EngineHost::EngineHost(Policy policy, const ServiceOptions& options, std::unique
   // (restore() gives running leases a fresh heartbeat clock); only a step back shows, in start_from_store().
   clock_offset_ms_ = clock_() - monotonic_();
   local_clock_id_ = monotonic_clock_id(options_.monotonic_clock || options_.clock);
+  receipt_key_ = store_ ? store_->receipt_key() : key_from_hex(new_receipt_key_hex());
   if (mode_ == EngineMode::kSingle) start_from_store();
   last_tick_ms_ = monotonic_();
   board_.publish(engine_, Changes{}, true, clock_());
@@ -255,6 +256,25 @@ ApiResponse EngineHost::run_local(const std::function<ApiResponse()>& op) {
   }
 }
 
+bool EngineHost::lease_recorded(int64_t lease_id) {
+  if (!store_) return false;
+  if (mode_ == EngineMode::kLocal) return store_->lease_recorded(lease_id);  // run_local holds the store lock
+  std::lock_guard<std::mutex> store_lock(store_mutex_);
+  return store_->lease_recorded(lease_id);
+}
+
+void EngineHost::credit_outage_locked() {
+  if (options_.outage_after_ms <= 0) return;
+  const int64_t now_monotonic = monotonic_();
+  const int64_t gap = now_monotonic - last_tick_ms_.load();
+  if (gap <= options_.outage_after_ms) return;
+  // in the engine's frame as of the last clock check, as the reports merged next are: a step since is followed
+  // after them and moves the credited clocks with the rest
+  const int64_t now = now_monotonic + clock_offset_ms_;
+  engine_.credit_outage(now - gap, now);
+  last_tick_ms_ = now_monotonic;
+}
+
 void EngineHost::note_write_failed() {
   ++storage_write_errors_;
   store_down_until_ = (std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.store_backoff_ms))
@@ -274,8 +294,10 @@ ApiResponse EngineHost::run(const std::function<ApiResponse()>& op, bool writes)
   std::unique_lock<std::mutex> lock(mutex_);
   if (mode_ == EngineMode::kFollower) throw Unavailable(follower_refusal());  // stepped down meanwhile
   if (store_down()) throw Unavailable("storage: unavailable (the last write failed just now); retry shortly");
+  // before the snapshot and the reports: the outage and a step are facts, kept (and stored with the next write)
+  // even if this change fails
+  credit_outage_locked();
   merge_reports_locked();
-  // before the snapshot: a step is a fact, kept (and stored with the next write) even if this change fails
   if (writes) follow_clock_locked();
   // Persist, then apply: the engine's state is kept as it was until the change is durable. A read copies
   // nothing; should it change state after all, the change is still written before the answer.
@@ -323,9 +345,7 @@ void EngineHost::tick(const std::map<std::string, int>& auth_attempts) {
                        std::to_string(count) + " failed or refused authentication(s) from " +
                            (address.empty() ? "(in process)" : address));
         }
-        const int64_t gap = now_monotonic - last_tick_ms_.load();
-        if (options_.outage_after_ms > 0 && gap > options_.outage_after_ms) engine_.credit_outage(now - gap, now);
-        engine_.tick(now);
+        engine_.tick(now);  // run() credited an outage first
         engine_.prune(now, options_.keep_ended_ms);
         sync_tracker(engine_, tracker_);  // ended runs closed, pruned leases dropped, even without scrapes
         return ApiResponse{};

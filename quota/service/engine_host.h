@@ -94,6 +94,12 @@ class EngineHost {
   // be answered 503). `writes` false: a read (it copies nothing; should it change state, the change is still
   // written). In kLocal the whole call is one store transaction over a freshly loaded state.
   ApiResponse run(const std::function<ApiResponse()>& op, bool writes);
+  // The key grant receipts are signed and checked with: the store's (StateStore::receipt_key), or one made at
+  // random for a state in memory only.
+  const std::string& receipt_key() const { return receipt_key_; }
+  // Whether the store holds a lease row with this id (StateStore::lease_recorded); false without a store. For
+  // `op` of run() only (kLocal: inside its transaction).
+  bool lease_recorded(int64_t lease_id);
   // The engine and the tracker, for `op` of run() only.
   Engine& engine() { return engine_; }
   UtilTracker& tracker() { return tracker_; }
@@ -132,6 +138,10 @@ class EngineHost {
   void try_to_lead_locked();
   // The lead is lost (its database session ended, a write was fenced): nothing more is served from this state.
   void step_down_locked(const std::string& why);
+  // A gap of more than outage_after_ms since the last saved tick (or the last crediting) is quotad's own outage:
+  // credited to the leases before anything else is served, so that the first heartbeat after a long stall finds
+  // its lease's clock already moved (not expired, not billed as a gap).
+  void credit_outage_locked();
   void set_leader(std::string address);
 
   const ServiceOptions options_;
@@ -153,6 +163,7 @@ class EngineHost {
   // after mutex_ when both are held.
   std::mutex store_mutex_;
   std::unique_ptr<StateStore> store_;
+  std::string receipt_key_;
   std::atomic<int64_t> last_tick_ms_{0};                             // monotonic: the last saved tick
   std::atomic<std::chrono::steady_clock::rep> store_down_until_{0};  // steady clock: changes fail fast until then
   std::atomic<uint64_t> preemptions_total_{0};

@@ -77,6 +77,8 @@ const std::vector<Router::Route>& Router::table() {
        [](S& s, const Caller& c, const ApiRequest&, const P&, int64_t id) { return s.get_lease(c, id); }},
       {{"POST", "/v1/leases/{id}/heartbeat", kToken, kFast},
        [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.heartbeat(c, id, r.body); }},
+      {{"POST", "/v1/leases/{id}/reattach", kToken, kApi},
+       [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.reattach(c, id, r.body); }},
       {{"POST", "/v1/leases/{id}/release", kToken, kApi},
        [](S& s, const Caller& c, const ApiRequest& r, const P&, int64_t id) { return s.release(c, id, r.body); }},
       {{"POST", "/v1/leases/{id}/review", kToken, kApi},

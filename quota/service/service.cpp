@@ -253,10 +253,14 @@ ApiResponse QuotaService::acquire(const Caller& caller, const ApiRequest& req) {
     if (!result.memory_row.empty()) body["memory_row"] = result.memory_row;
     body["status"] = to_string(result.kind);
     switch (result.kind) {
-      case AcquireResult::Kind::kGranted:
+      case AcquireResult::Kind::kGranted: {
         response.status = 201;
-        body["lease"] = lease_view(*engine().find(result.lease_id), now);
+        const Lease& lease = *engine().find(result.lease_id);
+        body["lease"] = lease_view(lease, now);
+        // signed: kept by the client, presented should a restored database lack the lease (reattach)
+        body["lease"]["receipt"] = to_json(receipt_of(lease, policy_, host_.receipt_key()));
         break;
+      }
       case AcquireResult::Kind::kQueued:
         response.status = 202;
         body["position"] = result.position;
@@ -297,6 +301,11 @@ ApiResponse QuotaService::get_lease(const Caller& caller, int64_t id) {
     }
     ApiResponse response;
     response.body = lease_view(*engine().find(id), now);
+    // a request that waited gets its receipt when it polls the grant
+    if (const Lease& held = *engine().find(id);
+        can_act(caller, held) && (held.state == LeaseState::kGranted || held.state == LeaseState::kRevoking)) {
+      response.body["receipt"] = to_json(receipt_of(held, policy_, host_.receipt_key()));
+    }
     return response;
   });
 }
@@ -365,6 +374,38 @@ ApiResponse QuotaService::heartbeat(const Caller& caller, int64_t id, const std:
       board_.add_sample(HeartbeatSample{id, now, lease->telemetry});
     }
     return fill(beat, now);
+  });
+}
+
+ApiResponse QuotaService::reattach(const Caller& caller, int64_t id, const std::string& body) {
+  const json body_json = parse_body(body);
+  if (!body_json.is_object()) throw RequestError("body: must be a JSON object");
+  if (!body_json.contains("receipt")) throw RequestError("receipt: required (the grant receipt quotad signed)");
+  const LeaseReceipt receipt = receipt_from_json(body_json["receipt"]);
+  if (receipt.lease_id != id) {
+    return error_response(
+        400, "receipt: it is lease " + std::to_string(receipt.lease_id) + "'s, not lease " + std::to_string(id) + "'s");
+  }
+  return locked([&] {
+    const int64_t now = host_.now();
+    const bool recorded = engine().find(id) == nullptr && host_.lease_recorded(id);
+    const ReattachResult result = engine().reattach(receipt, host_.receipt_key(), caller.name, recorded, now);
+    switch (result.kind) {
+      case ReattachResult::Kind::kReattached: break;
+      case ReattachResult::Kind::kBadSignature: return error_response(400, result.reason);
+      case ReattachResult::Kind::kWrongUser: return error_response(403, result.reason);
+      case ReattachResult::Kind::kHeld:
+      case ReattachResult::Kind::kCurrentEpoch:
+      case ReattachResult::Kind::kDevicesTaken:
+      case ReattachResult::Kind::kNotAdmitted: return error_response(409, result.reason);
+    }
+    ApiResponse response;
+    response.body = json{{"lease_id", id},
+                         {"state", to_string(LeaseState::kGranted)},
+                         {"heartbeat_interval_s", policy_.heartbeat_interval_s},
+                         {"ttl_s", policy_.ttl_s},
+                         {"reattached", true}};
+    return response;
   });
 }
 

@@ -102,6 +102,9 @@ class QuotaService {
   ApiResponse get_lease(const Caller& caller, int64_t id);
   ApiResponse list_leases(const Caller& caller, const ApiRequest& req);
   ApiResponse heartbeat(const Caller& caller, int64_t id, const std::string& body);
+  // A lease this quotad does not hold (lost with a restore), presented with its grant receipt (Engine::reattach):
+  // answered like a heartbeat when re-admitted; else 400 (a bad signature), 403 (not the receipt's user) or 409.
+  ApiResponse reattach(const Caller& caller, int64_t id, const std::string& body);
   ApiResponse release(const Caller& caller, int64_t id, const std::string& body);
   ApiResponse decide(const Caller& caller, int64_t approval_id, bool approve, const std::string& body);
   ApiResponse list_approvals(const Caller& caller);

@@ -10,6 +10,7 @@
 
 #include "quota/core/codec.h"
 #include "quota/core/ledger.h"
+#include "quota/core/receipt.h"
 #include "quota/store/store.h"
 
 namespace yolo8::quota {
@@ -63,6 +64,9 @@ CREATE TABLE memory_observations (
   batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib DOUBLE PRECISION NOT NULL,
   libtorch TEXT);
 CREATE INDEX memory_observations_key ON memory_observations(model, device, lease_id);
+)SQL"},
+    {9, "the secret grant receipts are signed with (created at random when the step is applied)", R"SQL(
+CREATE TABLE receipt_key (id INTEGER PRIMARY KEY CHECK (id = 1), secret TEXT NOT NULL);
 )SQL"},
 };
 constexpr int kPgMigrationCount = static_cast<int>(sizeof kPgMigrations / sizeof kPgMigrations[0]);
@@ -320,6 +324,9 @@ void PostgresStore::migrate_schema() {
       log.push_back("quotad: " + url_ + ": " + what);
       version = step.version;
     }
+    // the receipt key, from OpenSSL's RAND_bytes (a replica opening at the same time keeps the first one)
+    run("create the receipt key", "INSERT INTO receipt_key(id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+        Params().text(new_receipt_key_hex()));
     // a new database has no history to account for: its log starts with its use
     if (found == 0 || entries.empty()) {
       log.clear();
@@ -330,6 +337,24 @@ void PostgresStore::migrate_schema() {
     append_audit(entries);
   });
   for (const std::string& line : log) std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+std::string PostgresStore::receipt_key() {
+  const Result result = run("read the receipt key", "SELECT secret FROM receipt_key WHERE id = 1");
+  if (result.rows() == 0) throw StoreError(url_ + ": receipt_key: no key stored");
+  try {
+    return key_from_hex(result.text(0, 0));
+  } catch (const std::invalid_argument& error) {
+    throw StoreError(url_ + ": " + error.what());
+  }
+}
+
+bool PostgresStore::lease_recorded(int64_t lease_id) {
+  const Result result = run("look up lease " + std::to_string(lease_id),
+                            "SELECT 1 FROM leases WHERE id = $1 UNION ALL SELECT 1 FROM quarantine WHERE source = "
+                            "'leases' AND row_id = $1",
+                            Params().integer(lease_id));
+  return result.rows() > 0;
 }
 
 std::string PostgresStore::meta(const std::string& key) {

@@ -52,6 +52,8 @@ class PostgresStore : public StateStore {
   // fails, writing nothing, once another replica has taken over (PostgresLeadership): a replica that lost the lead
   // never changes state, even before it notices.
   void fence(int64_t epoch) override { fence_epoch_ = epoch; }
+  std::string receipt_key() override;
+  bool lease_recorded(int64_t lease_id) override;
 
  private:
   class Result;

@@ -24,7 +24,7 @@ class StoreError : public std::runtime_error {
 // table schema_version). Opening a database applies the numbered steps it lacks, in order, in one transaction, each
 // logged and audited (`schema.migrate`); a database of a newer version is refused. See "Schema versions and
 // upgrades" in quota/README.md.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
 // keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
@@ -92,6 +92,13 @@ class StateStore {
   // From now on every write first checks that the lead is still in `epoch` and fails, writing nothing, once another
   // replica has taken over. SQLite has no replicas (one writer per file, its lock makes sure): nothing to check.
   virtual void fence(int64_t epoch) = 0;
+  // The secret grant receipts are signed with (receipt.h; raw bytes): created at random once per database when its
+  // schema gains the table (version 9) and kept in it, so that backups carry it and a restored database verifies
+  // the receipts signed before the restore.
+  virtual std::string receipt_key() = 0;
+  // Whether the database holds (or quarantined) a lease row with this id, loaded or not: a lease that ended long
+  // ago is never re-attached from its receipt.
+  virtual bool lease_recorded(int64_t lease_id) = 0;
   // The file or the URL (never with a password), as errors and logs name it.
   virtual const std::string& path() const = 0;
 };

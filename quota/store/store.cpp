@@ -16,6 +16,7 @@
 
 #include "quota/core/calendar.h"
 #include "quota/core/codec.h"
+#include "quota/core/receipt.h"
 #include "quota/core/sha256.h"
 
 namespace yolo8::quota {
@@ -83,6 +84,9 @@ ALTER TABLE audit ADD COLUMN chain TEXT;
 )SQL"},
     {8, "heartbeats carry the process's own GPU memory (b1693bb)", R"SQL(
 ALTER TABLE heartbeats ADD COLUMN process_memory_used_gib REAL;
+)SQL"},
+    {9, "the secret grant receipts are signed with (created at random when the step is applied)", R"SQL(
+CREATE TABLE receipt_key (id INTEGER PRIMARY KEY CHECK (id = 1), secret TEXT NOT NULL);
 )SQL"},
 };
 constexpr int kMigrationCount = static_cast<int>(sizeof kMigrations / sizeof kMigrations[0]);
@@ -325,6 +329,29 @@ std::vector<std::string> Store::migrate_schema(bool audit_steps) {
   return log;
 }
 
+void Store::ensure_receipt_key() {
+  Statement statement(prepare("INSERT OR IGNORE INTO receipt_key(id, secret) VALUES (1, ?)"));
+  bind_text(statement.get(), 1, new_receipt_key_hex());
+  if (sqlite3_step(statement.get()) != SQLITE_DONE) fail("create the receipt key");
+}
+
+std::string Store::receipt_key() {
+  Statement statement(prepare("SELECT secret FROM receipt_key WHERE id = 1"));
+  if (sqlite3_step(statement.get()) != SQLITE_ROW) throw StoreError(path_ + ": receipt_key: no key stored");
+  try {
+    return key_from_hex(text(statement.get(), 0));
+  } catch (const std::invalid_argument& error) {
+    throw StoreError(path_ + ": " + error.what());
+  }
+}
+
+bool Store::lease_recorded(int64_t lease_id) {
+  Statement statement(prepare(
+      "SELECT 1 FROM leases WHERE id = ?1 UNION ALL SELECT 1 FROM quarantine WHERE source = 'leases' AND row_id = ?1"));
+  sqlite3_bind_int64(statement.get(), 1, lease_id);
+  return sqlite3_step(statement.get()) == SQLITE_ROW;
+}
+
 std::string Store::meta_value(const char* key) {
   Statement statement(prepare("SELECT value FROM meta WHERE key = ?"));
   bind_text(statement.get(), 1, key);
@@ -365,6 +392,7 @@ Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms, bool 
       exec("PRAGMA foreign_keys=ON");
       exec("BEGIN IMMEDIATE");
       const std::vector<std::string> log = migrate_schema(audit_schema_steps);
+      ensure_receipt_key();
       exec("COMMIT");
       for (const std::string& line : log) std::fprintf(stderr, "%s\n", line.c_str());
       check_integrity();
@@ -961,7 +989,7 @@ constexpr SalvageTable kSalvage[] = {
     {"loans", "REPLACE", nullptr},        {"grants", "REPLACE", nullptr},
     {"usage", "REPLACE", nullptr},        {"audit", "IGNORE", nullptr},
     {"heartbeats", "IGNORE", "ts_ms"},    {"memory_observations", "IGNORE", "ts_ms"},
-    {"quarantine", "IGNORE", "moved_ms"},
+    {"quarantine", "IGNORE", "moved_ms"}, {"receipt_key", "REPLACE", nullptr},  // the key that signed the receipts
 };
 
 // Copies what `from` (damaged) still yields into `into`, table by table in rowid order; a read error skips ahead

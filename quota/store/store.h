@@ -28,8 +28,8 @@ void prepare_database(const std::string& path, bool init, int64_t now_ms);
 // id epoch: every id sequence (leases, approvals, loans, grants, audit entries) continues at least this far above
 // every id the restored state knows, rounded up to a multiple of it. Ids handed out after the backup, and lost
 // with the file, are therefore never handed out again (no quotad hands out a billion ids of one kind between two
-// backups), and a trainer holding one is told its lease is unknown rather than meeting someone else's.
-inline constexpr int64_t kIdEpochSpan = 1000000000;
+// backups), and a trainer holding one is told its lease is unknown rather than meeting someone else's (then it may
+// present its grant receipt: Engine::reattach). kIdEpochSpan: engine.h.
 // The first id of the epoch a restore opens above `highest_known`.
 int64_t next_id_epoch(int64_t highest_known);
 
@@ -76,6 +76,8 @@ class Store : public StateStore {
   const std::string& path() const override { return path_; }
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
   const std::string& audit_head() const override { return audit_head_; }
+  std::string receipt_key() override;
+  bool lease_recorded(int64_t lease_id) override;
   void fence(int64_t) override {}  // one writer per file: the writer lock (writer_lock.h) makes sure
 
  private:
@@ -90,6 +92,8 @@ class Store : public StateStore {
   // Inside the opening transaction: applies the schema steps the file lacks; the lines to log once committed.
   std::vector<std::string> migrate_schema(bool audit_steps);
   std::string bridge_legacy_layout();
+  // Inside the opening transaction: the receipt key, created (OpenSSL's RAND_bytes) when the database has none.
+  void ensure_receipt_key();
   int schema_version();
   void set_schema_version(int version);
 

@@ -426,5 +426,113 @@ TEST(QuotaClientToken, AMissingFileOrBothATokenAndAFileAreErrorsNamingThem) {
   EXPECT_THROW(QuotaClient client(both), std::invalid_argument);
 }
 
+// A quotad whose database was restored from a backup that predates lease 9: heartbeats and the release answer
+// "unknown lease 9" (as quotad does) until the receipt the grant carried is presented; `accept` says whether the
+// reattach is granted (else 409, as for GPUs taken since).
+class RestoredQuotad {
+ public:
+  explicit RestoredQuotad(bool accept) : accept_(accept) {
+    server_.Post("/v1/leases", [](const httplib::Request&, httplib::Response& response) {
+      const nlohmann::json lease = {{"id", 9},
+                                    {"state", "granted"},
+                                    {"devices", {"node-a:2"}},
+                                    {"ttl_s", 30},
+                                    {"heartbeat_interval_s", 1},
+                                    {"memory_gib", 80},
+                                    {"receipt", kReceipt}};
+      response.status = 201;
+      response.set_content(nlohmann::json{{"status", "granted"}, {"lease_id", 9}, {"lease", lease}}.dump(),
+                           "application/json");
+    });
+    auto unknown_or_granted = [this](const httplib::Request&, httplib::Response& response) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!reattached_) {
+        response.status = 404;
+        response.set_content(R"({"error":404,"reason":"unknown lease 9"})", "application/json");
+        return;
+      }
+      response.set_content(R"({"lease_id":9,"state":"granted","released_now":true})", "application/json");
+    };
+    server_.Post("/v1/leases/9/heartbeat", unknown_or_granted);
+    server_.Post("/v1/leases/9/release", unknown_or_granted);
+    server_.Post("/v1/leases/9/reattach", [this](const httplib::Request& request, httplib::Response& response) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      presented_.push_back(nlohmann::json::parse(request.body));
+      if (!accept_) {
+        response.status = 409;
+        response.set_content(R"({"error":409,"reason":"devices: GPU node-a:2 is held by lease 2000000000"})",
+                             "application/json");
+        return;
+      }
+      reattached_ = true;
+      response.set_content(R"({"lease_id":9,"state":"granted","reattached":true})", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~RestoredQuotad() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<nlohmann::json> presented() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return presented_;
+  }
+  inline static const nlohmann::json kReceipt = {{"lease_id", 9}, {"user", "alice"}, {"signature", "ab12"}};
+
+ private:
+  const bool accept_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::mutex mutex_;
+  bool reattached_ = false;
+  std::vector<nlohmann::json> presented_;
+};
+
+TEST(QuotaClientHttp, AnUnknownLeaseIsReattachedFromItsReceiptAndBeatsOn) {
+  RestoredQuotad quotad(true);
+  QuotaClient client(http_config(quotad.url()));
+  const LeaseInfo lease = client.acquire(LeaseRequest{});
+  EXPECT_EQ(lease.receipt, RestoredQuotad::kReceipt);
+  client.start_heartbeats();
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (client.reattachments() == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a beat after it
+  EXPECT_EQ(client.reattachments(), 1);
+  EXPECT_FALSE(client.lost());
+  ASSERT_EQ(quotad.presented().size(), 1u);
+  EXPECT_EQ(quotad.presented()[0], nlohmann::json({{"receipt", RestoredQuotad::kReceipt}}));
+  EXPECT_TRUE(client.release(Outcome::kCompleted).acknowledged);
+}
+
+TEST(QuotaClientHttp, ARefusedReceiptLosesTheLeaseAndIsPresentedOnce) {
+  RestoredQuotad quotad(false);
+  std::vector<std::string> notices;
+  std::mutex notices_mutex;
+  ClientConfig config = http_config(quotad.url());
+  config.on_notice = [&](const std::string& text) {
+    std::lock_guard<std::mutex> lock(notices_mutex);
+    notices.push_back(text);
+  };
+  QuotaClient client(config);
+  client.acquire(LeaseRequest{});
+  client.start_heartbeats();
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (!client.lost() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(client.lost());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two more beats: still 404, not presented again
+  EXPECT_EQ(quotad.presented().size(), 1u);
+  EXPECT_EQ(client.reattachments(), 0);
+  {
+    std::lock_guard<std::mutex> lock(notices_mutex);
+    ASSERT_FALSE(notices.empty());
+    EXPECT_NE(notices[0].find("refused its grant receipt (409"), std::string::npos) << notices[0];
+  }
+  EXPECT_FALSE(client.release(Outcome::kCompleted).acknowledged);
+}
+
 }  // namespace
 }  // namespace yolo8::quota

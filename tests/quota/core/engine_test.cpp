@@ -1859,3 +1859,145 @@ TEST(EngineBilling, ARestartBillsTheDowntimeOnlyToLeasesHeartbeatedAgain) {
 }
 }  // namespace
 }  // namespace yolo8::quota
+
+namespace yolo8::quota {
+namespace {
+
+// Grant receipts: a database restored from a backup lacks the leases granted after it; their trainers present the
+// receipts. `lost` grants them on the state the backup would not hold; `restored` is the state after the restore
+// (the same policy, the ids moved to the next epoch).
+struct Restored {
+  const std::string key = std::string(kReceiptKeyBytes, '\x42');
+  Engine lost{testing::example_policy()};
+  Engine restored{testing::example_policy()};
+  Restored() { restored.reserve_ids(2 * kIdEpochSpan, 2 * kIdEpochSpan); }
+  LeaseReceipt grant(const LeaseRequest& request, int64_t now) {
+    const AcquireResult result = lost.acquire(request, now);
+    EXPECT_EQ(result.kind, Kind::kGranted) << result.reason;
+    return receipt_of(*lost.find(result.lease_id), lost.policy(), key);
+  }
+};
+
+TEST(EngineReattach, AReceiptOnFreeGpusIsReadmittedWithItsIdGpusAndGrantTimeBilledFromTheGrant) {
+  Restored r;
+  const int64_t t = kOutsideWindow;
+  LeaseRequest request = req("team-cv", "alice", 2);
+  request.job = "detector";
+  const LeaseReceipt receipt = r.grant(request, t);
+  const int64_t later = t + 10 * kMinute;
+  const ReattachResult result = r.restored.reattach(receipt, r.key, "alice", false, later);
+  ASSERT_EQ(result.kind, ReattachResult::Kind::kReattached) << result.reason;
+  const Lease* lease = r.restored.find(receipt.lease_id);
+  ASSERT_NE(lease, nullptr);
+  EXPECT_EQ(lease->state, LeaseState::kGranted);
+  EXPECT_EQ(lease->devices, r.lost.find(receipt.lease_id)->devices);
+  EXPECT_EQ(lease->req.job, "detector");
+  EXPECT_EQ(lease->granted_ms, t);
+  EXPECT_TRUE(has_audit(r.restored, "lease.reattach", receipt.lease_id));
+  // a heartbeat now keeps it; the next tick bills the ten minutes since the grant
+  EXPECT_EQ(r.restored.heartbeat(receipt.lease_id, {}, later).state, LeaseState::kGranted);
+  r.restored.tick(later + 1000);
+  EXPECT_NEAR(r.restored.find(receipt.lease_id)->gpu_hours, 2 * (10 * kMinute + 1000) / 3.6e6, 1e-9);
+  // the next grant does not take the re-attached GPUs, and ids continue in the new epoch
+  const AcquireResult next = r.restored.acquire(req("team-cv", "bob", 1), later);
+  ASSERT_EQ(next.kind, Kind::kGranted);
+  EXPECT_EQ(next.lease_id, 2 * kIdEpochSpan);
+  for (int device : r.restored.find(next.lease_id)->devices) {
+    EXPECT_EQ(std::count(lease->devices.begin(), lease->devices.end(), device), 0);
+  }
+  expect_sound(r.restored, later);
+  // presented again (a second trainer with a copy): it is held now
+  EXPECT_EQ(r.restored.reattach(receipt, r.key, "alice", false, later).kind, ReattachResult::Kind::kHeld);
+}
+
+TEST(EngineReattach, AReceiptWhoseGpusAnotherLeaseHoldsNowIsRefused) {
+  Restored r;
+  const int64_t t = kOutsideWindow;
+  const LeaseReceipt receipt = r.grant(req("team-cv", "alice", 1), t);
+  // after the restore the same GPU went to someone else
+  ASSERT_EQ(r.restored.acquire(req("team-robotics", "erin", 1), t + 1000).kind, Kind::kGranted);
+  ASSERT_EQ(r.restored.leases().begin()->second.devices, r.lost.find(receipt.lease_id)->devices);
+  const ReattachResult result = r.restored.reattach(receipt, r.key, "alice", false, t + 2000);
+  EXPECT_EQ(result.kind, ReattachResult::Kind::kDevicesTaken);
+  EXPECT_NE(result.reason.find("is held by lease " + std::to_string(2 * kIdEpochSpan) + " (erin"), std::string::npos)
+      << result.reason;
+  EXPECT_EQ(r.restored.find(receipt.lease_id), nullptr);
+  EXPECT_FALSE(has_audit(r.restored, "lease.reattach", receipt.lease_id));
+}
+
+TEST(EngineReattach, AForgedOrAlteredReceiptIsRefused) {
+  Restored r;
+  const int64_t t = kOutsideWindow;
+  const LeaseReceipt receipt = r.grant(req("team-cv", "alice", 1), t);
+  LeaseReceipt more_gpus = receipt;
+  more_gpus.devices.push_back("node-b:0");
+  LeaseReceipt other_key = receipt;
+  other_key.signature = receipt_signature(receipt, std::string(kReceiptKeyBytes, '\x43'));
+  for (const LeaseReceipt& bad : {more_gpus, other_key}) {
+    const ReattachResult result = r.restored.reattach(bad, r.key, "alice", false, t + 1000);
+    EXPECT_EQ(result.kind, ReattachResult::Kind::kBadSignature);
+    EXPECT_NE(result.reason.find("signature does not match"), std::string::npos) << result.reason;
+  }
+  EXPECT_TRUE(r.restored.leases().empty());
+}
+
+TEST(EngineReattach, SomeoneElsesReceiptIsRefused) {
+  Restored r;
+  const LeaseReceipt receipt = r.grant(req("team-cv", "alice", 1), kOutsideWindow);
+  const ReattachResult result = r.restored.reattach(receipt, r.key, "bob", false, kOutsideWindow + 1000);
+  EXPECT_EQ(result.kind, ReattachResult::Kind::kWrongUser);
+  EXPECT_EQ(result.reason, "user: lease 1 was granted to alice, not to bob");
+  EXPECT_TRUE(r.restored.leases().empty());
+}
+
+TEST(EngineReattach, AnIdOfTheCurrentEpochOrOneTheDatabaseRecordsIsRefused) {
+  Restored r;
+  const int64_t t = kOutsideWindow;
+  const LeaseReceipt receipt = r.grant(req("team-cv", "alice", 1), t);
+  // no restore: the ids are still in their first epoch, so an unknown id was never lost with a backup
+  Engine same_epoch(testing::example_policy());
+  same_epoch.reserve_ids(5, 1);
+  ReattachResult result = same_epoch.reattach(receipt, r.key, "alice", false, t + 1000);
+  EXPECT_EQ(result.kind, ReattachResult::Kind::kCurrentEpoch);
+  EXPECT_NE(result.reason.find("current id epoch"), std::string::npos) << result.reason;
+  // a receipt for an id of the new epoch, which this quotad has not handed out yet
+  LeaseReceipt ahead = receipt;
+  ahead.lease_id = 2 * kIdEpochSpan + 5;
+  ahead.signature = receipt_signature(ahead, r.key);
+  EXPECT_EQ(r.restored.reattach(ahead, r.key, "alice", false, t + 1000).kind, ReattachResult::Kind::kCurrentEpoch);
+  // a lease the restored database records (ended long ago, not loaded)
+  EXPECT_EQ(r.restored.reattach(receipt, r.key, "alice", true, t + 1000).kind, ReattachResult::Kind::kHeld);
+  EXPECT_TRUE(r.restored.leases().empty());
+}
+
+TEST(EngineReattach, ATeamAtItsLimitIsRefusedAndSharedLeasesShareAGpu) {
+  Restored r;
+  const int64_t t = kOutsideWindow;      // team-robotics: 6 GPUs
+  r.grant(req("team-cv", "bob", 4), t);  // so that erin's lease lies elsewhere than the restored one's
+  const LeaseReceipt big = r.grant(req("team-robotics", "erin", 4), t);
+  ASSERT_EQ(r.restored.acquire(req("team-robotics", "erin", 4), t).kind, Kind::kGranted);
+  for (int device : r.restored.find(2 * kIdEpochSpan)->devices) {
+    const auto& lost_devices = r.lost.find(big.lease_id)->devices;
+    ASSERT_EQ(std::count(lost_devices.begin(), lost_devices.end(), device), 0);
+  }
+  const ReattachResult over = r.restored.reattach(big, r.key, "erin", false, t + 1000);
+  EXPECT_EQ(over.kind, ReattachResult::Kind::kNotAdmitted);
+  EXPECT_NE(over.reason.find("team team-robotics uses 4.0 of the 6.0 GPUs allowed now"), std::string::npos)
+      << over.reason;
+
+  Restored shared;
+  LeaseRequest half = req("team-cv", "alice", 1);
+  half.shared = true;
+  half.memory_gib = 30;
+  const LeaseReceipt first = shared.grant(half, t);
+  const LeaseReceipt second = shared.grant(half, t);
+  ASSERT_EQ(shared.lost.find(first.lease_id)->devices, shared.lost.find(second.lease_id)->devices);
+  EXPECT_EQ(shared.restored.reattach(first, shared.key, "alice", false, t + 1000).kind,
+            ReattachResult::Kind::kReattached);
+  EXPECT_EQ(shared.restored.reattach(second, shared.key, "alice", false, t + 1000).kind,
+            ReattachResult::Kind::kReattached);
+  expect_sound(shared.restored, t + 1000);
+}
+
+}  // namespace
+}  // namespace yolo8::quota

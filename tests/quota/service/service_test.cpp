@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "quota/server/metrics.h"
+#include "quota/store/store.h"
 #include "tests/quota/quota_test_util.h"
 
 namespace yolo8::quota {
@@ -718,6 +719,100 @@ TEST(QuotaService, AClockSetBackWhileQuotadWasDownDoesNotGiveAnExpiredLeaseItsRe
   EXPECT_EQ(count_audit(again, "state.unsound"), 0);
   EXPECT_EQ(count_audit(again, "clock.step"), 1);
   EXPECT_EQ(again.handle(api_call("GET", "/v1/leases/2", "alice-token")).body["state"], "granted");
+}
+
+// After a long stall (longer than the ttl) the first heartbeat is answered from the board before any tick: the
+// outage is credited before that report reaches the engine, so the lease is neither expired nor billed short.
+TEST(QuotaService, AnOutageIsCreditedBeforeTheFirstHeartbeatAfterIt) {
+  SteppedClocks clocks;
+  QuotaService s(six_second_ttl_policy(), stepped_options(clocks));
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})")).status, 201);
+  clocks.advance(1000);
+  ASSERT_EQ(s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}")).status, 200);
+  s.tick();
+  clocks.advance(20000);  // quotad stalled for 20 s, over three ttls; the trainer kept training
+  const ApiResponse beat = s.handle(api_call("POST", "/v1/leases/1/heartbeat", "alice-token", "{}"));
+  ASSERT_EQ(beat.status, 200);
+  EXPECT_EQ(beat.body["state"], "granted");
+  s.tick();
+  EXPECT_EQ(s.handle(api_call("GET", "/v1/leases/1", "alice-token")).body["state"], "granted");
+  const json released = s.handle(api_call("POST", "/v1/leases/1/release", "alice-token", "{}")).body;
+  // the trainer was heard from after the outage: the whole 21 s are its
+  EXPECT_NEAR(released["gpu_hours"].get<double>(), 21.0 / 3600, 1e-9);
+  EXPECT_EQ(count_audit(s, "quotad.outage"), 1);
+}
+
+// A database restored from a backup lacks the leases granted after it: their trainers present their grant receipts
+// and get them back, their ids and GPUs kept; forged, someone else's or doubled receipts are refused.
+TEST(QuotaService, LeasesARestoreLostAreReattachedFromTheirReceipts) {
+  const std::string db = temp_db("reattach");
+  Clock clock;
+  ServiceOptions o;
+  o.db_path = db;
+  o.clock = clock.fn();
+  json kept_receipt, lost_receipt, queued_receipt;
+  {
+    QuotaService s(testing::example_policy(), o);
+    const ApiResponse kept = s.handle(api_call("POST", "/v1/leases", "alice-token", R"({"model":"yolov8s"})"));
+    ASSERT_EQ(kept.status, 201);
+    kept_receipt = kept.body["lease"]["receipt"];
+    EXPECT_EQ(kept_receipt["user"], "alice");
+    EXPECT_EQ(kept_receipt["devices"], kept.body["lease"]["devices"]);
+    backup_database(db, clock.t->load());
+    *clock.t += kMinute;
+    const ApiResponse lost =
+        s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s","gpus":2,"job":"det"})"));
+    ASSERT_EQ(lost.status, 201);
+    lost_receipt = lost.body["lease"]["receipt"];
+    // a receipt is also what polling a grant answers
+    queued_receipt = s.handle(api_call("GET", "/v1/leases/2", "bob-token")).body["receipt"];
+    EXPECT_EQ(queued_receipt, lost_receipt);
+    EXPECT_FALSE(s.handle(api_call("GET", "/v1/leases/2", "alice-token")).body.contains("receipt"));
+  }
+  std::filesystem::remove(db);
+  std::filesystem::remove(db + "-wal");
+  std::filesystem::remove(db + "-shm");
+  const RepairReport report = repair_database(db, clock.t->load());
+  ASSERT_FALSE(report.restored_from.empty());
+  *clock.t += kMinute;
+  QuotaService s(testing::example_policy(), o);
+  const std::string lost_path = "/v1/leases/2";
+  const ApiResponse unknown = s.handle(api_call("POST", lost_path + "/heartbeat", "bob-token", "{}"));
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(unknown.body["reason"], "unknown lease 2");
+  auto present = [&](const std::string& token, const json& receipt, int64_t id = 2) {
+    return s.handle(
+        api_call("POST", "/v1/leases/" + std::to_string(id) + "/reattach", token, json{{"receipt", receipt}}.dump()));
+  };
+  EXPECT_EQ(present("alice-token", lost_receipt).status, 403);
+  json altered = lost_receipt;
+  altered["devices"].push_back("node-b:7");
+  const ApiResponse forged = present("bob-token", altered);
+  EXPECT_EQ(forged.status, 400);
+  EXPECT_NE(forged.body["reason"].get<std::string>().find("signature"), std::string::npos);
+  EXPECT_EQ(present("bob-token", lost_receipt, 3).status, 400);    // the path names another lease
+  EXPECT_EQ(present("alice-token", kept_receipt, 1).status, 409);  // the backup holds it: heartbeats keep it
+  const ApiResponse back = present("bob-token", lost_receipt);
+  ASSERT_EQ(back.status, 200) << back.serialized();
+  EXPECT_EQ(back.body["state"], "granted");
+  EXPECT_EQ(back.body["reattached"], true);
+  EXPECT_EQ(s.handle(api_call("POST", lost_path + "/heartbeat", "bob-token", "{}")).body["state"], "granted");
+  const json view = s.handle(api_call("GET", lost_path, "bob-token")).body;
+  EXPECT_EQ(view["devices"], lost_receipt["devices"]);
+  EXPECT_EQ(view["granted_ms"], lost_receipt["granted_ms"]);
+  EXPECT_EQ(present("bob-token", lost_receipt).status, 409);  // once
+  // new leases take other GPUs and ids of the new epoch
+  const ApiResponse next = s.handle(api_call("POST", "/v1/leases", "bob-token", R"({"model":"yolov8s"})"));
+  ASSERT_EQ(next.status, 201);
+  EXPECT_EQ(next.body["lease_id"], report.id_epoch);
+  for (const json& device : next.body["lease"]["devices"]) {
+    EXPECT_EQ(std::count(lost_receipt["devices"].begin(), lost_receipt["devices"].end(), device), 0);
+  }
+  EXPECT_EQ(count_audit(s, "lease.reattach"), 1);
+  EXPECT_TRUE(s.check_invariants().empty());
+  // stored: a restart keeps it
+  QuotaService restarted(testing::example_policy(), o);
+  EXPECT_EQ(restarted.handle(api_call("GET", lost_path, "bob-token")).body["state"], "granted");
 }
 
 }  // namespace

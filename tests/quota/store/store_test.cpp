@@ -736,13 +736,16 @@ TEST(QuotaRestore, ADeletedDatabaseComesBackFromItsBackupAndNoIdIsHandedOutTwice
   remove_copies(path);
   const int64_t now = kMonday + 13 * kHour;
   HandedOut last;
+  std::string key;
   {
     Store store(path);
     Engine engine = loaded_engine(store, now);
     hand_out(engine, store, now);
+    key = store.receipt_key();
     backup_database(path, now, 24);
     for (int i = 0; i < 5; ++i) last = hand_out(engine, store, now + kMinute, i == 0);
   }
+  EXPECT_EQ(key.size(), kReceiptKeyBytes);
   ASSERT_EQ(last.lease, 6);
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
 
@@ -764,6 +767,10 @@ TEST(QuotaRestore, ADeletedDatabaseComesBackFromItsBackupAndNoIdIsHandedOutTwice
     Store store(path);
     Engine engine = loaded_engine(store, now + kHour);
     EXPECT_EQ(engine.find(last.lease), nullptr) << "a lease granted after the backup is unknown, not someone else's";
+    // the receipts signed before the restore still verify: the key came back with the backup
+    EXPECT_EQ(store.receipt_key(), key);
+    EXPECT_FALSE(store.lease_recorded(last.lease));
+    EXPECT_TRUE(store.lease_recorded(1));
     const HandedOut next = hand_out(engine, store, now + kHour);
     EXPECT_EQ(next.lease, 2 * kIdEpochSpan);
     EXPECT_EQ(next.loan, 2 * kIdEpochSpan);
