@@ -170,7 +170,8 @@ std::string sqlite_only(const std::string& db, const std::string& command, const
 int serve(const std::string& policy_path, const std::string& db, const std::string& db_password_file,
           const std::string& listen, bool full_sync, int threads, const std::string& tls_cert,
           const std::string& tls_key, int backup_every_min, int backup_keep, int max_connections_per_address,
-          int max_connections, int watch_every_s, bool init, const std::string& advertise) {
+          int max_connections, int watch_every_s, bool init, const std::string& advertise,
+          int heartbeat_retention_days) {
   const DbTarget target = parse_db_target(db);  // before anything starts: a URL with a password is refused
   const bool sqlite = target.kind == DbTarget::Kind::kSqlite;
   if (!sqlite && backup_every_min > 0) {
@@ -227,6 +228,7 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
   // for a second after that, changes get 503 at once
   opts.store_busy_timeout_ms = 2000;
   opts.outage_after_ms = 3000;  // the maintenance thread ticks every second
+  opts.heartbeat_retention_ms = int64_t{heartbeat_retention_days} * 86400000;
   // block the stop and reload signals in every thread; the main thread waits for them
   sigset_t set;
   sigemptyset(&set);
@@ -355,6 +357,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--backup-keep", backup_keep, "online backups kept (the newest)")
       ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  int heartbeat_retention_days = 14;
+  serve_cmd
+      ->add_option("--heartbeat-retention-days", heartbeat_retention_days,
+                   "days raw heartbeats are kept; older ones are folded into hourly summaries per lease")
+      ->check(CLI::Range(1, 36500))
       ->capture_default_str();
   // connections that have not yet presented a valid token, per peer address; behind a TLS proxy or a NAT
   // every trainer shares one address (quota/README.md, threat model)
@@ -532,7 +540,8 @@ int main(int argc, char** argv) {
   try {
     if (*serve_cmd) {
       return serve(policy_path, db, db_password_file, listen, full_sync, threads, tls_cert, tls_key, backup_every_min,
-                   backup_keep, max_connections_per_address, max_connections, watch_every_s, init_db, advertise);
+                   backup_keep, max_connections_per_address, max_connections, watch_every_s, init_db, advertise,
+                   heartbeat_retention_days);
     }
     if (*check_cmd) {
       const auto describe = [](const MemoryTable& table) {

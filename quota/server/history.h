@@ -11,7 +11,8 @@
 namespace yolo8::quota {
 
 // Leases requested before `to_ms` that were still open at `from_ms`, with the GPU-hours their heartbeat samples
-// cover inside the window and those below the policy's waste threshold. Throws std::runtime_error naming the
+// cover inside the window (from the whole hour `from_ms` falls in: heartbeats older than the retention period are
+// kept as hourly summaries) and those below the policy's waste threshold. Throws std::runtime_error naming the
 // database when it cannot be read.
 UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms);
 // The same through a reader already open (the monthly report's).

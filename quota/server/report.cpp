@@ -52,8 +52,7 @@ struct MonthData {
 MonthData read_samples(StoreReader& reader, int64_t from, int64_t to, const std::map<int64_t, Lease>& leases,
                        double below, int64_t after_ms) {
   UtilTracker tracker(below, after_ms);
-  reader.util_samples(from, to,
-                      [&](int64_t lease_id, int64_t ts_ms, double util) { tracker.observe(lease_id, ts_ms, util); });
+  reader.fold_util(from, to, tracker);  // months are whole hours: the same whether their heartbeats were folded
   MonthData out;
   for (const auto& [id, util] : tracker.leases()) {
     // a low run lasts until the lease ended (inside the month) or the last sample
@@ -164,11 +163,11 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     team.prev_gpu_hours += h_prev;
     if (auto it = cur.util.find(id); it != cur.util.end() && it->second.covered_ms > 0) {
       util_cur[lease.req.team].weight += units * static_cast<double>(it->second.covered_ms);
-      util_cur[lease.req.team].sum += units * it->second.util_ms;
+      util_cur[lease.req.team].sum += units * it->second.util_ms();
     }
     if (auto it = prev.util.find(id); it != prev.util.end() && it->second.covered_ms > 0) {
       util_prev[lease.req.team].weight += units * static_cast<double>(it->second.covered_ms);
-      util_prev[lease.req.team].sum += units * it->second.util_ms;
+      util_prev[lease.req.team].sum += units * it->second.util_ms();
     }
     if (h_cur <= 0) continue;
     ++team.leases;

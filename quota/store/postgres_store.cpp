@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "quota/core/codec.h"
@@ -63,6 +64,17 @@ CREATE TABLE memory_observations (
   batch INTEGER NOT NULL, amp INTEGER NOT NULL, device TEXT NOT NULL, peak_gib DOUBLE PRECISION NOT NULL,
   libtorch TEXT);
 CREATE INDEX memory_observations_key ON memory_observations(model, device, lease_id);
+)SQL"},
+    {9, "heartbeats older than the retention period folded into hourly summaries per lease", R"SQL(
+CREATE TABLE heartbeat_hours (
+  lease_id BIGINT NOT NULL, hour_ms BIGINT NOT NULL, samples INTEGER NOT NULL,
+  first_ts_ms BIGINT NOT NULL, first_util DOUBLE PRECISION NOT NULL, last_ts_ms BIGINT NOT NULL,
+  last_util DOUBLE PRECISION NOT NULL, util_micro_ms BIGINT NOT NULL, covered_ms BIGINT NOT NULL,
+  low_held_ms BIGINT NOT NULL, head_low_end_ms BIGINT NOT NULL, tail_low_since_ms BIGINT NOT NULL,
+  wasted_ms BIGINT NOT NULL, longest_low_ms BIGINT NOT NULL, closed_runs BIGINT NOT NULL,
+  threshold DOUBLE PRECISION NOT NULL, waste_after_ms BIGINT NOT NULL, PRIMARY KEY (lease_id, hour_ms));
+CREATE INDEX heartbeat_hours_hour ON heartbeat_hours(hour_ms);
+CREATE INDEX heartbeats_ts ON heartbeats(ts_ms);
 )SQL"},
 };
 constexpr int kPgMigrationCount = static_cast<int>(sizeof kPgMigrations / sizeof kPgMigrations[0]);
@@ -693,16 +705,166 @@ std::vector<MemoryObservation> PostgresStore::memory_observations() {
   return out;
 }
 
+namespace {
+
+// heartbeat_hours: the key, then an hour's UtilSummary (as in SQLite)
+constexpr const char* kPgHourColumns =
+    "lease_id, hour_ms, samples, first_ts_ms, first_util, last_ts_ms, last_util, util_micro_ms, covered_ms, "
+    "low_held_ms, head_low_end_ms, tail_low_since_ms, wasted_ms, longest_low_ms, closed_runs, threshold, "
+    "waste_after_ms";
+
+}  // namespace
+
+UtilSummary PostgresStore::hour_summary(const Result& rows, int row) {
+  const auto integer = [&](int column) { return rows.integer(row, 2 + column); };
+  UtilSummary summary;
+  summary.samples = static_cast<int>(integer(0));
+  summary.first_ts_ms = integer(1);
+  summary.first_util = rows.real(row, 2 + 2);
+  summary.last_ts_ms = integer(3);
+  summary.last_util = rows.real(row, 2 + 4);
+  summary.util_micro_ms = integer(5);
+  summary.covered_ms = integer(6);
+  summary.low_held_ms = integer(7);
+  summary.head_low_end_ms = integer(8);
+  summary.tail_low_since_ms = integer(9);
+  summary.wasted_ms = integer(10);
+  summary.longest_low_ms = integer(11);
+  summary.closed_runs = integer(12);
+  summary.threshold = rows.real(row, 2 + 13);
+  summary.waste_after_ms = integer(14);
+  return summary;
+}
+
 void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker) {
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
     tracker.forget(id);
+    const Result hours =
+        run("read table heartbeat_hours",
+            (std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 ORDER BY hour_ms")
+                .c_str(),
+            Params().integer(id));
+    for (int row = 0; row < hours.rows(); ++row) tracker.observe_summary(id, hour_summary(hours, row));
     const Result rows =
         run("read table heartbeats",
             "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND gpu_util >= 0 ORDER BY ts_ms",
             Params().integer(id));
     for (int row = 0; row < rows.rows(); ++row) tracker.observe(id, rows.integer(row, 0), rows.real(row, 1));
   }
+}
+
+// As Store::fold_heartbeats; a batch ends between two times, so that what stays is exactly what is newer.
+int64_t PostgresStore::fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) {
+  before_ms = hour_of(before_ms);
+  int64_t folded = 0;
+  in_transaction([&] {
+    struct Row {
+      int64_t lease_id, ts_ms;
+      double util;
+    };
+    std::vector<Row> rows;
+    const auto read = [&](const Result& result) {
+      for (int row = 0; row < result.rows(); ++row) {
+        rows.push_back({result.integer(row, 0), result.integer(row, 1), result.real(row, 2)});
+      }
+    };
+    read(run("read table heartbeats",
+             "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms < $1 ORDER BY ts_ms LIMIT $2",
+             Params().integer(before_ms).integer(std::max<int64_t>(1, max_rows))));
+    int64_t bound = before_ms;
+    if (static_cast<int64_t>(rows.size()) >= max_rows && !rows.empty()) {
+      bound = rows.back().ts_ms;
+      while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
+      if (rows.empty()) {
+        read(run("read table heartbeats",
+                 "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms = $1",
+                 Params().integer(bound)));
+        ++bound;
+      }
+    }
+    std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
+    for (const Row& row : rows) {
+      auto [it, fresh] = hours.try_emplace({row.lease_id, hour_of(row.ts_ms)});
+      if (fresh) {
+        it->second.threshold = threshold;
+        it->second.waste_after_ms = waste_after_ms;
+      }
+      it->second.add(row.ts_ms, row.util);
+    }
+    const std::string select =
+        std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 AND hour_ms = $2";
+    std::string upsert = std::string("INSERT INTO heartbeat_hours(") + kPgHourColumns +
+                         ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) "
+                         "ON CONFLICT (lease_id, hour_ms) DO UPDATE SET ";
+    const char* updated[] = {"samples",       "first_ts_ms",    "first_util",  "last_ts_ms",      "last_util",
+                             "util_micro_ms", "covered_ms",     "low_held_ms", "head_low_end_ms", "tail_low_since_ms",
+                             "wasted_ms",     "longest_low_ms", "closed_runs", "threshold",       "waste_after_ms"};
+    for (const char* column : updated) {
+      upsert += std::string(column == updated[0] ? "" : ", ") + column + " = EXCLUDED." + column;
+    }
+    for (auto& [key, summary] : hours) {
+      if (summary.empty()) continue;  // only samples without a utilisation
+      UtilSummary merged = summary;
+      const Result before =
+          run("read table heartbeat_hours", select.c_str(), Params().integer(key.first).integer(key.second));
+      if (before.rows() > 0) {
+        merged = hour_summary(before, 0);
+        merged.append(summary);
+      }
+      run("write table heartbeat_hours", upsert.c_str(),
+          Params()
+              .integer(key.first)
+              .integer(key.second)
+              .integer(merged.samples)
+              .integer(merged.first_ts_ms)
+              .real(merged.first_util)
+              .integer(merged.last_ts_ms)
+              .real(merged.last_util)
+              .integer(merged.util_micro_ms)
+              .integer(merged.covered_ms)
+              .integer(merged.low_held_ms)
+              .integer(merged.head_low_end_ms)
+              .integer(merged.tail_low_since_ms)
+              .integer(merged.wasted_ms)
+              .integer(merged.longest_low_ms)
+              .integer(merged.closed_runs)
+              .real(merged.threshold)
+              .integer(merged.waste_after_ms));
+    }
+    run("delete folded heartbeats", "DELETE FROM heartbeats WHERE ts_ms < $1", Params().integer(bound));
+    folded = static_cast<int64_t>(rows.size());
+  });
+  return folded;
+}
+
+void PostgresStore::util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  const Result hours = run("read table heartbeat_hours",
+                           (std::string("SELECT ") + kPgHourColumns +
+                            " FROM heartbeat_hours WHERE hour_ms >= $1 AND hour_ms < $2 ORDER BY lease_id, hour_ms")
+                               .c_str(),
+                           Params().integer(from_ms).integer(to_ms));
+  const Result raw = run("read table heartbeats",
+                         "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
+                         "gpu_util >= 0 ORDER BY lease_id, ts_ms",
+                         Params().integer(from_ms).integer(to_ms));
+  // lease by lease: its folded hours, then its samples (all newer: hours are folded oldest first)
+  int hour = 0, sample = 0;
+  while (hour < hours.rows() || sample < raw.rows()) {
+    const int64_t lease = hour == hours.rows()   ? raw.integer(sample, 0)
+                          : sample == raw.rows() ? hours.integer(hour, 0)
+                                                 : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
+    for (; hour < hours.rows() && hours.integer(hour, 0) == lease; ++hour) {
+      tracker.observe_summary(lease, hour_summary(hours, hour));
+    }
+    for (; sample < raw.rows() && raw.integer(sample, 0) == lease; ++sample) {
+      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
+    }
+  }
+}
+
+int64_t PostgresStore::count_heartbeat_hours() {
+  return run("read table heartbeat_hours", "SELECT COUNT(*) FROM heartbeat_hours").integer(0, 0);
 }
 
 AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password) {

@@ -24,7 +24,7 @@ class StoreError : public std::runtime_error {
 // table schema_version). Opening a database applies the numbered steps it lacks, in order, in one transaction, each
 // logged and audited (`schema.migrate`); a database of a newer version is refused. See "Schema versions and
 // upgrades" in quota/README.md.
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 
 // Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
 // keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
@@ -87,6 +87,16 @@ class StateStore {
   // Refolds the stored utilisation samples of the engine's running leases into `tracker` (quotad restarted), so
   // the waste list survives a restart.
   virtual void replay_heartbeats(const Engine& engine, UtilTracker& tracker) = 0;
+  // Bounded history: folds the raw heartbeats older than the whole hour `before_ms` into hourly summaries per
+  // lease (table heartbeat_hours, UtilSummary), low runs going by `threshold` and `waste_after_ms`, and deletes
+  // them, oldest first, about `max_rows` at a time in a transaction of its own (or the one open). Returns the rows
+  // folded: 0 once none older is left. Everything derived from the samples (replay_heartbeats, util_history, the
+  // reports) is exactly what it was, low runs aside when the policy's threshold or duration changed since.
+  virtual int64_t fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) = 0;
+  // The utilisation history with from_ms <= time < to_ms (folded hours by their hour; hour-aligned bounds read the
+  // same before and after folding) into `tracker`, lease by lease, oldest first.
+  virtual void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) = 0;
+  virtual int64_t count_heartbeat_hours() = 0;
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
   virtual const std::string& audit_head() const = 0;
   // From now on every write first checks that the lead is still in `epoch` and fails, writing nothing, once another

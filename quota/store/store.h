@@ -71,6 +71,10 @@ class Store : public StateStore {
   std::vector<MemoryObservation> memory_observations() override;
   // Through a read connection of its own (StoreReader), as quotad always did.
   void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
+  int64_t fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) override;
+  // Through a read connection of its own (StoreReader::fold_util).
+  void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
+  int64_t count_heartbeat_hours() override;
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
   const std::string& path() const override { return path_; }
@@ -226,10 +230,16 @@ class StoreReader {
 
   // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
   std::vector<Lease> leases_since(int64_t ended_since_ms);
-  // The utilisation samples of the heartbeats (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order
-  // and by time within a lease; visited one by one (a month holds many).
+  // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
+  // folded (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same before and after
+  // folding), then the raw samples still kept. What the reports derive from samples goes through here.
+  void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker);
+  // The same for one lease, all of its history.
+  void fold_util_of(int64_t lease_id, UtilTracker& tracker);
+  // The raw utilisation samples still kept (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order and by
+  // time within a lease; visited one by one (a month holds many). The hours folded are not among them.
   void util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor& visit);
-  // The same for one lease, all of its samples.
+  // The same for one lease, all of its raw samples.
   void util_samples_of(int64_t lease_id, const UtilVisitor& visit);
   // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
   std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {});

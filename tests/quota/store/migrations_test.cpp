@@ -590,8 +590,8 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
       }
       Rows found = db.dump(table, columns);
       if (table == "audit") {
-        ASSERT_EQ(found.size(), expected.size() + 1);
-        found.pop_back();  // the step's own entry, checked below
+        ASSERT_EQ(found.size(), expected.size() + 2);
+        found.resize(expected.size());  // the steps' own entries, checked below
       } else if (table == "meta") {
         found.erase(std::remove_if(found.begin(), found.end(), [](const auto& row) { return row[0] == "audit_head"; }),
                     found.end());
@@ -611,18 +611,23 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
     EXPECT_EQ(db.value("SELECT COUNT(*) FROM meta WHERE key = 'schema_version'"), "0");
     const Rows step = db.rows("SELECT seq, actor, action, lease_id, detail FROM audit WHERE seq > " +
                               std::to_string(kOldAuditEntries));
-    ASSERT_EQ(step.size(), 1u);
+    // the bridge to the last unnumbered layout (8), then each numbered step after it
+    ASSERT_EQ(step.size(), 2u);
     EXPECT_EQ(step[0][0], std::to_string(kOldAuditEntries + 1));
     EXPECT_EQ(step[0][2], "schema.migrate");
-    EXPECT_EQ(step[0][4], "schema version 0 -> " + std::to_string(kSchemaVersion) +
-                              ": a database from before numbered schema versions: " +
+    EXPECT_EQ(step[0][4], std::string("schema version 0 -> 8: a database from before numbered schema versions: ") +
                               (std::string(layout.added) == "nothing was missing" ? "" : "added ") + layout.added);
+    EXPECT_EQ(step[1][2], "schema.migrate");
+    EXPECT_EQ(step[1][4],
+              "schema version 8 -> 9: heartbeats older than the retention period folded into hourly "
+              "summaries per lease");
+    ASSERT_EQ(kSchemaVersion, 9);  // a later step adds its entry here
 
     const AuditChainCheck chain = verify_audit_chain(path);
     EXPECT_TRUE(chain.intact) << chain.problem;
-    EXPECT_EQ(chain.entries, kOldAuditEntries + 1);
+    EXPECT_EQ(chain.entries, kOldAuditEntries + 2);
     EXPECT_EQ(chain.unchained, was_chained ? 0 : kOldAuditEntries);
-    EXPECT_EQ(chain.head_seq, kOldAuditEntries + 1);
+    EXPECT_EQ(chain.head_seq, kOldAuditEntries + 2);
 
     // the store serves on it: the rows load, the next audit entry follows the step's
     {
@@ -630,7 +635,7 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
       const Snapshot snapshot = store.load(1795996800000, 24 * kHour, 10);
       EXPECT_EQ(snapshot.leases.size(), 2u);
       EXPECT_EQ(snapshot.approvals.size(), 2u);
-      EXPECT_EQ(snapshot.next_audit_seq, kOldAuditEntries + 2);
+      EXPECT_EQ(snapshot.next_audit_seq, kOldAuditEntries + 3);
       EXPECT_EQ(snapshot.next_lease_id, before.columns.count("quarantine") ? 10 : 3);  // above the quarantined row 9
       EXPECT_EQ(snapshot.usage.at({"alice", "2026-11"}), 12.5);
       EXPECT_EQ(snapshot.loans.size(), before.columns.count("loans"));
@@ -652,8 +657,8 @@ TEST(QuotaStoreMigrations, ANewDatabaseIsCreatedAtTheNewestVersionWithAnEmptyAud
   EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit"), "0");
   EXPECT_EQ(db.value("SELECT COUNT(*) FROM meta"), "0");
   const std::vector<std::string> tables = db.tables();
-  EXPECT_EQ(tables, (std::vector<std::string>{"approvals", "audit", "grants", "heartbeats", "leases", "loans",
-                                              "memory_observations", "meta", "quarantine", "usage"}));
+  EXPECT_EQ(tables, (std::vector<std::string>{"approvals", "audit", "grants", "heartbeat_hours", "heartbeats", "leases",
+                                              "loans", "memory_observations", "meta", "quarantine", "usage"}));
   EXPECT_EQ(db.columns("heartbeats").back(), "process_memory_used_gib");
   EXPECT_EQ(db.columns("audit").back(), "chain");
 }
@@ -710,9 +715,10 @@ TEST(QuotaStoreMigrations, AStepThatFailsLeavesTheDatabaseAtItsVersionUnchanged)
   Db db(path);
   EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
   const Rows steps = db.rows("SELECT detail FROM audit WHERE action = 'schema.migrate' ORDER BY seq");
-  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps[0][0].rfind("schema version 4 -> 5: ", 0), 0u) << steps[0][0];
   EXPECT_EQ(steps[3][0].rfind("schema version 7 -> 8: ", 0), 0u) << steps[3][0];
+  EXPECT_EQ(steps[4][0].rfind("schema version 8 -> 9: ", 0), 0u) << steps[4][0];
   EXPECT_TRUE(verify_audit_chain(path).intact);
 }
 
@@ -757,7 +763,7 @@ TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFiles
   add_audit_rows(1, 400);
   const std::string backup = backup_database(path, kMonday, 24);
   add_audit_rows(401, 600);
-  { Store upgraded(path); }  // entry 601: the step
+  { Store upgraded(path); }  // entries 601 and 602: the bridge and step 9
   ASSERT_EQ(Db(path).value("SELECT action FROM audit WHERE seq = 601"), "schema.migrate");
   {
     std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -771,9 +777,9 @@ TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFiles
   EXPECT_TRUE(report.audit_gaps.empty());
   Db db(path);
   EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
-  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE seq <= 601"), "601");  // then the restore's audit.gap
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE seq <= 602"), "602");  // then the restore's audit.gap
   EXPECT_EQ(db.value("SELECT action FROM audit WHERE seq = 401"), "lease.granted");
-  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "1");
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "2");
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
     if (entry.path().string().rfind(path + ".", 0) == 0) std::filesystem::remove(entry.path());
   }

@@ -36,7 +36,7 @@ TEST(QuotaPostgresSchema, AFreshDatabaseIsBroughtToTheCurrentVersionWithoutAudit
   EXPECT_EQ(query_text(url, "SELECT MAX(version) FROM schema_version"), std::to_string(kSchemaVersion));
   EXPECT_EQ(query_text(url, "SELECT COUNT(*) FROM audit"), "0");
   for (const char* table : {"meta", "leases", "approvals", "audit", "usage", "heartbeats", "quarantine", "loans",
-                            "grants", "memory_observations"}) {
+                            "grants", "memory_observations", "heartbeat_hours"}) {
     EXPECT_EQ(query_text(url, std::string("SELECT to_regclass('") + table + "') IS NOT NULL"), "t") << table;
   }
 }
@@ -63,13 +63,29 @@ TEST(QuotaPostgresSchema, ADatabaseOfANewerVersionIsRefusedNamingBothVersions) {
       << error;
 }
 
+// A database of version 8 (quotad before bounded history) gets step 9, audited, its rows kept.
+TEST(QuotaPostgresSchema, AVersion8DatabaseGetsTheHourlySummariesStepAudited) {
+  const std::string url = PostgresCluster::get().fresh_database("from8");
+  { PostgresStore create(url, ""); }
+  PostgresCluster::execute(url,
+                           "DROP TABLE heartbeat_hours; DROP INDEX heartbeats_ts; DELETE FROM schema_version WHERE "
+                           "version = 9; INSERT INTO heartbeats(lease_id, ts_ms, gpu_util) VALUES (4, 1000, 0.5)");
+  PostgresStore store(url, "");
+  EXPECT_EQ(store.schema_version(), 9);
+  EXPECT_EQ(query_text(url, "SELECT to_regclass('heartbeat_hours') IS NOT NULL"), "t");
+  EXPECT_EQ(store.count_heartbeats(), 1);
+  EXPECT_EQ(query_text(url, "SELECT detail FROM audit WHERE action = 'schema.migrate'"),
+            "schema version 8 -> 9: heartbeats older than the retention period folded into hourly summaries per "
+            "lease");
+}
+
 // A database that holds someone else's table of the same name: the step fails, naming itself, and nothing is left
 // behind (the steps and their record are one transaction).
 TEST(QuotaPostgresSchema, AStepThatFailsLeavesTheDatabaseAsItWas) {
   const std::string url = PostgresCluster::get().fresh_database("foreign");
   PostgresCluster::execute(url, "CREATE TABLE leases (anything TEXT)");
   const std::string error = open_error(url);
-  EXPECT_NE(error.find("schema step 0 -> " + std::to_string(kSchemaVersion)), std::string::npos) << error;
+  EXPECT_NE(error.find("schema step 0 -> 8"), std::string::npos) << error;  // the first step fails
   EXPECT_NE(error.find("nothing was changed, the database stays at schema version 0"), std::string::npos) << error;
   EXPECT_EQ(query_text(url, "SELECT to_regclass('schema_version') IS NULL AND to_regclass('meta') IS NULL"), "t");
 }
