@@ -364,7 +364,8 @@ void EngineHost::fold_old_heartbeats() {
   }
   std::lock_guard<std::mutex> store_lock(store_mutex_);
   // more may be due: the next round goes on
-  if (store_->fold_heartbeats(now - options_.heartbeat_retention_ms, threshold, waste_after_ms, kFoldBatchRows) > 0) {
+  if (store_->fold_heartbeats(now - kSummariseAfterMs, now - options_.heartbeat_retention_ms, threshold, waste_after_ms,
+                              kFoldBatchRows) > 0) {
     next_fold_ms_ = now;
   }
 }

@@ -49,15 +49,19 @@ struct ServiceOptions {
   // extended by it (Engine::credit_outage). 0 = off; the server ticks every second and sets 3000.
   int64_t outage_after_ms = 0;
   size_t max_pending_heartbeats = 200000;  // samples buffered while the store is unavailable (oldest dropped)
-  // Raw heartbeats are kept this long (quotad serve --heartbeat-retention-days); older ones are folded into hourly
-  // summaries per lease (StateStore::fold_heartbeats), a bounded batch per heartbeat flush while any is due, then
-  // every kFoldEveryMs. 0: kept for ever. Not in local mode, nor by a follower.
+  // Bounded history: each hour's heartbeats are summed up per lease once it is over (StateStore::fold_heartbeats),
+  // so that a restart and the reports read summaries; raw rows are kept this long (quotad serve
+  // --heartbeat-retention-days), then deleted. A bounded step per heartbeat flush while any is due, then every
+  // kFoldEveryMs. 0: neither (raw rows kept for ever). Not in local mode, nor by a follower.
   int64_t heartbeat_retention_ms = 0;
 };
 
-// Heartbeats folded in one transaction: a short hold of the store (writes queue behind it meanwhile).
+// Rows summed up or deleted in one transaction: a short hold of the store (writes queue behind it meanwhile).
 inline constexpr int64_t kFoldBatchRows = 20000;
 inline constexpr int64_t kFoldEveryMs = 10 * 60 * 1000;
+// An hour is summed up this long after it ended: the heartbeats the board still buffered (a flush every second,
+// longer while the store is unavailable) are stored by then.
+inline constexpr int64_t kSummariseAfterMs = 10 * 60 * 1000;
 
 // How this process's engine relates to the store.
 enum class EngineMode {

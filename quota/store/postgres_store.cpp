@@ -736,7 +736,13 @@ UtilSummary PostgresStore::hour_summary(const Result& rows, int row) {
   return summary;
 }
 
+int64_t PostgresStore::summarised_mark() {
+  const std::string recorded = meta(kHeartbeatsSummarisedKey);
+  return recorded.empty() ? 0 : std::stoll(recorded);
+}
+
 void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker) {
+  const int64_t mark = summarised_mark();
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
     tracker.forget(id);
@@ -748,17 +754,22 @@ void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker
     for (int row = 0; row < hours.rows(); ++row) tracker.observe_summary(id, hour_summary(hours, row));
     const Result rows =
         run("read table heartbeats",
-            "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND gpu_util >= 0 ORDER BY ts_ms",
-            Params().integer(id));
+            "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND ts_ms >= $2 AND gpu_util >= 0 ORDER BY "
+            "ts_ms",
+            Params().integer(id).integer(mark));
     for (int row = 0; row < rows.rows(); ++row) tracker.observe(id, rows.integer(row, 0), rows.real(row, 1));
   }
 }
 
-// As Store::fold_heartbeats; a batch ends between two times, so that what stays is exactly what is newer.
-int64_t PostgresStore::fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) {
-  before_ms = hour_of(before_ms);
+// As Store::fold_heartbeats: a step ends between two times, so that what stays is exactly the newer.
+int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                                       int64_t waste_after_ms, int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
   int64_t folded = 0;
   in_transaction([&] {
+    const std::string recorded = meta(kHeartbeatsSummarisedKey);
+    const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
+    const int64_t before = hour_of(summarise_before_ms);
     struct Row {
       int64_t lease_id, ts_ms;
       double util;
@@ -769,18 +780,21 @@ int64_t PostgresStore::fold_heartbeats(int64_t before_ms, double threshold, int6
         rows.push_back({result.integer(row, 0), result.integer(row, 1), result.real(row, 2)});
       }
     };
-    read(run("read table heartbeats",
-             "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms < $1 ORDER BY ts_ms LIMIT $2",
-             Params().integer(before_ms).integer(std::max<int64_t>(1, max_rows))));
-    int64_t bound = before_ms;
-    if (static_cast<int64_t>(rows.size()) >= max_rows && !rows.empty()) {
-      bound = rows.back().ts_ms;
-      while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
-      if (rows.empty()) {
-        read(run("read table heartbeats",
-                 "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms = $1",
-                 Params().integer(bound)));
-        ++bound;
+    int64_t bound = std::max(mark, before);
+    if (before > mark) {
+      read(run("read table heartbeats",
+               "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 "
+               "ORDER BY ts_ms LIMIT $3",
+               Params().integer(mark).integer(before).integer(max_rows)));
+      if (static_cast<int64_t>(rows.size()) >= max_rows) {
+        bound = rows.back().ts_ms;
+        while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
+        if (rows.empty()) {
+          read(run("read table heartbeats",
+                   "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms = $1",
+                   Params().integer(bound)));
+          ++bound;
+        }
       }
     }
     std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
@@ -832,8 +846,13 @@ int64_t PostgresStore::fold_heartbeats(int64_t before_ms, double threshold, int6
               .real(merged.threshold)
               .integer(merged.waste_after_ms));
     }
-    run("delete folded heartbeats", "DELETE FROM heartbeats WHERE ts_ms < $1", Params().integer(bound));
-    folded = static_cast<int64_t>(rows.size());
+    if (bound != mark) set_meta(kHeartbeatsSummarisedKey, std::to_string(bound));
+    // past the retention period, and summed up
+    const Result deleted = run("delete heartbeats past the retention period",
+                               "DELETE FROM heartbeats WHERE ctid IN (SELECT ctid FROM heartbeats WHERE ts_ms < $1 "
+                               "ORDER BY ts_ms LIMIT $2)",
+                               Params().integer(std::min(bound, hour_of(delete_before_ms))).integer(max_rows));
+    folded = static_cast<int64_t>(rows.size()) + deleted.affected();
   });
   return folded;
 }
@@ -847,8 +866,8 @@ void PostgresStore::util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tr
   const Result raw = run("read table heartbeats",
                          "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
                          "gpu_util >= 0 ORDER BY lease_id, ts_ms",
-                         Params().integer(from_ms).integer(to_ms));
-  // lease by lease: its folded hours, then its samples (all newer: hours are folded oldest first)
+                         Params().integer(std::max(from_ms, summarised_mark())).integer(to_ms));
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
   int hour = 0, sample = 0;
   while (hour < hours.rows() || sample < raw.rows()) {
     const int64_t lease = hour == hours.rows()   ? raw.integer(sample, 0)

@@ -43,7 +43,8 @@ class PostgresStore : public StateStore {
   int64_t count_heartbeats() override;
   std::vector<MemoryObservation> memory_observations() override;
   void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
-  int64_t fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) override;
+  int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                          int64_t waste_after_ms, int64_t max_rows) override;
   void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
   int64_t count_heartbeat_hours() override;
   const std::string& audit_head() const override { return audit_head_; }
@@ -68,6 +69,7 @@ class PostgresStore : public StateStore {
   void migrate_schema();
   void append_audit(const std::vector<AuditEntry>& entries);
   static UtilSummary hour_summary(const Result& rows, int row);
+  int64_t summarised_mark();  // meta kHeartbeatsSummarisedKey, 0 when absent
 
   std::string url_;
   std::string audit_head_;

@@ -30,6 +30,10 @@ inline constexpr int kSchemaVersion = 9;
 // keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
 inline constexpr int kMemoryObservationRunsKept = 100;
 
+// The meta key of the mark below which every raw heartbeat is summed up in heartbeat_hours (StateStore::
+// fold_heartbeats); absent: none is.
+inline constexpr const char* kHeartbeatsSummarisedKey = "heartbeats_summarised_ms";
+
 struct HeartbeatSample {
   int64_t lease_id = 0;
   int64_t ts_ms = 0;
@@ -87,14 +91,19 @@ class StateStore {
   // Refolds the stored utilisation samples of the engine's running leases into `tracker` (quotad restarted), so
   // the waste list survives a restart.
   virtual void replay_heartbeats(const Engine& engine, UtilTracker& tracker) = 0;
-  // Bounded history: folds the raw heartbeats older than the whole hour `before_ms` into hourly summaries per
-  // lease (table heartbeat_hours, UtilSummary), low runs going by `threshold` and `waste_after_ms`, and deletes
-  // them, oldest first, about `max_rows` at a time in a transaction of its own (or the one open). Returns the rows
-  // folded: 0 once none older is left. Everything derived from the samples (replay_heartbeats, util_history, the
-  // reports) is exactly what it was, low runs aside when the policy's threshold or duration changed since.
-  virtual int64_t fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) = 0;
-  // The utilisation history with from_ms <= time < to_ms (folded hours by their hour; hour-aligned bounds read the
-  // same before and after folding) into `tracker`, lease by lease, oldest first.
+  // Bounded history, one bounded step in a transaction of its own (or the one open): sums up the raw heartbeats
+  // not yet summed up, up to the whole hour `summarise_before_ms`, oldest first, at most about `max_rows` of them,
+  // into hourly summaries per lease (table heartbeat_hours, UtilSummary; low runs by `threshold` and
+  // `waste_after_ms`), moving the mark (meta heartbeats_summarised_ms) below which every raw row is summed up; then
+  // deletes up to `max_rows` raw rows older than both the mark and the whole hour `delete_before_ms` (the retention
+  // period). Returns the rows summed up and deleted: 0 once nothing is due. The readers (replay_heartbeats,
+  // util_history, the reports) take the summaries below the mark and the raw rows above it, so that what they
+  // derive is exactly what the samples give, and a restart reads at most about an hour of raw rows per lease.
+  // A row stored below the mark after it moved (a wall clock set back by more than that) is not read.
+  virtual int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                                  int64_t waste_after_ms, int64_t max_rows) = 0;
+  // The utilisation history with from_ms <= time < to_ms (summarised hours by their hour; hour-aligned bounds read
+  // the same whatever was summed up) into `tracker`, lease by lease, oldest first.
   virtual void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) = 0;
   virtual int64_t count_heartbeat_hours() = 0;
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.

@@ -282,14 +282,17 @@ void bind_hour(sqlite3_stmt* statement, int64_t lease_id, int64_t hour_ms, const
 
 }  // namespace
 
-// Folds the heartbeats up to a whole hour `before_ms`, oldest first, at most `max_rows` (more only where that
-// many share one time): they are summed up per lease and hour into heartbeat_hours (appended to the hour's
-// summary when part of it was folded before) and deleted, all in one transaction.
-int64_t Store::fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) {
-  before_ms = hour_of(before_ms);
+// What fold_heartbeats sums up in one step: the raw rows from the mark, oldest first, at most `max_rows` (more
+// only where that many share one time); a step ends between two times, so that what stays is exactly the newer.
+int64_t Store::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                               int64_t waste_after_ms, int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
   const bool own_tx = !in_tx_;
   if (own_tx) exec("BEGIN IMMEDIATE");
   try {
+    const std::string recorded = meta_value(kHeartbeatsSummarisedKey);
+    const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
+    const int64_t before = hour_of(summarise_before_ms);
     struct Row {
       int64_t lease_id, ts_ms;
       double util;
@@ -301,23 +304,24 @@ int64_t Store::fold_heartbeats(int64_t before_ms, double threshold, int64_t wast
                         sqlite3_column_type(statement, 2) == SQLITE_NULL ? -1 : sqlite3_column_double(statement, 2)});
       }
     };
-    {
-      Statement statement(
-          prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms < ? ORDER BY ts_ms, rowid LIMIT ?"));
-      sqlite3_bind_int64(statement.get(), 1, before_ms);
-      sqlite3_bind_int64(statement.get(), 2, std::max<int64_t>(1, max_rows));
+    int64_t bound = std::max(mark, before);
+    if (before > mark) {
+      Statement statement(prepare(
+          "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? ORDER BY ts_ms, rowid "
+          "LIMIT ?"));
+      sqlite3_bind_int64(statement.get(), 1, mark);
+      sqlite3_bind_int64(statement.get(), 2, before);
+      sqlite3_bind_int64(statement.get(), 3, max_rows);
       read(statement.get());
-    }
-    // a batch ends between two times, so that what stays is exactly what is newer
-    int64_t bound = before_ms;
-    if (static_cast<int64_t>(rows.size()) >= max_rows && !rows.empty()) {
-      bound = rows.back().ts_ms;
-      while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
-      if (rows.empty()) {
-        Statement statement(prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms = ? ORDER BY rowid"));
-        sqlite3_bind_int64(statement.get(), 1, bound);
-        read(statement.get());
-        ++bound;
+      if (static_cast<int64_t>(rows.size()) >= max_rows) {
+        bound = rows.back().ts_ms;
+        while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
+        if (rows.empty()) {
+          Statement same(prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms = ? ORDER BY rowid"));
+          sqlite3_bind_int64(same.get(), 1, bound);
+          read(same.get());
+          ++bound;
+        }
       }
     }
     std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
@@ -340,7 +344,7 @@ int64_t Store::fold_heartbeats(int64_t before_ms, double threshold, int64_t wast
       sqlite3_bind_int64(existing.get(), 1, key.first);
       sqlite3_bind_int64(existing.get(), 2, key.second);
       UtilSummary merged = summary;
-      if (sqlite3_step(existing.get()) == SQLITE_ROW) {
+      if (sqlite3_step(existing.get()) == SQLITE_ROW) {  // the hour's first part was summed up by the step before
         merged = hour_summary(existing.get(), 2);
         merged.append(summary);
       }
@@ -348,11 +352,16 @@ int64_t Store::fold_heartbeats(int64_t before_ms, double threshold, int64_t wast
       bind_hour(upsert.get(), key.first, key.second, merged);
       if (sqlite3_step(upsert.get()) != SQLITE_DONE) fail("write table heartbeat_hours");
     }
-    Statement remove(prepare("DELETE FROM heartbeats WHERE ts_ms < ?"));
-    sqlite3_bind_int64(remove.get(), 1, bound);
-    if (sqlite3_step(remove.get()) != SQLITE_DONE) fail("delete folded heartbeats");
+    if (bound != mark) set_meta(kHeartbeatsSummarisedKey, std::to_string(bound));
+    // past the retention period, and summed up
+    Statement remove(prepare(
+        "DELETE FROM heartbeats WHERE rowid IN (SELECT rowid FROM heartbeats WHERE ts_ms < ? ORDER BY ts_ms LIMIT ?)"));
+    sqlite3_bind_int64(remove.get(), 1, std::min(bound, hour_of(delete_before_ms)));
+    sqlite3_bind_int64(remove.get(), 2, max_rows);
+    if (sqlite3_step(remove.get()) != SQLITE_DONE) fail("delete heartbeats past the retention period");
+    const int64_t deleted = sqlite3_changes(db_);
     if (own_tx) exec("COMMIT");
-    return static_cast<int64_t>(rows.size());
+    return static_cast<int64_t>(rows.size()) + deleted;
   } catch (...) {
     if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
@@ -1594,11 +1603,17 @@ void StoreReader::util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor
   }
 }
 
+int64_t StoreReader::summarised_mark() {
+  Statement statement(prepare("SELECT value FROM meta WHERE key = ?"));
+  sqlite3_bind_text(statement.get(), 1, kHeartbeatsSummarisedKey, -1, SQLITE_STATIC);
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
+}
+
 void StoreReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
   Statement raw(
       prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? AND gpu_util >= 0 "
               "ORDER BY lease_id, ts_ms, rowid"));
-  sqlite3_bind_int64(raw.get(), 1, from_ms);
+  sqlite3_bind_int64(raw.get(), 1, std::max(from_ms, summarised_mark()));
   sqlite3_bind_int64(raw.get(), 2, to_ms);
   Statement hours;
   if (has_table("heartbeat_hours")) {
@@ -1608,7 +1623,7 @@ void StoreReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker
     sqlite3_bind_int64(hours.get(), 1, from_ms);
     sqlite3_bind_int64(hours.get(), 2, to_ms);
   }
-  // lease by lease: its folded hours, then its samples (all newer: hours are folded oldest first)
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
   bool raw_row = sqlite3_step(raw.get()) == SQLITE_ROW;
   bool hour_row = hours && sqlite3_step(hours.get()) == SQLITE_ROW;
   while (raw_row || hour_row) {
@@ -1634,9 +1649,11 @@ void StoreReader::fold_util_of(int64_t lease_id, UtilTracker& tracker) {
     sqlite3_bind_int64(hours.get(), 1, lease_id);
     while (sqlite3_step(hours.get()) == SQLITE_ROW) tracker.observe_summary(lease_id, hour_summary(hours.get(), 2));
   }
-  Statement raw(
-      prepare("SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND gpu_util >= 0 ORDER BY ts_ms, rowid"));
+  Statement raw(prepare(
+      "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND ts_ms >= ? AND gpu_util >= 0 ORDER BY ts_ms, "
+      "rowid"));
   sqlite3_bind_int64(raw.get(), 1, lease_id);
+  sqlite3_bind_int64(raw.get(), 2, summarised_mark());
   while (sqlite3_step(raw.get()) == SQLITE_ROW) {
     tracker.observe(lease_id, sqlite3_column_int64(raw.get(), 0), sqlite3_column_double(raw.get(), 1));
   }

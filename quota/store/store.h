@@ -71,7 +71,8 @@ class Store : public StateStore {
   std::vector<MemoryObservation> memory_observations() override;
   // Through a read connection of its own (StoreReader), as quotad always did.
   void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
-  int64_t fold_heartbeats(int64_t before_ms, double threshold, int64_t waste_after_ms, int64_t max_rows) override;
+  int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                          int64_t waste_after_ms, int64_t max_rows) override;
   // Through a read connection of its own (StoreReader::fold_util).
   void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
   int64_t count_heartbeat_hours() override;
@@ -231,8 +232,8 @@ class StoreReader {
   // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
   std::vector<Lease> leases_since(int64_t ended_since_ms);
   // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
-  // folded (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same before and after
-  // folding), then the raw samples still kept. What the reports derive from samples goes through here.
+  // summed up (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same whatever was summed
+  // up), then the raw samples above the mark. What the reports derive from samples goes through here.
   void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker);
   // The same for one lease, all of its history.
   void fold_util_of(int64_t lease_id, UtilTracker& tracker);
@@ -253,6 +254,7 @@ class StoreReader {
  private:
   sqlite3_stmt* prepare(const char* sql);
   bool has_table(const char* table);
+  int64_t summarised_mark();  // meta kHeartbeatsSummarisedKey, 0 when absent
   template <typename Record>
   std::vector<Record> ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&));
 

@@ -349,14 +349,13 @@ TEST_F(QuotadReport, FoldedHeartbeatsLeaveTheReportStatementAndHistoryUnchanged)
     {
       Store store(copy);
       const int64_t before = store.count_heartbeats();
-      int64_t folded = 0;
-      for (int64_t batch = 0;
-           (batch = store.fold_heartbeats(cut, p.waste_gpu_util_below, int64_t{p.waste_after_s} * 1000, 300)) > 0;) {
-        folded += batch;
+      int steps = 0;
+      while (store.fold_heartbeats(cut, cut, p.waste_gpu_util_below, int64_t{p.waste_after_s} * 1000, 300) > 0) {
+        ++steps;
       }
       left = store.count_heartbeats();
-      EXPECT_GT(folded, 0);
-      EXPECT_EQ(folded + left, before);
+      EXPECT_GT(steps, 2);
+      EXPECT_LT(left, before);
       EXPECT_GT(store.count_heartbeat_hours(), 0);
     }
     EXPECT_EQ(left > 0, cut != now) << cut;

@@ -592,14 +592,26 @@ TEST_P(QuotaStateStore, FoldingOldHeartbeatsKeepsEveryFigureAndOnlyTheRetainedRa
   ASSERT_EQ(before.back().leases().size(), 2u);  // the running leases
   ASSERT_GT(before[0].find(ids[0])->wasted_ms, 0);
 
-  // small batches: hours folded in parts, appended to what an earlier batch stored
+  // summed up to the last whole hour but one, nothing deleted; in small steps: hours summed up in parts, appended
+  // to what the step before stored
+  const int64_t summarise_before = now - 10 * kMinute;
+  int steps = 0;
+  while (store->fold_heartbeats(summarise_before, 0, threshold, waste_after_ms, 700) > 0) ++steps;
+  EXPECT_GT(steps, 5);
+  EXPECT_EQ(store->meta(kHeartbeatsSummarisedKey), std::to_string(hour_of(summarise_before)));
+  EXPECT_EQ(store->count_heartbeats(), static_cast<int64_t>(samples.size()));
+  EXPECT_GT(store->count_heartbeat_hours(), 2 * 70 * 24);
+  const std::vector<UtilTracker> summed_up = figures(*store);
+  ASSERT_EQ(summed_up.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    expect_same_util(summed_up[i], before[i], "summed up, figure " + std::to_string(i));
+  }
+  // then the raw rows past the retention period go
   const int64_t retention = 14 * 24 * kHour;
-  int batches = 0;
-  while (store->fold_heartbeats(now - retention, threshold, waste_after_ms, 700) > 0) ++batches;
-  EXPECT_GT(batches, 5);
-  EXPECT_GT(store->count_heartbeat_hours(), 0);
+  steps = 0;
+  while (store->fold_heartbeats(summarise_before, now - retention, threshold, waste_after_ms, 700) > 0) ++steps;
+  EXPECT_GT(steps, 5);
   const std::vector<UtilTracker> after = figures(*store);
-  ASSERT_EQ(after.size(), before.size());
   for (size_t i = 0; i < before.size(); ++i) expect_same_util(after[i], before[i], "figure " + std::to_string(i));
 
   // retention: nothing older than the retention period's hour is raw; every newer row is
@@ -609,7 +621,7 @@ TEST_P(QuotaStateStore, FoldingOldHeartbeatsKeepsEveryFigureAndOnlyTheRetainedRa
   EXPECT_EQ(store->count_heartbeats(), newer);
   EXPECT_EQ(query_text(db, "SELECT COUNT(*) FROM heartbeats WHERE ts_ms < " + std::to_string(cutoff)), "0");
   // the same again: nothing left to fold, nothing changes; a restart replays the same
-  EXPECT_EQ(store->fold_heartbeats(now - retention, threshold, waste_after_ms, 700), 0);
+  EXPECT_EQ(store->fold_heartbeats(summarise_before, now - retention, threshold, waste_after_ms, 700), 0);
   store.reset();
   const std::vector<UtilTracker> reopened = figures(*open(db));
   for (size_t i = 0; i < before.size(); ++i) expect_same_util(reopened[i], before[i], "reopened " + std::to_string(i));
