@@ -319,10 +319,6 @@ int serve(const std::string& policy_path, const std::string& db, const std::stri
 
 }  // namespace
 
-// The monthly report, the quarter statement and the recommendation read a SQLite file (StoreReader).
-constexpr const char* kReportsReadSqlite =
-    "the reports read a SQLite database only; PostgreSQL has no report reader yet";
-
 int main(int argc, char** argv) {
   CLI::App app{"quotad: GPU leases with department quotas"};
   app.require_subcommand(1);
@@ -496,7 +492,10 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--format", report_format, "md, html or csv")
       ->check(CLI::IsMember({"md", "html", "csv"}))
       ->capture_default_str();
-  report_cmd->add_option("--db", report_db, "quotad's SQLite database")->capture_default_str();
+  report_cmd->add_option("--db", report_db, "quotad's database: a SQLite file or a PostgreSQL URL")
+      ->capture_default_str();
+  std::string report_password_file;
+  report_cmd->add_option("--db-password-file", report_password_file, "PostgreSQL: the password's file");
   report_cmd->add_option("--policy", report_policy, "policy YAML: teams, credit allowances, waste thresholds");
   report_cmd->add_option("--out", report_out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report_top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -520,7 +519,10 @@ int main(int argc, char** argv) {
   recommend_cmd->add_option("--months", recommend_months, "history to read: the last N x 30 days")
       ->check(CLI::Range(1, 36))
       ->capture_default_str();
-  recommend_cmd->add_option("--db", recommend_db, "quotad's SQLite database")->capture_default_str();
+  recommend_cmd->add_option("--db", recommend_db, "quotad's database: a SQLite file or a PostgreSQL URL")
+      ->capture_default_str();
+  std::string recommend_password_file;
+  recommend_cmd->add_option("--db-password-file", recommend_password_file, "PostgreSQL: the password's file");
   recommend_cmd->add_option("--policy", recommend_policy, "the policy file the diff applies to")->required();
   std::string recommend_until;
   recommend_cmd->add_option("--until", recommend_until,
@@ -679,8 +681,11 @@ int main(int argc, char** argv) {
           throw std::runtime_error("--until: no such day '" + recommend_until + "'");
         }
       }
-      const UsageHistory history = load_history(sqlite_only(recommend_db, "recommend", kReportsReadSqlite), policy,
-                                                now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
+      StoreOptions read_options;
+      read_options.password_file = recommend_password_file;
+      const UsageHistory history =
+          load_history(*open_report_reader(parse_db_target(recommend_db), read_options), policy,
+                       now - static_cast<int64_t>(recommend_months) * 30 * 86400000LL, now);
       const Recommendation recommendation = recommend(policy, history);
       const std::string diff = policy_diff(policy_text, recommend_policy, policy, recommendation);
       std::printf("%s\n", recommendation_text(recommendation).c_str());
@@ -693,7 +698,9 @@ int main(int argc, char** argv) {
       if (!report_month.empty()) throw std::runtime_error("--quarter: give either --month or --quarter, not both");
       quarter_months(report_quarter);  // names --quarter before anything else is read
       if (report_policy.empty()) throw std::runtime_error("--policy: required with --quarter (the credit rules)");
-      const QuarterStatement statement = build_statement(sqlite_only(report_db, "report", kReportsReadSqlite),
+      StoreOptions read_options;
+      read_options.password_file = report_password_file;
+      const QuarterStatement statement = build_statement(*open_report_reader(parse_db_target(report_db), read_options),
                                                          report_quarter, load_policy(report_policy));
       const std::string text = report_format == "html"  ? statement_html(statement)
                                : report_format == "csv" ? statement_csv(statement)
@@ -705,8 +712,12 @@ int main(int argc, char** argv) {
       if (report_month.empty()) throw std::runtime_error("--month: required (or --quarter)");
       std::unique_ptr<Policy> policy;
       if (!report_policy.empty()) policy = std::make_unique<Policy>(load_policy(report_policy));
-      const MonthlyReport report =
-          build_report(sqlite_only(report_db, "report", kReportsReadSqlite), report_month, policy.get(), report_top);
+      int64_t month_start = 0, month_end = 0;
+      month_range_ms(report_month, month_start, month_end);  // names --month before the database is opened
+      StoreOptions read_options;
+      read_options.password_file = report_password_file;
+      const MonthlyReport report = build_report(*open_report_reader(parse_db_target(report_db), read_options),
+                                                report_month, policy.get(), report_top);
       const std::string text = report_format == "html"  ? report_html(report)
                                : report_format == "csv" ? report_csv(report)
                                                         : report_markdown(report);

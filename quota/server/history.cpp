@@ -1,17 +1,18 @@
 #include "quota/server/history.h"
 
 #include <map>
+#include <memory>
 
 #include "quota/store/store.h"
 
 namespace yolo8::quota {
 
-UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms) {
-  StoreReader reader(db_path);
-  return load_history(reader, policy, from_ms, to_ms);
+UsageHistory load_history(const std::string& db, const Policy& policy, int64_t from_ms, int64_t to_ms) {
+  const std::unique_ptr<ReportReader> reader = open_report_reader(parse_db_target(db));
+  return load_history(*reader, policy, from_ms, to_ms);
 }
 
-UsageHistory load_history(StoreReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms) {
+UsageHistory load_history(ReportReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms) {
   UsageHistory history;
   history.from_ms = from_ms;
   history.to_ms = to_ms;

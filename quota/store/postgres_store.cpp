@@ -886,6 +886,168 @@ int64_t PostgresStore::count_heartbeat_hours() {
   return run("read table heartbeat_hours", "SELECT COUNT(*) FROM heartbeat_hours").integer(0, 0);
 }
 
+// A query's answer: text values, NULL reading as 0 (as sqlite3_column_* read it).
+class PostgresReportReader::Rows {
+ public:
+  explicit Rows(PGresult* result) : result_(result, PQclear) {}
+  PGresult* result() const { return result_.get(); }
+  int count() const { return PQntuples(result_.get()); }
+  std::string text(int row, int column) const { return PQgetvalue(result_.get(), row, column); }
+  int64_t integer(int row, int column) const {
+    const char* value = PQgetvalue(result_.get(), row, column);
+    int64_t out = 0;
+    std::from_chars(value, value + std::char_traits<char>::length(value), out);
+    return out;
+  }
+  double real(int row, int column) const {
+    const char* value = PQgetvalue(result_.get(), row, column);
+    double out = 0;
+    std::from_chars(value, value + std::char_traits<char>::length(value), out);
+    return out;
+  }
+  // the columns after lease_id and hour_ms of kPgHourColumns
+  UtilSummary summary(int row) const {
+    UtilSummary out;
+    out.samples = static_cast<int>(integer(row, 2));
+    out.first_ts_ms = integer(row, 3);
+    out.first_util = real(row, 4);
+    out.last_ts_ms = integer(row, 5);
+    out.last_util = real(row, 6);
+    out.util_micro_ms = integer(row, 7);
+    out.covered_ms = integer(row, 8);
+    out.low_held_ms = integer(row, 9);
+    out.head_low_end_ms = integer(row, 10);
+    out.tail_low_since_ms = integer(row, 11);
+    out.wasted_ms = integer(row, 12);
+    out.longest_low_ms = integer(row, 13);
+    out.closed_runs = integer(row, 14);
+    out.threshold = real(row, 15);
+    out.waste_after_ms = integer(row, 16);
+    return out;
+  }
+
+ private:
+  std::unique_ptr<PGresult, void (*)(PGresult*)> result_;
+};
+
+PostgresReportReader::PostgresReportReader(const std::string& url, const std::string& password) : url_(url) {
+  conn_ = connect(url, password);
+  try {
+    query("begin a read-only transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    has_hours_ = query("read the schema", "SELECT to_regclass('heartbeat_hours') IS NOT NULL").text(0, 0) == "t";
+    const Rows mark = query("read table meta", "SELECT value FROM meta WHERE key = $1", {kHeartbeatsSummarisedKey});
+    if (mark.count() > 0) mark_ = mark.integer(0, 0);
+  } catch (...) {
+    PQfinish(conn_);
+    conn_ = nullptr;
+    throw;
+  }
+}
+
+PostgresReportReader::~PostgresReportReader() {
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+PostgresReportReader::Rows PostgresReportReader::query(const std::string& what, const char* sql,
+                                                       const std::vector<std::string>& params) {
+  std::vector<const char*> values;
+  for (const std::string& value : params) values.push_back(value.c_str());
+  Rows rows(PQexecParams(conn_, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0));
+  const ExecStatusType status = PQresultStatus(rows.result());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
+  }
+  return rows;
+}
+
+std::vector<Lease> PostgresReportReader::leases_since(int64_t ended_since_ms) {
+  // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
+  const Rows rows = query("read table leases",
+                          "SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR "
+                          "ended_ms >= $1 ORDER BY id",
+                          {std::to_string(ended_since_ms)});
+  std::vector<Lease> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    out.push_back(decode_row<Lease>(url_, "leases", rows.integer(row, 0), rows.text(row, 1), &lease_from_json));
+  }
+  return out;
+}
+
+void PostgresReportReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  const std::string from = std::to_string(from_ms), to = std::to_string(to_ms);
+  const Rows hours =
+      has_hours_ ? query("read table heartbeat_hours",
+                         (std::string("SELECT ") + kPgHourColumns +
+                          " FROM heartbeat_hours WHERE hour_ms >= $1 AND hour_ms < $2 ORDER BY lease_id, hour_ms")
+                             .c_str(),
+                         {from, to})
+                 : query("read the schema", "SELECT 1 WHERE false");
+  const Rows raw = query("read table heartbeats",
+                         "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
+                         "gpu_util >= 0 ORDER BY lease_id, ts_ms",
+                         {std::to_string(std::max(from_ms, mark_)), to});
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
+  int hour = 0, sample = 0;
+  while (hour < hours.count() || sample < raw.count()) {
+    const int64_t lease = hour == hours.count()   ? raw.integer(sample, 0)
+                          : sample == raw.count() ? hours.integer(hour, 0)
+                                                  : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
+    for (; hour < hours.count() && hours.integer(hour, 0) == lease; ++hour) {
+      tracker.observe_summary(lease, hours.summary(hour));
+    }
+    for (; sample < raw.count() && raw.integer(sample, 0) == lease; ++sample) {
+      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
+    }
+  }
+}
+
+std::map<std::pair<std::string, std::string>, double> PostgresReportReader::usage(
+    const std::vector<std::string>& months) {
+  const Rows rows = query("read table usage", "SELECT \"user\", month, gpu_hours FROM usage");
+  std::map<std::pair<std::string, std::string>, double> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    std::string month = rows.text(row, 1);
+    if (!months.empty() && std::find(months.begin(), months.end(), month) == months.end()) continue;
+    out[{rows.text(row, 0), std::move(month)}] = rows.real(row, 2);
+  }
+  return out;
+}
+
+template <typename Record>
+std::vector<Record> PostgresReportReader::ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&)) {
+  const Rows rows = query(std::string("read table ") + table,
+                          (std::string("SELECT id, body FROM ") + table + " ORDER BY id").c_str());
+  std::vector<Record> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    out.push_back(decode_row<Record>(url_, table, rows.integer(row, 0), rows.text(row, 1), from_json));
+  }
+  return out;
+}
+
+std::vector<Loan> PostgresReportReader::loans() { return ledger_rows<Loan>("loans", &loan_from_json); }
+
+std::vector<CreditGrant> PostgresReportReader::grants() { return ledger_rows<CreditGrant>("grants", &grant_from_json); }
+
+std::vector<AuditEntry> PostgresReportReader::audit(const std::string& action, int64_t after_seq) {
+  const Rows rows = query("read table audit",
+                          "SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit WHERE seq > $1 AND "
+                          "($2 = '' OR action = $2) ORDER BY seq",
+                          {std::to_string(after_seq), action});
+  std::vector<AuditEntry> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    AuditEntry entry;
+    entry.seq = rows.integer(row, 0);
+    entry.ts_ms = rows.integer(row, 1);
+    entry.actor = rows.text(row, 2);
+    entry.action = rows.text(row, 3);
+    entry.lease_id = rows.integer(row, 4);
+    entry.team = rows.text(row, 5);
+    entry.detail = rows.text(row, 6);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password) {
   const std::unique_ptr<PGconn, void (*)(PGconn*)> conn(connect(url, password), PQfinish);
   const auto run = [&](const char* sql, const std::vector<std::string>& params = {}) {

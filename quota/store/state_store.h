@@ -137,6 +137,34 @@ struct StoreOptions {
 // Opens (creating or upgrading the schema of) the database `target` names.
 std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOptions& options = {});
 
+// Read-only queries for what quotad reports from its database (the monthly report, the quarter statement, the
+// usage history), the same on both backends: a SQLite file opened read-only (StoreReader), or a PostgreSQL database
+// read in one read-only snapshot (PostgresReportReader). Nothing is created or migrated, so a running quotad keeps
+// serving. Every error is a StoreError naming the database (and the table and row id of a record that does not
+// parse).
+class ReportReader {
+ public:
+  virtual ~ReportReader() = default;
+  // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
+  virtual std::vector<Lease> leases_since(int64_t ended_since_ms) = 0;
+  // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
+  // summed up (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same whatever was summed
+  // up), then the raw samples above the mark.
+  virtual void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) = 0;
+  // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
+  virtual std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {}) = 0;
+  // Every loan and every contribution grant, by id.
+  virtual std::vector<Loan> loans() = 0;
+  virtual std::vector<CreditGrant> grants() = 0;
+  // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.
+  virtual std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0) = 0;
+  // The file or the URL (never with a password).
+  virtual const std::string& path() const = 0;
+};
+
+// Opens the database `target` names for reading.
+std::unique_ptr<ReportReader> open_report_reader(const DbTarget& target, const StoreOptions& options = {});
+
 class PostgresLeadership;
 // The leadership among the replicas sharing the database `target` names (postgres_leadership.h), this replica
 // serving at `address`; none for SQLite, whose one writer the file lock makes sure of.

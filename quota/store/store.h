@@ -220,7 +220,7 @@ AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& o
 // here, in the same library. Opens the file read-only, so a running quotad keeps serving; a writer holding the
 // lock is waited for up to 10 s. Every error is a StoreError naming the file (and the table and row id of a
 // record that does not parse).
-class StoreReader {
+class StoreReader : public ReportReader {
  public:
   using UtilVisitor = std::function<void(int64_t lease_id, int64_t ts_ms, double gpu_util)>;
 
@@ -230,11 +230,11 @@ class StoreReader {
   StoreReader& operator=(const StoreReader&) = delete;
 
   // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
-  std::vector<Lease> leases_since(int64_t ended_since_ms);
+  std::vector<Lease> leases_since(int64_t ended_since_ms) override;
   // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
   // summed up (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same whatever was summed
   // up), then the raw samples above the mark. What the reports derive from samples goes through here.
-  void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker);
+  void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
   // The same for one lease, all of its history.
   void fold_util_of(int64_t lease_id, UtilTracker& tracker);
   // The raw utilisation samples still kept (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order and by
@@ -243,13 +243,13 @@ class StoreReader {
   // The same for one lease, all of its raw samples.
   void util_samples_of(int64_t lease_id, const UtilVisitor& visit);
   // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
-  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {});
+  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {}) override;
   // Every loan and every contribution grant, by id (none in a database no quotad of issue 19 has opened).
-  std::vector<Loan> loans();
-  std::vector<CreditGrant> grants();
+  std::vector<Loan> loans() override;
+  std::vector<CreditGrant> grants() override;
   // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.
-  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0);
-  const std::string& path() const { return path_; }
+  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0) override;
+  const std::string& path() const override { return path_; }
 
  private:
   sqlite3_stmt* prepare(const char* sql);
