@@ -357,7 +357,8 @@ int main(int argc, char** argv) {
   int heartbeat_retention_days = 14;
   serve_cmd
       ->add_option("--heartbeat-retention-days", heartbeat_retention_days,
-                   "days raw heartbeats are kept; older ones are folded into hourly summaries per lease")
+                   "days raw heartbeats are kept (each hour is summed up per lease once over; the reports and a "
+                   "restart read the sums)")
       ->check(CLI::Range(1, 36500))
       ->capture_default_str();
   // connections that have not yet presented a valid token, per peer address; behind a TLS proxy or a NAT

@@ -820,10 +820,10 @@ int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t dele
     for (auto& [key, summary] : hours) {
       if (summary.empty()) continue;  // only samples without a utilisation
       UtilSummary merged = summary;
-      const Result before =
+      const Result stored =
           run("read table heartbeat_hours", select.c_str(), Params().integer(key.first).integer(key.second));
-      if (before.rows() > 0) {
-        merged = hour_summary(before, 0);
+      if (stored.rows() > 0) {  // the hour's first part was summed up by the step before
+        merged = hour_summary(stored, 0);
         merged.append(summary);
       }
       run("write table heartbeat_hours", upsert.c_str(),

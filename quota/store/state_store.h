@@ -99,6 +99,10 @@ class StateStore {
   // period). Returns the rows summed up and deleted: 0 once nothing is due. The readers (replay_heartbeats,
   // util_history, the reports) take the summaries below the mark and the raw rows above it, so that what they
   // derive is exactly what the samples give, and a restart reads at most about an hour of raw rows per lease.
+  // Exactly, with one exception: a summed-up hour's low runs (below the threshold) are those of the threshold and
+  // duration it was summed up with, so after a policy change the waste figures, the longest low run and the idle
+  // GPU-hours of the hours before it stay what that policy made them; the utilisation, the time covered and the
+  // samples do not depend on the policy.
   // A row stored below the mark after it moved (a wall clock set back by more than that) is not read.
   virtual int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
                                   int64_t waste_after_ms, int64_t max_rows) = 0;
