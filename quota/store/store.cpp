@@ -550,7 +550,7 @@ void Store::check_integrity() {
   // quick_check: the b-tree structure and the records, without the slower index cross-check. The heartbeat history
   // (the raw rows of the retention period and the hourly summaries) is most of a long-used file: the open checks
   // every other table, so that it takes the same time however long the history; a damaged history page is an
-  // error where it is read (SQLITE_CORRUPT), and repair-db and the backups check the whole file.
+  // error where the replay or a report reads it (StoreReader::next_row), and repair-db checks the whole file.
   std::vector<std::string> tables;
   {
     Statement list(
@@ -1621,6 +1621,16 @@ void StoreReader::util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor
   }
 }
 
+// The history is left out of the open's quick_check (Store::check_integrity): a damaged page of it is an error
+// here, never a shorter history.
+bool StoreReader::next_row(sqlite3_stmt* statement, const char* table) {
+  const int rc = sqlite3_step(statement);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  throw StoreError(path_ + ": table " + table + ": " + sqlite3_errmsg(db_) +
+                   " (quotad repair-db checks and repairs the whole file: see quota/README.md)");
+}
+
 int64_t StoreReader::summarised_mark() {
   Statement statement(prepare("SELECT value FROM meta WHERE key = ?"));
   sqlite3_bind_text(statement.get(), 1, kHeartbeatsSummarisedKey, -1, SQLITE_STATIC);
@@ -1642,8 +1652,8 @@ void StoreReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker
     sqlite3_bind_int64(hours.get(), 2, to_ms);
   }
   // lease by lease: its summed-up hours, then its samples above the mark (all newer)
-  bool raw_row = sqlite3_step(raw.get()) == SQLITE_ROW;
-  bool hour_row = hours && sqlite3_step(hours.get()) == SQLITE_ROW;
+  bool raw_row = next_row(raw.get(), "heartbeats");
+  bool hour_row = hours && next_row(hours.get(), "heartbeat_hours");
   while (raw_row || hour_row) {
     const int64_t lease = !hour_row ? sqlite3_column_int64(raw.get(), 0)
                           : !raw_row
@@ -1651,11 +1661,11 @@ void StoreReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker
                               : std::min(sqlite3_column_int64(raw.get(), 0), sqlite3_column_int64(hours.get(), 0));
     while (hour_row && sqlite3_column_int64(hours.get(), 0) == lease) {
       tracker.observe_summary(lease, hour_summary(hours.get(), 2));
-      hour_row = sqlite3_step(hours.get()) == SQLITE_ROW;
+      hour_row = next_row(hours.get(), "heartbeat_hours");
     }
     while (raw_row && sqlite3_column_int64(raw.get(), 0) == lease) {
       tracker.observe(lease, sqlite3_column_int64(raw.get(), 1), sqlite3_column_double(raw.get(), 2));
-      raw_row = sqlite3_step(raw.get()) == SQLITE_ROW;
+      raw_row = next_row(raw.get(), "heartbeats");
     }
   }
 }
@@ -1665,14 +1675,14 @@ void StoreReader::fold_util_of(int64_t lease_id, UtilTracker& tracker) {
     Statement hours(prepare(
         (std::string("SELECT ") + kHourColumns + " FROM heartbeat_hours WHERE lease_id = ? ORDER BY hour_ms").c_str()));
     sqlite3_bind_int64(hours.get(), 1, lease_id);
-    while (sqlite3_step(hours.get()) == SQLITE_ROW) tracker.observe_summary(lease_id, hour_summary(hours.get(), 2));
+    while (next_row(hours.get(), "heartbeat_hours")) tracker.observe_summary(lease_id, hour_summary(hours.get(), 2));
   }
   Statement raw(prepare(
       "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND ts_ms >= ? AND gpu_util >= 0 ORDER BY ts_ms, "
       "rowid"));
   sqlite3_bind_int64(raw.get(), 1, lease_id);
   sqlite3_bind_int64(raw.get(), 2, summarised_mark());
-  while (sqlite3_step(raw.get()) == SQLITE_ROW) {
+  while (next_row(raw.get(), "heartbeats")) {
     tracker.observe(lease_id, sqlite3_column_int64(raw.get(), 0), sqlite3_column_double(raw.get(), 1));
   }
 }

@@ -254,7 +254,8 @@ class StoreReader : public ReportReader {
  private:
   sqlite3_stmt* prepare(const char* sql);
   bool has_table(const char* table);
-  int64_t summarised_mark();  // meta kHeartbeatsSummarisedKey, 0 when absent
+  int64_t summarised_mark();                                  // meta kHeartbeatsSummarisedKey, 0 when absent
+  bool next_row(sqlite3_stmt* statement, const char* table);  // false when done; a read error is a StoreError
   template <typename Record>
   std::vector<Record> ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&));
 
