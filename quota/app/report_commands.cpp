@@ -23,12 +23,14 @@
 namespace yolo8::quota {
 namespace {
 
-// The monthly report, the quarter statement and the recommendation read a SQLite file (StoreReader).
-constexpr const char* kReportsReadSqlite =
-    "the reports read a SQLite database only; PostgreSQL has no report reader yet";
+StoreOptions read_options(const std::string& password_file) {
+  StoreOptions options;
+  options.password_file = password_file;
+  return options;
+}
 
 struct ReportArgs {
-  std::string month, quarter, format = "md", db = "quotad.db", policy, out;
+  std::string month, quarter, format = "md", db = "quotad.db", password_file, policy, out;
   int top = 10;
 };
 
@@ -38,7 +40,8 @@ int run_report(const ReportArgs& args) {
     quarter_months(args.quarter);  // names --quarter before anything else is read
     if (args.policy.empty()) throw UsageError("--policy: required with --quarter (the credit rules)");
     const QuarterStatement statement =
-        build_statement(sqlite_only(args.db, "report", kReportsReadSqlite), args.quarter, load_policy(args.policy));
+        build_statement(*open_report_reader(parse_db_target(args.db), read_options(args.password_file)), args.quarter,
+                        load_policy(args.policy));
     const std::string text = args.format == "html"  ? statement_html(statement)
                              : args.format == "csv" ? statement_csv(statement)
                                                     : statement_markdown(statement);
@@ -48,8 +51,11 @@ int run_report(const ReportArgs& args) {
   if (args.month.empty()) throw UsageError("--month: required (or --quarter)");
   std::unique_ptr<Policy> policy;
   if (!args.policy.empty()) policy = std::make_unique<Policy>(load_policy(args.policy));
+  int64_t month_start = 0, month_end = 0;
+  month_range_ms(args.month, month_start, month_end);  // names --month before the database is opened
   const MonthlyReport report =
-      build_report(sqlite_only(args.db, "report", kReportsReadSqlite), args.month, policy.get(), args.top);
+      build_report(*open_report_reader(parse_db_target(args.db), read_options(args.password_file)), args.month,
+                   policy.get(), args.top);
   const std::string text = args.format == "html"  ? report_html(report)
                            : args.format == "csv" ? report_csv(report)
                                                   : report_markdown(report);
@@ -59,7 +65,7 @@ int run_report(const ReportArgs& args) {
 
 struct RecommendArgs {
   int months = 3;
-  std::string db = "quotad.db", policy, diff, until;
+  std::string db = "quotad.db", password_file, policy, diff, until;
 };
 
 int run_recommend(const RecommendArgs& args) {
@@ -83,8 +89,9 @@ int run_recommend(const RecommendArgs& args) {
       throw UsageError("--until: no such day '" + args.until + "'");
     }
   }
-  const UsageHistory history = load_history(sqlite_only(args.db, "recommend", kReportsReadSqlite), policy,
-                                            now - static_cast<int64_t>(args.months) * 30 * 86400000LL, now);
+  const UsageHistory history =
+      load_history(*open_report_reader(parse_db_target(args.db), read_options(args.password_file)), policy,
+                   now - static_cast<int64_t>(args.months) * 30 * 86400000LL, now);
   const Recommendation recommendation = recommend(policy, history);
   const std::string diff = policy_diff(policy_text, args.policy, policy, recommendation);
   std::printf("%s\n", recommendation_text(recommendation).c_str());
@@ -176,7 +183,9 @@ void add_report_commands(CLI::App& app, CommandTable& table) {
   report_cmd->add_option("--format", report->format, "md, html or csv")
       ->check(CLI::IsMember({"md", "html", "csv"}))
       ->capture_default_str();
-  report_cmd->add_option("--db", report->db, "quotad's SQLite database")->capture_default_str();
+  report_cmd->add_option("--db", report->db, "quotad's database: a SQLite file or a PostgreSQL URL")
+      ->capture_default_str();
+  report_cmd->add_option("--db-password-file", report->password_file, "PostgreSQL: the password's file");
   report_cmd->add_option("--policy", report->policy, "policy YAML: teams, credit allowances, waste thresholds");
   report_cmd->add_option("--out", report->out, "write to this file instead of stdout");
   report_cmd->add_option("--top", report->top, "top jobs listed")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -201,7 +210,9 @@ void add_report_commands(CLI::App& app, CommandTable& table) {
   recommend_cmd->add_option("--months", recommendation->months, "history to read: the last N x 30 days")
       ->check(CLI::Range(1, 36))
       ->capture_default_str();
-  recommend_cmd->add_option("--db", recommendation->db, "quotad's SQLite database")->capture_default_str();
+  recommend_cmd->add_option("--db", recommendation->db, "quotad's database: a SQLite file or a PostgreSQL URL")
+      ->capture_default_str();
+  recommend_cmd->add_option("--db-password-file", recommendation->password_file, "PostgreSQL: the password's file");
   recommend_cmd->add_option("--policy", recommendation->policy, "the policy file the diff applies to")->required();
   recommend_cmd->add_option("--until", recommendation->until,
                             "YYYY-MM-DD (UTC): the window ends at that midnight (default: now)");

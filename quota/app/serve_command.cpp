@@ -43,6 +43,7 @@ struct ServeArgs {
   int max_connections_per_address = ServerOptions{}.max_connections_per_client;
   int max_connections = ServerOptions{}.max_connections;
   int watch_every_s = 5;
+  int heartbeat_retention_days = 14;
   std::string tls_cert, tls_key;
 };
 
@@ -161,6 +162,7 @@ int serve(const ServeArgs& args) {
   // for a second after that, changes get 503 at once
   opts.store_busy_timeout_ms = 2000;
   opts.outage_after_ms = 3000;  // the maintenance thread ticks every second
+  opts.heartbeat_retention_ms = int64_t{args.heartbeat_retention_days} * 86400000;
   // block the stop and reload signals in every thread; the main thread waits for them
   sigset_t set;
   sigemptyset(&set);
@@ -279,6 +281,12 @@ void add_serve_command(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   serve_cmd->add_option("--backup-keep", args->backup_keep, "online backups kept (the newest)")
       ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  serve_cmd
+      ->add_option("--heartbeat-retention-days", args->heartbeat_retention_days,
+                   "days raw heartbeats are kept (each hour is summed up per lease once over; the reports and a "
+                   "restart read the sums)")
+      ->check(CLI::Range(1, 36500))
       ->capture_default_str();
   serve_cmd
       ->add_option("--max-connections-per-address", args->max_connections_per_address,

@@ -25,8 +25,9 @@ void UtilTracker::observe(int64_t lease_id, int64_t ts_ms, double gpu_util) {
   if (util.last_ts_ms >= 0 && ts_ms < util.last_ts_ms) return;  // out of order: keep the fold monotonic
   if (util.last_ts_ms >= 0) {
     const int64_t elapsed_ms = ts_ms - util.last_ts_ms;
-    util.util_ms += util.last_util * static_cast<double>(elapsed_ms);
+    util.util_micro_ms += util_micro(util.last_util) * elapsed_ms;
     util.covered_ms += elapsed_ms;
+    if (util.last_util < threshold_) util.low_held_ms += elapsed_ms;
   } else {
     util.first_ts_ms = ts_ms;
   }
@@ -39,13 +40,104 @@ void UtilTracker::observe(int64_t lease_id, int64_t ts_ms, double gpu_util) {
   ++util.samples;
 }
 
+void UtilTracker::observe_summary(int64_t lease_id, const UtilSummary& summary) {
+  if (summary.empty()) return;
+  LeaseUtil& util = leases_[lease_id];
+  if (util.last_ts_ms >= 0 && summary.first_ts_ms < util.last_ts_ms) return;  // as observe() keeps the fold monotonic
+  if (util.last_ts_ms >= 0) {
+    const int64_t gap_ms = summary.first_ts_ms - util.last_ts_ms;
+    util.util_micro_ms += util_micro(util.last_util) * gap_ms;
+    util.covered_ms += gap_ms;
+    if (util.last_util < threshold_) util.low_held_ms += gap_ms;
+  } else {
+    util.first_ts_ms = summary.first_ts_ms;
+  }
+  // the run that crosses into the span, or the one the span's first sample begins
+  if (util.low_since_ms >= 0) {
+    if (!summary.first_low()) {
+      close_run(util, summary.first_ts_ms);
+    } else if (summary.head_low_end_ms >= 0) {
+      close_run(util, summary.head_low_end_ms);
+    }
+  } else if (summary.first_low() && summary.head_low_end_ms >= 0) {
+    util.low_since_ms = summary.first_ts_ms;
+    close_run(util, summary.head_low_end_ms);
+  }
+  util.wasted_ms += summary.wasted_ms;
+  util.longest_low_ms = std::max(util.longest_low_ms, summary.longest_low_ms);
+  if (summary.tail_low_since_ms < 0) {
+    util.low_since_ms = -1;
+  } else if (!(summary.all_low() && util.low_since_ms >= 0)) {
+    util.low_since_ms = summary.tail_low_since_ms;
+  }
+  util.util_micro_ms += summary.util_micro_ms;
+  util.covered_ms += summary.covered_ms;
+  util.low_held_ms += summary.low_held_ms;
+  util.samples += summary.samples;
+  util.last_ts_ms = summary.last_ts_ms;
+  util.last_util = summary.last_util;
+}
+
+void UtilSummary::add(int64_t ts_ms, double gpu_util) {
+  if (!(gpu_util >= 0)) return;
+  UtilSummary one;
+  one.threshold = threshold;
+  one.waste_after_ms = waste_after_ms;
+  one.samples = 1;
+  one.first_ts_ms = one.last_ts_ms = ts_ms;
+  one.first_util = one.last_util = gpu_util;
+  if (gpu_util < threshold) one.tail_low_since_ms = ts_ms;
+  append(one);
+}
+
+void UtilSummary::append(const UtilSummary& next) {
+  if (next.empty()) return;
+  if (empty()) {
+    *this = next;
+    return;
+  }
+  if (next.first_ts_ms < last_ts_ms) return;
+  const auto close_run = [&](int64_t run_ms) {
+    longest_low_ms = std::max(longest_low_ms, run_ms);
+    if (run_ms >= waste_after_ms) wasted_ms += run_ms;
+    ++closed_runs;
+  };
+  const int64_t gap_ms = next.first_ts_ms - last_ts_ms;
+  const bool tail_low = tail_low_since_ms >= 0;
+  const bool was_all_low = all_low();
+  util_micro_ms += util_micro(last_util) * gap_ms + next.util_micro_ms;
+  covered_ms += gap_ms + next.covered_ms;
+  low_held_ms += (tail_low ? gap_ms : 0) + next.low_held_ms;
+  // the seam: this span's last run goes on into the next one, or ends at its first sample at or above
+  const int64_t seam_end_ms = !next.first_low() ? next.first_ts_ms : next.head_low_end_ms;
+  if (tail_low) {
+    if (seam_end_ms >= 0) {
+      if (was_all_low) {
+        head_low_end_ms = seam_end_ms;  // still the leading run: its start depends on what came before
+      } else {
+        close_run(seam_end_ms - tail_low_since_ms);
+      }
+    }
+  } else if (next.first_low() && next.head_low_end_ms >= 0) {
+    close_run(next.head_low_end_ms - next.first_ts_ms);
+  }
+  wasted_ms += next.wasted_ms;
+  longest_low_ms = std::max(longest_low_ms, next.longest_low_ms);
+  closed_runs += next.closed_runs;
+  tail_low_since_ms = tail_low && next.all_low() ? tail_low_since_ms : next.tail_low_since_ms;
+  samples += next.samples;
+  last_ts_ms = next.last_ts_ms;
+  last_util = next.last_util;
+}
+
 void UtilTracker::close(int64_t lease_id, int64_t end_ms) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return;
   LeaseUtil& util = it->second;
   if (end_ms > util.last_ts_ms && util.last_ts_ms >= 0) {
-    util.util_ms += util.last_util * static_cast<double>(end_ms - util.last_ts_ms);
+    util.util_micro_ms += util_micro(util.last_util) * (end_ms - util.last_ts_ms);
     util.covered_ms += end_ms - util.last_ts_ms;
+    if (util.last_util < threshold_) util.low_held_ms += end_ms - util.last_ts_ms;
     util.last_ts_ms = end_ms;
   }
   close_run(util, end_ms);

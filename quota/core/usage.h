@@ -1,6 +1,7 @@
 #pragma once
 // How the GPUs are used: per-lease utilisation folded from heartbeats, the waste list and per-team figures that
 // /metrics, the status page and the report share. No I/O.
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -10,26 +11,72 @@
 
 namespace yolo8::quota {
 
+// A utilisation in millionths: the integrals below are integers, so that they sum to the same value in any order
+// (an hour folded into its summary, then the summaries added, gives what the samples one by one give).
+inline int64_t util_micro(double util) { return std::llround(util * 1e6); }
+
 // Utilisation history of one lease, folded sample by sample (no sample list kept).
 struct LeaseUtil {
   int64_t first_ts_ms = -1;
   int64_t last_ts_ms = -1;
   double last_util = -1;
   int64_t low_since_ms = -1;   // start of the current run of samples below the threshold; -1 when not low
-  double util_ms = 0;          // integral of utilisation over time (sample-and-hold), for the average
+  int64_t util_micro_ms = 0;   // integral of utilisation (millionths) over time (sample-and-hold), for the average
   int64_t covered_ms = 0;      // time the integral covers
+  int64_t low_held_ms = 0;     // the part of it a sample below the threshold held
   int64_t wasted_ms = 0;       // closed low runs that lasted at least the waste duration
   int64_t longest_low_ms = 0;  // longest low run, closed ones only
   int samples = 0;
-  double avg_util() const { return covered_ms > 0 ? util_ms / static_cast<double>(covered_ms) : last_util; }
+  double util_ms() const { return static_cast<double>(util_micro_ms) / 1e6; }
+  double avg_util() const { return covered_ms > 0 ? util_ms() / static_cast<double>(covered_ms) : last_util; }
   int64_t low_ms(int64_t now_ms) const { return low_since_ms < 0 ? 0 : now_ms - low_since_ms; }
 };
+
+// What one lease's samples over a span of time (an hour of its history) fold to, such that spans compose: the
+// summaries of consecutive spans appended one after the other, or fed to UtilTracker::observe_summary, give
+// exactly what the samples one by one give. Low runs go by the threshold and waste duration it was made with.
+struct UtilSummary {
+  double threshold = 0;
+  int64_t waste_after_ms = 0;
+  int samples = 0;
+  int64_t first_ts_ms = -1;
+  double first_util = -1;
+  int64_t last_ts_ms = -1;
+  double last_util = -1;
+  int64_t util_micro_ms = 0;  // between the first and the last sample, as LeaseUtil's
+  int64_t covered_ms = 0;
+  int64_t low_held_ms = 0;
+  // The first sample below the threshold: when the run it begins ends (the first sample at or above), -1 when
+  // it lasts to the last sample. Its length depends on what came before, so it is not in wasted/longest.
+  int64_t head_low_end_ms = -1;
+  int64_t tail_low_since_ms = -1;  // the last sample below the threshold: where its run began; -1 otherwise
+  int64_t wasted_ms = 0;           // runs that began after the first sample and ended before the last one's time
+  int64_t longest_low_ms = 0;
+  int64_t closed_runs = 0;  // how many such runs (for tests and stats)
+
+  bool empty() const { return samples == 0; }
+  bool first_low() const { return samples > 0 && first_util < threshold; }
+  // Low from its first sample to its last.
+  bool all_low() const { return first_low() && head_low_end_ms < 0; }
+  // Adds one sample after the others (one earlier than the last is ignored, as UtilTracker ignores it; so is one
+  // without a utilisation, < 0).
+  void add(int64_t ts_ms, double gpu_util);
+  // Appends the summary of the span that follows (made with the same threshold and duration).
+  void append(const UtilSummary& next);
+};
+
+// The hour (UTC, ms) a sample time falls in.
+inline int64_t hour_of(int64_t ts_ms) { return ts_ms - ((ts_ms % 3600000) + 3600000) % 3600000; }
 
 // Folds heartbeat samples into LeaseUtil per lease; samples without a utilisation (< 0) are ignored.
 class UtilTracker {
  public:
   UtilTracker(double threshold, int64_t waste_after_ms) : threshold_(threshold), waste_after_ms_(waste_after_ms) {}
   void observe(int64_t lease_id, int64_t ts_ms, double gpu_util);
+  // Observes every sample a summary folds (a span after the lease's samples so far): low runs go by the summary's
+  // threshold and duration, not this tracker's, where they differ. A span that begins before the last sample
+  // observed is ignored.
+  void observe_summary(int64_t lease_id, const UtilSummary& summary);
   // Closes the lease's current low run at `end_ms` (the lease ended).
   void close(int64_t lease_id, int64_t end_ms);
   // The wall clock stepped by `step_ms` (Engine::clock_stepped): the samples' times move with it, so averages and

@@ -1,17 +1,18 @@
 #include "quota/server/history.h"
 
 #include <map>
+#include <memory>
 
 #include "quota/store/store.h"
 
 namespace yolo8::quota {
 
-UsageHistory load_history(const std::string& db_path, const Policy& policy, int64_t from_ms, int64_t to_ms) {
-  StoreReader reader(db_path);
-  return load_history(reader, policy, from_ms, to_ms);
+UsageHistory load_history(const std::string& db, const Policy& policy, int64_t from_ms, int64_t to_ms) {
+  const std::unique_ptr<ReportReader> reader = open_report_reader(parse_db_target(db));
+  return load_history(*reader, policy, from_ms, to_ms);
 }
 
-UsageHistory load_history(StoreReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms) {
+UsageHistory load_history(ReportReader& reader, const Policy& policy, int64_t from_ms, int64_t to_ms) {
   UsageHistory history;
   history.from_ms = from_ms;
   history.to_ms = to_ms;
@@ -29,21 +30,17 @@ UsageHistory load_history(StoreReader& reader, const Policy& policy, int64_t fro
     index[lease.id] = history.leases.size();
     history.leases.push_back(entry);
   }
-  // utilisation samples, sample and hold: each one stands until the lease's next sample
-  int64_t last_lease = -1, last_ts = 0;
-  double last_util = 0;
-  reader.util_samples(from_ms, to_ms, [&](int64_t lease_id, int64_t ts, double util) {
-    auto it = index.find(lease_id);
-    if (lease_id == last_lease && it != index.end()) {
-      HistoryLease& lease = history.leases[it->second];
-      const double gpu_hours = lease.units * static_cast<double>(ts - last_ts) / 3.6e6;
-      lease.sampled_gpu_hours += gpu_hours;
-      if (last_util < policy.waste_gpu_util_below) lease.idle_gpu_hours += gpu_hours;
-    }
-    last_lease = lease_id;
-    last_ts = ts;
-    last_util = util;
-  });
+  // utilisation samples, sample and hold: each one stands until the lease's next sample; from a whole hour, so
+  // that heartbeats folded into hourly summaries read the same
+  UtilTracker tracker(policy.waste_gpu_util_below, static_cast<int64_t>(policy.waste_after_s) * 1000);
+  reader.fold_util(hour_of(from_ms), to_ms, tracker);
+  for (const auto& [id, util] : tracker.leases()) {
+    auto it = index.find(id);
+    if (it == index.end()) continue;
+    HistoryLease& lease = history.leases[it->second];
+    lease.sampled_gpu_hours = lease.units * static_cast<double>(util.covered_ms) / 3.6e6;
+    lease.idle_gpu_hours = lease.units * static_cast<double>(util.low_held_ms) / 3.6e6;
+  }
   return history;
 }
 

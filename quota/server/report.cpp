@@ -49,11 +49,10 @@ struct MonthData {
   std::map<int64_t, LeaseUtil> util;  // per lease, samples inside the month only
 };
 
-MonthData read_samples(StoreReader& reader, int64_t from, int64_t to, const std::map<int64_t, Lease>& leases,
+MonthData read_samples(ReportReader& reader, int64_t from, int64_t to, const std::map<int64_t, Lease>& leases,
                        double below, int64_t after_ms) {
   UtilTracker tracker(below, after_ms);
-  reader.util_samples(from, to,
-                      [&](int64_t lease_id, int64_t ts_ms, double util) { tracker.observe(lease_id, ts_ms, util); });
+  reader.fold_util(from, to, tracker);  // months are whole hours: the same whether their heartbeats were folded
   MonthData out;
   for (const auto& [id, util] : tracker.leases()) {
     // a low run lasts until the lease ended (inside the month) or the last sample
@@ -106,7 +105,15 @@ void month_range_ms(const std::string& month, int64_t& start_ms, int64_t& end_ms
   end_ms = span->end_ms;
 }
 
-MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n,
+MonthlyReport build_report(const std::string& db, const std::string& month, const Policy* policy, int top_n,
+                           int64_t now_ms) {
+  int64_t from = 0, to = 0;
+  month_range_ms(month, from, to);  // validates before anything is opened
+  const std::unique_ptr<ReportReader> reader = open_report_reader(parse_db_target(db));
+  return build_report(*reader, month, policy, top_n, now_ms);
+}
+
+MonthlyReport build_report(ReportReader& reader, const std::string& month, const Policy* policy, int top_n,
                            int64_t now_ms) {
   MonthlyReport report;
   report.month = month;
@@ -125,7 +132,6 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     report.waste_util_below = policy->waste_gpu_util_below;
     report.waste_after_s = policy->waste_after_s;
   }
-  StoreReader reader(db_path);
 
   // leases that may overlap the two months
   std::map<int64_t, Lease> leases;
@@ -164,11 +170,11 @@ MonthlyReport build_report(const std::string& db_path, const std::string& month,
     team.prev_gpu_hours += h_prev;
     if (auto it = cur.util.find(id); it != cur.util.end() && it->second.covered_ms > 0) {
       util_cur[lease.req.team].weight += units * static_cast<double>(it->second.covered_ms);
-      util_cur[lease.req.team].sum += units * it->second.util_ms;
+      util_cur[lease.req.team].sum += units * it->second.util_ms();
     }
     if (auto it = prev.util.find(id); it != prev.util.end() && it->second.covered_ms > 0) {
       util_prev[lease.req.team].weight += units * static_cast<double>(it->second.covered_ms);
-      util_prev[lease.req.team].sum += units * it->second.util_ms;
+      util_prev[lease.req.team].sum += units * it->second.util_ms();
     }
     if (h_cur <= 0) continue;
     ++team.leases;

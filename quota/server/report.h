@@ -9,6 +9,7 @@
 #include "quota/core/engine.h"
 #include "quota/core/policy.h"
 #include "quota/core/recommend.h"
+#include "quota/store/state_store.h"
 
 namespace yolo8::quota {
 
@@ -92,11 +93,15 @@ struct MonthlyReport {
   std::vector<TeamRecommendation> recommended;
 };
 
-// Reads `db_path` read-only. `month` is "YYYY-MM" (throws std::invalid_argument otherwise); `policy` (may be
-// null) gives team membership, credit allowances and the waste thresholds (defaults: 20 %, 1 h).
-// GPU-hours are lease time inside the month times the GPUs (or memory share) of each lease.
-// `now_ms` (0: the system clock) is the "generated at" time; a month that is not over is marked in progress.
-MonthlyReport build_report(const std::string& db_path, const std::string& month, const Policy* policy, int top_n = 10,
+// Reads the database `db` names (a `--db`: a SQLite file or a PostgreSQL URL, parse_db_target) read-only.
+// `month` is "YYYY-MM" (throws std::invalid_argument otherwise); `policy` (may be null) gives team membership,
+// credit allowances and the waste thresholds (defaults: 20 %, 1 h). GPU-hours are lease time inside the month
+// times the GPUs (or memory share) of each lease. `now_ms` (0: the system clock) is the "generated at" time; a
+// month that is not over is marked in progress.
+MonthlyReport build_report(const std::string& db, const std::string& month, const Policy* policy, int top_n = 10,
+                           int64_t now_ms = 0);
+// The same through a reader already open (open_report_reader: a PostgreSQL password from a file).
+MonthlyReport build_report(ReportReader& reader, const std::string& month, const Policy* policy, int top_n = 10,
                            int64_t now_ms = 0);
 
 // The journal, with its advice (journal_advice.h): suggestions with their evidence, the biggest savings, and the

@@ -30,7 +30,14 @@ void rank_members(std::vector<StatementMember>& members) {
   }
 }
 
-QuarterStatement build_statement(const std::string& db_path, const std::string& quarter, const Policy& policy,
+QuarterStatement build_statement(const std::string& db, const std::string& quarter, const Policy& policy,
+                                 int64_t now_ms) {
+  quarter_months(quarter);  // validates before anything is opened
+  const std::unique_ptr<ReportReader> reader = open_report_reader(parse_db_target(db));
+  return build_statement(*reader, quarter, policy, now_ms);
+}
+
+QuarterStatement build_statement(ReportReader& reader, const std::string& quarter, const Policy& policy,
                                  int64_t now_ms) {
   QuarterStatement statement;
   statement.quarter = quarter;
@@ -49,7 +56,6 @@ QuarterStatement build_statement(const std::string& db_path, const std::string& 
   }
   const std::string before = previous_month_key(months.front());
 
-  StoreReader reader(db_path);
   std::set<std::string> wanted(statement.months.begin(), statement.months.end());
   wanted.insert(before);
   const std::map<std::pair<std::string, std::string>, double> usage =

@@ -9,6 +9,7 @@
 
 #include "quota/core/ledger.h"
 #include "quota/core/policy.h"
+#include "quota/store/state_store.h"
 
 namespace yolo8::quota {
 
@@ -62,10 +63,13 @@ struct LedgerTotals {
 };
 LedgerTotals ledger_totals(const std::vector<Loan>& loans, const std::vector<CreditGrant>& grants);
 
-// Reads `db_path` read-only. `quarter` is "YYYY-Qn" (PolicyError naming --quarter otherwise); the policy gives the
-// members and the credit rules. `now_ms` (0: the system clock) is the generation time; months that have not
-// begun are left out.
-QuarterStatement build_statement(const std::string& db_path, const std::string& quarter, const Policy& policy,
+// Reads the database `db` names (a `--db`: a SQLite file or a PostgreSQL URL) read-only. `quarter` is "YYYY-Qn"
+// (PolicyError naming --quarter otherwise); the policy gives the members and the credit rules. `now_ms` (0: the
+// system clock) is the generation time; months that have not begun are left out.
+QuarterStatement build_statement(const std::string& db, const std::string& quarter, const Policy& policy,
+                                 int64_t now_ms = 0);
+// The same through a reader already open (open_report_reader).
+QuarterStatement build_statement(ReportReader& reader, const std::string& quarter, const Policy& policy,
                                  int64_t now_ms = 0);
 
 std::string statement_markdown(const QuarterStatement& statement);

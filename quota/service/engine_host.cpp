@@ -357,14 +357,38 @@ void EngineHost::tick(const std::map<std::string, int>& auth_attempts) {
 
 void EngineHost::flush_heartbeats() {
   std::vector<HeartbeatSample> batch = board_.take_samples();
-  if (!store_ || batch.empty()) return;
-  try {
-    std::lock_guard<std::mutex> store_lock(store_mutex_);
-    store_->write_heartbeats(batch);
-  } catch (const StoreError&) {
-    ++storage_write_errors_;
-    board_.put_back_samples(std::move(batch));  // for the next round (bounded: the oldest go first)
-    throw;
+  if (!store_) return;
+  if (!batch.empty()) {
+    try {
+      std::lock_guard<std::mutex> store_lock(store_mutex_);
+      store_->write_heartbeats(batch);
+    } catch (const StoreError&) {
+      ++storage_write_errors_;
+      board_.put_back_samples(std::move(batch));  // for the next round (bounded: the oldest go first)
+      throw;
+    }
+  }
+  fold_old_heartbeats();
+}
+
+void EngineHost::fold_old_heartbeats() {
+  const EngineMode mode = mode_.load();
+  if (options_.heartbeat_retention_ms <= 0 || (mode != EngineMode::kSingle && mode != EngineMode::kLeader)) return;
+  const int64_t now = clock_();
+  if (now < next_fold_ms_) return;
+  next_fold_ms_ = now + kFoldEveryMs;  // also after a failure: the next try is a while away
+  double threshold = 0;
+  int64_t waste_after_ms = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threshold = tracker_.threshold();
+    waste_after_ms = tracker_.waste_after_ms();
+  }
+  std::lock_guard<std::mutex> store_lock(store_mutex_);
+  // more may be due: the next round goes on
+  if (store_->fold_heartbeats(now - kSummariseAfterMs, now - options_.heartbeat_retention_ms, threshold, waste_after_ms,
+                              kFoldBatchRows) > 0) {
+    next_fold_ms_ = now;
   }
 }
 

@@ -49,7 +49,19 @@ struct ServiceOptions {
   // extended by it (Engine::credit_outage). 0 = off; the server ticks every second and sets 3000.
   int64_t outage_after_ms = 0;
   size_t max_pending_heartbeats = 200000;  // samples buffered while the store is unavailable (oldest dropped)
+  // Bounded history: each hour's heartbeats are summed up per lease once it is over (StateStore::fold_heartbeats),
+  // so that a restart and the reports read summaries; raw rows are kept this long (quotad serve
+  // --heartbeat-retention-days), then deleted. A bounded step per heartbeat flush while any is due, then every
+  // kFoldEveryMs. 0: neither (raw rows kept for ever). Not in local mode, nor by a follower.
+  int64_t heartbeat_retention_ms = 0;
 };
+
+// Rows summed up or deleted in one transaction: a short hold of the store (writes queue behind it meanwhile).
+inline constexpr int64_t kFoldBatchRows = 20000;
+inline constexpr int64_t kFoldEveryMs = 10 * 60 * 1000;
+// An hour is summed up this long after it ended: the heartbeats the board still buffered (a flush every second,
+// longer while the store is unavailable) are stored by then.
+inline constexpr int64_t kSummariseAfterMs = 10 * 60 * 1000;
 
 // How this process's engine relates to the store.
 enum class EngineMode {
@@ -106,7 +118,8 @@ class EngineHost {
 
   // The periodic tick: failed authentications audited, an outage credited, expiry, deadlines, the queue, pruning.
   void tick(const std::map<std::string, int>& auth_attempts);
-  // Writes the heartbeat samples the board buffered, in one transaction; kept for the next round on failure.
+  // Writes the heartbeat samples the board buffered, in one transaction; kept for the next round on failure. Then
+  // folds a batch of heartbeats older than the retention period when one is due (ServiceOptions).
   void flush_heartbeats();
   // The audit log from the store (complete: every change is written before it is answered), else from memory.
   std::vector<AuditEntry> audit(int64_t after, size_t limit, const std::string& team);
@@ -131,6 +144,7 @@ class EngineHost {
   // The reports answered from the board since the last merge, into the engine and the tracker.
   void merge_reports_locked();
   void count_committed(const Changes& changes);
+  void fold_old_heartbeats();
   void note_write_failed();
   // A follower's attempt to lead (at the start and every tick): on success the whole state is loaded and the
   // store fenced with the new epoch, as a start does; the gap since the last leader's heartbeats is credited the
@@ -162,6 +176,7 @@ class EngineHost {
   // Guards the store's connection, which heartbeat flushes and audit reads use outside the engine lock; taken
   // after mutex_ when both are held.
   std::mutex store_mutex_;
+  std::atomic<int64_t> next_fold_ms_{0};  // wall time of the next fold_heartbeats
   std::unique_ptr<StateStore> store_;
   std::string receipt_key_;
   std::atomic<int64_t> last_tick_ms_{0};                             // monotonic: the last saved tick

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "quota/core/codec.h"
@@ -67,6 +68,17 @@ CREATE INDEX memory_observations_key ON memory_observations(model, device, lease
 )SQL"},
     {9, "the secret grant receipts are signed with (created at random when the step is applied)", R"SQL(
 CREATE TABLE receipt_key (id INTEGER PRIMARY KEY CHECK (id = 1), secret TEXT NOT NULL);
+)SQL"},
+    {10, "heartbeats older than the retention period folded into hourly summaries per lease", R"SQL(
+CREATE TABLE heartbeat_hours (
+  lease_id BIGINT NOT NULL, hour_ms BIGINT NOT NULL, samples INTEGER NOT NULL,
+  first_ts_ms BIGINT NOT NULL, first_util DOUBLE PRECISION NOT NULL, last_ts_ms BIGINT NOT NULL,
+  last_util DOUBLE PRECISION NOT NULL, util_micro_ms BIGINT NOT NULL, covered_ms BIGINT NOT NULL,
+  low_held_ms BIGINT NOT NULL, head_low_end_ms BIGINT NOT NULL, tail_low_since_ms BIGINT NOT NULL,
+  wasted_ms BIGINT NOT NULL, longest_low_ms BIGINT NOT NULL, closed_runs BIGINT NOT NULL,
+  threshold DOUBLE PRECISION NOT NULL, waste_after_ms BIGINT NOT NULL, PRIMARY KEY (lease_id, hour_ms));
+CREATE INDEX heartbeat_hours_hour ON heartbeat_hours(hour_ms);
+CREATE INDEX heartbeats_ts ON heartbeats(ts_ms);
 )SQL"},
 };
 constexpr int kPgMigrationCount = static_cast<int>(sizeof kPgMigrations / sizeof kPgMigrations[0]);
@@ -718,16 +730,347 @@ std::vector<MemoryObservation> PostgresStore::memory_observations() {
   return out;
 }
 
+namespace {
+
+// heartbeat_hours: the key, then an hour's UtilSummary (as in SQLite)
+constexpr const char* kPgHourColumns =
+    "lease_id, hour_ms, samples, first_ts_ms, first_util, last_ts_ms, last_util, util_micro_ms, covered_ms, "
+    "low_held_ms, head_low_end_ms, tail_low_since_ms, wasted_ms, longest_low_ms, closed_runs, threshold, "
+    "waste_after_ms";
+
+}  // namespace
+
+UtilSummary PostgresStore::hour_summary(const Result& rows, int row) {
+  const auto integer = [&](int column) { return rows.integer(row, 2 + column); };
+  UtilSummary summary;
+  summary.samples = static_cast<int>(integer(0));
+  summary.first_ts_ms = integer(1);
+  summary.first_util = rows.real(row, 2 + 2);
+  summary.last_ts_ms = integer(3);
+  summary.last_util = rows.real(row, 2 + 4);
+  summary.util_micro_ms = integer(5);
+  summary.covered_ms = integer(6);
+  summary.low_held_ms = integer(7);
+  summary.head_low_end_ms = integer(8);
+  summary.tail_low_since_ms = integer(9);
+  summary.wasted_ms = integer(10);
+  summary.longest_low_ms = integer(11);
+  summary.closed_runs = integer(12);
+  summary.threshold = rows.real(row, 2 + 13);
+  summary.waste_after_ms = integer(14);
+  return summary;
+}
+
+int64_t PostgresStore::summarised_mark() {
+  const std::string recorded = meta(kHeartbeatsSummarisedKey);
+  return recorded.empty() ? 0 : std::stoll(recorded);
+}
+
 void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker) {
+  const int64_t mark = summarised_mark();
   for (const auto& [id, lease] : engine.leases()) {
     if (lease.state != LeaseState::kGranted && lease.state != LeaseState::kRevoking) continue;
     tracker.forget(id);
+    const Result hours =
+        run("read table heartbeat_hours",
+            (std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 ORDER BY hour_ms")
+                .c_str(),
+            Params().integer(id));
+    for (int row = 0; row < hours.rows(); ++row) tracker.observe_summary(id, hour_summary(hours, row));
     const Result rows =
         run("read table heartbeats",
-            "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND gpu_util >= 0 ORDER BY ts_ms",
-            Params().integer(id));
+            "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND ts_ms >= $2 AND gpu_util >= 0 ORDER BY "
+            "ts_ms",
+            Params().integer(id).integer(mark));
     for (int row = 0; row < rows.rows(); ++row) tracker.observe(id, rows.integer(row, 0), rows.real(row, 1));
   }
+}
+
+// As Store::fold_heartbeats: a step ends between two times, so that what stays is exactly the newer.
+int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                                       int64_t waste_after_ms, int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
+  int64_t folded = 0;
+  in_transaction([&] {
+    const std::string recorded = meta(kHeartbeatsSummarisedKey);
+    const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
+    const int64_t before = hour_of(summarise_before_ms);
+    struct Row {
+      int64_t lease_id, ts_ms;
+      double util;
+    };
+    std::vector<Row> rows;
+    const auto read = [&](const Result& result) {
+      for (int row = 0; row < result.rows(); ++row) {
+        rows.push_back({result.integer(row, 0), result.integer(row, 1), result.real(row, 2)});
+      }
+    };
+    int64_t bound = std::max(mark, before);
+    if (before > mark) {
+      read(run("read table heartbeats",
+               "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 "
+               "ORDER BY ts_ms LIMIT $3",
+               Params().integer(mark).integer(before).integer(max_rows)));
+      if (static_cast<int64_t>(rows.size()) >= max_rows) {
+        bound = rows.back().ts_ms;
+        while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
+        if (rows.empty()) {
+          read(run("read table heartbeats",
+                   "SELECT lease_id, ts_ms, COALESCE(gpu_util, -1) FROM heartbeats WHERE ts_ms = $1",
+                   Params().integer(bound)));
+          ++bound;
+        }
+      }
+    }
+    std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
+    for (const Row& row : rows) {
+      auto [it, fresh] = hours.try_emplace({row.lease_id, hour_of(row.ts_ms)});
+      if (fresh) {
+        it->second.threshold = threshold;
+        it->second.waste_after_ms = waste_after_ms;
+      }
+      it->second.add(row.ts_ms, row.util);
+    }
+    const std::string select =
+        std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 AND hour_ms = $2";
+    std::string upsert = std::string("INSERT INTO heartbeat_hours(") + kPgHourColumns +
+                         ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) "
+                         "ON CONFLICT (lease_id, hour_ms) DO UPDATE SET ";
+    const char* updated[] = {"samples",       "first_ts_ms",    "first_util",  "last_ts_ms",      "last_util",
+                             "util_micro_ms", "covered_ms",     "low_held_ms", "head_low_end_ms", "tail_low_since_ms",
+                             "wasted_ms",     "longest_low_ms", "closed_runs", "threshold",       "waste_after_ms"};
+    for (const char* column : updated) {
+      upsert += std::string(column == updated[0] ? "" : ", ") + column + " = EXCLUDED." + column;
+    }
+    for (auto& [key, summary] : hours) {
+      if (summary.empty()) continue;  // only samples without a utilisation
+      UtilSummary merged = summary;
+      const Result stored =
+          run("read table heartbeat_hours", select.c_str(), Params().integer(key.first).integer(key.second));
+      if (stored.rows() > 0) {  // the hour's first part was summed up by the step before
+        merged = hour_summary(stored, 0);
+        merged.append(summary);
+      }
+      run("write table heartbeat_hours", upsert.c_str(),
+          Params()
+              .integer(key.first)
+              .integer(key.second)
+              .integer(merged.samples)
+              .integer(merged.first_ts_ms)
+              .real(merged.first_util)
+              .integer(merged.last_ts_ms)
+              .real(merged.last_util)
+              .integer(merged.util_micro_ms)
+              .integer(merged.covered_ms)
+              .integer(merged.low_held_ms)
+              .integer(merged.head_low_end_ms)
+              .integer(merged.tail_low_since_ms)
+              .integer(merged.wasted_ms)
+              .integer(merged.longest_low_ms)
+              .integer(merged.closed_runs)
+              .real(merged.threshold)
+              .integer(merged.waste_after_ms));
+    }
+    if (bound != mark) set_meta(kHeartbeatsSummarisedKey, std::to_string(bound));
+    // past the retention period, and summed up
+    const Result deleted = run("delete heartbeats past the retention period",
+                               "DELETE FROM heartbeats WHERE ctid IN (SELECT ctid FROM heartbeats WHERE ts_ms < $1 "
+                               "ORDER BY ts_ms LIMIT $2)",
+                               Params().integer(std::min(bound, hour_of(delete_before_ms))).integer(max_rows));
+    folded = static_cast<int64_t>(rows.size()) + deleted.affected();
+  });
+  return folded;
+}
+
+void PostgresStore::util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  const Result hours = run("read table heartbeat_hours",
+                           (std::string("SELECT ") + kPgHourColumns +
+                            " FROM heartbeat_hours WHERE hour_ms >= $1 AND hour_ms < $2 ORDER BY lease_id, hour_ms")
+                               .c_str(),
+                           Params().integer(from_ms).integer(to_ms));
+  const Result raw = run("read table heartbeats",
+                         "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
+                         "gpu_util >= 0 ORDER BY lease_id, ts_ms",
+                         Params().integer(std::max(from_ms, summarised_mark())).integer(to_ms));
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
+  int hour = 0, sample = 0;
+  while (hour < hours.rows() || sample < raw.rows()) {
+    const int64_t lease = hour == hours.rows()   ? raw.integer(sample, 0)
+                          : sample == raw.rows() ? hours.integer(hour, 0)
+                                                 : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
+    for (; hour < hours.rows() && hours.integer(hour, 0) == lease; ++hour) {
+      tracker.observe_summary(lease, hour_summary(hours, hour));
+    }
+    for (; sample < raw.rows() && raw.integer(sample, 0) == lease; ++sample) {
+      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
+    }
+  }
+}
+
+int64_t PostgresStore::count_heartbeat_hours() {
+  return run("read table heartbeat_hours", "SELECT COUNT(*) FROM heartbeat_hours").integer(0, 0);
+}
+
+// A query's answer: text values, NULL reading as 0 (as sqlite3_column_* read it).
+class PostgresReportReader::Rows {
+ public:
+  explicit Rows(PGresult* result) : result_(result, PQclear) {}
+  PGresult* result() const { return result_.get(); }
+  int count() const { return PQntuples(result_.get()); }
+  std::string text(int row, int column) const { return PQgetvalue(result_.get(), row, column); }
+  int64_t integer(int row, int column) const {
+    const char* value = PQgetvalue(result_.get(), row, column);
+    int64_t out = 0;
+    std::from_chars(value, value + std::char_traits<char>::length(value), out);
+    return out;
+  }
+  double real(int row, int column) const {
+    const char* value = PQgetvalue(result_.get(), row, column);
+    double out = 0;
+    std::from_chars(value, value + std::char_traits<char>::length(value), out);
+    return out;
+  }
+  // the columns after lease_id and hour_ms of kPgHourColumns
+  UtilSummary summary(int row) const {
+    UtilSummary out;
+    out.samples = static_cast<int>(integer(row, 2));
+    out.first_ts_ms = integer(row, 3);
+    out.first_util = real(row, 4);
+    out.last_ts_ms = integer(row, 5);
+    out.last_util = real(row, 6);
+    out.util_micro_ms = integer(row, 7);
+    out.covered_ms = integer(row, 8);
+    out.low_held_ms = integer(row, 9);
+    out.head_low_end_ms = integer(row, 10);
+    out.tail_low_since_ms = integer(row, 11);
+    out.wasted_ms = integer(row, 12);
+    out.longest_low_ms = integer(row, 13);
+    out.closed_runs = integer(row, 14);
+    out.threshold = real(row, 15);
+    out.waste_after_ms = integer(row, 16);
+    return out;
+  }
+
+ private:
+  std::unique_ptr<PGresult, void (*)(PGresult*)> result_;
+};
+
+PostgresReportReader::PostgresReportReader(const std::string& url, const std::string& password) : url_(url) {
+  conn_ = connect(url, password);
+  try {
+    query("begin a read-only transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    has_hours_ = query("read the schema", "SELECT to_regclass('heartbeat_hours') IS NOT NULL").text(0, 0) == "t";
+    const Rows mark = query("read table meta", "SELECT value FROM meta WHERE key = $1", {kHeartbeatsSummarisedKey});
+    if (mark.count() > 0) mark_ = mark.integer(0, 0);
+  } catch (...) {
+    PQfinish(conn_);
+    conn_ = nullptr;
+    throw;
+  }
+}
+
+PostgresReportReader::~PostgresReportReader() {
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+PostgresReportReader::Rows PostgresReportReader::query(const std::string& what, const char* sql,
+                                                       const std::vector<std::string>& params) {
+  std::vector<const char*> values;
+  for (const std::string& value : params) values.push_back(value.c_str());
+  Rows rows(PQexecParams(conn_, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0));
+  const ExecStatusType status = PQresultStatus(rows.result());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
+  }
+  return rows;
+}
+
+std::vector<Lease> PostgresReportReader::leases_since(int64_t ended_since_ms) {
+  // the texts of the terminal states (is_terminal), as to_string(LeaseState) writes them
+  const Rows rows = query("read table leases",
+                          "SELECT id, body FROM leases WHERE state NOT IN ('released','expired','rejected') OR "
+                          "ended_ms >= $1 ORDER BY id",
+                          {std::to_string(ended_since_ms)});
+  std::vector<Lease> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    out.push_back(decode_row<Lease>(url_, "leases", rows.integer(row, 0), rows.text(row, 1), &lease_from_json));
+  }
+  return out;
+}
+
+void PostgresReportReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  const std::string from = std::to_string(from_ms), to = std::to_string(to_ms);
+  const Rows hours =
+      has_hours_ ? query("read table heartbeat_hours",
+                         (std::string("SELECT ") + kPgHourColumns +
+                          " FROM heartbeat_hours WHERE hour_ms >= $1 AND hour_ms < $2 ORDER BY lease_id, hour_ms")
+                             .c_str(),
+                         {from, to})
+                 : query("read the schema", "SELECT 1 WHERE false");
+  const Rows raw = query("read table heartbeats",
+                         "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
+                         "gpu_util >= 0 ORDER BY lease_id, ts_ms",
+                         {std::to_string(std::max(from_ms, mark_)), to});
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
+  int hour = 0, sample = 0;
+  while (hour < hours.count() || sample < raw.count()) {
+    const int64_t lease = hour == hours.count()   ? raw.integer(sample, 0)
+                          : sample == raw.count() ? hours.integer(hour, 0)
+                                                  : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
+    for (; hour < hours.count() && hours.integer(hour, 0) == lease; ++hour) {
+      tracker.observe_summary(lease, hours.summary(hour));
+    }
+    for (; sample < raw.count() && raw.integer(sample, 0) == lease; ++sample) {
+      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
+    }
+  }
+}
+
+std::map<std::pair<std::string, std::string>, double> PostgresReportReader::usage(
+    const std::vector<std::string>& months) {
+  const Rows rows = query("read table usage", "SELECT \"user\", month, gpu_hours FROM usage");
+  std::map<std::pair<std::string, std::string>, double> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    std::string month = rows.text(row, 1);
+    if (!months.empty() && std::find(months.begin(), months.end(), month) == months.end()) continue;
+    out[{rows.text(row, 0), std::move(month)}] = rows.real(row, 2);
+  }
+  return out;
+}
+
+template <typename Record>
+std::vector<Record> PostgresReportReader::ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&)) {
+  const Rows rows = query(std::string("read table ") + table,
+                          (std::string("SELECT id, body FROM ") + table + " ORDER BY id").c_str());
+  std::vector<Record> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    out.push_back(decode_row<Record>(url_, table, rows.integer(row, 0), rows.text(row, 1), from_json));
+  }
+  return out;
+}
+
+std::vector<Loan> PostgresReportReader::loans() { return ledger_rows<Loan>("loans", &loan_from_json); }
+
+std::vector<CreditGrant> PostgresReportReader::grants() { return ledger_rows<CreditGrant>("grants", &grant_from_json); }
+
+std::vector<AuditEntry> PostgresReportReader::audit(const std::string& action, int64_t after_seq) {
+  const Rows rows = query("read table audit",
+                          "SELECT seq, ts_ms, actor, action, lease_id, team, detail FROM audit WHERE seq > $1 AND "
+                          "($2 = '' OR action = $2) ORDER BY seq",
+                          {std::to_string(after_seq), action});
+  std::vector<AuditEntry> out;
+  for (int row = 0; row < rows.count(); ++row) {
+    AuditEntry entry;
+    entry.seq = rows.integer(row, 0);
+    entry.ts_ms = rows.integer(row, 1);
+    entry.actor = rows.text(row, 2);
+    entry.action = rows.text(row, 3);
+    entry.lease_id = rows.integer(row, 4);
+    entry.team = rows.text(row, 5);
+    entry.detail = rows.text(row, 6);
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 AuditChainCheck verify_postgres_audit_chain(const std::string& url, const std::string& password) {

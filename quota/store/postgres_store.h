@@ -4,8 +4,12 @@
 // same append-only audit log with the same hash chain. Every write is one transaction that first takes one
 // transaction-scoped advisory lock: writers queue as SQLite's BEGIN IMMEDIATE makes them, and each sees what the
 // one before it committed. Backups and repair are PostgreSQL's own (pg_dump, continuous archiving).
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "quota/store/state_store.h"
 #include "quota/store/store.h"
@@ -43,6 +47,10 @@ class PostgresStore : public StateStore {
   int64_t count_heartbeats() override;
   std::vector<MemoryObservation> memory_observations() override;
   void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
+  int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                          int64_t waste_after_ms, int64_t max_rows) override;
+  void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
+  int64_t count_heartbeat_hours() override;
   const std::string& audit_head() const override { return audit_head_; }
   const std::string& path() const override { return url_; }
 
@@ -66,12 +74,43 @@ class PostgresStore : public StateStore {
   void begin();
   void migrate_schema();
   void append_audit(const std::vector<AuditEntry>& entries);
+  static UtilSummary hour_summary(const Result& rows, int row);
+  int64_t summarised_mark();  // meta kHeartbeatsSummarisedKey, 0 when absent
 
   std::string url_;
   std::string audit_head_;
   pg_conn* conn_ = nullptr;
   bool in_tx_ = false;
   int64_t fence_epoch_ = 0;  // 0: not fenced (a single replica)
+};
+
+// The reports' queries (ReportReader) on a PostgreSQL database: one connection of its own, every query in one
+// read-only REPEATABLE READ transaction (one snapshot, taken at the first query), nothing created or migrated.
+class PostgresReportReader : public ReportReader {
+ public:
+  PostgresReportReader(const std::string& url, const std::string& password);
+  ~PostgresReportReader() override;
+  PostgresReportReader(const PostgresReportReader&) = delete;
+  PostgresReportReader& operator=(const PostgresReportReader&) = delete;
+
+  std::vector<Lease> leases_since(int64_t ended_since_ms) override;
+  void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
+  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {}) override;
+  std::vector<Loan> loans() override;
+  std::vector<CreditGrant> grants() override;
+  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0) override;
+  const std::string& path() const override { return url_; }
+
+ private:
+  class Rows;
+  Rows query(const std::string& what, const char* sql, const std::vector<std::string>& params = {});
+  template <typename Record>
+  std::vector<Record> ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&));
+
+  std::string url_;
+  pg_conn* conn_ = nullptr;
+  bool has_hours_ = false;  // a database of schema version 9 or later
+  int64_t mark_ = 0;        // meta kHeartbeatsSummarisedKey
 };
 
 // `quotad audit --verify` on a PostgreSQL database: its audit log and recorded head, read in one read-only

@@ -73,6 +73,11 @@ std::unique_ptr<PostgresLeadership> open_leadership(const DbTarget& target, cons
   return std::make_unique<PostgresLeadership>(target.location, read_password(options.password_file), address);
 }
 
+std::unique_ptr<ReportReader> open_report_reader(const DbTarget& target, const StoreOptions& options) {
+  if (target.kind == DbTarget::Kind::kSqlite) return std::make_unique<StoreReader>(target.location);
+  return std::make_unique<PostgresReportReader>(target.location, read_password(options.password_file));
+}
+
 AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& options) {
   if (target.kind == DbTarget::Kind::kSqlite) return verify_audit_chain(target.location);
   return verify_postgres_audit_chain(target.location, read_password(options.password_file));

@@ -24,11 +24,15 @@ class StoreError : public std::runtime_error {
 // table schema_version). Opening a database applies the numbered steps it lacks, in order, in one transaction, each
 // logged and audited (`schema.migrate`); a database of a newer version is refused. See "Schema versions and
 // upgrades" in quota/README.md.
-inline constexpr int kSchemaVersion = 9;
+inline constexpr int kSchemaVersion = 10;
 
 // Memory observations kept per model, device, precision and LibTorch version: those of the latest runs (a run
 // keeps one row per setting, its highest peak). Older runs are pruned as new ones report.
 inline constexpr int kMemoryObservationRunsKept = 100;
+
+// The meta key of the mark below which every raw heartbeat is summed up in heartbeat_hours (StateStore::
+// fold_heartbeats); absent: none is.
+inline constexpr const char* kHeartbeatsSummarisedKey = "heartbeats_summarised_ms";
 
 struct HeartbeatSample {
   int64_t lease_id = 0;
@@ -87,6 +91,25 @@ class StateStore {
   // Refolds the stored utilisation samples of the engine's running leases into `tracker` (quotad restarted), so
   // the waste list survives a restart.
   virtual void replay_heartbeats(const Engine& engine, UtilTracker& tracker) = 0;
+  // Bounded history, one bounded step in a transaction of its own (or the one open): sums up the raw heartbeats
+  // not yet summed up, up to the whole hour `summarise_before_ms`, oldest first, at most about `max_rows` of them,
+  // into hourly summaries per lease (table heartbeat_hours, UtilSummary; low runs by `threshold` and
+  // `waste_after_ms`), moving the mark (meta heartbeats_summarised_ms) below which every raw row is summed up; then
+  // deletes up to `max_rows` raw rows older than both the mark and the whole hour `delete_before_ms` (the retention
+  // period). Returns the rows summed up and deleted: 0 once nothing is due. The readers (replay_heartbeats,
+  // util_history, the reports) take the summaries below the mark and the raw rows above it, so that what they
+  // derive is exactly what the samples give, and a restart reads at most about an hour of raw rows per lease.
+  // Exactly, with one exception: a summed-up hour's low runs (below the threshold) are those of the threshold and
+  // duration it was summed up with, so after a policy change the waste figures, the longest low run and the idle
+  // GPU-hours of the hours before it stay what that policy made them; the utilisation, the time covered and the
+  // samples do not depend on the policy.
+  // A row stored below the mark after it moved (a wall clock set back by more than that) is not read.
+  virtual int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                                  int64_t waste_after_ms, int64_t max_rows) = 0;
+  // The utilisation history with from_ms <= time < to_ms (summarised hours by their hour; hour-aligned bounds read
+  // the same whatever was summed up) into `tracker`, lease by lease, oldest first.
+  virtual void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) = 0;
+  virtual int64_t count_heartbeat_hours() = 0;
   // The audit chain's head as last written or loaded by this store: "<seq> <link>", "" before the first entry.
   virtual const std::string& audit_head() const = 0;
   // From now on every write first checks that the lead is still in `epoch` and fails, writing nothing, once another
@@ -124,6 +147,34 @@ struct StoreOptions {
 
 // Opens (creating or upgrading the schema of) the database `target` names.
 std::unique_ptr<StateStore> open_store(const DbTarget& target, const StoreOptions& options = {});
+
+// Read-only queries for what quotad reports from its database (the monthly report, the quarter statement, the
+// usage history), the same on both backends: a SQLite file opened read-only (StoreReader), or a PostgreSQL database
+// read in one read-only snapshot (PostgresReportReader). Nothing is created or migrated, so a running quotad keeps
+// serving. Every error is a StoreError naming the database (and the table and row id of a record that does not
+// parse).
+class ReportReader {
+ public:
+  virtual ~ReportReader() = default;
+  // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
+  virtual std::vector<Lease> leases_since(int64_t ended_since_ms) = 0;
+  // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
+  // summed up (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same whatever was summed
+  // up), then the raw samples above the mark.
+  virtual void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) = 0;
+  // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
+  virtual std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {}) = 0;
+  // Every loan and every contribution grant, by id.
+  virtual std::vector<Loan> loans() = 0;
+  virtual std::vector<CreditGrant> grants() = 0;
+  // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.
+  virtual std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0) = 0;
+  // The file or the URL (never with a password).
+  virtual const std::string& path() const = 0;
+};
+
+// Opens the database `target` names for reading.
+std::unique_ptr<ReportReader> open_report_reader(const DbTarget& target, const StoreOptions& options = {});
 
 class PostgresLeadership;
 // The leadership among the replicas sharing the database `target` names (postgres_leadership.h), this replica

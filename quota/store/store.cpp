@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -87,6 +88,17 @@ ALTER TABLE heartbeats ADD COLUMN process_memory_used_gib REAL;
 )SQL"},
     {9, "the secret grant receipts are signed with (created at random when the step is applied)", R"SQL(
 CREATE TABLE receipt_key (id INTEGER PRIMARY KEY CHECK (id = 1), secret TEXT NOT NULL);
+)SQL"},
+    {10, "heartbeats older than the retention period folded into hourly summaries per lease", R"SQL(
+CREATE TABLE heartbeat_hours (
+  lease_id INTEGER NOT NULL, hour_ms INTEGER NOT NULL, samples INTEGER NOT NULL,
+  first_ts_ms INTEGER NOT NULL, first_util REAL NOT NULL, last_ts_ms INTEGER NOT NULL, last_util REAL NOT NULL,
+  util_micro_ms INTEGER NOT NULL, covered_ms INTEGER NOT NULL, low_held_ms INTEGER NOT NULL,
+  head_low_end_ms INTEGER NOT NULL, tail_low_since_ms INTEGER NOT NULL, wasted_ms INTEGER NOT NULL,
+  longest_low_ms INTEGER NOT NULL, closed_runs INTEGER NOT NULL, threshold REAL NOT NULL,
+  waste_after_ms INTEGER NOT NULL, PRIMARY KEY (lease_id, hour_ms));
+CREATE INDEX heartbeat_hours_hour ON heartbeat_hours(hour_ms);
+CREATE INDEX heartbeats_ts ON heartbeats(ts_ms);
 )SQL"},
 };
 constexpr int kMigrationCount = static_cast<int>(sizeof kMigrations / sizeof kMigrations[0]);
@@ -220,7 +232,154 @@ Record decode_row(const std::string& db_path, const char* table, sqlite3_stmt* s
   }
 }
 
+// heartbeat_hours: the key, then an hour's UtilSummary
+constexpr const char* kHourColumns =
+    "lease_id, hour_ms, samples, first_ts_ms, first_util, last_ts_ms, last_util, util_micro_ms, covered_ms, "
+    "low_held_ms, head_low_end_ms, tail_low_since_ms, wasted_ms, longest_low_ms, closed_runs, threshold, "
+    "waste_after_ms";
+
+// The summary in columns `first` on (after lease_id and hour_ms).
+UtilSummary hour_summary(sqlite3_stmt* statement, int first) {
+  const auto integer = [&](int column) { return sqlite3_column_int64(statement, first + column); };
+  UtilSummary summary;
+  summary.samples = static_cast<int>(integer(0));
+  summary.first_ts_ms = integer(1);
+  summary.first_util = sqlite3_column_double(statement, first + 2);
+  summary.last_ts_ms = integer(3);
+  summary.last_util = sqlite3_column_double(statement, first + 4);
+  summary.util_micro_ms = integer(5);
+  summary.covered_ms = integer(6);
+  summary.low_held_ms = integer(7);
+  summary.head_low_end_ms = integer(8);
+  summary.tail_low_since_ms = integer(9);
+  summary.wasted_ms = integer(10);
+  summary.longest_low_ms = integer(11);
+  summary.closed_runs = integer(12);
+  summary.threshold = sqlite3_column_double(statement, first + 13);
+  summary.waste_after_ms = integer(14);
+  return summary;
+}
+
+void bind_hour(sqlite3_stmt* statement, int64_t lease_id, int64_t hour_ms, const UtilSummary& summary) {
+  const int64_t values[] = {lease_id,
+                            hour_ms,
+                            summary.samples,
+                            summary.first_ts_ms,
+                            0,
+                            summary.last_ts_ms,
+                            0,
+                            summary.util_micro_ms,
+                            summary.covered_ms,
+                            summary.low_held_ms,
+                            summary.head_low_end_ms,
+                            summary.tail_low_since_ms,
+                            summary.wasted_ms,
+                            summary.longest_low_ms,
+                            summary.closed_runs,
+                            0,
+                            summary.waste_after_ms};
+  for (int i = 0; i < 17; ++i) sqlite3_bind_int64(statement, i + 1, values[i]);
+  sqlite3_bind_double(statement, 5, summary.first_util);
+  sqlite3_bind_double(statement, 7, summary.last_util);
+  sqlite3_bind_double(statement, 16, summary.threshold);
+}
+
 }  // namespace
+
+// What fold_heartbeats sums up in one step: the raw rows from the mark, oldest first, at most `max_rows` (more
+// only where that many share one time); a step ends between two times, so that what stays is exactly the newer.
+int64_t Store::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                               int64_t waste_after_ms, int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
+  const bool own_tx = !in_tx_;
+  if (own_tx) exec("BEGIN IMMEDIATE");
+  try {
+    const std::string recorded = meta_value(kHeartbeatsSummarisedKey);
+    const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
+    const int64_t before = hour_of(summarise_before_ms);
+    struct Row {
+      int64_t lease_id, ts_ms;
+      double util;
+    };
+    std::vector<Row> rows;
+    const auto read = [&](sqlite3_stmt* statement) {
+      while (sqlite3_step(statement) == SQLITE_ROW) {
+        rows.push_back({sqlite3_column_int64(statement, 0), sqlite3_column_int64(statement, 1),
+                        sqlite3_column_type(statement, 2) == SQLITE_NULL ? -1 : sqlite3_column_double(statement, 2)});
+      }
+    };
+    int64_t bound = std::max(mark, before);
+    if (before > mark) {
+      Statement statement(prepare(
+          "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? ORDER BY ts_ms, rowid "
+          "LIMIT ?"));
+      sqlite3_bind_int64(statement.get(), 1, mark);
+      sqlite3_bind_int64(statement.get(), 2, before);
+      sqlite3_bind_int64(statement.get(), 3, max_rows);
+      read(statement.get());
+      if (static_cast<int64_t>(rows.size()) >= max_rows) {
+        bound = rows.back().ts_ms;
+        while (!rows.empty() && rows.back().ts_ms == bound) rows.pop_back();
+        if (rows.empty()) {
+          Statement same(prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms = ? ORDER BY rowid"));
+          sqlite3_bind_int64(same.get(), 1, bound);
+          read(same.get());
+          ++bound;
+        }
+      }
+    }
+    std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
+    for (const Row& row : rows) {
+      auto [it, fresh] = hours.try_emplace({row.lease_id, hour_of(row.ts_ms)});
+      if (fresh) {
+        it->second.threshold = threshold;
+        it->second.waste_after_ms = waste_after_ms;
+      }
+      it->second.add(row.ts_ms, row.util);
+    }
+    Statement existing(prepare(
+        (std::string("SELECT ") + kHourColumns + " FROM heartbeat_hours WHERE lease_id = ? AND hour_ms = ?").c_str()));
+    Statement upsert(prepare((std::string("INSERT OR REPLACE INTO heartbeat_hours(") + kHourColumns +
+                              ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+                                 .c_str()));
+    for (auto& [key, summary] : hours) {
+      if (summary.empty()) continue;  // only samples without a utilisation
+      sqlite3_reset(existing.get());
+      sqlite3_bind_int64(existing.get(), 1, key.first);
+      sqlite3_bind_int64(existing.get(), 2, key.second);
+      UtilSummary merged = summary;
+      if (sqlite3_step(existing.get()) == SQLITE_ROW) {  // the hour's first part was summed up by the step before
+        merged = hour_summary(existing.get(), 2);
+        merged.append(summary);
+      }
+      sqlite3_reset(upsert.get());
+      bind_hour(upsert.get(), key.first, key.second, merged);
+      if (sqlite3_step(upsert.get()) != SQLITE_DONE) fail("write table heartbeat_hours");
+    }
+    if (bound != mark) set_meta(kHeartbeatsSummarisedKey, std::to_string(bound));
+    // past the retention period, and summed up
+    Statement remove(prepare(
+        "DELETE FROM heartbeats WHERE rowid IN (SELECT rowid FROM heartbeats WHERE ts_ms < ? ORDER BY ts_ms LIMIT ?)"));
+    sqlite3_bind_int64(remove.get(), 1, std::min(bound, hour_of(delete_before_ms)));
+    sqlite3_bind_int64(remove.get(), 2, max_rows);
+    if (sqlite3_step(remove.get()) != SQLITE_DONE) fail("delete heartbeats past the retention period");
+    const int64_t deleted = sqlite3_changes(db_);
+    if (own_tx) exec("COMMIT");
+    return static_cast<int64_t>(rows.size()) + deleted;
+  } catch (...) {
+    if (own_tx) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void Store::util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  StoreReader(path_).fold_util(from_ms, to_ms, tracker);
+}
+
+int64_t Store::count_heartbeat_hours() {
+  Statement statement(prepare("SELECT COUNT(*) FROM heartbeat_hours"));
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
+}
 
 bool Store::has_column(const std::string& table, const std::string& column) {
   Statement statement(prepare("SELECT name FROM pragma_table_info(?)"));
@@ -416,15 +575,33 @@ Store::Store(const std::string& path, bool full_sync, int busy_timeout_ms, bool 
 }
 
 void Store::check_integrity() {
-  // quick_check: the b-tree structure and the records, without the slower index cross-check
-  Statement statement(prepare("PRAGMA quick_check(5)"));
-  std::string problems;
-  int rc = SQLITE_ROW;
-  while ((rc = sqlite3_step(statement.get())) == SQLITE_ROW) {
-    const std::string line = text(statement.get(), 0);
-    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+  // quick_check: the b-tree structure and the records, without the slower index cross-check. The heartbeat history
+  // (the raw rows of the retention period and the hourly summaries) is most of a long-used file: the open checks
+  // every other table, so that it takes the same time however long the history; a damaged history page is an
+  // error where the replay or a report reads it (StoreReader::next_row), and repair-db checks the whole file.
+  std::vector<std::string> tables;
+  {
+    Statement list(
+        prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN ('heartbeats', "
+                "'heartbeat_hours') AND name NOT LIKE 'sqlite_%' ORDER BY name"));
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) tables.push_back(text(list.get(), 0));
+    if (rc != SQLITE_DONE) {
+      integrity_failed_ = true;
+      throw StoreError(path_ + ": the database is damaged (its schema cannot be read: " + sqlite3_errmsg(db_) +
+                       "); quotad will not serve on it: see 'Repairing the database' in quota/README.md");
+    }
   }
-  if (rc != SQLITE_DONE) problems += (problems.empty() ? "" : "; ") + std::string(sqlite3_errmsg(db_));
+  std::string problems;
+  for (const std::string& table : tables) {
+    Statement statement(prepare(("PRAGMA quick_check(\"" + table + "\")").c_str()));
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(statement.get())) == SQLITE_ROW) {
+      const std::string line = text(statement.get(), 0);
+      if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+    }
+    if (rc != SQLITE_DONE) problems += (problems.empty() ? "" : "; ") + std::string(sqlite3_errmsg(db_));
+  }
   if (!problems.empty()) {
     integrity_failed_ = true;
     throw StoreError(path_ + ": the database is damaged (PRAGMA quick_check: " + problems +
@@ -985,11 +1162,12 @@ struct SalvageTable {
   const char* newer_column;  // rows without a key: only those with this column above the rebuilt table's maximum
 };
 constexpr SalvageTable kSalvage[] = {
-    {"leases", "REPLACE", nullptr},       {"approvals", "REPLACE", nullptr},
-    {"loans", "REPLACE", nullptr},        {"grants", "REPLACE", nullptr},
-    {"usage", "REPLACE", nullptr},        {"audit", "IGNORE", nullptr},
-    {"heartbeats", "IGNORE", "ts_ms"},    {"memory_observations", "IGNORE", "ts_ms"},
-    {"quarantine", "IGNORE", "moved_ms"}, {"receipt_key", "REPLACE", nullptr},  // the key that signed the receipts
+    {"leases", "REPLACE", nullptr},          {"approvals", "REPLACE", nullptr},
+    {"loans", "REPLACE", nullptr},           {"grants", "REPLACE", nullptr},
+    {"usage", "REPLACE", nullptr},           {"audit", "IGNORE", nullptr},
+    {"heartbeats", "IGNORE", "ts_ms"},       {"memory_observations", "IGNORE", "ts_ms"},
+    {"quarantine", "IGNORE", "moved_ms"},    {"receipt_key", "REPLACE", nullptr},  // the key that signed the receipts
+    {"heartbeat_hours", "REPLACE", nullptr},
 };
 
 // Copies what `from` (damaged) still yields into `into`, table by table in rowid order; a read error skips ahead
@@ -1412,8 +1590,7 @@ void replay_heartbeats(const std::string& db_path, const Engine& engine, UtilTra
   for (const auto& [id, lease] : engine.leases()) {
     if (!running(lease)) continue;
     tracker.forget(id);
-    reader.util_samples_of(
-        id, [&](int64_t lease_id, int64_t ts_ms, double util) { tracker.observe(lease_id, ts_ms, util); });
+    reader.fold_util_of(id, tracker);
   }
 }
 
@@ -1470,6 +1647,72 @@ void StoreReader::util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor
   while (sqlite3_step(statement.get()) == SQLITE_ROW) {
     visit(sqlite3_column_int64(statement.get(), 0), sqlite3_column_int64(statement.get(), 1),
           sqlite3_column_double(statement.get(), 2));
+  }
+}
+
+// The history is left out of the open's quick_check (Store::check_integrity): a damaged page of it is an error
+// here, never a shorter history.
+bool StoreReader::next_row(sqlite3_stmt* statement, const char* table) {
+  const int rc = sqlite3_step(statement);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  throw StoreError(path_ + ": table " + table + ": " + sqlite3_errmsg(db_) +
+                   " (quotad repair-db checks and repairs the whole file: see quota/README.md)");
+}
+
+int64_t StoreReader::summarised_mark() {
+  Statement statement(prepare("SELECT value FROM meta WHERE key = ?"));
+  sqlite3_bind_text(statement.get(), 1, kHeartbeatsSummarisedKey, -1, SQLITE_STATIC);
+  return sqlite3_step(statement.get()) == SQLITE_ROW ? sqlite3_column_int64(statement.get(), 0) : 0;
+}
+
+void StoreReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) {
+  Statement raw(
+      prepare("SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= ? AND ts_ms < ? AND gpu_util >= 0 "
+              "ORDER BY lease_id, ts_ms, rowid"));
+  sqlite3_bind_int64(raw.get(), 1, std::max(from_ms, summarised_mark()));
+  sqlite3_bind_int64(raw.get(), 2, to_ms);
+  Statement hours;
+  if (has_table("heartbeat_hours")) {
+    hours.reset(prepare((std::string("SELECT ") + kHourColumns +
+                         " FROM heartbeat_hours WHERE hour_ms >= ? AND hour_ms < ? ORDER BY lease_id, hour_ms")
+                            .c_str()));
+    sqlite3_bind_int64(hours.get(), 1, from_ms);
+    sqlite3_bind_int64(hours.get(), 2, to_ms);
+  }
+  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
+  bool raw_row = next_row(raw.get(), "heartbeats");
+  bool hour_row = hours && next_row(hours.get(), "heartbeat_hours");
+  while (raw_row || hour_row) {
+    const int64_t lease = !hour_row ? sqlite3_column_int64(raw.get(), 0)
+                          : !raw_row
+                              ? sqlite3_column_int64(hours.get(), 0)
+                              : std::min(sqlite3_column_int64(raw.get(), 0), sqlite3_column_int64(hours.get(), 0));
+    while (hour_row && sqlite3_column_int64(hours.get(), 0) == lease) {
+      tracker.observe_summary(lease, hour_summary(hours.get(), 2));
+      hour_row = next_row(hours.get(), "heartbeat_hours");
+    }
+    while (raw_row && sqlite3_column_int64(raw.get(), 0) == lease) {
+      tracker.observe(lease, sqlite3_column_int64(raw.get(), 1), sqlite3_column_double(raw.get(), 2));
+      raw_row = next_row(raw.get(), "heartbeats");
+    }
+  }
+}
+
+void StoreReader::fold_util_of(int64_t lease_id, UtilTracker& tracker) {
+  if (has_table("heartbeat_hours")) {
+    Statement hours(prepare(
+        (std::string("SELECT ") + kHourColumns + " FROM heartbeat_hours WHERE lease_id = ? ORDER BY hour_ms").c_str()));
+    sqlite3_bind_int64(hours.get(), 1, lease_id);
+    while (next_row(hours.get(), "heartbeat_hours")) tracker.observe_summary(lease_id, hour_summary(hours.get(), 2));
+  }
+  Statement raw(prepare(
+      "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = ? AND ts_ms >= ? AND gpu_util >= 0 ORDER BY ts_ms, "
+      "rowid"));
+  sqlite3_bind_int64(raw.get(), 1, lease_id);
+  sqlite3_bind_int64(raw.get(), 2, summarised_mark());
+  while (next_row(raw.get(), "heartbeats")) {
+    tracker.observe(lease_id, sqlite3_column_int64(raw.get(), 0), sqlite3_column_double(raw.get(), 1));
   }
 }
 

@@ -71,6 +71,11 @@ class Store : public StateStore {
   std::vector<MemoryObservation> memory_observations() override;
   // Through a read connection of its own (StoreReader), as quotad always did.
   void replay_heartbeats(const Engine& engine, UtilTracker& tracker) override;
+  int64_t fold_heartbeats(int64_t summarise_before_ms, int64_t delete_before_ms, double threshold,
+                          int64_t waste_after_ms, int64_t max_rows) override;
+  // Through a read connection of its own (StoreReader::fold_util).
+  void util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
+  int64_t count_heartbeat_hours() override;
   // The row-level part of repair_database() on this open store.
   void repair(int64_t now_ms, RepairReport& report);
   const std::string& path() const override { return path_; }
@@ -219,7 +224,7 @@ AuditChainCheck verify_audit_chain(const DbTarget& target, const StoreOptions& o
 // here, in the same library. Opens the file read-only, so a running quotad keeps serving; a writer holding the
 // lock is waited for up to 10 s. Every error is a StoreError naming the file (and the table and row id of a
 // record that does not parse).
-class StoreReader {
+class StoreReader : public ReportReader {
  public:
   using UtilVisitor = std::function<void(int64_t lease_id, int64_t ts_ms, double gpu_util)>;
 
@@ -229,24 +234,32 @@ class StoreReader {
   StoreReader& operator=(const StoreReader&) = delete;
 
   // Leases not in a terminal state, and those that ended at or after `ended_since_ms`, by id.
-  std::vector<Lease> leases_since(int64_t ended_since_ms);
-  // The utilisation samples of the heartbeats (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order
-  // and by time within a lease; visited one by one (a month holds many).
+  std::vector<Lease> leases_since(int64_t ended_since_ms) override;
+  // The utilisation history with from_ms <= time < to_ms into `tracker`, lease by lease, oldest first: the hours
+  // summed up (StateStore::fold_heartbeats; by their hour, so hour-aligned bounds read the same whatever was summed
+  // up), then the raw samples above the mark. What the reports derive from samples goes through here.
+  void fold_util(int64_t from_ms, int64_t to_ms, UtilTracker& tracker) override;
+  // The same for one lease, all of its history.
+  void fold_util_of(int64_t lease_id, UtilTracker& tracker);
+  // The raw utilisation samples still kept (gpu_util >= 0) with from_ms <= ts_ms < to_ms, in lease id order and by
+  // time within a lease; visited one by one (a month holds many). The hours folded are not among them.
   void util_samples(int64_t from_ms, int64_t to_ms, const UtilVisitor& visit);
-  // The same for one lease, all of its samples.
+  // The same for one lease, all of its raw samples.
   void util_samples_of(int64_t lease_id, const UtilVisitor& visit);
   // The usage ledger: GPU-hours per (user, month "YYYY-MM") of the months named (every month when empty).
-  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {});
+  std::map<std::pair<std::string, std::string>, double> usage(const std::vector<std::string>& months = {}) override;
   // Every loan and every contribution grant, by id (none in a database from before the ledger).
-  std::vector<Loan> loans();
-  std::vector<CreditGrant> grants();
+  std::vector<Loan> loans() override;
+  std::vector<CreditGrant> grants() override;
   // Audit entries after `after_seq` in sequence order; only those with `action` unless it is empty.
-  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0);
-  const std::string& path() const { return path_; }
+  std::vector<AuditEntry> audit(const std::string& action = "", int64_t after_seq = 0) override;
+  const std::string& path() const override { return path_; }
 
  private:
   sqlite3_stmt* prepare(const char* sql);
   bool has_table(const char* table);
+  int64_t summarised_mark();                                  // meta kHeartbeatsSummarisedKey, 0 when absent
+  bool next_row(sqlite3_stmt* statement, const char* table);  // false when done; a read error is a StoreError
   template <typename Record>
   std::vector<Record> ledger_rows(const char* table, Record (*from_json)(const nlohmann::json&));
 

@@ -173,6 +173,19 @@ TEST(QuotadServe, TlsFlagsComeTogetherAndMustNamePemFiles) {
   EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
 }
 
+// --heartbeat-retention-days is a whole number of days of at least one, refused naming the flag otherwise.
+TEST(QuotadServe, TheHeartbeatRetentionIsValidatedNamingTheFlag) {
+  const std::string dir = std::string(yolo8::test::kBinaryDir) + "/quota_test_tmp";
+  const std::string out = dir + "/serve_retention.out", err = dir + "/serve_retention.err";
+  const std::string serve = "serve --policy " + testing::example_policy_path() + " --db " +
+                            testing::temp_db("serve_retention") + " --listen 127.0.0.1:0 --heartbeat-retention-days ";
+  for (const char* bad : {"0", "-3", "two"}) {
+    EXPECT_NE(quotad(serve + bad, out, err), 0) << bad;
+    EXPECT_NE(read_text(err).find("--heartbeat-retention-days"), std::string::npos) << read_text(err);
+    EXPECT_EQ(read_text(out).find("serving"), std::string::npos) << read_text(out);
+  }
+}
+
 // One quotad per SQLite database: a second `quotad serve` on the file refuses to start, naming the first (before,
 // it started, expired the first one's running leases in the database and locked it out of writing); the first
 // keeps serving, and once it is gone the database can be served again.

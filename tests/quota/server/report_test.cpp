@@ -11,6 +11,9 @@
 #include <sstream>
 #include <vector>
 
+#include "quota/server/history.h"
+#include "quota/server/statement.h"
+#include "quota/store/store.h"
 #include "tests/quota/visibility_util.h"
 
 namespace yolo8::quota {
@@ -310,6 +313,56 @@ TEST_F(QuotadReport, WithoutPolicyAndBadInput) {
   EXPECT_THROW(build_report(*db_, "2026-13", nullptr), std::invalid_argument);
   EXPECT_THROW(build_report(*db_, "nov", nullptr), std::invalid_argument);
   EXPECT_THROW(build_report(temp_path("missing.db"), "2026-11", nullptr), std::runtime_error);
+}
+
+// Bounded history: heartbeats folded into hourly summaries, in part (the cut in the middle of a lease and of an
+// hour) or whole, leave the report, the statement and recommend's history exactly as they were.
+TEST_F(QuotadReport, FoldedHeartbeatsLeaveTheReportStatementAndHistoryUnchanged) {
+  const Policy p = testing::example_policy();
+  const int64_t now = month_start("2026-12") + 20 * 24 * kHour;
+  const auto figures = [&](const std::string& db) {
+    std::vector<std::string> out;
+    for (const char* month : {"2026-10", "2026-11"}) {
+      const MonthlyReport report = build_report(db, month, &p, 10, now);
+      out.push_back(report_markdown(report));
+      out.push_back(report_csv(report));
+      out.push_back(report_html(report));
+    }
+    out.push_back(statement_markdown(build_statement(db, "2026-Q4", p, now)));
+    const int64_t window_from = month_start("2026-10") + 4 * 24 * kHour + 13 * kHour + 17 * kMinute;
+    std::ostringstream history;
+    history.precision(17);
+    for (const HistoryLease& lease : load_history(db, p, window_from, now).leases) {
+      history << lease.id << " " << lease.sampled_gpu_hours << " " << lease.idle_gpu_hours << "\n";
+    }
+    out.push_back(history.str());
+    return out;
+  };
+  const std::vector<std::string> raw = figures(*db_);
+  ASSERT_NE(raw[3].find("idle-notebook"), std::string::npos);  // the November report lists the idle lease
+  // in the middle of November's first lease (granted 08:00, 5 h) and of an hour
+  const int64_t cuts[] = {month_start("2026-11") + 9 * 24 * kHour + 10 * kHour + 20 * kMinute, now};
+  for (const int64_t cut : cuts) {
+    const std::string copy = temp_path("report_folded.db");
+    std::filesystem::copy_file(*db_, copy, std::filesystem::copy_options::overwrite_existing);
+    int64_t left = 0;
+    {
+      Store store(copy);
+      const int64_t before = store.count_heartbeats();
+      int steps = 0;
+      while (store.fold_heartbeats(cut, cut, p.waste_gpu_util_below, int64_t{p.waste_after_s} * 1000, 300) > 0) {
+        ++steps;
+      }
+      left = store.count_heartbeats();
+      EXPECT_GT(steps, 2);
+      EXPECT_LT(left, before);
+      EXPECT_GT(store.count_heartbeat_hours(), 0);
+    }
+    EXPECT_EQ(left > 0, cut != now) << cut;
+    const std::vector<std::string> folded = figures(copy);
+    ASSERT_EQ(folded.size(), raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) EXPECT_EQ(folded[i], raw[i]) << "figure " << i << ", cut at " << cut;
+  }
 }
 
 TEST_F(QuotadReport, CommandLine) {

@@ -612,7 +612,8 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
     EXPECT_EQ(db.value("SELECT COUNT(*) FROM meta WHERE key = 'schema_version'"), "0");
     const Rows step = db.rows("SELECT seq, actor, action, lease_id, detail FROM audit WHERE seq > " +
                               std::to_string(kOldAuditEntries));
-    ASSERT_EQ(step.size(), 2u);
+    // the bridge to the last unnumbered layout (8), then each numbered step after it
+    ASSERT_EQ(step.size(), 3u);
     EXPECT_EQ(step[0][0], std::to_string(kOldAuditEntries + 1));
     EXPECT_EQ(step[0][2], "schema.migrate");
     EXPECT_EQ(step[0][4], std::string("schema version 0 -> 8: a database from before numbered schema versions: ") +
@@ -620,6 +621,11 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
     EXPECT_EQ(step[1][4].rfind("schema version 8 -> 9: the secret grant receipts are signed with", 0), 0u)
         << step[1][4];
     EXPECT_EQ(db.value("SELECT length(secret) FROM receipt_key"), std::to_string(2 * kReceiptKeyBytes));
+    EXPECT_EQ(step[2][2], "schema.migrate");
+    EXPECT_EQ(step[2][4],
+              "schema version 9 -> 10: heartbeats older than the retention period folded into hourly "
+              "summaries per lease");
+    ASSERT_EQ(kSchemaVersion, 10);  // a later step adds its entry here
 
     const AuditChainCheck chain = verify_audit_chain(path);
     EXPECT_TRUE(chain.intact) << chain.problem;
@@ -655,8 +661,9 @@ TEST(QuotaStoreMigrations, ANewDatabaseIsCreatedAtTheNewestVersionWithAnEmptyAud
   EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit"), "0");
   EXPECT_EQ(db.value("SELECT COUNT(*) FROM meta"), "0");
   const std::vector<std::string> tables = db.tables();
-  EXPECT_EQ(tables, (std::vector<std::string>{"approvals", "audit", "grants", "heartbeats", "leases", "loans",
-                                              "memory_observations", "meta", "quarantine", "receipt_key", "usage"}));
+  EXPECT_EQ(tables,
+            (std::vector<std::string>{"approvals", "audit", "grants", "heartbeat_hours", "heartbeats", "leases",
+                                      "loans", "memory_observations", "meta", "quarantine", "receipt_key", "usage"}));
   EXPECT_EQ(db.columns("heartbeats").back(), "process_memory_used_gib");
   EXPECT_EQ(db.columns("audit").back(), "chain");
 }
@@ -761,7 +768,7 @@ TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFiles
   add_audit_rows(1, 400);
   const std::string backup = backup_database(path, kMonday, 24);
   add_audit_rows(401, 600);
-  { Store upgraded(path); }  // entries 601 and 602: the steps
+  { Store upgraded(path); }  // entries 601 to 603: the bridge, steps 9 and 10
   ASSERT_EQ(Db(path).value("SELECT action FROM audit WHERE seq = 601"), "schema.migrate");
   {
     std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -775,9 +782,9 @@ TEST(QuotaStoreMigrations, RepairFromABackupOfAnOlderVersionKeepsTheDamagedFiles
   EXPECT_TRUE(report.audit_gaps.empty());
   Db db(path);
   EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
-  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE seq <= 601"), "601");  // then the restore's audit.gap
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE seq <= 603"), "603");  // then the restore's audit.gap
   EXPECT_EQ(db.value("SELECT action FROM audit WHERE seq = 401"), "lease.granted");
-  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "2");
+  EXPECT_EQ(db.value("SELECT COUNT(*) FROM audit WHERE action = 'schema.migrate'"), "3");
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
     if (entry.path().string().rfind(path + ".", 0) == 0) std::filesystem::remove(entry.path());
   }

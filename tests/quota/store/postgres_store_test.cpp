@@ -41,7 +41,7 @@ TEST(QuotaPostgresSchema, AFreshDatabaseIsBroughtToTheCurrentVersionWithoutAudit
   EXPECT_EQ(query_text(url, "SELECT MAX(version) FROM schema_version"), std::to_string(kSchemaVersion));
   EXPECT_EQ(query_text(url, "SELECT COUNT(*) FROM audit"), "0");
   for (const char* table : {"meta", "leases", "approvals", "audit", "usage", "heartbeats", "quarantine", "loans",
-                            "grants", "memory_observations", "receipt_key"}) {
+                            "grants", "memory_observations", "receipt_key", "heartbeat_hours"}) {
     EXPECT_EQ(query_text(url, std::string("SELECT to_regclass('") + table + "') IS NOT NULL"), "t") << table;
   }
   // the receipt key: 32 random bytes (hex), created once and kept by the next open
@@ -72,6 +72,22 @@ TEST(QuotaPostgresSchema, ADatabaseOfANewerVersionIsRefusedNamingBothVersions) {
                        std::to_string(kSchemaVersion)),
             std::string::npos)
       << error;
+}
+
+// A database of version 9 (quotad before bounded history) gets step 10, audited, its rows kept.
+TEST(QuotaPostgresSchema, AVersion9DatabaseGetsTheHourlySummariesStepAudited) {
+  const std::string url = PostgresCluster::get().fresh_database("from9");
+  { PostgresStore create(url, ""); }
+  PostgresCluster::execute(url,
+                           "DROP TABLE heartbeat_hours; DROP INDEX heartbeats_ts; DELETE FROM schema_version WHERE "
+                           "version = 10; INSERT INTO heartbeats(lease_id, ts_ms, gpu_util) VALUES (4, 1000, 0.5)");
+  PostgresStore store(url, "");
+  EXPECT_EQ(store.schema_version(), 10);
+  EXPECT_EQ(query_text(url, "SELECT to_regclass('heartbeat_hours') IS NOT NULL"), "t");
+  EXPECT_EQ(store.count_heartbeats(), 1);
+  EXPECT_EQ(query_text(url, "SELECT detail FROM audit WHERE action = 'schema.migrate'"),
+            "schema version 9 -> 10: heartbeats older than the retention period folded into hourly summaries per "
+            "lease");
 }
 
 // A database that holds someone else's table of the same name: the step fails, naming itself, and nothing is left

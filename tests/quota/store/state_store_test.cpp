@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
+#include "quota/core/calendar.h"
 #include "quota/store/store.h"
 #include "tests/quota/postgres_cluster.h"
 #include "tests/quota/quota_test_util.h"
@@ -521,6 +523,108 @@ TEST_P(QuotaStateStore, TheLastTelemetryAndTheUtilisationSamplesOfARunningLeaseS
   UtilTracker tracker(0.5, 60000);
   store->replay_heartbeats(engine, tracker);
   ASSERT_NE(tracker.find(id), nullptr);
+}
+
+// Bounded history: folding the old heartbeats into hourly summaries changes nothing derived from them.
+
+void expect_same_util(const UtilTracker& folded, const UtilTracker& raw, const std::string& where) {
+  ASSERT_EQ(folded.leases().size(), raw.leases().size()) << where;
+  for (const auto& [id, want] : raw.leases()) {
+    const LeaseUtil* got = folded.find(id);
+    ASSERT_NE(got, nullptr) << where << " lease " << id;
+    const std::string what = where + " lease " + std::to_string(id);
+    EXPECT_EQ(got->first_ts_ms, want.first_ts_ms) << what;
+    EXPECT_EQ(got->last_ts_ms, want.last_ts_ms) << what;
+    EXPECT_EQ(got->last_util, want.last_util) << what;
+    EXPECT_EQ(got->low_since_ms, want.low_since_ms) << what;
+    EXPECT_EQ(got->util_micro_ms, want.util_micro_ms) << what;
+    EXPECT_EQ(got->covered_ms, want.covered_ms) << what;
+    EXPECT_EQ(got->low_held_ms, want.low_held_ms) << what;
+    EXPECT_EQ(got->wasted_ms, want.wasted_ms) << what;
+    EXPECT_EQ(got->longest_low_ms, want.longest_low_ms) << what;
+    EXPECT_EQ(got->samples, want.samples) << what;
+  }
+}
+
+TEST_P(QuotaStateStore, FoldingOldHeartbeatsKeepsEveryFigureAndOnlyTheRetainedRawRows) {
+  const std::string db = fresh("fold");
+  const double threshold = 0.3;
+  const int64_t waste_after_ms = 20 * kMinute;
+  const int64_t t0 = month_span("2026-01")->start_ms + 2 * 24 * kHour + 5 * kHour + 17 * kMinute;
+  const int64_t now = t0 + 75 * 24 * kHour + 7 * kMinute;
+  Engine engine(testing::example_policy());
+  std::vector<int64_t> ids;
+  for (const char* user : {"alice", "bob", "alice"}) {
+    ids.push_back(engine.acquire(request_of("team-cv", user), t0 + static_cast<int64_t>(ids.size()) * kHour).lease_id);
+  }
+  ASSERT_TRUE(engine.release(ids[1], Outcome::kCompleted, t0 + 40 * 24 * kHour));
+  // months of samples, a few minutes apart, in low and busy runs, some without a utilisation
+  std::mt19937_64 random(3);
+  std::vector<HeartbeatSample> samples;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t end = i == 1 ? t0 + 40 * 24 * kHour : now;
+    bool low = false;
+    for (int64_t ts = t0 + static_cast<int64_t>(i) * kHour; ts < end;
+         ts += kMinute + static_cast<int64_t>(random() % (14 * kMinute))) {
+      if (random() % 8 == 0) low = !low;
+      Telemetry beat;
+      beat.gpu_util = random() % 30 == 0 ? -1 : (low ? 0.05 : 0.5) + static_cast<double>(random() % 1000) / 9999.0;
+      samples.push_back({ids[i], ts, beat});
+    }
+  }
+  auto store = open(db);
+  store->write(engine, engine.take_changes());
+  store->write_heartbeats(samples);
+  // what the reports read (whole months, an hour-aligned window) and what a restart replays
+  const auto figures = [&](StateStore& from) {
+    std::vector<UtilTracker> out;
+    for (const char* month : {"2026-01", "2026-02", "2026-03"}) {
+      out.emplace_back(threshold, waste_after_ms);
+      from.util_history(month_span(month)->start_ms, month_span(month)->end_ms, out.back());
+    }
+    out.emplace_back(threshold, waste_after_ms);
+    from.util_history(hour_of(t0 + 20 * 24 * kHour), now, out.back());
+    out.emplace_back(threshold, waste_after_ms);
+    from.replay_heartbeats(engine, out.back());
+    return out;
+  };
+  const std::vector<UtilTracker> before = figures(*store);
+  ASSERT_EQ(before.back().leases().size(), 2u);  // the running leases
+  ASSERT_GT(before[0].find(ids[0])->wasted_ms, 0);
+
+  // summed up to the last whole hour but one, nothing deleted; in small steps: hours summed up in parts, appended
+  // to what the step before stored
+  const int64_t summarise_before = now - 10 * kMinute;
+  int steps = 0;
+  while (store->fold_heartbeats(summarise_before, 0, threshold, waste_after_ms, 700) > 0) ++steps;
+  EXPECT_GT(steps, 5);
+  EXPECT_EQ(store->meta(kHeartbeatsSummarisedKey), std::to_string(hour_of(summarise_before)));
+  EXPECT_EQ(store->count_heartbeats(), static_cast<int64_t>(samples.size()));
+  EXPECT_GT(store->count_heartbeat_hours(), 2 * 70 * 24);
+  const std::vector<UtilTracker> summed_up = figures(*store);
+  ASSERT_EQ(summed_up.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    expect_same_util(summed_up[i], before[i], "summed up, figure " + std::to_string(i));
+  }
+  // then the raw rows past the retention period go
+  const int64_t retention = 14 * 24 * kHour;
+  steps = 0;
+  while (store->fold_heartbeats(summarise_before, now - retention, threshold, waste_after_ms, 700) > 0) ++steps;
+  EXPECT_GT(steps, 5);
+  const std::vector<UtilTracker> after = figures(*store);
+  for (size_t i = 0; i < before.size(); ++i) expect_same_util(after[i], before[i], "figure " + std::to_string(i));
+
+  // retention: nothing older than the retention period's hour is raw; every newer row is
+  const int64_t cutoff = hour_of(now - retention);
+  int64_t newer = 0;
+  for (const HeartbeatSample& sample : samples) newer += sample.ts_ms >= cutoff ? 1 : 0;
+  EXPECT_EQ(store->count_heartbeats(), newer);
+  EXPECT_EQ(query_text(db, "SELECT COUNT(*) FROM heartbeats WHERE ts_ms < " + std::to_string(cutoff)), "0");
+  // the same again: nothing left to fold, nothing changes; a restart replays the same
+  EXPECT_EQ(store->fold_heartbeats(summarise_before, now - retention, threshold, waste_after_ms, 700), 0);
+  store.reset();
+  const std::vector<UtilTracker> reopened = figures(*open(db));
+  for (size_t i = 0; i < before.size(); ++i) expect_same_util(reopened[i], before[i], "reopened " + std::to_string(i));
 }
 
 TEST_P(QuotaStateStore, MetaValuesRoundTripAndJoinAnOpenTransaction) {

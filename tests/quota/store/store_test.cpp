@@ -212,6 +212,41 @@ TEST(QuotaStore, ARowThatDoesNotParseIsNamedAndRepairSetsItAside) {
   std::filesystem::remove(report.backup);
 }
 
+// The open checks the state tables, not the heartbeat history (so that it takes the same time however long the
+// history): a damaged history page lets the file open, and the replay that reads it fails naming the table rather
+// than replaying a shorter history.
+TEST(QuotaStore, ADamagedHistoryPageIsAnErrorWhereItIsRead) {
+  const std::string path = temp_db("garbage_history_page");
+  Engine engine(testing::example_policy());
+  const int64_t id = engine.acquire(testing::lease_request("team-cv", "alice"), kMonday).lease_id;
+  {
+    Store store(path);
+    store.write(engine, engine.take_changes());
+    std::vector<HeartbeatSample> samples;
+    Telemetry beat;
+    beat.gpu_util = 0.5;
+    for (int i = 0; i < 20000; ++i) samples.push_back({id, kMonday + i * 10000LL, beat});
+    store.write_heartbeats(samples);
+  }  // the last connection closes: the WAL is checkpointed into the file
+  const int64_t page = std::stoll(
+      query_text(path, "SELECT pageno FROM dbstat WHERE name = 'heartbeats' ORDER BY pageno LIMIT 1 OFFSET 20"));
+  const int64_t page_size = std::stoll(query_text(path, "PRAGMA page_size"));
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp((page - 1) * page_size);
+    const std::string garbage(static_cast<size_t>(page_size), '\x5a');
+    file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  Store store(path);
+  UtilTracker tracker(0.3, 60000);
+  try {
+    store.replay_heartbeats(engine, tracker);
+    ADD_FAILURE() << "replayed a damaged history";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find(path + ": table heartbeats: "), std::string::npos) << error.what();
+  }
+}
+
 // A file with a page of garbage is refused at open (before the fix quotad served on it).
 TEST(QuotaStore, ADamagedFileIsRefusedAtOpen) {
   const std::string path = temp_db("garbage_page");
