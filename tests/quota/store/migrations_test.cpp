@@ -591,7 +591,7 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
       }
       Rows found = db.dump(table, columns);
       if (table == "audit") {
-        ASSERT_EQ(found.size(), expected.size() + 2);
+        ASSERT_EQ(found.size(), expected.size() + 3);
         found.resize(expected.size());  // the steps' own entries, checked below
       } else if (table == "meta") {
         found.erase(std::remove_if(found.begin(), found.end(), [](const auto& row) { return row[0] == "audit_head"; }),
@@ -629,9 +629,9 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
 
     const AuditChainCheck chain = verify_audit_chain(path);
     EXPECT_TRUE(chain.intact) << chain.problem;
-    EXPECT_EQ(chain.entries, kOldAuditEntries + 2);
+    EXPECT_EQ(chain.entries, kOldAuditEntries + 3);
     EXPECT_EQ(chain.unchained, was_chained ? 0 : kOldAuditEntries);
-    EXPECT_EQ(chain.head_seq, kOldAuditEntries + 2);
+    EXPECT_EQ(chain.head_seq, kOldAuditEntries + 3);
 
     // the store serves on it: the rows load, the next audit entry follows the step's
     {
@@ -639,7 +639,7 @@ TEST(QuotaStoreMigrations, EveryLayoutFromHistoryReachesTheNewestVersionWithNoth
       const Snapshot snapshot = store.load(1795996800000, 24 * kHour, 10);
       EXPECT_EQ(snapshot.leases.size(), 2u);
       EXPECT_EQ(snapshot.approvals.size(), 2u);
-      EXPECT_EQ(snapshot.next_audit_seq, kOldAuditEntries + 3);
+      EXPECT_EQ(snapshot.next_audit_seq, kOldAuditEntries + 4);
       EXPECT_EQ(snapshot.next_lease_id, before.columns.count("quarantine") ? 10 : 3);  // above the quarantined row 9
       EXPECT_EQ(snapshot.usage.at({"alice", "2026-11"}), 12.5);
       EXPECT_EQ(snapshot.loans.size(), before.columns.count("loans"));
@@ -720,10 +720,11 @@ TEST(QuotaStoreMigrations, AStepThatFailsLeavesTheDatabaseAtItsVersionUnchanged)
   Db db(path);
   EXPECT_EQ(db.value("PRAGMA user_version"), std::to_string(kSchemaVersion));
   const Rows steps = db.rows("SELECT detail FROM audit WHERE action = 'schema.migrate' ORDER BY seq");
-  ASSERT_EQ(steps.size(), 5u);
+  ASSERT_EQ(steps.size(), 6u);
   EXPECT_EQ(steps[0][0].rfind("schema version 4 -> 5: ", 0), 0u) << steps[0][0];
   EXPECT_EQ(steps[3][0].rfind("schema version 7 -> 8: ", 0), 0u) << steps[3][0];
   EXPECT_EQ(steps[4][0].rfind("schema version 8 -> 9: ", 0), 0u) << steps[4][0];
+  EXPECT_EQ(steps[5][0].rfind("schema version 9 -> 10: ", 0), 0u) << steps[5][0];
   EXPECT_TRUE(verify_audit_chain(path).intact);
 }
 
