@@ -684,6 +684,11 @@ Settings merge_resumed_settings(const Settings& saved, const Settings& requested
     const std::string value = get_setting(requested, entry.name);
     if (value != get_setting(defaults, entry.name)) set_setting(merged, entry.name, value);
   }
+  // The token comes one way: one given now (quota_token= or $YOLO8_QUOTA_TOKEN) replaces the file the run was
+  // saved with, rather than both being refused.
+  if (!requested.lease.quota_token.empty() && requested.lease.quota_token_file.empty()) {
+    merged.lease.quota_token_file.clear();
+  }
   merged.resume = requested.resume;
   return merged;
 }

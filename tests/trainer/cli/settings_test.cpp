@@ -57,6 +57,22 @@ TEST(Settings, AQuotaTokenAndATokenFileTogetherAreAnErrorNamingBoth) {
   EXPECT_NE(settings_to_yaml(settings).find("quota_token_file: /var/run/secrets/quotad/token"), std::string::npos);
 }
 
+// A run saved with a token file resumes with a token given now (and the other way round): the one given now is
+// the one used, not both refused.
+TEST(Settings, AResumeGivenTheTokenAnotherWayUsesTheOneGivenNow) {
+  Settings saved;
+  apply_yaml_text(saved, settings_to_yaml(resolve_settings({{"quota_token_file", "/secrets/old"}}, "train")),
+                  "yolo8_args.yaml");
+  ASSERT_EQ(saved.lease.quota_token_file, "/secrets/old");
+  Settings merged = merge_resumed_settings(saved, resolve_settings({{"quota_token", "t"}}, "train"));
+  EXPECT_EQ(merged.lease.quota_token, "t");
+  EXPECT_TRUE(merged.lease.quota_token_file.empty());
+  EXPECT_NO_THROW(validate(merged));
+  merged = merge_resumed_settings(saved, resolve_settings({{"quota_token_file", "/secrets/new"}}, "train"));
+  EXPECT_EQ(merged.lease.quota_token_file, "/secrets/new");
+  EXPECT_TRUE(merged.lease.quota_token.empty());
+}
+
 TEST(Settings, DefaultsMatchUltralytics) {
   const Settings settings;
   EXPECT_EQ(settings.project, "");  // runs/detect, as the reference lays run folders out
