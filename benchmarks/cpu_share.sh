@@ -94,3 +94,4 @@ for k, (key, name) in enumerate(names):
 print(f"threads=0 chose: {chosen}")
 json.dump(result, open("benchmarks/results/cpu_share.json", "w"), indent=2)
 PY
+echo "docs/performance.md: python3 benchmarks/render_performance.py renders its tables from this JSON"

@@ -517,6 +517,7 @@ def main(argv=None):
         readme = Path(args.readme)
         readme.write_text(splice_readme(readme.read_text(), table))
         print(f"rewrote the table in {readme}")
+    print("docs/performance.md: python3 benchmarks/render_performance.py renders its tables from the JSON")
     if not runner.keep:
         shutil.rmtree(runner.work, ignore_errors=True)
     return 0

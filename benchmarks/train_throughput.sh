@@ -38,3 +38,4 @@ print("(images/s; bare step = forward+loss+backward+optimizer+EMA on ready chann
 print(" train loop = the same with loading and augmentation; end to end = wall clock incl. start-up and validation)")
 json.dump(result, open(f"benchmarks/results/train_throughput_{imgsz}.json", "w"), indent=2)
 PY
+echo "docs/performance.md: python3 benchmarks/render_performance.py renders its tables from this JSON"
