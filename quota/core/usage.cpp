@@ -130,6 +130,20 @@ void UtilSummary::append(const UtilSummary& next) {
   last_util = next.last_util;
 }
 
+std::map<std::pair<int64_t, int64_t>, UtilSummary> summarise_by_hour(const std::vector<UtilSample>& samples,
+                                                                     double threshold, int64_t waste_after_ms) {
+  std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
+  for (const UtilSample& sample : samples) {
+    auto [it, fresh] = hours.try_emplace({sample.lease_id, hour_of(sample.ts_ms)});
+    if (fresh) {
+      it->second.threshold = threshold;
+      it->second.waste_after_ms = waste_after_ms;
+    }
+    it->second.add(sample.ts_ms, sample.util);
+  }
+  return hours;
+}
+
 void UtilTracker::close(int64_t lease_id, int64_t end_ms) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quota/core/engine.h"
@@ -67,6 +68,16 @@ struct UtilSummary {
 
 // The hour (UTC, ms) a sample time falls in.
 inline int64_t hour_of(int64_t ts_ms) { return ts_ms - ((ts_ms % 3600000) + 3600000) % 3600000; }
+
+// One stored heartbeat's utilisation sample (-1: the heartbeat had none).
+struct UtilSample {
+  int64_t lease_id = 0;
+  int64_t ts_ms = 0;
+  double util = -1;
+};
+// The samples (oldest first) summed up per (lease id, hour), low runs going by `threshold` and `waste_after_ms`.
+std::map<std::pair<int64_t, int64_t>, UtilSummary> summarise_by_hour(const std::vector<UtilSample>& samples,
+                                                                     double threshold, int64_t waste_after_ms);
 
 // Folds heartbeat samples into LeaseUtil per lease; samples without a utilisation (< 0) are ignored.
 class UtilTracker {

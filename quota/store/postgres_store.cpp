@@ -131,9 +131,12 @@ PGconn* connect(const std::string& url, const std::string& password) {
 
 }  // namespace
 
-class PostgresStore::Result {
+namespace {
+
+// A query's answer: text values, NULL reading as 0 (as sqlite3_column_* read it).
+class PgRows {
  public:
-  explicit Result(PGresult* result) : result_(result, PQclear) {}
+  explicit PgRows(PGresult* result) : result_(result, PQclear) {}
   int rows() const { return PQntuples(result_.get()); }
   bool null(int row, int column) const { return PQgetisnull(result_.get(), row, column) != 0; }
   std::string text(int row, int column) const { return PQgetvalue(result_.get(), row, column); }
@@ -156,6 +159,27 @@ class PostgresStore::Result {
     std::from_chars(count, count + std::char_traits<char>::length(count), out);
     return out;
   }
+  // The summary in the columns after lease_id and hour_ms (kPgHourColumns).
+  UtilSummary summary(int row) const {
+    const auto whole = [&](int column) { return integer(row, 2 + column); };
+    UtilSummary out;
+    out.samples = static_cast<int>(whole(0));
+    out.first_ts_ms = whole(1);
+    out.first_util = real(row, 2 + 2);
+    out.last_ts_ms = whole(3);
+    out.last_util = real(row, 2 + 4);
+    out.util_micro_ms = whole(5);
+    out.covered_ms = whole(6);
+    out.low_held_ms = whole(7);
+    out.head_low_end_ms = whole(8);
+    out.tail_low_since_ms = whole(9);
+    out.wasted_ms = whole(10);
+    out.longest_low_ms = whole(11);
+    out.closed_runs = whole(12);
+    out.threshold = real(row, 2 + 13);
+    out.waste_after_ms = whole(14);
+    return out;
+  }
   std::string command() const { return PQcmdStatus(result_.get()); }
   bool ok() const {
     const ExecStatusType status = PQresultStatus(result_.get());
@@ -164,6 +188,30 @@ class PostgresStore::Result {
 
  private:
   std::unique_ptr<PGresult, void (*)(PGresult*)> result_;
+};
+
+// Lease by lease (both answers ordered by lease id): its summed-up hours, then its samples above the mark (all
+// newer); `raw` holds lease_id, ts_ms, gpu_util.
+void fold_hours_then_samples(const PgRows& hours, const PgRows& raw, UtilTracker& tracker) {
+  int hour = 0, sample = 0;
+  while (hour < hours.rows() || sample < raw.rows()) {
+    const int64_t lease = hour == hours.rows()   ? raw.integer(sample, 0)
+                          : sample == raw.rows() ? hours.integer(hour, 0)
+                                                 : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
+    for (; hour < hours.rows() && hours.integer(hour, 0) == lease; ++hour) {
+      tracker.observe_summary(lease, hours.summary(hour));
+    }
+    for (; sample < raw.rows() && raw.integer(sample, 0) == lease; ++sample) {
+      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
+    }
+  }
+}
+
+}  // namespace
+
+class PostgresStore::Result : public PgRows {
+ public:
+  using PgRows::PgRows;
 };
 
 // Parameters in libpq's text form ($1, $2, ... in the order added).
@@ -740,27 +788,6 @@ constexpr const char* kPgHourColumns =
 
 }  // namespace
 
-UtilSummary PostgresStore::hour_summary(const Result& rows, int row) {
-  const auto integer = [&](int column) { return rows.integer(row, 2 + column); };
-  UtilSummary summary;
-  summary.samples = static_cast<int>(integer(0));
-  summary.first_ts_ms = integer(1);
-  summary.first_util = rows.real(row, 2 + 2);
-  summary.last_ts_ms = integer(3);
-  summary.last_util = rows.real(row, 2 + 4);
-  summary.util_micro_ms = integer(5);
-  summary.covered_ms = integer(6);
-  summary.low_held_ms = integer(7);
-  summary.head_low_end_ms = integer(8);
-  summary.tail_low_since_ms = integer(9);
-  summary.wasted_ms = integer(10);
-  summary.longest_low_ms = integer(11);
-  summary.closed_runs = integer(12);
-  summary.threshold = rows.real(row, 2 + 13);
-  summary.waste_after_ms = integer(14);
-  return summary;
-}
-
 int64_t PostgresStore::summarised_mark() {
   const std::string recorded = meta(kHeartbeatsSummarisedKey);
   return recorded.empty() ? 0 : std::stoll(recorded);
@@ -776,7 +803,7 @@ void PostgresStore::replay_heartbeats(const Engine& engine, UtilTracker& tracker
             (std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 ORDER BY hour_ms")
                 .c_str(),
             Params().integer(id));
-    for (int row = 0; row < hours.rows(); ++row) tracker.observe_summary(id, hour_summary(hours, row));
+    for (int row = 0; row < hours.rows(); ++row) tracker.observe_summary(id, hours.summary(row));
     const Result rows =
         run("read table heartbeats",
             "SELECT ts_ms, gpu_util FROM heartbeats WHERE lease_id = $1 AND ts_ms >= $2 AND gpu_util >= 0 ORDER BY "
@@ -795,11 +822,7 @@ int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t dele
     const std::string recorded = meta(kHeartbeatsSummarisedKey);
     const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
     const int64_t before = hour_of(summarise_before_ms);
-    struct Row {
-      int64_t lease_id, ts_ms;
-      double util;
-    };
-    std::vector<Row> rows;
+    std::vector<UtilSample> rows;
     const auto read = [&](const Result& result) {
       for (int row = 0; row < result.rows(); ++row) {
         rows.push_back({result.integer(row, 0), result.integer(row, 1), result.real(row, 2)});
@@ -822,15 +845,6 @@ int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t dele
         }
       }
     }
-    std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
-    for (const Row& row : rows) {
-      auto [it, fresh] = hours.try_emplace({row.lease_id, hour_of(row.ts_ms)});
-      if (fresh) {
-        it->second.threshold = threshold;
-        it->second.waste_after_ms = waste_after_ms;
-      }
-      it->second.add(row.ts_ms, row.util);
-    }
     const std::string select =
         std::string("SELECT ") + kPgHourColumns + " FROM heartbeat_hours WHERE lease_id = $1 AND hour_ms = $2";
     std::string upsert = std::string("INSERT INTO heartbeat_hours(") + kPgHourColumns +
@@ -842,13 +856,13 @@ int64_t PostgresStore::fold_heartbeats(int64_t summarise_before_ms, int64_t dele
     for (const char* column : updated) {
       upsert += std::string(column == updated[0] ? "" : ", ") + column + " = EXCLUDED." + column;
     }
-    for (auto& [key, summary] : hours) {
+    for (auto& [key, summary] : summarise_by_hour(rows, threshold, waste_after_ms)) {
       if (summary.empty()) continue;  // only samples without a utilisation
       UtilSummary merged = summary;
       const Result stored =
           run("read table heartbeat_hours", select.c_str(), Params().integer(key.first).integer(key.second));
       if (stored.rows() > 0) {  // the hour's first part was summed up by the step before
-        merged = hour_summary(stored, 0);
+        merged = stored.summary(0);
         merged.append(summary);
       }
       run("write table heartbeat_hours", upsert.c_str(),
@@ -892,67 +906,16 @@ void PostgresStore::util_history(int64_t from_ms, int64_t to_ms, UtilTracker& tr
                          "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
                          "gpu_util >= 0 ORDER BY lease_id, ts_ms",
                          Params().integer(std::max(from_ms, summarised_mark())).integer(to_ms));
-  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
-  int hour = 0, sample = 0;
-  while (hour < hours.rows() || sample < raw.rows()) {
-    const int64_t lease = hour == hours.rows()   ? raw.integer(sample, 0)
-                          : sample == raw.rows() ? hours.integer(hour, 0)
-                                                 : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
-    for (; hour < hours.rows() && hours.integer(hour, 0) == lease; ++hour) {
-      tracker.observe_summary(lease, hour_summary(hours, hour));
-    }
-    for (; sample < raw.rows() && raw.integer(sample, 0) == lease; ++sample) {
-      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
-    }
-  }
+  fold_hours_then_samples(hours, raw, tracker);
 }
 
 int64_t PostgresStore::count_heartbeat_hours() {
   return run("read table heartbeat_hours", "SELECT COUNT(*) FROM heartbeat_hours").integer(0, 0);
 }
 
-// A query's answer: text values, NULL reading as 0 (as sqlite3_column_* read it).
-class PostgresReportReader::Rows {
+class PostgresReportReader::Rows : public PgRows {
  public:
-  explicit Rows(PGresult* result) : result_(result, PQclear) {}
-  PGresult* result() const { return result_.get(); }
-  int count() const { return PQntuples(result_.get()); }
-  std::string text(int row, int column) const { return PQgetvalue(result_.get(), row, column); }
-  int64_t integer(int row, int column) const {
-    const char* value = PQgetvalue(result_.get(), row, column);
-    int64_t out = 0;
-    std::from_chars(value, value + std::char_traits<char>::length(value), out);
-    return out;
-  }
-  double real(int row, int column) const {
-    const char* value = PQgetvalue(result_.get(), row, column);
-    double out = 0;
-    std::from_chars(value, value + std::char_traits<char>::length(value), out);
-    return out;
-  }
-  // the columns after lease_id and hour_ms of kPgHourColumns
-  UtilSummary summary(int row) const {
-    UtilSummary out;
-    out.samples = static_cast<int>(integer(row, 2));
-    out.first_ts_ms = integer(row, 3);
-    out.first_util = real(row, 4);
-    out.last_ts_ms = integer(row, 5);
-    out.last_util = real(row, 6);
-    out.util_micro_ms = integer(row, 7);
-    out.covered_ms = integer(row, 8);
-    out.low_held_ms = integer(row, 9);
-    out.head_low_end_ms = integer(row, 10);
-    out.tail_low_since_ms = integer(row, 11);
-    out.wasted_ms = integer(row, 12);
-    out.longest_low_ms = integer(row, 13);
-    out.closed_runs = integer(row, 14);
-    out.threshold = real(row, 15);
-    out.waste_after_ms = integer(row, 16);
-    return out;
-  }
-
- private:
-  std::unique_ptr<PGresult, void (*)(PGresult*)> result_;
+  using PgRows::PgRows;
 };
 
 PostgresReportReader::PostgresReportReader(const std::string& url, const std::string& password) : url_(url) {
@@ -961,7 +924,7 @@ PostgresReportReader::PostgresReportReader(const std::string& url, const std::st
     query("begin a read-only transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
     has_hours_ = query("read the schema", "SELECT to_regclass('heartbeat_hours') IS NOT NULL").text(0, 0) == "t";
     const Rows mark = query("read table meta", "SELECT value FROM meta WHERE key = $1", {kHeartbeatsSummarisedKey});
-    if (mark.count() > 0) mark_ = mark.integer(0, 0);
+    if (mark.rows() > 0) mark_ = mark.integer(0, 0);
   } catch (...) {
     PQfinish(conn_);
     conn_ = nullptr;
@@ -978,10 +941,7 @@ PostgresReportReader::Rows PostgresReportReader::query(const std::string& what, 
   std::vector<const char*> values;
   for (const std::string& value : params) values.push_back(value.c_str());
   Rows rows(PQexecParams(conn_, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0));
-  const ExecStatusType status = PQresultStatus(rows.result());
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
-  }
+  if (!rows.ok()) throw StoreError(url_ + ": " + what + ": " + trimmed(PQerrorMessage(conn_)));
   return rows;
 }
 
@@ -992,7 +952,7 @@ std::vector<Lease> PostgresReportReader::leases_since(int64_t ended_since_ms) {
                           "ended_ms >= $1 ORDER BY id",
                           {std::to_string(ended_since_ms)});
   std::vector<Lease> out;
-  for (int row = 0; row < rows.count(); ++row) {
+  for (int row = 0; row < rows.rows(); ++row) {
     out.push_back(decode_row<Lease>(url_, "leases", rows.integer(row, 0), rows.text(row, 1), &lease_from_json));
   }
   return out;
@@ -1011,26 +971,14 @@ void PostgresReportReader::fold_util(int64_t from_ms, int64_t to_ms, UtilTracker
                          "SELECT lease_id, ts_ms, gpu_util FROM heartbeats WHERE ts_ms >= $1 AND ts_ms < $2 AND "
                          "gpu_util >= 0 ORDER BY lease_id, ts_ms",
                          {std::to_string(std::max(from_ms, mark_)), to});
-  // lease by lease: its summed-up hours, then its samples above the mark (all newer)
-  int hour = 0, sample = 0;
-  while (hour < hours.count() || sample < raw.count()) {
-    const int64_t lease = hour == hours.count()   ? raw.integer(sample, 0)
-                          : sample == raw.count() ? hours.integer(hour, 0)
-                                                  : std::min(hours.integer(hour, 0), raw.integer(sample, 0));
-    for (; hour < hours.count() && hours.integer(hour, 0) == lease; ++hour) {
-      tracker.observe_summary(lease, hours.summary(hour));
-    }
-    for (; sample < raw.count() && raw.integer(sample, 0) == lease; ++sample) {
-      tracker.observe(lease, raw.integer(sample, 1), raw.real(sample, 2));
-    }
-  }
+  fold_hours_then_samples(hours, raw, tracker);
 }
 
 std::map<std::pair<std::string, std::string>, double> PostgresReportReader::usage(
     const std::vector<std::string>& months) {
   const Rows rows = query("read table usage", "SELECT \"user\", month, gpu_hours FROM usage");
   std::map<std::pair<std::string, std::string>, double> out;
-  for (int row = 0; row < rows.count(); ++row) {
+  for (int row = 0; row < rows.rows(); ++row) {
     std::string month = rows.text(row, 1);
     if (!months.empty() && std::find(months.begin(), months.end(), month) == months.end()) continue;
     out[{rows.text(row, 0), std::move(month)}] = rows.real(row, 2);
@@ -1043,7 +991,7 @@ std::vector<Record> PostgresReportReader::ledger_rows(const char* table, Record 
   const Rows rows = query(std::string("read table ") + table,
                           (std::string("SELECT id, body FROM ") + table + " ORDER BY id").c_str());
   std::vector<Record> out;
-  for (int row = 0; row < rows.count(); ++row) {
+  for (int row = 0; row < rows.rows(); ++row) {
     out.push_back(decode_row<Record>(url_, table, rows.integer(row, 0), rows.text(row, 1), from_json));
   }
   return out;
@@ -1059,7 +1007,7 @@ std::vector<AuditEntry> PostgresReportReader::audit(const std::string& action, i
                           "($2 = '' OR action = $2) ORDER BY seq",
                           {std::to_string(after_seq), action});
   std::vector<AuditEntry> out;
-  for (int row = 0; row < rows.count(); ++row) {
+  for (int row = 0; row < rows.rows(); ++row) {
     AuditEntry entry;
     entry.seq = rows.integer(row, 0);
     entry.ts_ms = rows.integer(row, 1);

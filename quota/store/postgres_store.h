@@ -74,7 +74,6 @@ class PostgresStore : public StateStore {
   void begin();
   void migrate_schema();
   void append_audit(const std::vector<AuditEntry>& entries);
-  static UtilSummary hour_summary(const Result& rows, int row);
   int64_t summarised_mark();  // meta kHeartbeatsSummarisedKey, 0 when absent
 
   std::string url_;

@@ -297,11 +297,7 @@ int64_t Store::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_befor
     const std::string recorded = meta_value(kHeartbeatsSummarisedKey);
     const int64_t mark = recorded.empty() ? 0 : std::stoll(recorded);
     const int64_t before = hour_of(summarise_before_ms);
-    struct Row {
-      int64_t lease_id, ts_ms;
-      double util;
-    };
-    std::vector<Row> rows;
+    std::vector<UtilSample> rows;
     const auto read = [&](sqlite3_stmt* statement) {
       while (sqlite3_step(statement) == SQLITE_ROW) {
         rows.push_back({sqlite3_column_int64(statement, 0), sqlite3_column_int64(statement, 1),
@@ -328,21 +324,12 @@ int64_t Store::fold_heartbeats(int64_t summarise_before_ms, int64_t delete_befor
         }
       }
     }
-    std::map<std::pair<int64_t, int64_t>, UtilSummary> hours;
-    for (const Row& row : rows) {
-      auto [it, fresh] = hours.try_emplace({row.lease_id, hour_of(row.ts_ms)});
-      if (fresh) {
-        it->second.threshold = threshold;
-        it->second.waste_after_ms = waste_after_ms;
-      }
-      it->second.add(row.ts_ms, row.util);
-    }
     Statement existing(prepare(
         (std::string("SELECT ") + kHourColumns + " FROM heartbeat_hours WHERE lease_id = ? AND hour_ms = ?").c_str()));
     Statement upsert(prepare((std::string("INSERT OR REPLACE INTO heartbeat_hours(") + kHourColumns +
                               ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
                                  .c_str()));
-    for (auto& [key, summary] : hours) {
+    for (auto& [key, summary] : summarise_by_hour(rows, threshold, waste_after_ms)) {
       if (summary.empty()) continue;  // only samples without a utilisation
       sqlite3_reset(existing.get());
       sqlite3_bind_int64(existing.get(), 1, key.first);
